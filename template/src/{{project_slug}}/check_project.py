@@ -1,0 +1,56 @@
+"""`check`: validate config/train.yaml against the project's shape before anything is launched.
+
+    <package> check                 # for nodes x gpus_per_node from the copier answers
+    <package> check --world-size 2  # for another number of processes
+
+Also run by the template right after generation (python -m <package>.check_project --quiet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .config import Config, ConfigError, load_config
+from .rules import check_config, model_shape, resolve_grad_accum
+
+
+def summary(cfg: Config, world: int) -> str:
+    shape = model_shape(cfg.model.size, cfg.model.n_kv_head)
+    accum = resolve_grad_accum(cfg, world)
+    return (
+        f"config OK for {world} processes: model {cfg.model.size} ({shape['n_layer']} layers, width {shape['n_embd']}, "
+        f"{shape['n_head']} heads, {shape['n_kv_head']} kv heads) | global batch {cfg.batch.global_batch_size} = "
+        f"micro {cfg.batch.micro_batch_size} x accum {accum} x {world} | "
+        f"{cfg.batch.global_batch_size * cfg.model.sequence_len:,} tokens/step"
+    )
+
+
+def run_check(cfg: Config, world_size: int | None = None, quiet: bool = False) -> int:
+    world = world_size or cfg.cluster.nodes * cfg.cluster.gpus_per_node
+    problems = check_config(cfg, world)
+    if problems:
+        print(f"config check failed ({len(problems)} problem(s)):", file=sys.stderr)
+        for p in problems:
+            print(f"  - {p}", file=sys.stderr)
+        return 1
+    if not quiet:
+        print(summary(cfg, world))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config")
+    parser.add_argument("--world-size", type=int)
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        return run_check(load_config(args.config), args.world_size, args.quiet)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

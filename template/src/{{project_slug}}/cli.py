@@ -1,0 +1,102 @@
+"""Command-line interface: prepare-data · train · eval · sample · check · launch.
+
+Every command reads config/train.yaml (or --config) and accepts overrides as `section.key=value`
+arguments or `--set section.key=value`. A user mistake prints one message and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .config import ConfigError, load_config
+
+PACKAGE = __package__
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML config (default: config/train.yaml)")
+    p.add_argument("--set", dest="set_overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config value, e.g. --set optim.lr=1e-3 (repeatable)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. schedule.max_steps=100")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PACKAGE, description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("prepare-data", help="tokenizer + packed token shards from local files")
+    p.add_argument("--demo-corpus", action="store_true", help="first write a small corpus from Python's docstrings")
+    _add_config_args(p)
+
+    p = sub.add_parser("train", help="train (run under torchrun for several processes)")
+    _add_config_args(p)
+
+    p = sub.add_parser("eval", help="validation loss and bits per byte of a checkpoint")
+    p.add_argument("--checkpoint", help="checkpoint file (default: latest)")
+    p.add_argument("--batches", type=int, help="micro batches per rank (default: logging.eval_batches)")
+    _add_config_args(p)
+
+    p = sub.add_parser("sample", help="generate text from a checkpoint")
+    p.add_argument("--prompt", action="append", help="prompt text (repeatable)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint", help="checkpoint file (default: latest)")
+    _add_config_args(p)
+
+    p = sub.add_parser("check", help="validate the config for the project's world size")
+    p.add_argument("--world-size", type=int, help="processes to check for (default: nodes x gpus_per_node)")
+    _add_config_args(p)
+
+    p = sub.add_parser("launch", help="start training on a platform (see launch/)")
+    p.add_argument("platform", choices=["devmachine"])
+    p.add_argument("--nnodes", type=int, help="nodes in the job (default: cluster.nodes)")
+    p.add_argument("--node-rank", type=int, help="this node's rank, 0 on the master")
+    p.add_argument("--master-addr", help="address of node 0 (multi-node only)")
+    p.add_argument("--master-port", type=int, default=29500)
+    p.add_argument("--nproc-per-node", type=int, help="processes on this node (default: GPUs, or CPU cores)")
+    p.add_argument("--run-id", help="rendezvous id shared by the nodes of one job (default: package name)")
+    p.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
+    _add_config_args(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides + args.set_overrides)
+        if args.command == "prepare-data":
+            from .prepare_data import prepare_data
+
+            prepare_data(cfg, demo_corpus=args.demo_corpus)
+            return 0
+        if args.command == "train":
+            from .train import run_training
+
+            return run_training(cfg)
+        if args.command == "eval":
+            from .evaluate import run_eval
+
+            run_eval(cfg, args.checkpoint, args.batches)
+            return 0
+        if args.command == "sample":
+            from .sample import run_sample
+
+            run_sample(cfg, args.prompt or ["The"], args.max_new_tokens, args.temperature, args.top_k or None,
+                       args.seed, args.checkpoint)
+            return 0
+        if args.command == "check":
+            from .check_project import run_check
+
+            return run_check(cfg, args.world_size)
+        if args.command == "launch":
+            from .launch import run_launch
+
+            args.overrides = args.overrides + args.set_overrides
+            return run_launch(args, cfg, PACKAGE)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    raise AssertionError(args.command)

@@ -1,0 +1,268 @@
+"""Typed training configuration: config/train.yaml plus command-line overrides.
+
+Precedence: command line (`key=value` or `--set key=value`) > YAML file > dataclass defaults.
+Every section is a dataclass; the docstring under each field says what it means and its unit.
+A user mistake (unknown key, wrong type) raises ConfigError naming the key and the fix; the CLI
+prints it without a traceback. This module imports no torch so `check` runs anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration mistake the user can fix; printed as one or two lines, no traceback."""
+
+
+@dataclass
+class ClusterConfig:
+    nodes: int = 1
+    """Machines a full-size run uses (a copier answer: change it with `copier update --data nodes=N`)."""
+    gpus_per_node: int = 8
+    """Training processes per machine, one per GPU (a copier answer)."""
+
+
+@dataclass
+class ModelConfig:
+    size: str = "d20"
+    """'tiny' (trains in seconds on CPU) or 'd<depth>': nanochat's dial, width 64*depth, heads of 128."""
+    n_kv_head: int | None = None
+    """Key/value heads for grouped-query attention; null = as many as query heads."""
+    sequence_len: int = 2048
+    """Tokens per training sequence (context length)."""
+    softcap: float = 15.0
+    """Logits are squashed to (-softcap, softcap) with tanh; 0 disables."""
+
+
+@dataclass
+class DataConfig:
+    dir: str = "data"
+    """Folder on shared storage with raw/ (inputs), tokenizer.json and the packed token shards."""
+    raw: str = ""
+    """Input files for prepare-data (glob, relative to `dir` or absolute); empty = raw/* in `dir`."""
+    tokenizer: str = ""
+    """Existing tokenizer.json to use; empty = train a BPE tokenizer into `dir`/tokenizer.json."""
+    vocab_size: int = 32768
+    """Vocabulary size when prepare-data trains the tokenizer."""
+    tokenizer_train_chars: int = 1_000_000_000
+    """Characters of raw text the tokenizer is trained on (the rest is only encoded)."""
+    val_fraction: float = 0.005
+    """Share of documents held out for the validation shard."""
+    shard_tokens: int = 100_000_000
+    """Tokens per training shard file."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-4
+    """Peak learning rate of AdamW."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay for matrices; embeddings get none."""
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    """Global gradient-norm clip; 0 disables."""
+
+
+@dataclass
+class ScheduleConfig:
+    max_steps: int = 20000
+    """Optimizer steps of the whole run."""
+    warmup_steps: int = 500
+    """Steps of linear warmup from 0 to the peak learning rate."""
+    min_lr_ratio: float = 0.1
+    """Cosine decay ends at lr * min_lr_ratio."""
+
+
+@dataclass
+class BatchConfig:
+    global_batch_size: int = 256
+    """Sequences per optimizer step across all data-parallel ranks."""
+    micro_batch_size: int = 16
+    """Sequences per forward/backward pass on one rank."""
+    grad_accum_steps: int | None = None
+    """Micro steps per optimizer step; null = derived as global / (micro * data-parallel size)."""
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = 1000
+    """Save every N optimizer steps (and at the end); 0 = only at the end."""
+    keep_last: int = 3
+    """Checkpoints kept on disk; older ones are deleted after a successful save."""
+    resume: bool = True
+    """Continue from the latest checkpoint in output_dir/checkpoints when one exists."""
+
+
+@dataclass
+class LoggingConfig:
+    every_steps: int = 10
+    """Write a metrics line (console, metrics.jsonl, TensorBoard) every N steps."""
+    tensorboard: bool = True
+    """Write TensorBoard events to output_dir/tensorboard."""
+    eval_every_steps: int = 1000
+    """Validation loss every N steps; 0 = only at the end."""
+    eval_batches: int = 20
+    """Micro batches per rank used for validation."""
+
+
+@dataclass
+class RunConfig:
+    output_dir: str = "runs"
+    """Folder on shared storage for checkpoints, metrics.jsonl, TensorBoard and the resolved config."""
+    seed: int = 1337
+    device: str = "auto"
+    """'auto' (CUDA when present), 'cuda' or 'cpu'."""
+    dtype: str = "auto"
+    """'auto' (bf16 autocast on CUDA, fp32 on CPU), 'bf16' or 'fp32'."""
+    compile: bool = False
+    """torch.compile the model (CUDA only; slower start, faster steps)."""
+
+
+@dataclass
+class Config:
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def model_fingerprint(self) -> str:
+        """Hash of the settings a checkpoint cannot outlive (shape of model and data stream)."""
+        key = {"model": dataclasses.asdict(self.model), "global_batch_size": self.batch.global_batch_size}
+        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def default_config_path() -> Path:
+    """config/train.yaml in the working directory, else the one beside the installed project."""
+    here = Path("config/train.yaml")
+    if here.is_file():
+        return here
+    return Path(__file__).resolve().parents[2] / "config" / "train.yaml"
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """Read YAML, apply `section.key=value` overrides, return a validated Config."""
+    path = Path(path) if path else default_config_path()
+    if not path.is_file():
+        raise ConfigError(f"config file {path} not found; pass --config PATH or run from the project folder")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path} must hold a mapping of sections (model:, data:, ...)")
+    cfg = Config()
+    for section_name, values in raw.items():
+        section = _section(cfg, section_name, str(path))
+        if not isinstance(values, dict):
+            raise ConfigError(f"{section_name} in {path} must be a mapping of keys, got {values!r}")
+        for key, value in values.items():
+            _assign(section, section_name, key, value, source=str(path), from_text=False)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or "." not in key:
+            raise ConfigError(f"override {item!r} must look like section.key=value, e.g. optim.lr=1e-3")
+        section_name, _, name = key.strip().partition(".")
+        section = _section(cfg, section_name, "the command line")
+        _assign(section, section_name, name, text.strip(), source="the command line", from_text=True)
+    _check_choices(cfg)
+    return cfg
+
+
+def save_config(cfg: Config, path: Path) -> None:
+    path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+
+def _section(cfg: Config, name: str, source: str):
+    names = [f.name for f in dataclasses.fields(cfg)]
+    if name not in names:
+        raise ConfigError(f"unknown section '{name}' in {source}{_did_you_mean(name, names)}; sections are {', '.join(names)}")
+    return getattr(cfg, name)
+
+
+def _assign(section, section_name: str, key: str, value: Any, source: str, from_text: bool) -> None:
+    fields = {f.name: f for f in dataclasses.fields(section)}
+    if key not in fields:
+        raise ConfigError(
+            f"unknown key '{section_name}.{key}' in {source}{_did_you_mean(key, list(fields), section_name + '.')}; "
+            f"keys of {section_name}: {', '.join(fields)}"
+        )
+    hint = typing.get_type_hints(type(section))[key]
+    setattr(section, key, _coerce(value, hint, f"{section_name}.{key}", source, from_text))
+
+
+def _coerce(value: Any, hint: Any, name: str, source: str, from_text: bool) -> Any:
+    """Turn a YAML value or command-line text into the field's type, or raise naming the key."""
+    optional = isinstance(hint, types.UnionType) and type(None) in typing.get_args(hint)
+    base = next((a for a in typing.get_args(hint) if a is not type(None)), hint) if optional else hint
+    if optional and (value is None or (from_text and str(value).lower() in ("null", "none", ""))):
+        return None
+    wrong = ConfigError(f"{name} in {source}: expected {_type_word(base, optional)}, got {value!r}")
+    if base is bool:
+        if isinstance(value, bool):
+            return value
+        if from_text and str(value).lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
+            return str(value).lower() in ("true", "yes", "on", "1")
+        raise wrong
+    if base is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and re.fullmatch(r"[+-]?[0-9][0-9_]*", value.strip()):
+            return int(value.replace("_", ""))
+        raise wrong
+    if base is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                raise wrong from None
+        raise wrong
+    if base is str:
+        if isinstance(value, (dict, list)) or value is None:
+            raise wrong
+        return str(value)
+    raise AssertionError(f"unsupported field type {hint} for {name}")
+
+
+def _type_word(base: Any, optional: bool) -> str:
+    word = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[base]
+    return word + (" or null" if optional else "")
+
+
+def _did_you_mean(name: str, options: list[str], prefix: str = "") -> str:
+    close = difflib.get_close_matches(name, options, n=1)
+    return f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+
+
+def _check_choices(cfg: Config) -> None:
+    choices = {"run.device": ("auto", "cuda", "cpu"), "run.dtype": ("auto", "bf16", "fp32")}
+    for name, allowed in choices.items():
+        section, key = name.split(".")
+        value = getattr(getattr(cfg, section), key)
+        if value not in allowed:
+            raise ConfigError(f"{name}={value!r} is not one of {', '.join(allowed)}")
+    if not re.fullmatch(r"tiny|d[1-9][0-9]*", cfg.model.size):
+        raise ConfigError(f"model.size={cfg.model.size!r} is not a size; use 'tiny' or 'd<depth>' such as d20")

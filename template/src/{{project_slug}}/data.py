@@ -1,0 +1,204 @@
+"""Tokenizer and packed token shards.
+
+Layout of the data folder (on shared storage, read by every rank):
+  raw/               input documents: *.parquet (a `text` column), *.jsonl (a "text" field), *.txt
+  tokenizer.json     BPE tokenizer (trained by prepare-data or given by the user)
+  train_00000.bin    token ids, uint16 or uint32, documents separated by the <|bos|> token
+  val_00000.bin      held-out documents, same format
+  meta.json          dtype, vocabulary size, shard token counts, bytes of validation text
+
+Training reads fixed-length sequences in order; the position in the stream is a pure function of
+the optimizer step, so every rank knows its slice without coordination and resume is exact.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .config import ConfigError
+
+BOS = "<|bos|>"
+META = "meta.json"
+
+
+def iter_documents(paths: list[Path]) -> Iterator[str]:
+    """Yield text documents from parquet (`text` column), jsonl ("text" field) or txt (one document per file)."""
+    for path in paths:
+        suffix = path.suffix.lower()
+        if suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            table = pq.ParquetFile(path)
+            if "text" not in table.schema_arrow.names:
+                raise ConfigError(f"{path} has no 'text' column (columns: {table.schema_arrow.names})")
+            for batch in table.iter_batches(columns=["text"], batch_size=1024):
+                yield from (t for t in batch.column(0).to_pylist() if t)
+        elif suffix in (".jsonl", ".json"):
+            with path.open(encoding="utf-8") as f:
+                for line_no, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        text = json.loads(line)["text"]
+                    except (json.JSONDecodeError, KeyError, TypeError):
+                        raise ConfigError(f"{path}:{line_no} is not a JSON object with a 'text' field") from None
+                    if text:
+                        yield text
+        elif suffix == ".txt":
+            text = path.read_text(encoding="utf-8", errors="replace")
+            if text.strip():
+                yield text
+        else:
+            raise ConfigError(f"{path}: unsupported file type '{suffix}'; use .parquet, .jsonl or .txt")
+
+
+def find_raw_files(data_dir: Path, pattern: str) -> list[Path]:
+    pattern = pattern or "raw/*"
+    full = pattern if Path(pattern).is_absolute() else str(data_dir / pattern)
+    files = sorted(Path(p) for p in glob.glob(full, recursive=True) if Path(p).is_file())
+    if not files:
+        raise ConfigError(
+            f"no input files match {full}; put .parquet/.jsonl/.txt files there, set data.raw, "
+            "or run prepare-data --demo-corpus"
+        )
+    return files
+
+
+def train_tokenizer(texts: Iterator[str], vocab_size: int):
+    """Byte-level BPE (GPT-2 style: every byte is representable, nothing is unknown)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[BOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        min_frequency=2,
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def load_tokenizer(path: Path):
+    from tokenizers import Tokenizer
+
+    if not path.is_file():
+        raise ConfigError(f"tokenizer {path} not found; run prepare-data first or set data.tokenizer")
+    return Tokenizer.from_file(str(path))
+
+
+def bos_id(tok) -> int:
+    """Id of the document separator; user tokenizers may name it differently."""
+    for name in (BOS, "<|endoftext|>", "</s>", "[SEP]", "<s>"):
+        idx = tok.token_to_id(name)
+        if idx is not None:
+            return idx
+    raise ConfigError(f"tokenizer has none of the separator tokens {BOS}, <|endoftext|>, </s>; add one")
+
+
+def token_byte_lengths(tok) -> np.ndarray:
+    """UTF-8 bytes each token stands for (0 for special tokens), for bits-per-byte."""
+    from tokenizers import pre_tokenizers
+
+    vocab = tok.get_vocab()
+    lengths = np.zeros(tok.get_vocab_size(), dtype=np.int64)
+    specials = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
+    byte_level = isinstance(tok.pre_tokenizer, pre_tokenizers.ByteLevel)
+    for token, idx in vocab.items():
+        if token in specials:
+            continue
+        # Byte-level tokens spell one byte per character; others are measured by decoding.
+        lengths[idx] = len(token) if byte_level else len(tok.decode([idx]).encode("utf-8"))
+    return lengths
+
+
+class ShardWriter:
+    """Appends token ids to numbered shard files of at most `shard_tokens` tokens."""
+
+    def __init__(self, folder: Path, prefix: str, dtype: np.dtype, shard_tokens: int):
+        self.folder, self.prefix, self.dtype, self.shard_tokens = folder, prefix, dtype, shard_tokens
+        self.shards: list[dict] = []
+        self._buffer: list[np.ndarray] = []
+        self._buffered = 0
+
+    def add(self, ids: list[int]) -> None:
+        self._buffer.append(np.asarray(ids, dtype=self.dtype))
+        self._buffered += len(ids)
+        if self._buffered >= self.shard_tokens:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._buffered:
+            return
+        name = f"{self.prefix}_{len(self.shards):05d}.bin"
+        tmp = self.folder / (name + ".tmp")
+        np.concatenate(self._buffer).tofile(tmp)
+        tmp.replace(self.folder / name)
+        self.shards.append({"file": name, "tokens": self._buffered})
+        self._buffer, self._buffered = [], 0
+
+
+@dataclass
+class TokenData:
+    """Memory-mapped shards of one split, addressed as a list of fixed-length sequences."""
+
+    shards: list[np.memmap]
+    sequence_len: int
+
+    @classmethod
+    def open(cls, data_dir: Path, split: str, sequence_len: int) -> "TokenData":
+        meta = read_meta(data_dir)
+        dtype = np.dtype(meta["dtype"])
+        shards = [np.memmap(data_dir / s["file"], dtype=dtype, mode="r") for s in meta[split]]
+        data = cls(shards, sequence_len)
+        if data.num_sequences == 0:
+            raise ConfigError(
+                f"the {split} split in {data_dir} holds fewer than {sequence_len + 1} tokens per shard; "
+                "add data or lower model.sequence_len"
+            )
+        return data
+
+    def __post_init__(self):
+        # Each sequence takes T+1 tokens (inputs and shifted targets); shards are not crossed.
+        self.counts = [max(0, (len(s) - 1) // self.sequence_len) for s in self.shards]
+        self.offsets = np.cumsum([0] + self.counts)
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.offsets[-1])
+
+    def sequence(self, index: int) -> np.ndarray:
+        index %= self.num_sequences  # wrap around: a new epoch starts over
+        shard = int(np.searchsorted(self.offsets, index, side="right") - 1)
+        start = (index - int(self.offsets[shard])) * self.sequence_len
+        return np.asarray(self.shards[shard][start : start + self.sequence_len + 1], dtype=np.int64)
+
+    def batch(self, first: int, count: int):
+        """Inputs and targets (count, T) for sequences first .. first+count-1."""
+        import torch
+
+        rows = torch.from_numpy(np.stack([self.sequence(first + i) for i in range(count)]))
+        return rows[:, :-1], rows[:, 1:]
+
+
+def micro_batch_start(step: int, micro: int, rank: int, global_batch: int, micro_batch: int, accum: int) -> int:
+    """Index of the first sequence of one micro batch: step blocks of the global batch, each split
+    into contiguous per-rank slices. The order is the same for any world size, so one process with
+    more accumulation sees exactly the data of several processes."""
+    return step * global_batch + rank * micro_batch * accum + micro * micro_batch
+
+
+def read_meta(data_dir: Path) -> dict:
+    path = data_dir / META
+    if not path.is_file():
+        raise ConfigError(f"{path} not found: run `prepare-data` first (data.dir={data_dir})")
+    return json.loads(path.read_text())

@@ -1,0 +1,89 @@
+"""Throughput, model FLOPs utilisation and the metric sinks (console, metrics.jsonl, TensorBoard).
+
+MFU = achieved model FLOPs / peak dense bf16 FLOPs of all GPUs. Peaks are vendor figures without
+sparsity; an unknown device (CPU included) reports MFU as null rather than a made-up number.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+# Dense bf16 tensor-core peak per GPU, FLOP/s. First match of the device name wins, so the
+# more specific names come first.
+PEAK_FLOPS = [
+    ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
+    ("H100", 989e12),  # SXM
+    ("H200", 989e12),
+    ("H800", 989e12),
+    ("H20", 148e12),
+    ("GH200", 989e12),
+    ("B200", 2250e12),
+    ("A100", 312e12),
+    ("A800", 312e12),
+    ("A40", 150e12),
+    ("A10", 125e12),
+    ("L40S", 362e12),
+    ("L40", 181e12),
+    ("L4", 121e12),
+    ("RTX 4090", 165e12),
+    ("V100", 125e12),  # fp16: V100 has no bf16
+]
+
+
+def peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_FLOPS if key in name), None)
+
+
+def mfu(flops_per_token: float, tokens_per_sec: float, num_gpus: int, peak: float | None) -> float | None:
+    if not peak:
+        return None
+    return flops_per_token * tokens_per_sec / (peak * num_gpus)
+
+
+class MetricsLogger:
+    """Appends one JSON object per logged step to metrics.jsonl and mirrors scalars to TensorBoard.
+    Created with enabled=False on non-zero ranks, where every call is a no-op."""
+
+    def __init__(self, output_dir: Path, enabled: bool, tensorboard: bool):
+        self.enabled = enabled
+        self.writer = None
+        if not enabled:
+            return
+        output_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl = (output_dir / "metrics.jsonl").open("a", encoding="utf-8")
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=str(output_dir / "tensorboard"))
+
+    def log(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        self.jsonl.write(json.dumps(record) + "\n")
+        self.jsonl.flush()
+        if self.writer is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self.writer.add_scalar(key, value, record["step"])
+
+    def close(self) -> None:
+        if self.enabled:
+            self.jsonl.close()
+            if self.writer is not None:
+                self.writer.close()
+
+
+def format_step(record: dict, max_steps: int) -> str:
+    parts = [f"step {record['step']:>6}/{max_steps}", f"loss {record['loss']:.4f}", f"lr {record['lr']:.2e}"]
+    parts.append(f"{record['tokens_per_sec']:,.0f} tok/s")
+    if record.get("mfu") is not None:
+        parts.append(f"mfu {100 * record['mfu']:.1f}%")
+    parts.append(f"{1000 * record['step_time']:.0f} ms/step")
+    return " | ".join(parts)

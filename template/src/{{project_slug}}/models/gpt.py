@@ -1,0 +1,210 @@
+"""A nanochat-style GPT in plain PyTorch.
+
+Rotary position embeddings, QK-norm, RMSNorm without learnable parameters, no biases, ReLU^2 MLP,
+untied input embedding and output head, grouped-query attention (n_kv_head < n_head) and
+F.scaled_dot_product_attention. The file knows nothing of distribution: wrapping for DDP happens
+in train.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int
+    sequence_len: int
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_kv_head: int
+    softcap: float = 15.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+
+def rms_norm(x: torch.Tensor) -> torch.Tensor:
+    # No learnable gain: one fewer thing to tune and to shard.
+    return F.rms_norm(x, (x.size(-1),))
+
+
+def rotary_tables(length: int, head_dim: int, base: float = 10000.0, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of shape (1, length, 1, head_dim/2), broadcastable over (B, T, H, D/2)."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+    angles = torch.outer(torch.arange(length, dtype=torch.float32, device=device), inv_freq)
+    return angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.size(-1) // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], dim=-1).type_as(x)
+
+
+class KVCache:
+    """Keys and values of every layer for incremental decoding; `length` tokens are stored."""
+
+    def __init__(self, n_layer: int):
+        self.keys: list[torch.Tensor | None] = [None] * n_layer
+        self.values: list[torch.Tensor | None] = [None] * n_layer
+        self.length = 0
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.keys[layer] is not None:
+            k = torch.cat([self.keys[layer], k], dim=2)
+            v = torch.cat([self.values[layer], v], dim=2)
+        self.keys[layer], self.values[layer] = k, v
+        return k, v
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig, layer: int):
+        super().__init__()
+        self.layer, self.n_head, self.n_kv_head, self.head_dim = layer, cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        self.c_q = nn.Linear(cfg.n_embd, cfg.n_head * cfg.head_dim, bias=False)
+        self.c_k = nn.Linear(cfg.n_embd, cfg.n_kv_head * cfg.head_dim, bias=False)
+        self.c_v = nn.Linear(cfg.n_embd, cfg.n_kv_head * cfg.head_dim, bias=False)
+        self.c_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.n_embd, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.c_q(x).view(B, T, self.n_head, self.head_dim)
+        k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim)
+        v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim)
+        # QK-norm after rotary keeps attention logits bounded without a learned scale.
+        q, k = rms_norm(apply_rotary(q, cos, sin)), rms_norm(apply_rotary(k, cos, sin))
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        past = 0
+        if cache is not None:
+            past = cache.length
+            k, v = cache.append(self.layer, k, v)
+        gqa = self.n_kv_head != self.n_head
+        if past == 0:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:
+            # New queries see every cached position plus the causal part of their own chunk.
+            allowed = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=gqa)
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=False)
+        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(F.relu(self.c_fc(x)).square())
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig, layer: int):
+        super().__init__()
+        self.attn = CausalSelfAttention(cfg, layer)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, cache):
+        x = x + self.attn(rms_norm(x), cos, sin, cache)
+        return x + self.mlp(rms_norm(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.config = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        # Rotary tables cover 10x the training context so sampling can run past it.
+        cos, sin = rotary_tables(cfg.sequence_len * 10, cfg.head_dim)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Embedding ~ N(0, 1); matrices uniform with std 1/sqrt(width); output projections and a
+        near-zero head start every residual branch and the logits small, so early steps are stable."""
+        nn.init.normal_(self.wte.weight, std=1.0)
+        nn.init.normal_(self.lm_head.weight, std=0.001)
+        bound = 3**0.5 * self.config.n_embd**-0.5
+        for block in self.blocks:
+            for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.mlp.c_fc):
+                nn.init.uniform_(lin.weight, -bound, bound)
+            nn.init.zeros_(block.attn.c_proj.weight)
+            nn.init.zeros_(block.mlp.c_proj.weight)
+        cos, sin = rotary_tables(self.cos.size(1), self.config.head_dim, device=self.cos.device)
+        self.cos.copy_(cos)
+        self.sin.copy_(sin)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def flops_per_token(self) -> int:
+        """Training FLOPs per token: 6 x matmul parameters + attention scores and values
+        (12 x layers x heads x head_dim x sequence length). The embedding lookup is no matmul."""
+        c = self.config
+        matmul_params = self.num_params() - self.wte.weight.numel()
+        return 6 * matmul_params + 12 * c.n_layer * c.n_head * c.head_dim * c.sequence_len
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        loss_reduction: str = "mean",
+    ) -> torch.Tensor:
+        """Logits (B, T, vocab) without targets; with targets the cross-entropy loss
+        (targets of -1 are ignored; loss_reduction='none' gives it per token)."""
+        T = idx.size(1)
+        start = cache.length if cache is not None else 0
+        cos, sin = self.cos[:, start : start + T], self.sin[:, start : start + T]
+        x = rms_norm(self.wte(idx))
+        for block in self.blocks:
+            x = block(x, cos, sin, cache)
+        if cache is not None:
+            cache.length += T
+        logits = self.lm_head(rms_norm(x)).float()
+        if self.config.softcap > 0:
+            logits = self.config.softcap * torch.tanh(logits / self.config.softcap)
+        if targets is None:
+            return logits
+        return F.cross_entropy(
+            logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1, reduction=loss_reduction
+        )
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt: list[int],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> list[int]:
+        """Sample continuation tokens with a KV cache: one full pass over the prompt, then one
+        token at a time. temperature 0 is greedy."""
+        device = self.wte.weight.device
+        cache = KVCache(self.config.n_layer)
+        ids = torch.tensor([prompt], dtype=torch.long, device=device)
+        out: list[int] = []
+        for _ in range(max_new_tokens):
+            logits = self(ids, cache=cache)[:, -1, :]
+            if temperature == 0:
+                nxt = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                nxt = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
+            out.append(int(nxt))
+            ids = nxt
+        return out

@@ -1,0 +1,105 @@
+"""Rules that relate settings to each other, written once and used by `check`, train start
+and the template's post-generation task.
+
+Each rule returns messages that name the field, the value, why it is wrong and what to do.
+No torch here: the rules must run where only copier and PyYAML are installed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from .config import Config, ConfigError
+
+
+def model_shape(size: str, n_kv_head: int | None) -> dict[str, int]:
+    """Layers, width and heads for a size name: 'tiny' or nanochat's depth dial 'd<depth>'."""
+    if size == "tiny":
+        shape = {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_kv_head": 2}
+    else:
+        depth = int(re.fullmatch(r"d([0-9]+)", size).group(1))
+        n_embd = 64 * depth  # nanochat's aspect ratio: width grows with depth
+        n_head = max(1, math.ceil(n_embd / 128))  # heads of (about) 128 dims
+        shape = {"n_layer": depth, "n_embd": n_embd, "n_head": n_head, "n_kv_head": n_head}
+    if n_kv_head is not None:
+        shape["n_kv_head"] = n_kv_head
+    return shape
+
+
+def resolve_grad_accum(cfg: Config, data_parallel_size: int) -> int:
+    """Micro steps per optimizer step so that global = micro * accum * data-parallel size."""
+    b = cfg.batch
+    per_step = b.micro_batch_size * data_parallel_size
+    if b.grad_accum_steps is None:
+        if b.global_batch_size % per_step:
+            raise ConfigError(
+                f"batch.global_batch_size={b.global_batch_size} is not a multiple of batch.micro_batch_size "
+                f"({b.micro_batch_size}) x data-parallel size ({data_parallel_size}) = {per_step}; "
+                f"set it to {max(per_step, b.global_batch_size // per_step * per_step)} or change micro_batch_size"
+            )
+        return b.global_batch_size // per_step
+    if b.grad_accum_steps * per_step != b.global_batch_size:
+        raise ConfigError(
+            f"batch.global_batch_size={b.global_batch_size} != micro_batch_size {b.micro_batch_size} x "
+            f"grad_accum_steps {b.grad_accum_steps} x data-parallel size {data_parallel_size} "
+            f"= {b.grad_accum_steps * per_step}; set batch.grad_accum_steps=null to derive it"
+        )
+    return b.grad_accum_steps
+
+
+def check_config(cfg: Config, world_size: int | None = None) -> list[str]:
+    """All problems of a config for a world size (default: nodes x gpus_per_node)."""
+    problems: list[str] = []
+    world = world_size or cfg.cluster.nodes * cfg.cluster.gpus_per_node
+    positive = {
+        "cluster.nodes": cfg.cluster.nodes,
+        "cluster.gpus_per_node": cfg.cluster.gpus_per_node,
+        "model.sequence_len": cfg.model.sequence_len,
+        "batch.global_batch_size": cfg.batch.global_batch_size,
+        "batch.micro_batch_size": cfg.batch.micro_batch_size,
+        "schedule.max_steps": cfg.schedule.max_steps,
+        "data.vocab_size": cfg.data.vocab_size,
+        "checkpoint.keep_last": cfg.checkpoint.keep_last,
+        "logging.every_steps": cfg.logging.every_steps,
+        "logging.eval_batches": cfg.logging.eval_batches,
+    }
+    problems += [f"{name}={value} must be at least 1" for name, value in positive.items() if value < 1]
+    non_negative = {
+        "optim.lr": cfg.optim.lr,
+        "optim.weight_decay": cfg.optim.weight_decay,
+        "optim.grad_clip": cfg.optim.grad_clip,
+        "schedule.warmup_steps": cfg.schedule.warmup_steps,
+        "checkpoint.every_steps": cfg.checkpoint.every_steps,
+        "logging.eval_every_steps": cfg.logging.eval_every_steps,
+    }
+    problems += [f"{name}={value} must not be negative" for name, value in non_negative.items() if value < 0]
+    if not 0 < cfg.data.val_fraction < 1:
+        problems.append(f"data.val_fraction={cfg.data.val_fraction} must be between 0 and 1, e.g. 0.005")
+    if not 0 <= cfg.schedule.min_lr_ratio <= 1:
+        problems.append(f"schedule.min_lr_ratio={cfg.schedule.min_lr_ratio} must be between 0 and 1")
+    if cfg.schedule.warmup_steps > cfg.schedule.max_steps:
+        problems.append(
+            f"schedule.warmup_steps={cfg.schedule.warmup_steps} exceeds schedule.max_steps={cfg.schedule.max_steps}; "
+            "lower the warmup"
+        )
+    shape = model_shape(cfg.model.size, cfg.model.n_kv_head)
+    if shape["n_kv_head"] < 1 or shape["n_head"] % shape["n_kv_head"]:
+        problems.append(
+            f"model.n_kv_head={shape['n_kv_head']} must divide the {shape['n_head']} query heads of "
+            f"model.size={cfg.model.size}; use a divisor of {shape['n_head']} or null"
+        )
+    if shape["n_embd"] // shape["n_head"] % 2:
+        problems.append(f"model.size={cfg.model.size} gives an odd head dimension, which rotary embeddings cannot use")
+    if min(cfg.batch.micro_batch_size, cfg.batch.global_batch_size, world) >= 1:
+        try:
+            resolve_grad_accum(cfg, world)
+        except ConfigError as exc:
+            problems.append(f"{exc} (for {world} processes = {cfg.cluster.nodes} nodes x {cfg.cluster.gpus_per_node} GPUs)")
+    return problems
+
+
+def require_valid(cfg: Config, world_size: int | None = None) -> None:
+    problems = check_config(cfg, world_size)
+    if problems:
+        raise ConfigError("\n".join(problems))
