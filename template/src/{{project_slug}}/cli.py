@@ -16,9 +16,8 @@ PACKAGE = __package__
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML config (default: config/train.yaml)")
-    p.add_argument("--set", dest="set_overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one config value, e.g. --set optim.lr=1e-3 (repeatable)")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. schedule.max_steps=100")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config value, e.g. --set optim.lr=1e-3; a bare KEY=VALUE argument works too")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,9 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # Bare KEY=VALUE arguments may stand anywhere among the options, so they are collected here
+    # rather than as an argparse positional (which cannot follow options of a subcommand).
+    args, extra = parser.parse_known_args(argv)
+    unknown = [a for a in extra if a.startswith("-") or "=" not in a]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)} (config overrides look like section.key=value)")
+    args.overrides += extra
     try:
-        cfg = load_config(args.config, args.overrides + args.set_overrides)
+        cfg = load_config(args.config, args.overrides)
         if args.command == "prepare-data":
             from .prepare_data import prepare_data
 
@@ -94,7 +100,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "launch":
             from .launch import run_launch
 
-            args.overrides = args.overrides + args.set_overrides
             return run_launch(args, cfg, PACKAGE)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -9,6 +9,7 @@ compares models with different tokenizers; special tokens (0 bytes) are left out
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 import torch
 
 from . import checkpoint
-from .config import Config, ConfigError
+from .config import Config, ConfigError, ModelConfig
 from .data import TokenData, load_tokenizer, read_meta, token_byte_lengths
 from .distributed import DistInfo, all_reduce_sum, autocast_context, init_distributed, print0, shutdown
 from .models import build_model
@@ -52,15 +53,17 @@ def load_trained_model(cfg: Config, ckpt: str | None, device: torch.device):
         raise ConfigError(f"no checkpoint found in {Path(cfg.run.output_dir) / 'checkpoints'}; train first or pass --checkpoint")
     state = checkpoint.load(path)
     meta = read_meta(Path(cfg.data.dir))
+    # The checkpoint's own model settings win, so eval and sample need no training overrides.
+    cfg = dataclasses.replace(cfg, model=ModelConfig(**state["config"]["model"]))
     model = build_model(cfg, meta["vocab_size"])
     model.load_state_dict(state["model"])
-    return model.to(device), state["step"], path
+    return model.to(device), state["step"], path, cfg
 
 
 def run_eval(cfg: Config, ckpt: str | None = None, num_batches: int | None = None) -> dict:
     info = init_distributed(cfg.run.device)
     try:
-        model, step, path = load_trained_model(cfg, ckpt, info.device)
+        model, step, path, cfg = load_trained_model(cfg, ckpt, info.device)
         data_dir = Path(cfg.data.dir)
         val = TokenData.open(data_dir, "val", cfg.model.sequence_len)
         token_bytes = torch.from_numpy(token_byte_lengths(load_tokenizer(data_dir / read_meta(data_dir)["tokenizer"])))

@@ -95,7 +95,8 @@ def check_config(cfg: Config, world_size: int | None = None) -> list[str]:
         try:
             resolve_grad_accum(cfg, world)
         except ConfigError as exc:
-            problems.append(f"{exc} (for {world} processes = {cfg.cluster.nodes} nodes x {cfg.cluster.gpus_per_node} GPUs)")
+            origin = "" if world_size else f" = {cfg.cluster.nodes} nodes x {cfg.cluster.gpus_per_node} GPUs per node"
+            problems.append(f"{exc} (for {world} processes{origin})")
     return problems
 
 

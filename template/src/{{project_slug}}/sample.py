@@ -18,7 +18,7 @@ from .evaluate import load_trained_model
 def run_sample(cfg: Config, prompts: list[str], max_new_tokens: int, temperature: float, top_k: int | None,
                seed: int, ckpt: str | None = None) -> list[str]:
     device = pick_device(cfg.run.device, 0)
-    model, step, path = load_trained_model(cfg, ckpt, device)
+    model, step, path, cfg = load_trained_model(cfg, ckpt, device)
     model.eval()
     data_dir = Path(cfg.data.dir)
     tok = load_tokenizer(data_dir / read_meta(data_dir)["tokenizer"])
