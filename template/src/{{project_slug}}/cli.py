@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("launch", help="start training on a platform (see launch/)")
     p.add_argument("platform", choices=["devmachine"])
-    p.add_argument("--nnodes", type=int, help="nodes in the job (default: cluster.nodes)")
+    p.add_argument("--nnodes", type=int, help="nodes in the job (default: 1)")
     p.add_argument("--node-rank", type=int, help="this node's rank, 0 on the master")
     p.add_argument("--master-addr", help="address of node 0 (multi-node only)")
     p.add_argument("--master-port", type=int, default=29500)

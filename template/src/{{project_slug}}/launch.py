@@ -29,7 +29,7 @@ def default_nproc(cfg: Config) -> int:
 
 
 def devmachine_topology(args: Namespace, cfg: Config) -> Topology:
-    nnodes = args.nnodes or cfg.cluster.nodes
+    nnodes = args.nnodes or 1  # several dev machines are always named explicitly
     if nnodes > 1 and args.node_rank is None:
         raise ConfigError(f"--nnodes {nnodes}: pass --node-rank (0 on the master node, 1..{nnodes - 1} on the others)")
     if nnodes > 1 and not args.master_addr:
