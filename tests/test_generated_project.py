@@ -1,0 +1,25 @@
+"""A generated project installs, exposes its console script, and passes its own test suite."""
+
+from __future__ import annotations
+
+import yaml
+
+from conftest import BIN, run
+
+
+def test_console_script_and_module_entry(default_project):
+    slug = yaml.safe_load((default_project / ".copier-answers.yml").read_text())["project_slug"]
+    install = run([str(BIN / "python"), "-m", "pip", "install", "-q", "--no-deps", "-e", str(default_project)])
+    assert install.returncode == 0, install.stderr
+    script = run([str(BIN / slug), "--help"])
+    module = run([str(BIN / "python"), "-m", slug, "--help"], cwd=default_project.parent)
+    assert script.returncode == 0 and module.returncode == 0, script.stderr + module.stderr
+    for command in ("prepare-data", "train", "eval", "sample", "launch", "check"):
+        assert command in script.stdout
+    assert script.stdout == module.stdout.replace("__main__.py", slug)
+
+
+def test_generated_project_own_tests_pass(default_project):
+    result = run([str(BIN / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=default_project, timeout=1800)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert " passed" in result.stdout and " failed" not in result.stdout

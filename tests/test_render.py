@@ -1,0 +1,72 @@
+"""Rendering: answer sets produce the expected files, parseable YAML, valid shell, a passing check."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from conftest import BIN, render, run
+
+ANSWER_SETS = {
+    "default": {"project_name": "My Run"},
+    "two-nodes": {"project_name": "Two Nodes", "nodes": 2, "gpus_per_node": 4},
+    "one-gpu": {"project_name": "single", "gpus_per_node": 1},
+    "big": {"project_name": "Big Cluster", "nodes": 16, "gpus_per_node": 8},
+    "odd-world": {"project_name": "Odd", "nodes": 3, "gpus_per_node": 7},
+    "unicode-name": {"project_name": "Ünïcode: \"quotes\" $HOME; run 2", "data_dir": "/mnt/shared/my data"},
+}
+
+
+@pytest.mark.parametrize("name", ANSWER_SETS)
+def test_answer_set_renders(tmp_path, name):
+    answers = ANSWER_SETS[name]
+    project = render(tmp_path / "p", **answers)
+    files = {p.relative_to(project).as_posix() for p in project.rglob("*") if p.is_file()}
+    answers_file = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    slug = answers_file["project_slug"]
+    for expected in ("README.md", "pyproject.toml", "config/train.yaml", "launch/devmachine/train.sh",
+                     "launch/devmachine/cpu-smoke.sh", f"src/{slug}/cli.py", f"src/{slug}/models/gpt.py",
+                     "tests/conftest.py"):
+        assert expected in files, f"{expected} missing from {sorted(files)}"
+    assert not any(f.endswith(".jinja") for f in files)
+    for path in project.rglob("*"):
+        if path.is_file() and path.suffix in (".py", ".yaml", ".yml", ".sh", ".md", ".toml"):
+            text = path.read_text()
+            assert "{{" not in text and "{%" not in text, f"unrendered Jinja in {path}"
+    # Every YAML parses; every script passes bash -n.
+    for path in list(project.rglob("*.yaml")) + list(project.rglob("*.yml")):
+        yaml.safe_load(path.read_text())
+    for path in project.rglob("*.sh"):
+        result = run(["bash", "-n", str(path)])
+        assert result.returncode == 0, f"{path}: {result.stderr}"
+    cfg = yaml.safe_load((project / "config/train.yaml").read_text())
+    assert cfg["cluster"] == {"nodes": answers.get("nodes", 1), "gpus_per_node": answers.get("gpus_per_node", 8)}
+    assert cfg["data"]["dir"] == answers.get("data_dir", f"/mnt/shared/{slug}/data")
+    # The generated project's own check agrees with its config for nodes x GPUs.
+    result = run([str(BIN / "python"), "-m", slug, "check"], cwd=project, env={"PYTHONPATH": str(project / "src")})
+    assert result.returncode == 0, result.stdout + result.stderr
+    world = answers.get("nodes", 1) * answers.get("gpus_per_node", 8)
+    assert f"config OK for {world} processes" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "name, slug",
+    [("My Run", "myrun"), ("GPT-3 pretrain 2025", "gpt3pretrain2025"), ("42 Answers!", "answers"),
+     ("x" * 60, "x" * 40), ("Ünïcode", "ncode")],
+)
+def test_slug_derived_from_name(tmp_path, name, slug):
+    project = render(tmp_path / "p", project_name=name)
+    assert yaml.safe_load((project / ".copier-answers.yml").read_text())["project_slug"] == slug
+    assert re.fullmatch(r"[a-z][a-z0-9]{0,39}", slug)
+    assert (project / "src" / slug / "__init__.py").is_file()
+    assert f'{slug} = "{slug}.cli:main"' in (project / "pyproject.toml").read_text()
+
+
+def test_answers_file_records_every_question(default_project):
+    answers = yaml.safe_load((default_project / ".copier-answers.yml").read_text())
+    for key in ("project_name", "project_slug", "model", "strategy", "platforms", "nodes", "gpus_per_node",
+                "data_dir", "output_dir", "_src_path", "_commit"):
+        assert key in answers
+    assert answers["platforms"] == ["devmachine"]
