@@ -264,5 +264,3 @@ def _check_choices(cfg: Config) -> None:
         value = getattr(getattr(cfg, section), key)
         if value not in allowed:
             raise ConfigError(f"{name}={value!r} is not one of {', '.join(allowed)}")
-    if not re.fullmatch(r"tiny|d[1-9][0-9]*", cfg.model.size):
-        raise ConfigError(f"model.size={cfg.model.size!r} is not a size; use 'tiny' or 'd<depth>' such as d20")

@@ -18,7 +18,10 @@ def model_shape(size: str, n_kv_head: int | None) -> dict[str, int]:
     if size == "tiny":
         shape = {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_kv_head": 2}
     else:
-        depth = int(re.fullmatch(r"d([0-9]+)", size).group(1))
+        match = re.fullmatch(r"d([1-9][0-9]*)", size)
+        if not match:
+            raise ConfigError(f"model.size={size!r} is not a size; use 'tiny' or 'd<depth>' such as d20")
+        depth = int(match.group(1))
         n_embd = 64 * depth  # nanochat's aspect ratio: width grows with depth
         n_head = max(1, math.ceil(n_embd / 128))  # heads of (about) 128 dims
         shape = {"n_layer": depth, "n_embd": n_embd, "n_head": n_head, "n_kv_head": n_head}
@@ -83,7 +86,10 @@ def check_config(cfg: Config, world_size: int | None = None) -> list[str]:
             f"schedule.warmup_steps={cfg.schedule.warmup_steps} exceeds schedule.max_steps={cfg.schedule.max_steps}; "
             "lower the warmup"
         )
-    shape = model_shape(cfg.model.size, cfg.model.n_kv_head)
+    try:
+        shape = model_shape(cfg.model.size, cfg.model.n_kv_head)
+    except ConfigError as exc:
+        return problems + [str(exc)]
     if shape["n_kv_head"] < 1 or shape["n_head"] % shape["n_kv_head"]:
         problems.append(
             f"model.n_kv_head={shape['n_kv_head']} must divide the {shape['n_head']} query heads of "
