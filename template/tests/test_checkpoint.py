@@ -1,0 +1,140 @@
+"""Checkpoints: atomic save, keep_last pruning, find_latest when things went wrong, RNG state."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+
+def state(step: int) -> dict:
+    return {"step": step, "weights": torch.full((4, 4), float(step)), "note": f"step {step}"}
+
+
+def names(folder):
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_save_load_and_keep_last(pkg, tmp_path):
+    ck = pkg.checkpoint
+    folder = tmp_path / "checkpoints"
+    for step in (10, 20, 30, 40, 50):
+        path = ck.save(folder, step, state(step), keep_last=2)
+        assert path == folder / f"step_{step:08d}.pt"
+        assert ck.find_latest(folder) == path
+    assert names(folder) == ["latest", "step_00000040.pt", "step_00000050.pt"]
+    assert (folder / "latest").read_text() == "step_00000050.pt"
+    loaded = ck.load(ck.find_latest(folder))
+    assert loaded["step"] == 50 and loaded["note"] == "step 50"
+    assert torch.equal(loaded["weights"], torch.full((4, 4), 50.0))
+    assert [p.name for p in ck.list_checkpoints(folder)] == ["step_00000040.pt", "step_00000050.pt"]
+
+
+def test_steps_sort_numerically(pkg, tmp_path):
+    ck = pkg.checkpoint
+    for step in (9, 10, 100_000):
+        ck.save(tmp_path, step, state(step), keep_last=5)
+    (tmp_path / "latest").unlink()
+    assert ck.find_latest(tmp_path).name == "step_00100000.pt"
+
+
+def test_find_latest_in_an_empty_or_missing_folder(pkg, tmp_path):
+    assert pkg.checkpoint.find_latest(tmp_path) is None
+    assert pkg.checkpoint.find_latest(tmp_path / "nope") is None
+    assert pkg.checkpoint.list_checkpoints(tmp_path / "nope") == []
+
+
+def test_leftover_temporary_file_is_ignored(pkg, tmp_path):
+    ck = pkg.checkpoint
+    ck.save(tmp_path, 10, state(10), keep_last=3)
+    # What a crash in the middle of saving step 20 leaves behind.
+    (tmp_path / ".step_00000020.pt.tmp-12345").write_bytes(b"half a zip file")
+    (tmp_path / "step_00000020.pt.tmp").write_bytes(b"")
+    assert ck.find_latest(tmp_path) == tmp_path / "step_00000010.pt"
+    (tmp_path / "latest").unlink()
+    assert ck.find_latest(tmp_path) == tmp_path / "step_00000010.pt"
+    assert [p.name for p in ck.list_checkpoints(tmp_path)] == ["step_00000010.pt"]
+    ck.save(tmp_path, 20, state(20), keep_last=3)  # a later save is not confused either
+    assert ck.load(ck.find_latest(tmp_path))["step"] == 20
+
+
+@pytest.mark.parametrize("pointer", ["step_00000099.pt", "", "garbage\n", "../elsewhere.pt"])
+def test_latest_naming_a_missing_file_falls_back_to_the_newest_on_disk(pkg, tmp_path, pointer):
+    ck = pkg.checkpoint
+    for step in (10, 20):
+        ck.save(tmp_path, step, state(step), keep_last=3)
+    (tmp_path / "latest").write_text(pointer)
+    assert ck.find_latest(tmp_path) == tmp_path / "step_00000020.pt"
+
+
+def test_latest_wins_over_a_higher_step_on_disk(pkg, tmp_path):
+    """`latest` is written last: a newer file it does not name yet (a crash between the two
+    renames) is complete but the pointer is authoritative."""
+    ck = pkg.checkpoint
+    for step in (10, 20):
+        ck.save(tmp_path, step, state(step), keep_last=3)
+    (tmp_path / "latest").write_text("step_00000010.pt")
+    assert ck.find_latest(tmp_path) == tmp_path / "step_00000010.pt"
+
+
+class Unpicklable:
+    def __reduce__(self):
+        raise RuntimeError("serialisation failed half way")
+
+
+def test_failed_save_never_leaves_a_half_written_file(pkg, tmp_path):
+    ck = pkg.checkpoint
+    ck.save(tmp_path, 10, state(10), keep_last=1)
+    broken = {"big": torch.zeros(1_000_000), "bad": Unpicklable()}
+    with pytest.raises(RuntimeError, match="half way"):
+        ck.save(tmp_path, 20, broken, keep_last=1)
+    assert names(tmp_path) == ["latest", "step_00000010.pt"]  # no step 20, no temporary file
+    assert ck.find_latest(tmp_path) == tmp_path / "step_00000010.pt"
+    assert ck.load(ck.find_latest(tmp_path))["step"] == 10
+    # Failing to overwrite an existing step keeps the old content intact.
+    with pytest.raises(RuntimeError):
+        ck.save(tmp_path, 10, broken, keep_last=1)
+    assert torch.equal(ck.load(tmp_path / "step_00000010.pt")["weights"], torch.full((4, 4), 10.0))
+
+
+def test_interrupted_write_leaves_the_previous_file(pkg, tmp_path):
+    """The writer dies after some bytes: the final name still holds the previous, whole file."""
+    target = tmp_path / "step_00000010.pt"
+    target.write_bytes(b"previous complete file")
+
+    def write_half(f):
+        f.write(b"x" * 100_000)
+        f.flush()
+        assert any(p.name.startswith(".step_00000010.pt.tmp") and p.stat().st_size == 100_000
+                   for p in tmp_path.iterdir())
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        pkg.checkpoint._atomic_write(target, write_half)
+    assert target.read_bytes() == b"previous complete file"
+    assert names(tmp_path) == ["step_00000010.pt"]
+
+
+def test_rng_state_round_trip(pkg):
+    ck = pkg.checkpoint
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    saved = ck.rng_state()
+    expected = (random.random(), np.random.rand(), torch.rand(3))
+    random.random(), np.random.rand(), torch.rand(5)  # move every generator on
+    ck.restore_rng(saved)
+    got = (random.random(), np.random.rand(), torch.rand(3))
+    assert got[0] == expected[0] and got[1] == expected[1] and torch.equal(got[2], expected[2])
+
+
+def test_rng_state_survives_a_file(pkg, tmp_path):
+    ck = pkg.checkpoint
+    torch.manual_seed(7)
+    ck.save(tmp_path, 1, {"rng": ck.rng_state()}, keep_last=1)
+    expected = torch.rand(4)
+    torch.manual_seed(8)
+    ck.restore_rng(ck.load(ck.find_latest(tmp_path))["rng"])
+    assert torch.equal(torch.rand(4), expected)

@@ -1,0 +1,120 @@
+"""`launch devmachine`: the torchrun command for one node and for several, and its mistakes."""
+
+from __future__ import annotations
+
+import shlex
+from argparse import Namespace
+
+import pytest
+import torch
+
+
+def torchrun_args(stdout: str) -> list[str]:
+    lines = [line for line in stdout.splitlines() if line.startswith("$ ")]
+    assert len(lines) == 1, stdout
+    return shlex.split(lines[0][2:])
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def test_dry_run_one_node_is_standalone(cli):
+    proc = cli("launch", "devmachine", "--dry-run", "--nnodes", 1, "--nproc-per-node", 2, "model.size=tiny",
+               "--set", "optim.lr=0.01")
+    args = torchrun_args(proc.stdout)
+    assert args[1:3] == ["-m", "torch.distributed.run"]
+    assert "--standalone" in args and flag(args, "--nproc-per-node") == "2"
+    assert not any(a.startswith("--rdzv") or a == "--nnodes" for a in args)
+    # Overrides reach `train`, whichever way they were given.
+    entry = args[args.index("--standalone") + 1:]
+    assert entry[:3] == ["-m", cli.package, "train"] and set(entry[3:]) == {"model.size=tiny", "optim.lr=0.01"}
+    assert "processes per node  2" in proc.stdout
+
+
+def test_dry_run_two_nodes_uses_c10d_rendezvous(cli):
+    proc = cli("launch", "devmachine", "--dry-run", "--nnodes", 2, "--node-rank", 1, "--master-addr", "10.1.2.3",
+               "--master-port", 29555, "--nproc-per-node", 8, "--run-id", "job7", "--config", "config/train.yaml",
+               "schedule.max_steps=5")
+    args = torchrun_args(proc.stdout)
+    assert "--standalone" not in args
+    assert flag(args, "--nnodes") == "2" and flag(args, "--node-rank") == "1"
+    assert flag(args, "--nproc-per-node") == "8"
+    assert flag(args, "--rdzv-backend") == "c10d"
+    assert flag(args, "--rdzv-endpoint") == "10.1.2.3:29555"
+    assert flag(args, "--rdzv-id") == "job7"
+    assert flag(args, "--rdzv-conf") == "is_host=false"
+    assert args[-6:] == ["-m", cli.package, "train", "--config", "config/train.yaml", "schedule.max_steps=5"]
+    assert "node rank           1" in proc.stdout and "10.1.2.3:29555" in proc.stdout
+
+    master = cli("launch", "devmachine", "--dry-run", "--nnodes", 2, "--node-rank", 0, "--master-addr", "10.1.2.3")
+    args = torchrun_args(master.stdout)
+    assert flag(args, "--rdzv-conf") == "is_host=true" and flag(args, "--rdzv-endpoint") == "10.1.2.3:29500"
+    assert flag(args, "--rdzv-id") == cli.package  # the default run id: the same on every node
+
+
+def test_two_nodes_without_master_addr_is_a_clear_error(cli):
+    proc = cli("launch", "devmachine", "--dry-run", "--nnodes", 2, "--node-rank", 0, expect=1)
+    assert proc.stderr.startswith("error: ") and "--master-addr" in proc.stderr
+    assert "Traceback" not in proc.stderr and "$ " not in proc.stdout
+
+
+@pytest.fixture
+def topology(pkg, tmp_path):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("cluster:\n  nodes: 1\n  gpus_per_node: 1\n")
+    cfg = pkg.config.load_config(empty)
+
+    def _topology(**kwargs):
+        args = dict(nnodes=None, node_rank=None, master_addr=None, master_port=29500, nproc_per_node=None)
+        return pkg.launch.devmachine_topology(Namespace(**{**args, **kwargs}), cfg)
+
+    return _topology
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(nnodes=2, master_addr="10.0.0.1"), ["--node-rank", "0 on the master"]),
+        (dict(nnodes=2, node_rank=0), ["--master-addr"]),
+        (dict(nnodes=2, node_rank=2, master_addr="10.0.0.1"), ["--node-rank 2", "between 0 and 1"]),
+        (dict(nnodes=3, node_rank=-1, master_addr="10.0.0.1"), ["--node-rank -1", "between 0 and 2"]),
+    ],
+)
+def test_topology_mistakes(pkg, topology, kwargs, words):
+    with pytest.raises(pkg.config.ConfigError) as err:
+        topology(**kwargs)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_topology_defaults(topology):
+    one = topology(nproc_per_node=3)
+    assert (one.nnodes, one.node_rank, one.nproc_per_node, one.master_addr) == (1, 0, 3, "127.0.0.1")
+    # Default: one process per visible GPU; without GPUs one per core, at most cluster.gpus_per_node (1 here).
+    assert topology().nproc_per_node == (torch.cuda.device_count() if torch.cuda.is_available() else 1)
+    two = topology(nnodes=2, node_rank=1, master_addr="h0", master_port=1234, nproc_per_node=4)
+    assert (two.nnodes, two.node_rank, two.master_addr, two.master_port) == (2, 1, "h0", 1234)
+
+
+def launch_script(cli, env: dict, *overrides, expect=0):
+    """bash launch/devmachine/train.sh with only the given settings in its environment."""
+    names = ["NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE", "DRY_RUN"]
+    return cli.run(["bash", "launch/devmachine/train.sh", *overrides], env={**dict.fromkeys(names), **env},
+                   expect=expect, timeout=120)
+
+
+def test_devmachine_script_one_node(cli):
+    proc = launch_script(cli, {"NNODES": "1", "NPROC_PER_NODE": "2", "DRY_RUN": "1"}, "model.size=tiny")
+    args = torchrun_args(proc.stdout)
+    assert "--standalone" in args and flag(args, "--nproc-per-node") == "2" and args[-1] == "model.size=tiny"
+
+
+def test_devmachine_script_two_nodes(cli):
+    proc = launch_script(cli, {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "29600",
+                               "NPROC_PER_NODE": "4", "DRY_RUN": "1"})
+    args = torchrun_args(proc.stdout)
+    assert flag(args, "--rdzv-endpoint") == "10.0.0.9:29600" and flag(args, "--node-rank") == "1"
+    assert flag(args, "--rdzv-conf") == "is_host=false" and flag(args, "--nproc-per-node") == "4"
+    missing = launch_script(cli, {"NNODES": "2", "DRY_RUN": "1"}, expect=1)
+    assert "--master-addr" in missing.stderr

@@ -1,0 +1,213 @@
+"""The GPT: shapes, initial loss, grouped-query attention, KV-cache decoding, FLOPs, schedule."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+VOCAB = 512
+
+
+@pytest.fixture
+def gpt(pkg):
+    return pkg.module("models.gpt")
+
+
+def make(gpt, *, n_kv_head=2, sequence_len=64, softcap=15.0, n_layer=2, n_embd=64, n_head=4, vocab=VOCAB, seed=0):
+    torch.manual_seed(seed)
+    model = gpt.GPT(gpt.GPTConfig(vocab_size=vocab, sequence_len=sequence_len, n_layer=n_layer, n_embd=n_embd,
+                                  n_head=n_head, n_kv_head=n_kv_head, softcap=softcap))
+    model.init_weights()
+    return model.eval()
+
+
+def randomize(model, seed=1):
+    """Weights that make every block matter: at init the output projections are zero, so
+    attention (and any KV-cache mistake) would not change the logits at all."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            fan_in = p.shape[-1] if p.dim() > 1 else 1
+            p.copy_(torch.randn(p.shape, generator=g) * (1.0 if p is model.wte.weight else fan_in**-0.5))
+    return model
+
+
+def tokens(batch, length, seed=0, vocab=VOCAB):
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_build_model_from_config(pkg, tmp_path):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    cfg = pkg.config.load_config(empty, ["model.size=tiny", "model.sequence_len=32", "model.n_kv_head=1"])
+    model = pkg.models.build_model(cfg, 300)
+    c = model.config
+    assert (c.n_layer, c.n_embd, c.n_head, c.n_kv_head, c.vocab_size, c.sequence_len) == (2, 64, 4, 1, 300, 32)
+    assert model.wte.weight.shape == (300, 64) and model.lm_head.weight.shape == (300, 64)
+
+
+def test_forward_shapes(gpt):
+    model = make(gpt)
+    x, y = tokens(3, 20), tokens(3, 20, seed=1)
+    assert model(x).shape == (3, 20, VOCAB)
+    loss = model(x, y)
+    assert loss.shape == () and torch.isfinite(loss)
+    per_token = model(x, y, loss_reduction="none")
+    assert per_token.shape == (60,)
+    assert torch.allclose(per_token.mean(), loss)
+    y[:, :5] = -1  # ignored targets
+    assert torch.allclose(model(x, y), model(x, y, loss_reduction="none")[(y != -1).reshape(-1)].mean())
+
+
+def test_initial_loss_is_about_ln_vocab(gpt):
+    model = make(gpt, vocab=2048)
+    loss = model(tokens(4, 64, vocab=2048), tokens(4, 64, seed=1, vocab=2048)).item()
+    assert abs(loss - math.log(2048)) < 0.02, loss
+
+
+def test_logits_are_softcapped(gpt):
+    model = randomize(make(gpt, softcap=5.0))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(100)
+    logits = model(tokens(2, 16))
+    assert logits.abs().max() <= 5.0
+    assert logits.abs().max() > 4.9  # the cap is reached, so the test means something
+
+
+def test_attention_is_causal(gpt):
+    model = randomize(make(gpt))
+    x = tokens(1, 24)
+    changed = x.clone()
+    changed[0, 12] = (x[0, 12] + 1) % VOCAB
+    a, b = model(x), model(changed)
+    assert torch.allclose(a[:, :12], b[:, :12], atol=1e-5)
+    assert not torch.allclose(a[:, 12:], b[:, 12:], atol=1e-3)
+
+
+@pytest.mark.parametrize("n_kv_head", [1, 2])
+def test_grouped_query_attention_equals_repeated_kv_heads(gpt, n_kv_head):
+    """A GQA model computes what a full multi-head model computes when each key/value head is
+    copied to the query heads of its group (query head h uses kv head h // group)."""
+    gqa = randomize(make(gpt, n_kv_head=n_kv_head))
+    mha = make(gpt, n_kv_head=4)
+    group, hd = 4 // n_kv_head, gqa.config.head_dim
+    assert gqa.blocks[0].attn.c_k.weight.shape == (n_kv_head * hd, 64)
+    state = gqa.state_dict()
+    for name, w in list(state.items()):
+        if name.endswith(("attn.c_k.weight", "attn.c_v.weight")):
+            state[name] = w.view(n_kv_head, hd, -1).repeat_interleave(group, dim=0).reshape(4 * hd, -1)
+    mha.load_state_dict(state)
+    x, y = tokens(2, 32), tokens(2, 32, seed=1)
+    assert torch.allclose(gqa(x), mha(x), atol=1e-5)
+    loss = gqa.train()(x, y)
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in gqa.parameters())
+
+
+def greedy_without_cache(model, prompt, steps):
+    ids = list(prompt)
+    for _ in range(steps):
+        ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 2])
+def test_kv_cache_greedy_generation_equals_full_recompute(gpt, n_kv_head):
+    # sequence_len 16: 30 new tokens run past the training context (rotary tables cover 10x).
+    model = randomize(make(gpt, n_kv_head=n_kv_head, sequence_len=16))
+    prompt = tokens(1, 7, seed=3)[0].tolist()
+    with torch.no_grad():
+        cached = model.generate(prompt, 30, temperature=0)
+        full = greedy_without_cache(model, prompt, 30)
+    assert cached == full
+    assert len(set(cached)) > 3  # not a degenerate repetition that any bug would also produce
+
+
+def test_kv_cache_logits_match_full_forward_chunk_by_chunk(gpt):
+    """Prefill 5 tokens, then a chunk of 6 (the masked path), then single tokens."""
+    model = randomize(make(gpt, n_kv_head=2))
+    x = tokens(2, 14, seed=5)
+    with torch.no_grad():
+        full = model(x)
+        cache = gpt.KVCache(model.config.n_layer)
+        parts = [model(x[:, :5], cache=cache), model(x[:, 5:11], cache=cache)]
+        parts += [model(x[:, t:t + 1], cache=cache) for t in range(11, 14)]
+    assert cache.length == 14
+    assert torch.allclose(torch.cat(parts, dim=1), full, atol=1e-4)
+
+
+def test_sampling_is_reproducible_with_a_seeded_generator(gpt):
+    model = randomize(make(gpt))
+    prompt = [1, 2, 3]
+
+    def sample(seed):
+        g = torch.Generator().manual_seed(seed)
+        return model.generate(prompt, 20, temperature=1.0, top_k=20, generator=g)
+
+    assert sample(0) == sample(0)
+    assert sample(0) != sample(1)
+    assert all(0 <= t < VOCAB for t in sample(2))
+
+
+def test_top_k_1_is_greedy(gpt):
+    model = randomize(make(gpt))
+    g = torch.Generator().manual_seed(0)
+    assert model.generate([5, 6], 15, temperature=0.7, top_k=1, generator=g) == model.generate([5, 6], 15, temperature=0)
+
+
+@pytest.mark.parametrize("n_kv_head, sequence_len", [(4, 64), (2, 128), (1, 32)])
+def test_flops_per_token(gpt, n_kv_head, sequence_len):
+    model = make(gpt, n_kv_head=n_kv_head, sequence_len=sequence_len)
+    c = model.config
+    params = sum(p.numel() for p in model.parameters())
+    embedding = c.vocab_size * c.n_embd
+    expected = 6 * (params - embedding) + 12 * c.n_layer * c.n_head * c.head_dim * c.sequence_len
+    assert model.flops_per_token() == expected
+    # The same count from the shapes: q, k, v, proj, 2 MLP matrices per layer, and the head.
+    hd = c.head_dim
+    per_layer = c.n_embd * c.n_head * hd * 2 + 2 * c.n_embd * c.n_kv_head * hd + 8 * c.n_embd**2
+    assert params - embedding == c.n_layer * per_layer + c.vocab_size * c.n_embd
+    assert model.num_params() == params
+
+
+def test_training_steps_lower_the_loss(gpt):
+    """The model can learn: a few AdamW steps on one fixed batch drive its loss down."""
+    model = make(gpt).train()
+    x, y = tokens(4, 32), tokens(4, 32, seed=1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    first = model(x, y).item()
+    for _ in range(30):
+        opt.zero_grad()
+        model(x, y).backward()
+        opt.step()
+    assert model(x, y).item() < first - 1.0
+
+
+def test_learning_rate_schedule(pkg, tmp_path):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    cfg = pkg.config.load_config(empty, ["optim.lr=0.01", "schedule.warmup_steps=10", "schedule.max_steps=110",
+                                         "schedule.min_lr_ratio=0.1"])
+    lr_at = pkg.train.lr_at
+    assert lr_at(0, cfg) == pytest.approx(0.001)  # linear warmup
+    assert lr_at(4, cfg) == pytest.approx(0.005)
+    assert lr_at(9, cfg) == pytest.approx(0.01)  # peak at the end of warmup
+    assert lr_at(10, cfg) == pytest.approx(0.01)
+    assert lr_at(60, cfg) == pytest.approx(0.01 * (0.1 + 0.9 * 0.5))  # half way down the cosine
+    assert lr_at(110, cfg) == pytest.approx(0.001)  # lr * min_lr_ratio at max_steps
+    decay = [lr_at(s, cfg) for s in range(10, 111)]
+    assert all(a >= b for a, b in zip(decay, decay[1:]))
+
+
+def test_optimizer_skips_weight_decay_on_the_embedding(pkg, gpt, tmp_path):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    cfg = pkg.config.load_config(empty, ["optim.weight_decay=0.25"])
+    model = make(gpt)
+    opt = pkg.train.build_optimizer(model, cfg, torch.device("cpu"))
+    decayed = {id(p) for g in opt.param_groups if g["weight_decay"] == 0.25 for p in g["params"]}
+    assert id(model.wte.weight) not in decayed
+    assert id(model.lm_head.weight) in decayed and id(model.blocks[0].attn.c_q.weight) in decayed
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))

@@ -1,0 +1,118 @@
+"""Rules across settings: gradient accumulation, head counts, the `check` command."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def cfg_with(pkg, tmp_path):
+    """Dataclass defaults plus overrides (an empty YAML file: edits to config/train.yaml do not matter)."""
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+
+    def _cfg(*overrides):
+        return pkg.config.load_config(empty, list(overrides))
+
+    return _cfg
+
+
+@pytest.mark.parametrize(
+    "global_batch, micro, world, accum",
+    [(32, 8, 1, 4), (32, 8, 2, 2), (32, 8, 4, 1), (256, 16, 8, 2), (48, 4, 3, 4)],
+)
+def test_grad_accum_is_derived(pkg, cfg_with, global_batch, micro, world, accum):
+    cfg = cfg_with(f"batch.global_batch_size={global_batch}", f"batch.micro_batch_size={micro}",
+                   "batch.grad_accum_steps=null")
+    assert pkg.rules.resolve_grad_accum(cfg, world) == accum
+    assert micro * accum * world == global_batch
+
+
+def test_global_batch_not_divisible_is_an_error_with_a_fix(pkg, cfg_with):
+    cfg = cfg_with("batch.global_batch_size=30", "batch.micro_batch_size=8", "batch.grad_accum_steps=null")
+    with pytest.raises(pkg.config.ConfigError) as err:
+        pkg.rules.resolve_grad_accum(cfg, 2)
+    message = str(err.value)
+    assert "batch.global_batch_size=30" in message and "16" in message  # 8 x 2 processes
+    assert "set it to 16" in message  # the closest multiple below
+
+
+def test_explicit_grad_accum_must_add_up(pkg, cfg_with):
+    cfg = cfg_with("batch.global_batch_size=32", "batch.micro_batch_size=8", "batch.grad_accum_steps=2")
+    assert pkg.rules.resolve_grad_accum(cfg, 2) == 2
+    with pytest.raises(pkg.config.ConfigError) as err:
+        pkg.rules.resolve_grad_accum(cfg, 4)
+    assert "grad_accum_steps" in str(err.value) and "null" in str(err.value)
+
+
+def test_check_config_accepts_a_good_config(pkg, cfg_with):
+    cfg = cfg_with("model.size=tiny", "model.n_kv_head=2", "batch.global_batch_size=32",
+                   "batch.micro_batch_size=8", "batch.grad_accum_steps=null")
+    assert pkg.rules.check_config(cfg, world_size=2) == []
+
+
+@pytest.mark.parametrize("kv", [3, 0, 8])
+def test_check_config_catches_kv_heads_not_dividing_heads(pkg, cfg_with, kv):
+    cfg = cfg_with("model.size=tiny", f"model.n_kv_head={kv}", "batch.global_batch_size=32",
+                   "batch.micro_batch_size=8", "batch.grad_accum_steps=null")
+    problems = pkg.rules.check_config(cfg, world_size=2)
+    assert len(problems) == 1, problems
+    assert f"model.n_kv_head={kv}" in problems[0] and "4 query heads" in problems[0]
+
+
+def test_check_config_lists_every_problem(pkg, cfg_with):
+    cfg = cfg_with("model.size=tiny", "model.n_kv_head=3", "batch.global_batch_size=30",
+                   "batch.micro_batch_size=8", "batch.grad_accum_steps=null", "data.val_fraction=1.5",
+                   "schedule.max_steps=10", "schedule.warmup_steps=20", "optim.lr=-1")
+    problems = "\n".join(pkg.rules.check_config(cfg, world_size=2))
+    for word in ["model.n_kv_head=3", "batch.global_batch_size=30", "data.val_fraction=1.5",
+                 "schedule.warmup_steps=20", "optim.lr=-1"]:
+        assert word in problems
+    with pytest.raises(pkg.config.ConfigError):
+        pkg.rules.require_valid(cfg, 2)
+
+
+def test_check_config_default_world_is_nodes_times_gpus(pkg, cfg_with):
+    cfg = cfg_with("cluster.nodes=3", "cluster.gpus_per_node=2", "batch.global_batch_size=32",
+                   "batch.micro_batch_size=8", "batch.grad_accum_steps=null")
+    problems = pkg.rules.check_config(cfg)
+    assert len(problems) == 1 and "6 processes" in problems[0] and "3 nodes x 2 GPUs" in problems[0]
+
+
+def test_model_shape(pkg):
+    assert pkg.rules.model_shape("tiny", None) == {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_kv_head": 2}
+    assert pkg.rules.model_shape("d20", None) == {"n_layer": 20, "n_embd": 1280, "n_head": 10, "n_kv_head": 10}
+    assert pkg.rules.model_shape("d20", 5)["n_kv_head"] == 5
+
+
+def test_odd_head_dim_is_caught(pkg, cfg_with):
+    # d9: width 576 over 5 heads -> head_dim 115, which rotary embeddings cannot split in halves
+    cfg = cfg_with("model.size=d9", "batch.global_batch_size=32", "batch.micro_batch_size=8",
+                   "batch.grad_accum_steps=null")
+    assert any("odd head dimension" in p for p in pkg.rules.check_config(cfg, world_size=1))
+
+
+def test_check_cli_exit_codes(cli):
+    ok = cli("check", "batch.global_batch_size=32", "batch.micro_batch_size=8", "batch.grad_accum_steps=null",
+             "--world-size", "2")
+    assert ok.stdout.startswith("config OK for 2 processes") and "accum 2" in ok.stdout
+
+    bad = cli("check", "batch.global_batch_size=32", "batch.micro_batch_size=8", "batch.grad_accum_steps=null",
+              "--world-size", "3", expect=1)
+    assert "config check failed (1 problem(s))" in bad.stderr and "batch.global_batch_size=32" in bad.stderr
+
+    heads = cli("check", "model.size=tiny", "model.n_kv_head=3", expect=1)
+    assert "model.n_kv_head=3" in heads.stderr and "Traceback" not in heads.stderr
+
+
+def test_check_cli_passes_on_the_shipped_config(cli):
+    proc = cli("check")
+    assert proc.stdout.startswith("config OK")
+
+
+def test_check_project_module_is_quiet(pkg, cli):
+    """The template runs `python -m <package>.check_project --quiet` right after generation."""
+    assert cli("--quiet", module="check_project").stdout == ""
+    too_many = pkg.config.load_config(cli.root / "config" / "train.yaml").batch.global_batch_size + 1
+    bad = cli("--quiet", "--world-size", too_many, module="check_project", expect=1)
+    assert "config check failed" in bad.stderr

@@ -1,0 +1,206 @@
+"""End to end on CPU: real torchrun (Gloo), metrics, 1 vs 2 processes, resume, two nodes, eval, sample.
+
+The runs are shared session fixtures (conftest.py): run_2proc and run_1proc train the same 30
+steps with the same global batch, one with 2 processes x accum 2, the other 1 process x accum 4.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+STEPS = [5, 10, 15, 20, 25, 30]
+TOKENS_PER_STEP = 16 * 64  # global batch x sequence_len of TRAIN_OVERRIDES
+
+
+def test_two_processes_train_and_log(run_2proc, metrics):
+    out, log = run_2proc
+    train, val = metrics(out)
+    assert [r["step"] for r in train] == STEPS
+    assert train[-1]["loss"] < train[0]["loss"] - 0.3, [r["loss"] for r in train]
+    for r in train:
+        assert set(r) >= {"step", "loss", "lr", "tokens_per_sec", "mfu", "grad_norm", "step_time", "tokens"}
+        assert r["mfu"] is None  # no peak FLOPs are known for a CPU
+        assert r["tokens_per_sec"] > 0 and r["step_time"] > 0
+        assert r["tokens"] == r["step"] * TOKENS_PER_STEP
+        assert r["lr"] == pytest.approx(0.003)  # warmup (5 steps) is over at the first logged step
+    assert [r["step"] for r in val] == [30] and val[0]["val_loss"] > 0 and val[0]["val_bpb"] > 0
+    assert "2 process(es) on cpu" in log and "micro 4 x accum 2 x 2 ranks" in log
+    assert "step     30/30 | loss" in log and "val loss" in log
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
+        "latest", "step_00000010.pt", "step_00000020.pt", "step_00000030.pt"]
+    assert "size: tiny" in (out / "config.yaml").read_text()
+
+
+def test_tensorboard_events_hold_the_logged_scalars(run_2proc, metrics):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out, _ = run_2proc
+    events = list((out / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(events) == 1
+    acc = EventAccumulator(str(out / "tensorboard"))
+    acc.Reload()
+    assert {"loss", "lr", "tokens_per_sec", "val_loss", "val_bpb"} <= set(acc.Tags()["scalars"])
+    train, _ = metrics(out)
+    loss = acc.Scalars("loss")
+    assert [e.step for e in loss] == STEPS
+    assert [e.value for e in loss] == pytest.approx([r["loss"] for r in train], abs=1e-6)
+
+
+def test_one_process_matches_two_at_the_same_global_batch(run_1proc, run_2proc, metrics):
+    one, _ = metrics(run_1proc[0])
+    two, _ = metrics(run_2proc[0])
+    assert "1 process(es) on cpu" in run_1proc[1] and "micro 4 x accum 4 x 1 ranks" in run_1proc[1]
+    assert [r["step"] for r in one] == [r["step"] for r in two] == STEPS
+    for a, b in zip(one, two):
+        assert abs(a["loss"] - b["loss"]) < 1e-4, (a["step"], a["loss"], b["loss"])
+        assert abs(a["grad_norm"] - b["grad_norm"]) < 1e-4 * max(1.0, b["grad_norm"])
+        assert a["lr"] == b["lr"]
+    # (No val-loss comparison: logging.eval_batches counts batches per rank, so 2 ranks see twice the data.)
+    w1 = torch.load(run_1proc[0] / "checkpoints" / "step_00000030.pt", weights_only=False)["model"]
+    w2 = torch.load(run_2proc[0] / "checkpoints" / "step_00000030.pt", weights_only=False)["model"]
+    assert w1.keys() == w2.keys()
+    for name in w1:
+        assert torch.allclose(w1[name], w2[name], atol=1e-4), name
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory, cli, demo_data, train):
+    """Stop at step 15 (max_steps=15), then start again with max_steps=30 in the same output_dir."""
+    out = tmp_path_factory.mktemp("resume")
+    keep = ["checkpoint.every_steps=5", "checkpoint.keep_last=2"]
+    first = train(cli, demo_data, out, 2, "schedule.max_steps=15", *keep)
+    second = train(cli, demo_data, out, 2, "schedule.max_steps=30", *keep)
+    return out, first.stdout + first.stderr, second.stdout + second.stderr
+
+
+def test_resume_continues_exactly(resumed, run_2proc, metrics):
+    out, first, second = resumed
+    assert "steps 0->15" in first and "resumed from" not in first
+    assert f"resumed from {out / 'checkpoints' / 'step_00000015.pt'} at step 15" in second
+    assert "steps 15->30" in second
+    train, val = metrics(out)
+    reference, reference_val = metrics(run_2proc[0])
+    assert [r["step"] for r in train] == STEPS  # 5, 10, 15 from the first run, then 20, 25, 30
+    # Same data position, weights, optimizer moments and RNG: bit-for-bit the uninterrupted run.
+    for got, want in zip(train, reference):
+        for key in ("step", "loss", "grad_norm", "lr", "tokens"):
+            assert got[key] == want[key], (got["step"], key, got[key], want[key])
+    assert [r["step"] for r in val] == [15, 30]
+    assert val[1]["val_loss"] == reference_val[0]["val_loss"]
+    # keep_last=2: only the two newest checkpoints survive, `latest` names the final one.
+    ckpt = out / "checkpoints"
+    assert sorted(p.name for p in ckpt.iterdir()) == ["latest", "step_00000025.pt", "step_00000030.pt"]
+    assert (ckpt / "latest").read_text() == "step_00000030.pt"
+    final = torch.load(ckpt / "step_00000030.pt", weights_only=False)
+    uninterrupted = torch.load(run_2proc[0] / "checkpoints" / "step_00000030.pt", weights_only=False)
+    assert final["step"] == 30 and final["world_size"] == 2
+    for name, tensor in uninterrupted["model"].items():
+        assert torch.equal(final["model"][name], tensor), name
+
+
+def test_nothing_to_do_when_max_steps_is_reached(resumed, cli, demo_data, train_overrides, metrics):
+    out = resumed[0]
+    before = (out / "metrics.jsonl").read_text()
+    # One process, no torchrun: the same global batch, so the checkpoint's fingerprint matches.
+    proc = cli("train", *train_overrides, f"data.dir={demo_data}", f"run.output_dir={out}")
+    assert "already trained to step 30" in proc.stdout and "nothing to do" in proc.stdout
+    assert (out / "metrics.jsonl").read_text() == before
+
+
+def test_resume_refuses_a_checkpoint_of_another_model(resumed, cli, demo_data, train_overrides, tmp_path):
+    out = tmp_path / "copy"
+    shutil.copytree(resumed[0] / "checkpoints", out / "checkpoints")
+    proc = cli("train", *train_overrides, "model.sequence_len=32", f"data.dir={demo_data}",
+               f"run.output_dir={out}", expect=1)
+    assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+    assert "different model" in proc.stderr and "checkpoint.resume=false" in proc.stderr
+    assert not (out / "metrics.jsonl").exists()
+
+
+def test_two_nodes_on_loopback_form_one_job(cli, demo_data, train_overrides, run_2proc, metrics, tmp_path, port):
+    out = tmp_path / "run"
+    nodes = []
+    try:
+        for rank in (0, 1):
+            nodes.append(cli.start(
+                "launch", "devmachine", "--nnodes", 2, "--node-rank", rank, "--master-addr", "127.0.0.1",
+                "--master-port", port, "--nproc-per-node", 1, "--run-id", f"pytest{port}",
+                *train_overrides, "schedule.max_steps=10", f"data.dir={demo_data}", f"run.output_dir={out}",
+                log=tmp_path / f"node{rank}.log"))
+        codes = [node.wait(timeout=240) for node in nodes]
+    finally:
+        for node in nodes:
+            cli.stop(node)
+    logs = [(tmp_path / f"node{rank}.log").read_text() for rank in (0, 1)]
+    assert codes == [0, 0], "\n\n".join(logs)
+    assert "is_host=true" in logs[0] and "is_host=false" in logs[1]
+    # torchrun's c10d rendezvous numbers the ranks itself, so rank 0 may live on either node.
+    both = "".join(logs)
+    assert both.count("2 process(es) on cpu") == 1 and "micro 4 x accum 2 x 2 ranks" in both
+    train, _ = metrics(out)
+    assert [r["step"] for r in train] == [5, 10]
+    # Two processes on two "nodes" compute what two processes on one node compute.
+    reference, _ = metrics(run_2proc[0])
+    for got, want in zip(train, reference):
+        assert got["loss"] == pytest.approx(want["loss"], abs=1e-5)
+
+
+def test_eval_reproduces_the_validation_loss_of_training(cli, run_2proc, demo_data, metrics):
+    out, _ = run_2proc
+    _, val = metrics(out)
+    # No model overrides: eval takes the model settings from the checkpoint. 4 micro batches of 4 on
+    # one process read the same 16 validation sequences as 2 batches on each of 2 ranks in training.
+    proc = cli("eval", "--batches", 4, f"data.dir={demo_data}", f"run.output_dir={out}", "run.device=cpu",
+               "batch.micro_batch_size=4")
+    assert "step 30 | val loss" in proc.stdout and "val bpb" in proc.stdout
+    result = json.loads((out / "eval.json").read_text())
+    assert result["step"] == 30 and result["checkpoint"].endswith("step_00000030.pt")
+    assert result["val_tokens"] == 4 * 4 * 64
+    assert result["val_loss"] == pytest.approx(val[0]["val_loss"], abs=1e-5)
+    assert result["val_bpb"] == pytest.approx(val[0]["val_bpb"], abs=1e-5)
+    assert f"val loss {result['val_loss']:.4f} | val bpb {result['val_bpb']:.4f}" in proc.stdout
+
+    early = cli("eval", "--batches", 4, "--checkpoint", out / "checkpoints" / "step_00000010.pt",
+                f"data.dir={demo_data}", f"run.output_dir={out}", "run.device=cpu", "batch.micro_batch_size=4")
+    assert "step 10 | val loss" in early.stdout
+    assert json.loads((out / "eval.json").read_text())["val_loss"] > result["val_loss"]
+
+
+def test_eval_without_a_checkpoint_is_a_clear_error(cli, demo_data, tmp_path):
+    proc = cli("eval", f"data.dir={demo_data}", f"run.output_dir={tmp_path}", "run.device=cpu", expect=1)
+    assert "no checkpoint found" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_sample_prints_the_greedy_continuation(pkg, cli, run_2proc, demo_data):
+    out, _ = run_2proc
+    prompts = ["The function", "Return a"]
+    proc = cli("sample", "--prompt", prompts[0], "--prompt", prompts[1], "--max-new-tokens", 24, "--temperature", 0,
+               f"data.dir={demo_data}", f"run.output_dir={out}", "run.device=cpu")
+    assert f"sampling from {out / 'checkpoints' / 'step_00000030.pt'} (step 30)" in proc.stdout
+    # The same greedy decoding in this process, from the same checkpoint and tokenizer.
+    cfg = pkg.config.load_config(None, [f"data.dir={demo_data}", f"run.output_dir={out}", "run.device=cpu"])
+    model, step, _, _ = pkg.evaluate.load_trained_model(cfg, None, torch.device("cpu"))
+    tok = pkg.data.load_tokenizer(demo_data / "tokenizer.json")
+    for prompt in prompts:
+        ids = [pkg.data.bos_id(tok), *tok.encode(prompt, add_special_tokens=False).ids]
+        new = model.eval().generate(ids, 24, temperature=0)
+        text = prompt + tok.decode(new)
+        assert len(text) > len(prompt) + 10
+        assert f"--- {prompt!r}\n{text}\n" in proc.stdout
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_training_bf16_reports_mfu(pkg, cli, demo_data, train_overrides, metrics, tmp_path):
+    proc = cli("launch", "devmachine", "--nnodes", 1, "--nproc-per-node", 1, *train_overrides,
+               "run.device=cuda", "run.dtype=bf16", "schedule.max_steps=20", f"data.dir={demo_data}",
+               f"run.output_dir={tmp_path}")
+    assert "1 process(es) on cuda" in proc.stdout
+    train, val = metrics(tmp_path)
+    assert train[-1]["loss"] < train[0]["loss"] and val[0]["val_loss"] > 0
+    known = pkg.metrics.peak_flops(torch.device("cuda", 0)) is not None
+    for r in train:
+        assert (0 < r["mfu"] < 1) if known else r["mfu"] is None
