@@ -25,32 +25,28 @@ def test_dry_run_one_node_is_standalone(cli):
     args = torchrun_args(proc.stdout)
     assert args[1:3] == ["-m", "torch.distributed.run"]
     assert "--standalone" in args and flag(args, "--nproc-per-node") == "2"
-    assert not any(a.startswith("--rdzv") or a == "--nnodes" for a in args)
+    assert not any(a in ("--nnodes", "--master-addr", "--node-rank") for a in args)
     # Overrides reach `train`, whichever way they were given.
     entry = args[args.index("--standalone") + 1:]
     assert entry[:3] == ["-m", cli.package, "train"] and set(entry[3:]) == {"model.size=tiny", "optim.lr=0.01"}
     assert "processes per node  2" in proc.stdout
 
 
-def test_dry_run_two_nodes_uses_c10d_rendezvous(cli):
+def test_dry_run_two_nodes_uses_static_rendezvous_at_the_master(cli):
     proc = cli("launch", "devmachine", "--dry-run", "--nnodes", 2, "--node-rank", 1, "--master-addr", "10.1.2.3",
-               "--master-port", 29555, "--nproc-per-node", 8, "--run-id", "job7", "--config", "config/train.yaml",
+               "--master-port", 29555, "--nproc-per-node", 8, "--config", "config/train.yaml",
                "schedule.max_steps=5")
     args = torchrun_args(proc.stdout)
-    assert "--standalone" not in args
+    assert "--standalone" not in args and not any(a.startswith("--rdzv") for a in args)
     assert flag(args, "--nnodes") == "2" and flag(args, "--node-rank") == "1"
     assert flag(args, "--nproc-per-node") == "8"
-    assert flag(args, "--rdzv-backend") == "c10d"
-    assert flag(args, "--rdzv-endpoint") == "10.1.2.3:29555"
-    assert flag(args, "--rdzv-id") == "job7"
-    assert flag(args, "--rdzv-conf") == "is_host=false"
+    assert flag(args, "--master-addr") == "10.1.2.3" and flag(args, "--master-port") == "29555"
     assert args[-6:] == ["-m", cli.package, "train", "--config", "config/train.yaml", "schedule.max_steps=5"]
     assert "node rank           1" in proc.stdout and "10.1.2.3:29555" in proc.stdout
 
     master = cli("launch", "devmachine", "--dry-run", "--nnodes", 2, "--node-rank", 0, "--master-addr", "10.1.2.3")
     args = torchrun_args(master.stdout)
-    assert flag(args, "--rdzv-conf") == "is_host=true" and flag(args, "--rdzv-endpoint") == "10.1.2.3:29500"
-    assert flag(args, "--rdzv-id") == cli.package  # the default run id: the same on every node
+    assert flag(args, "--node-rank") == "0" and flag(args, "--master-port") == "29500"
 
 
 def test_two_nodes_without_master_addr_is_a_clear_error(cli):
@@ -114,7 +110,7 @@ def test_devmachine_script_two_nodes(cli):
     proc = launch_script(cli, {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "29600",
                                "NPROC_PER_NODE": "4", "DRY_RUN": "1"})
     args = torchrun_args(proc.stdout)
-    assert flag(args, "--rdzv-endpoint") == "10.0.0.9:29600" and flag(args, "--node-rank") == "1"
-    assert flag(args, "--rdzv-conf") == "is_host=false" and flag(args, "--nproc-per-node") == "4"
+    assert flag(args, "--master-addr") == "10.0.0.9" and flag(args, "--master-port") == "29600"
+    assert flag(args, "--node-rank") == "1" and flag(args, "--nproc-per-node") == "4"
     missing = launch_script(cli, {"NNODES": "2", "DRY_RUN": "1"}, expect=1)
     assert "--master-addr" in missing.stderr

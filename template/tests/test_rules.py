@@ -85,11 +85,27 @@ def test_model_shape(pkg):
     assert pkg.rules.model_shape("d20", 5)["n_kv_head"] == 5
 
 
+def test_depth_dial_rounds_width_to_whole_heads(pkg):
+    # 64 x depth rounded up to heads of 128: every depth gives an exact, even head dimension.
+    for depth in range(1, 33):
+        shape = pkg.rules.model_shape(f"d{depth}", None)
+        assert shape["n_embd"] % 128 == 0 and shape["n_embd"] // shape["n_head"] == 128
+        assert shape["n_embd"] >= 64 * depth
+    assert pkg.rules.model_shape("d5", None)["n_embd"] == 384
+
+
 def test_odd_head_dim_is_caught(pkg, cfg_with):
-    # d9: width 576 over 5 heads -> head_dim 115, which rotary embeddings cannot split in halves
-    cfg = cfg_with("model.size=d9", "batch.global_batch_size=32", "batch.micro_batch_size=8",
+    # tiny with 4 heads and n_kv_head 2 is fine; a width that does not split into even heads is not.
+    cfg = cfg_with("model.size=tiny", "batch.global_batch_size=32", "batch.micro_batch_size=8",
                    "batch.grad_accum_steps=null")
-    assert any("odd head dimension" in p for p in pkg.rules.check_config(cfg, world_size=1))
+    assert pkg.rules.check_config(cfg, world_size=1) == []
+    shape = {"n_layer": 2, "n_embd": 60, "n_head": 4, "n_kv_head": 2}  # head_dim 15
+    original = pkg.rules.model_shape
+    try:
+        pkg.rules.model_shape = lambda size, kv: shape
+        assert any("heads of even size" in p for p in pkg.rules.check_config(cfg, world_size=1))
+    finally:
+        pkg.rules.model_shape = original
 
 
 def test_check_cli_exit_codes(cli):

@@ -56,7 +56,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--master-addr", help="address of node 0 (multi-node only)")
     p.add_argument("--master-port", type=int, default=29500)
     p.add_argument("--nproc-per-node", type=int, help="processes on this node (default: GPUs, or CPU cores)")
-    p.add_argument("--run-id", help="rendezvous id shared by the nodes of one job (default: package name)")
     p.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
     _add_config_args(p)
     return parser

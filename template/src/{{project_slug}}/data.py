@@ -36,7 +36,10 @@ def iter_documents(paths: list[Path]) -> Iterator[str]:
 
             table = pq.ParquetFile(path)
             if "text" not in table.schema_arrow.names:
-                raise ConfigError(f"{path} has no 'text' column (columns: {table.schema_arrow.names})")
+                raise ConfigError(
+                    f"{path} has no 'text' column (columns: {table.schema_arrow.names}); "
+                    "rename the column holding the documents to 'text'"
+                )
             for batch in table.iter_batches(columns=["text"], batch_size=1024):
                 yield from (t for t in batch.column(0).to_pylist() if t)
         elif suffix in (".jsonl", ".json"):

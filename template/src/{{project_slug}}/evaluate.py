@@ -26,13 +26,14 @@ from .models import build_model
 @torch.no_grad()
 def evaluate(model, data: TokenData, token_bytes: torch.Tensor, info: DistInfo, micro_batch: int,
              num_batches: int, autocast) -> dict:
-    """Mean loss (nats/token) and bits per byte over num_batches micro batches per rank."""
+    """Mean loss (nats/token) and bits per byte over the first num_batches micro batches of the
+    split, dealt round-robin to the ranks: the result does not depend on the number of processes."""
     was_training = model.training
     model.eval()
-    num_batches = max(1, min(num_batches, data.num_sequences // (micro_batch * info.world_size)))
+    num_batches = max(1, min(num_batches, data.num_sequences // micro_batch))
     sums = torch.zeros(4, dtype=torch.float64, device=info.device)  # loss, tokens, loss on bytes, bytes
-    for b in range(num_batches):
-        x, y = data.batch((b * info.world_size + info.rank) * micro_batch, micro_batch)
+    for b in range(info.rank, num_batches, info.world_size):
+        x, y = data.batch(b * micro_batch, micro_batch)
         x, y = x.to(info.device), y.to(info.device)
         with autocast:
             per_token = model(x, y, loss_reduction="none").double()

@@ -15,14 +15,14 @@ import shlex
 import subprocess
 from argparse import Namespace
 
-import torch
-
 from .config import Config, ConfigError
 from .topology import Topology, torchrun_command
 
 
 def default_nproc(cfg: Config) -> int:
     """One process per GPU; without GPUs, one per CPU core up to gpus_per_node."""
+    import torch  # here, not at the top: --dry-run and errors should not wait for CUDA's import
+
     if torch.cuda.is_available():
         return torch.cuda.device_count()
     return max(1, min(cfg.cluster.gpus_per_node, os.cpu_count() or 1))
@@ -53,7 +53,7 @@ def run_launch(args: Namespace, cfg: Config, package: str) -> int:
     if args.config:
         entry += ["--config", args.config]
     entry += args.overrides
-    cmd = torchrun_command(topo, run_id=args.run_id or package, entry=entry)
+    cmd = torchrun_command(topo, entry=entry)
     print(topo.table(), flush=True)
     print("$ " + shlex.join(cmd), flush=True)
     if args.dry_run:

@@ -22,8 +22,9 @@ def model_shape(size: str, n_kv_head: int | None) -> dict[str, int]:
         if not match:
             raise ConfigError(f"model.size={size!r} is not a size; use 'tiny' or 'd<depth>' such as d20")
         depth = int(match.group(1))
-        n_embd = 64 * depth  # nanochat's aspect ratio: width grows with depth
-        n_head = max(1, math.ceil(n_embd / 128))  # heads of (about) 128 dims
+        # nanochat's aspect ratio (width 64 per layer), rounded up to whole heads of 128 dims.
+        n_embd = math.ceil(64 * depth / 128) * 128
+        n_head = n_embd // 128
         shape = {"n_layer": depth, "n_embd": n_embd, "n_head": n_head, "n_kv_head": n_head}
     if n_kv_head is not None:
         shape["n_kv_head"] = n_kv_head
@@ -95,8 +96,8 @@ def check_config(cfg: Config, world_size: int | None = None) -> list[str]:
             f"model.n_kv_head={shape['n_kv_head']} must divide the {shape['n_head']} query heads of "
             f"model.size={cfg.model.size}; use a divisor of {shape['n_head']} or null"
         )
-    if shape["n_embd"] // shape["n_head"] % 2:
-        problems.append(f"model.size={cfg.model.size} gives an odd head dimension, which rotary embeddings cannot use")
+    if shape["n_embd"] % shape["n_head"] or shape["n_embd"] // shape["n_head"] % 2:
+        problems.append(f"model.size={cfg.model.size} needs a width divisible into heads of even size (rotary embeddings pair dimensions)")
     if min(cfg.batch.micro_batch_size, cfg.batch.global_batch_size, world) >= 1:
         try:
             resolve_grad_accum(cfg, world)

@@ -34,21 +34,19 @@ class Topology:
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
-def torchrun_command(topo: Topology, run_id: str, entry: list[str]) -> list[str]:
+def torchrun_command(topo: Topology, entry: list[str]) -> list[str]:
     """torchrun arguments for this node; `entry` is the module and its arguments."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(topo.nproc_per_node)]
     if topo.nnodes == 1:
         # Standalone picks a free port and needs no master: nothing to collide with on a shared box.
         cmd += ["--standalone"]
     else:
-        # c10d rendezvous: the store lives on node 0 (is_host), the others join it and retry
-        # until it is up, so the nodes may be started in any order.
+        # Static rendezvous: node ranks are the ones given, so global rank 0 (which logs and
+        # checkpoints) runs on node 0 at master_addr; the other nodes retry until its store is up.
         cmd += [
             "--nnodes", str(topo.nnodes),
             "--node-rank", str(topo.node_rank),
-            "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"{topo.master_addr}:{topo.master_port}",
-            "--rdzv-id", run_id,
-            "--rdzv-conf", f"is_host={str(topo.node_rank == 0).lower()}",
+            "--master-addr", topo.master_addr,
+            "--master-port", str(topo.master_port),
         ]
     return cmd + entry
