@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from .config import ConfigError, load_config
+from .launch import PLATFORMS, platform_module
 
 PACKAGE = __package__
 
@@ -49,15 +50,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--world-size", type=int, help="processes to check for (default: nodes x gpus_per_node)")
     _add_config_args(p)
 
-    p = sub.add_parser("launch", help="start training on a platform (see launch/)")
-    p.add_argument("platform", choices=["devmachine"])
-    p.add_argument("--nnodes", type=int, help="nodes in the job (default: 1)")
-    p.add_argument("--node-rank", type=int, help="this node's rank, 0 on the master")
-    p.add_argument("--master-addr", help="address of node 0 (multi-node only)")
-    p.add_argument("--master-port", type=int, default=29500)
-    p.add_argument("--nproc-per-node", type=int, help="processes on this node (default: GPUs, or CPU cores)")
-    p.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
+    p = sub.add_parser("node", help="node launcher run by the platform on each node: topology -> torchrun")
+    p.add_argument("--dry-run", action="store_true", help="print the topology and the command, do not run")
+    p.add_argument("--wait-timeout", type=float, default=900, help="seconds a worker node waits for the master")
     _add_config_args(p)
+
+    p = sub.add_parser("launch", help="start training on a platform (see launch/<platform>/)")
+    platforms = p.add_subparsers(dest="platform", required=True)
+    for name in PLATFORMS:
+        q = platforms.add_parser(name, help=f"launch on {name}")
+        platform_module(name).add_arguments(q)
+        q.add_argument("--dry-run", action="store_true", help="print what would run or be submitted, do nothing")
+        _add_config_args(q)
     return parser
 
 
@@ -96,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
             from .check_project import run_check
 
             return run_check(cfg, args.world_size)
+        if args.command == "node":
+            from .node import run_node
+
+            return run_node(cfg, args.config, args.overrides, PACKAGE, args.dry_run, args.wait_timeout)
         if args.command == "launch":
             from .launch import run_launch
 

@@ -43,16 +43,32 @@ def autocast_context(device: torch.device, dtype: str):
     return torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
 
 
+def process_ranks(env=os.environ) -> tuple[int, int, int]:
+    """(rank, local_rank, world_size) of this process, from whoever started it: torchrun (and Ray
+    Train) set RANK/LOCAL_RANK/WORLD_SIZE; mpirun sets OMPI_COMM_WORLD_*; srun sets SLURM_PROCID,
+    SLURM_LOCALID and SLURM_NTASKS. RANK without LOCAL_RANK is not trusted: TI-ONE's DDP mode
+    injects RANK and WORLD_SIZE counting nodes, not processes."""
+    if "LOCAL_RANK" in env and "RANK" in env:
+        return int(env["RANK"]), int(env["LOCAL_RANK"]), int(env.get("WORLD_SIZE", "1"))
+    if "OMPI_COMM_WORLD_RANK" in env:
+        return (int(env["OMPI_COMM_WORLD_RANK"]), int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")),
+                int(env["OMPI_COMM_WORLD_SIZE"]))
+    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
+        return int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", "0")), int(env["SLURM_NTASKS"])
+    return 0, 0, 1
+
+
 def init_distributed(device_preference: str = "auto") -> DistInfo:
     """Join the process group when launched with several processes; no-op for one process."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    rank, local_rank, world_size = process_ranks()
     device = pick_device(device_preference, local_rank)
-    if world_size > 1 and not dist.is_initialized():
+    if dist.is_initialized():  # Ray Train sets up the group before calling the training function
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    elif world_size > 1:
         backend = "nccl" if device.type == "cuda" else "gloo"
-        # device_id lets NCCL bind the communicator to this GPU eagerly (fewer surprises at the first collective).
-        dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+        # Rendezvous at MASTER_ADDR:MASTER_PORT. device_id lets NCCL bind this GPU eagerly.
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
+                                device_id=device if device.type == "cuda" else None)
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
 
 
@@ -81,5 +97,5 @@ def barrier() -> None:
 
 def print0(*args, **kwargs) -> None:
     """Print on global rank 0 only."""
-    if int(os.environ.get("RANK", "0")) == 0:
+    if not dist.is_initialized() or dist.get_rank() == 0:
         print(*args, **kwargs, flush=True)

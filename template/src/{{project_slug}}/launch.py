@@ -3,29 +3,49 @@
     <package> launch devmachine                                   # one node, all its GPUs
     <package> launch devmachine --nnodes 2 --node-rank 0 --master-addr 10.0.0.1   # on node 0
     <package> launch devmachine --nnodes 2 --node-rank 1 --master-addr 10.0.0.1   # on node 1
-    <package> launch devmachine --dry-run                         # print the command only
+    <package> launch kubeflow | slurm | tione [--dry-run]          # see launch/<platform>/README.md
 
-Arguments after the options (key=value) are passed to `train` as config overrides.
+Every platform module has add_arguments(parser) and launch(args, cfg, package) -> int; arguments
+after the options (key=value) reach `train` as config overrides.
 """
 
 from __future__ import annotations
 
-import os
-import shlex
-import subprocess
-from argparse import Namespace
+import importlib
+from argparse import ArgumentParser, Namespace
 
 from .config import Config, ConfigError
-from .topology import Topology, torchrun_command
+from .node import exec_torchrun, project_root, train_entry
+from .topology import Topology, default_nproc
+
+PLATFORMS = {
+    "devmachine": __name__,
+    "kubeflow": f"{__package__}.launch_kubeflow",
+    "tione": f"{__package__}.launch_tione",
+    "slurm": f"{__package__}.launch_slurm",
+}
 
 
-def default_nproc(cfg: Config) -> int:
-    """One process per GPU; without GPUs, one per CPU core up to gpus_per_node."""
-    import torch  # here, not at the top: --dry-run and errors should not wait for CUDA's import
+def platform_module(name: str):
+    return importlib.import_module(PLATFORMS[name])
 
-    if torch.cuda.is_available():
-        return torch.cuda.device_count()
-    return max(1, min(cfg.cluster.gpus_per_node, os.cpu_count() or 1))
+
+def require_generated(platform: str) -> None:
+    """Launch files exist only for the platforms chosen at generation time."""
+    if not (project_root() / "launch" / platform).is_dir():
+        raise ConfigError(
+            f"this project has no launch/{platform}/: add the platform with "
+            f"`copier update --data 'platforms=[..., {platform}]'` (list every platform you want)"
+        )
+
+
+def add_arguments(p: ArgumentParser) -> None:
+    p.add_argument("--nnodes", type=int, help="nodes in the job (default: 1)")
+    p.add_argument("--node-rank", type=int, help="this node's rank, 0 on the master")
+    p.add_argument("--master-addr", help="address of node 0 (multi-node only)")
+    p.add_argument("--master-port", type=int, default=29500)
+    p.add_argument("--nproc-per-node", type=int, help="processes on this node (default: GPUs, or CPU cores)")
+    p.add_argument("--wait-timeout", type=float, default=900, help="seconds a worker node waits for the master")
 
 
 def devmachine_topology(args: Namespace, cfg: Config) -> Topology:
@@ -41,21 +61,18 @@ def devmachine_topology(args: Namespace, cfg: Config) -> Topology:
         platform="devmachine",
         nnodes=nnodes,
         node_rank=node_rank,
-        nproc_per_node=args.nproc_per_node or default_nproc(cfg),
+        nproc_per_node=args.nproc_per_node or default_nproc(cfg.cluster.gpus_per_node),
         master_addr=args.master_addr or "127.0.0.1",
         master_port=args.master_port,
     )
 
 
-def run_launch(args: Namespace, cfg: Config, package: str) -> int:
+def launch(args: Namespace, cfg: Config, package: str) -> int:
     topo = devmachine_topology(args, cfg)
-    entry = ["-m", package, "train"]
-    if args.config:
-        entry += ["--config", args.config]
-    entry += args.overrides
-    cmd = torchrun_command(topo, entry=entry)
-    print(topo.table(), flush=True)
-    print("$ " + shlex.join(cmd), flush=True)
-    if args.dry_run:
-        return 0
-    return subprocess.call(cmd)
+    return exec_torchrun(topo, train_entry(package, args.config, args.overrides), args.dry_run, args.wait_timeout)
+
+
+def run_launch(args: Namespace, cfg: Config, package: str) -> int:
+    if args.platform != "devmachine":
+        require_generated(args.platform)
+    return platform_module(args.platform).launch(args, cfg, package)

@@ -1,0 +1,99 @@
+"""`node`: the node launcher every platform's launch file calls on each node (or, for MPI and
+srun one-task-per-GPU jobs, in each rank).
+
+    <package> node [key=value ...]        # inside a Kubeflow pod, TI-ONE task, Slurm step, ...
+    <package> node --dry-run              # print the topology table and the torchrun command
+
+It reads the platform's variables (topology.py), prints one table, applies config/nccl.env
+without overriding what the platform set, waits for the master's port on non-master nodes, and
+replaces itself with torchrun. Ranks started by mpirun/srun run `train` directly.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from .config import Config
+from .topology import Topology, TopologyError, default_nproc, detect, torchrun_command, wait_for_master
+
+
+def project_root() -> Path:
+    """The folder holding config/ (the working directory in the image, else the source checkout)."""
+    here = Path.cwd()
+    return here if (here / "config").is_dir() else Path(__file__).resolve().parents[2]
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines; '#' starts a comment; blank lines are skipped."""
+    values = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line:
+                key, sep, value = line.partition("=")
+                if sep:
+                    values[key.strip()] = value.strip().strip("'\"")
+    return values
+
+
+def apply_nccl_env(log=print) -> None:
+    """Fabric settings from config/nccl.env; a value the platform already injected wins
+    (TI-ONE's HCC machines, for one, set their own NCCL_IB_* values)."""
+    kept = []
+    for key, value in read_env_file(project_root() / "config" / "nccl.env").items():
+        if key in os.environ and os.environ[key] != value:
+            kept.append(key)
+        os.environ.setdefault(key, value)
+    if kept:
+        log(f"kept the platform's {', '.join(sorted(kept))} over config/nccl.env")
+
+
+def train_entry(package: str, config: str | None, overrides: list[str]) -> list[str]:
+    entry = ["-m", package, "train"]
+    if config:
+        entry += ["--config", config]
+    return entry + overrides
+
+
+def exec_torchrun(topo: Topology, entry: list[str], dry_run: bool, wait_timeout: float) -> int:
+    cmd = torchrun_command(topo, entry)
+    print(topo.table(), flush=True)
+    print("$ " + shlex.join(cmd), flush=True)
+    if dry_run:
+        return 0
+    apply_nccl_env()
+    if topo.nnodes > 1 and topo.node_rank != 0:
+        wait_for_master(topo.master_addr, topo.master_port, wait_timeout, log=lambda m: print(m, flush=True))
+    # exec, not a child: the platform's SIGTERM (pod deletion, scancel) reaches torchrun directly.
+    os.execv(cmd[0], cmd)
+    return 1  # not reached
+
+
+def run_node(cfg: Config, config: str | None, overrides: list[str], package: str, dry_run: bool,
+             wait_timeout: float) -> int:
+    topo = detect(os.environ, default_nproc(cfg.cluster.gpus_per_node), cfg.cluster.nodes)
+    if topo is None:
+        raise TopologyError(
+            "no platform variables found (PET_*, SLURM_*, TI-ONE's, OMPI_COMM_WORLD_*); on a dev machine use "
+            "`launch devmachine`, or export the variables your platform would set"
+        )
+    if topo.role == "ps":
+        print(topo.table(), flush=True)
+        print("this is a PS-Worker parameter-server task: PyTorch data-parallel training has no parameter-server "
+              "role, so there is nothing to run here; the worker tasks train. Exiting 0.", flush=True)
+        return 0
+    if not topo.per_process:
+        return exec_torchrun(topo, train_entry(package, config, overrides), dry_run, wait_timeout)
+    # One process per rank, started by mpirun or srun: only the master needs to be named.
+    if int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("SLURM_PROCID", "0"))) == 0:
+        print(topo.table(), flush=True)
+    if dry_run:
+        return 0
+    apply_nccl_env(log=lambda m: None)
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = topo.master_addr, str(topo.master_port)
+    from .train import run_training
+
+    return run_training(cfg)
