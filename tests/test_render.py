@@ -16,6 +16,15 @@ ANSWER_SETS = {
     "big": {"project_name": "Big Cluster", "nodes": 16, "gpus_per_node": 8},
     "odd-world": {"project_name": "Odd", "nodes": 3, "gpus_per_node": 7},
     "unicode-name": {"project_name": "Ünïcode: \"quotes\" $HOME; run 2", "data_dir": "/mnt/shared/my data"},
+    "all-platforms": {"project_name": "Everywhere", "nodes": 2, "gpus_per_node": 8,
+                      "platforms": "[devmachine, kubeflow, tione, slurm]"},
+    "tione-mpi": {"project_name": "Tione Mpi", "platforms": "[tione]", "tione_mode": "mpi"},
+    "tione-ray": {"project_name": "Tione Ray", "platforms": "[tione]", "tione_mode": "ray", "nodes": 3},
+    "tione-ps": {"project_name": "Tione PS", "platforms": "[tione]", "tione_mode": "ps-worker", "nodes": 2},
+    "slurm-full": {"project_name": "Slurm Full", "platforms": "[slurm]", "nodes": 4, "slurm_partition": "gpu",
+                   "slurm_account": "proj-1", "slurm_modules": "cuda/12.4 nccl", "slurm_time": "2-00:00:00"},
+    "kubeflow-only": {"project_name": "Kube Only", "platforms": "[kubeflow]", "rdma_resource": "",
+                      "image_pull_secret": "regcred", "k8s_namespace": "ml-team"},
 }
 
 
@@ -26,10 +35,15 @@ def test_answer_set_renders(tmp_path, name):
     files = {p.relative_to(project).as_posix() for p in project.rglob("*") if p.is_file()}
     answers_file = yaml.safe_load((project / ".copier-answers.yml").read_text())
     slug = answers_file["project_slug"]
-    for expected in ("README.md", "pyproject.toml", "config/train.yaml", "launch/devmachine/train.sh",
-                     "launch/devmachine/cpu-smoke.sh", f"src/{slug}/cli.py", f"src/{slug}/models/gpt.py",
+    for expected in ("README.md", "pyproject.toml", "config/train.yaml", "config/nccl.env",
+                     "scripts/cpu-smoke.sh", f"src/{slug}/cli.py", f"src/{slug}/models/gpt.py",
                      "tests/conftest.py"):
         assert expected in files, f"{expected} missing from {sorted(files)}"
+    # Launch files exist for the chosen platforms only.
+    chosen = set(answers_file["platforms"])
+    for platform in ("devmachine", "kubeflow", "tione", "slurm"):
+        present = any(f.startswith(f"launch/{platform}/") for f in files)
+        assert present == (platform in chosen), (platform, chosen)
     assert not any(f.endswith(".jinja") for f in files)
     for path in project.rglob("*"):
         if path.is_file() and path.suffix in (".py", ".yaml", ".yml", ".sh", ".md", ".toml"):

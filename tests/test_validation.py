@@ -18,7 +18,6 @@ BAD_ANSWERS = [
     ({"output_dir": "runs"}, "output_dir"),
     ({"model": "bert"}, "model"),
     ({"strategy": "deepspeed"}, "strategy"),
-    ({"platforms": "[slurm]"}, "platforms"),
     ({"platforms": "[]"}, "platforms"),
 ]
 
@@ -29,6 +28,31 @@ def test_bad_answer_is_refused_before_writing(tmp_path, answers, field):
     result = copier_copy(dst, {"project_name": "Valid Name", **answers})
     assert result.returncode != 0
     output = result.stdout + result.stderr
-    # copier 9 ends its output with "ValueError: Validation error for question '<field>': <message>".
-    assert f"Validation error for question '{field}'" in output, output[-2000:]
+    # copier 9 ends its output with "ValueError: Validation error for question '<field>': <message>"
+    # (or "Invalid choice for '<field>'" for a value outside a question's choices).
+    named = (f"Validation error for question '{field}'", f"Invalid choice for '{field}'")
+    assert any(n in output for n in named), output[-2000:]
     assert not dst.exists(), f"copier left {sorted(p.name for p in dst.iterdir())}"
+
+
+PLATFORM_BAD_ANSWERS = [
+    ({"platforms": "[kubeflow]", "k8s_namespace": "ML_Team"}, "k8s_namespace"),
+    ({"platforms": "[kubeflow]", "pvc_name": "Shared Data"}, "pvc_name"),
+    ({"platforms": "[kubeflow]", "rdma_resource": "hca"}, "rdma_resource"),
+    ({"platforms": "[kubeflow]", "image": "Registry/Name:tag with space"}, "image"),
+    ({"platforms": "[kubeflow]", "image_pull_secret": "Bad_Secret"}, "image_pull_secret"),
+    ({"platforms": "[kubeflow]", "data_dir": "/data/run"}, "data_dir"),
+    ({"platforms": "[kubeflow]", "output_dir": "/outputs"}, "output_dir"),
+    ({"shared_mount": "relative"}, "shared_mount"),
+    ({"platforms": "[tione]", "tione_mode": "horovod"}, "tione_mode"),
+    ({"platforms": "[slurm]", "slurm_time": "one day"}, "slurm_time"),
+    ({"platforms": "[slurm]", "slurm_partition": "gpu;rm -rf /"}, "slurm_partition"),
+    ({"platforms": "[slurm]", "slurm_modules": "cuda; reboot"}, "slurm_modules"),
+    ({"platforms": "[slurm]", "slurm_cpus_per_gpu": 0}, "slurm_cpus_per_gpu"),
+]
+
+
+@pytest.mark.parametrize("answers, field", PLATFORM_BAD_ANSWERS,
+                         ids=[f"{f}={list(a.values())[-1]}" for a, f in PLATFORM_BAD_ANSWERS])
+def test_bad_platform_answer_is_refused_before_writing(tmp_path, answers, field):
+    test_bad_answer_is_refused_before_writing(tmp_path, answers, field)

@@ -91,26 +91,3 @@ def test_topology_defaults(topology):
     assert topology().nproc_per_node == (torch.cuda.device_count() if torch.cuda.is_available() else 1)
     two = topology(nnodes=2, node_rank=1, master_addr="h0", master_port=1234, nproc_per_node=4)
     assert (two.nnodes, two.node_rank, two.master_addr, two.master_port) == (2, 1, "h0", 1234)
-
-
-def launch_script(cli, env: dict, *overrides, expect=0):
-    """bash launch/devmachine/train.sh with only the given settings in its environment."""
-    names = ["NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE", "DRY_RUN"]
-    return cli.run(["bash", "launch/devmachine/train.sh", *overrides], env={**dict.fromkeys(names), **env},
-                   expect=expect, timeout=120)
-
-
-def test_devmachine_script_one_node(cli):
-    proc = launch_script(cli, {"NNODES": "1", "NPROC_PER_NODE": "2", "DRY_RUN": "1"}, "model.size=tiny")
-    args = torchrun_args(proc.stdout)
-    assert "--standalone" in args and flag(args, "--nproc-per-node") == "2" and args[-1] == "model.size=tiny"
-
-
-def test_devmachine_script_two_nodes(cli):
-    proc = launch_script(cli, {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "29600",
-                               "NPROC_PER_NODE": "4", "DRY_RUN": "1"})
-    args = torchrun_args(proc.stdout)
-    assert flag(args, "--master-addr") == "10.0.0.9" and flag(args, "--master-port") == "29600"
-    assert flag(args, "--node-rank") == "1" and flag(args, "--nproc-per-node") == "4"
-    missing = launch_script(cli, {"NNODES": "2", "DRY_RUN": "1"}, expect=1)
-    assert "--master-addr" in missing.stderr
