@@ -1,15 +1,381 @@
-"""`launch kubeflow`: being written."""
+"""`launch kubeflow`: submit, watch and cancel the Kubeflow job rendered in launch/kubeflow/.
+
+    <package> launch kubeflow                                # submit launch/kubeflow/pytorchjob.yaml
+    <package> launch kubeflow --dry-run                      # print exactly the manifest it would submit
+    <package> launch kubeflow --manifest trainjob            # Kubeflow Trainer v2 TrainJob instead
+    <package> launch kubeflow schedule.max_steps=500         # overrides reach `node` -> train in every pod
+    <package> launch kubeflow --action status                # the job's conditions and replica counts
+    <package> launch kubeflow --action logs [--node-rank 1]  # stream a node's log (default: the master)
+    <package> launch kubeflow --action cancel                # delete the job; its pods go with it
+
+The manifest is the file copier rendered from the answers (image, namespace, nodes, GPUs, PVC,
+RDMA resource, NCCL settings); `--namespace` and `--name` change it for one submission. Talking to
+the cluster uses the `kubernetes` Python client (`pip install kubernetes`, or the project's
+`[kubeflow]` extra) with your kubeconfig (KUBECONFIG, --kubeconfig, --context), or the pod's
+service account when run inside the cluster. Nothing here needs kubectl.
+"""
 
 from __future__ import annotations
 
-from argparse import ArgumentParser, Namespace
+import json
+import logging
+import re
+import sys
+import time
+from argparse import ArgumentParser, BooleanOptionalAction, Namespace
+from pathlib import Path
+
+import yaml
 
 from .config import Config, ConfigError
+from .node import project_root
+
+MANIFESTS = ("pytorchjob", "trainjob")
+ACTIONS = ("submit", "status", "logs", "cancel")
+REQUEST_TIMEOUT = 30  # seconds for one API call (not for streaming logs)
+POLL_SECONDS = 5
+
+# RFC 1035 label: both kinds name Services and pod hostnames after the job.
+NAME_PATTERN = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 
 
 def add_arguments(p: ArgumentParser) -> None:
-    pass
+    p.add_argument("--manifest", default="pytorchjob", metavar="pytorchjob|trainjob|FILE",
+                   help="launch/kubeflow/pytorchjob.yaml (training-operator, default), launch/kubeflow/trainjob.yaml "
+                        "(Kubeflow Trainer v2), or a manifest file of your own")
+    p.add_argument("--action", choices=ACTIONS, default="submit",
+                   help="submit the job (default), print its status, stream its logs, or cancel (delete) it")
+    p.add_argument("--namespace", help="namespace to use instead of the manifest's")
+    p.add_argument("--name", help="job name to use instead of the manifest's (e.g. a second run next to the first)")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then in-cluster)")
+    p.add_argument("--context", help="kubeconfig context (default: the current context)")
+    p.add_argument("--node-rank", type=int, default=0, help="logs: the node whose pod to read (0 = master)")
+    p.add_argument("--follow", action=BooleanOptionalAction, default=True, help="logs: keep streaming (default) or not")
+    p.add_argument("--wait", type=float, default=600,
+                   help="logs: seconds to wait for the pod to exist and start (default 600)")
+
+
+# --- The manifest ---------------------------------------------------------------------------------
+
+def manifest_path(choice: str) -> Path:
+    if choice in MANIFESTS:
+        path = project_root() / "launch" / "kubeflow" / f"{choice}.yaml"
+        if not path.is_file():
+            raise ConfigError(f"{path} is missing: re-render it with `copier update` (the kubeflow platform must be chosen)")
+        return path
+    path = Path(choice)
+    if not path.is_file():
+        raise ConfigError(f"--manifest {choice}: no such file; use pytorchjob, trainjob or the path of a manifest")
+    return path
+
+
+def load_manifest(path: Path) -> dict:
+    try:
+        manifest = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(manifest, dict) or not all(k in manifest for k in ("apiVersion", "kind", "metadata", "spec")):
+        raise ConfigError(f"{path} must hold one Kubernetes object with apiVersion, kind, metadata and spec")
+    if manifest["kind"] not in ("PyTorchJob", "TrainJob"):
+        raise ConfigError(f"{path}: kind {manifest['kind']!r} is not handled here; use a PyTorchJob or a TrainJob")
+    return manifest
+
+
+def resource(manifest: dict) -> tuple[str, str, str]:
+    """(group, version, plural) of the manifest's custom resource, from apiVersion and kind."""
+    group, _, version = manifest["apiVersion"].rpartition("/")
+    return group, version, manifest["kind"].lower() + "s"  # pytorchjobs, trainjobs
+
+
+def node_count(manifest: dict) -> tuple[int, str]:
+    """(nodes, processes per node) the manifest asks for."""
+    spec = manifest["spec"]
+    if manifest["kind"] == "TrainJob":
+        trainer = spec.get("trainer", {})
+        return int(trainer.get("numNodes", 1)), str(trainer.get("numProcPerNode", "auto"))
+    replicas = spec.get("pytorchReplicaSpecs", {})
+    return sum(int(r.get("replicas", 1)) for r in replicas.values()), str(spec.get("nprocPerNode", "auto"))
+
+
+def training_containers(manifest: dict) -> list[dict]:
+    """The dicts whose `command` starts training: the `pytorch` containers, or TrainJob's trainer."""
+    if manifest["kind"] == "TrainJob":
+        return [manifest["spec"].setdefault("trainer", {})]
+    return [c for r in manifest["spec"].get("pytorchReplicaSpecs", {}).values()
+            for c in r.get("template", {}).get("spec", {}).get("containers", []) if c.get("name") == "pytorch"]
+
+
+def check_name(name: str, manifest: dict) -> None:
+    nodes, _ = node_count(manifest)
+    # The longest name the operator derives: <name>-worker-<i> (training-operator) or
+    # <name>-node-0-<i> (JobSet); a pod hostname and a Service name are at most 63 characters.
+    longest = f"{name}-worker-{max(nodes - 2, 0)}" if manifest["kind"] == "PyTorchJob" else f"{name}-node-0-{nodes - 1}"
+    if not NAME_PATTERN.fullmatch(name) or len(longest) > 63:
+        raise ConfigError(
+            f"job name {name!r} is not allowed: use lowercase letters, digits and '-', starting with a letter, short "
+            f"enough that {longest!r} stays within 63 characters"
+        )
+
+
+def prepared_manifest(args: Namespace) -> dict:
+    """The manifest file with this invocation's --namespace, --name, --config and overrides applied."""
+    manifest = load_manifest(manifest_path(args.manifest))
+    meta = manifest["metadata"]
+    if args.namespace:
+        meta["namespace"] = args.namespace
+    meta.setdefault("namespace", "default")
+    if args.name:
+        meta["name"] = args.name
+    check_name(meta.get("name", ""), manifest)
+    extra = (["--config", args.config] if args.config else []) + list(args.overrides)
+    if extra:
+        containers = training_containers(manifest)
+        if not containers or not all(c.get("command") for c in containers):
+            raise ConfigError(f"{args.manifest}: no training command to pass {' '.join(extra)} to")
+        for container in containers:
+            container["command"] = list(container["command"]) + extra
+    return manifest
+
+
+# --- The cluster ----------------------------------------------------------------------------------
+
+def kube_client(args: Namespace):
+    """An ApiClient for the kubeconfig (or the in-cluster service account); ConfigError naming the fix."""
+    try:
+        from kubernetes import client, config
+        from kubernetes.config.config_exception import ConfigException
+    except ImportError:
+        raise ConfigError(
+            "the `kubernetes` Python package is missing: `pip install kubernetes` (or `pip install -e '.[kubeflow]'`); "
+            "or print the manifest with --dry-run and submit it with `kubectl apply -f -`"
+        ) from None
+    configuration = client.Configuration()
+    try:
+        config.load_kube_config(config_file=args.kubeconfig, context=args.context, client_configuration=configuration)
+    except (ConfigException, OSError) as exc:
+        if args.kubeconfig or args.context:
+            raise ConfigError(f"cannot use kubeconfig {args.kubeconfig or '(default)'} "
+                              f"context {args.context or '(current)'}: {exc}") from None
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except ConfigException:
+            raise ConfigError(
+                f"no Kubernetes cluster configured ({exc}; and this is not a pod with a service account). Fixes: "
+                "1) point KUBECONFIG or --kubeconfig at your cluster's kubeconfig (`kubectl config current-context` "
+                "should name your cluster); 2) choose a context with --context; 3) print the manifest with --dry-run "
+                "and apply it where kubectl works: `kubectl apply -f launch/kubeflow/pytorchjob.yaml`"
+            ) from None
+    configuration.retries = 2
+    logging.getLogger("urllib3").setLevel(logging.ERROR)  # its retry warnings would bury our one-line error
+    return client.ApiClient(configuration)
+
+
+def api_message(exc) -> str:
+    """The API server's own message from an ApiException body, else its reason."""
+    try:
+        return json.loads(exc.body).get("message") or exc.reason
+    except (TypeError, ValueError, AttributeError):
+        return str(getattr(exc, "reason", exc))
+
+
+def network_reason(exc) -> str:
+    """'[Errno 111] Connection refused' out of urllib3's nested retry message, else the message."""
+    text = str(getattr(exc, "reason", None) or exc)
+    found = re.search(r"\[Errno -?\d+\] [^'\")]+", text)
+    return found.group(0) if found else text
+
+
+class Cluster:
+    """The few API calls `launch kubeflow` makes, each turning a failure into a ConfigError."""
+
+    def __init__(self, args: Namespace, manifest: dict):
+        self.api_client = kube_client(args)
+        self.manifest = manifest
+        self.kind = manifest["kind"]
+        self.name = manifest["metadata"]["name"]
+        self.namespace = manifest["metadata"]["namespace"]
+        self.group, self.version, self.plural = resource(manifest)
+        self.host = self.api_client.configuration.host
+
+    def call(self, what: str, fn, *a, **kw):
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            return fn(*a, **kw)
+        except ApiException as exc:
+            raise self.explain(what, exc) from None
+        except (HTTPError, OSError) as exc:
+            raise ConfigError(
+                f"cannot reach the Kubernetes API server at {self.host} to {what} ({network_reason(exc)}). Check the "
+                "cluster is up and your kubeconfig points at it (`kubectl cluster-info`), or that a VPN/proxy it needs is on"
+            ) from None
+
+    def explain(self, what: str, exc) -> ConfigError:
+        job = f"{self.kind} {self.namespace}/{self.name}"
+        message = api_message(exc)
+        if exc.status == 409:
+            return ConfigError(
+                f"{job} already exists. Fixes: 1) `--action cancel` deletes it (and its pods), then submit again; "
+                f"2) submit next to it under another name: --name {self.name}-2"
+            )
+        if exc.status == 404 and what == "submit":
+            if "namespaces" in message:
+                return ConfigError(f"namespace {self.namespace!r} does not exist: `kubectl create namespace "
+                                   f"{self.namespace}` or pass --namespace")
+            operator = ("Kubeflow Trainer v2 (trainer.kubeflow.org CRDs and the torch-distributed runtime)"
+                        if self.kind == "TrainJob" else "the Kubeflow training-operator (kubeflow.org/v1 PyTorchJob)")
+            return ConfigError(f"the cluster does not know {self.plural}.{self.group}/{self.version}: install "
+                               f"{operator}, see launch/kubeflow/README.md ({message})")
+        if exc.status == 404:
+            return ConfigError(f"{job} not found ({message}): submit it first, or pass the --namespace/--name it "
+                               f"was submitted with (`kubectl get {self.plural} -A` lists them)")
+        if exc.status in (401, 403):
+            return ConfigError(f"not allowed to {what} {job}: {message}. Ask for RBAC rights on {self.plural}."
+                               f"{self.group} (and pods, pods/log) in namespace {self.namespace}")
+        if exc.status in (400, 422):
+            return ConfigError(f"the API server rejected {job}: {message}")
+        return ConfigError(f"{what} {job} failed: HTTP {exc.status} {message}")
+
+    def custom(self):
+        from kubernetes import client
+
+        return client.CustomObjectsApi(self.api_client)
+
+    def core(self):
+        from kubernetes import client
+
+        return client.CoreV1Api(self.api_client)
+
+    def submit(self) -> dict:
+        return self.call("submit", self.custom().create_namespaced_custom_object, self.group, self.version,
+                         self.namespace, self.plural, self.manifest, field_validation="Strict",
+                         _request_timeout=REQUEST_TIMEOUT)
+
+    def get(self) -> dict:
+        return self.call("read", self.custom().get_namespaced_custom_object, self.group, self.version,
+                         self.namespace, self.plural, self.name, _request_timeout=REQUEST_TIMEOUT)
+
+    def delete(self) -> None:
+        from kubernetes import client
+
+        self.call("cancel", self.custom().delete_namespaced_custom_object, self.group, self.version, self.namespace,
+                  self.plural, self.name, body=client.V1DeleteOptions(propagation_policy="Background"),
+                  _request_timeout=REQUEST_TIMEOUT)
+
+    def node_selector(self, node_rank: int) -> tuple[str, str]:
+        """(label selector of one node's pod, its training container) with the labels each operator sets."""
+        if self.kind == "TrainJob":  # JobSet: one indexed Job `node`, completion index = node rank
+            return (f"jobset.sigs.k8s.io/jobset-name={self.name},jobset.sigs.k8s.io/replicatedjob-name=node,"
+                    f"batch.kubernetes.io/job-completion-index={node_rank}"), "node"
+        kind, index = ("master", 0) if node_rank == 0 else ("worker", node_rank - 1)
+        return (f"training.kubeflow.org/job-name={self.name},training.kubeflow.org/replica-type={kind},"
+                f"training.kubeflow.org/replica-index={index}"), "pytorch"
+
+    def node_pod(self, selector: str):
+        pods = self.call("list the pods of", self.core().list_namespaced_pod, self.namespace,
+                         label_selector=selector, _request_timeout=REQUEST_TIMEOUT).items
+        # After a restart the newest pod is the live one.
+        return max(pods, key=lambda p: p.metadata.creation_timestamp) if pods else None
+
+    def stream_log(self, pod: str, container: str, follow: bool) -> None:
+        response = self.call("read the log of", self.core().read_namespaced_pod_log, pod, self.namespace,
+                             container=container, follow=follow, _preload_content=False)
+        try:
+            for chunk in response.stream(64 * 1024):
+                sys.stdout.write(chunk.decode("utf-8", errors="replace"))
+                sys.stdout.flush()
+        finally:
+            response.release_conn()
+
+
+# --- Actions --------------------------------------------------------------------------------------
+
+def hint(args: Namespace, action: str) -> str:
+    flags = [f"--manifest {args.manifest}"] if args.manifest != "pytorchjob" else []
+    flags += [f"--namespace {args.namespace}"] if args.namespace else []
+    flags += [f"--name {args.name}"] if args.name else []
+    return " ".join([f"launch kubeflow --action {action}", *flags])
+
+
+def submit(cluster: Cluster, args: Namespace, package: str) -> int:
+    created = cluster.submit()
+    nodes, nproc = node_count(cluster.manifest)
+    print(f"submitted {cluster.kind} {cluster.namespace}/{created['metadata']['name']}: "
+          f"{nodes} node(s) x {nproc} process(es), to {cluster.host}")
+    for action in ("status", "logs", "cancel"):
+        print(f"  {action + ':':<8} {package} {hint(args, action)}")
+    return 0
+
+
+def status(cluster: Cluster) -> int:
+    job = cluster.get()
+    state = job.get("status") or {}
+    conditions = state.get("conditions") or []
+    print(f"{cluster.kind} {cluster.namespace}/{cluster.name}")
+    if not conditions:
+        print("  no conditions yet (the operator has not picked the job up: is it running?)")
+    for c in conditions:
+        print(f"  {c.get('lastTransitionTime', ''):<22} {c.get('type', ''):<11} {c.get('status', ''):<6} "
+              f"{c.get('reason', '')}: {c.get('message', '')}")
+    for role, counts in (state.get("replicaStatuses") or {}).items():  # PyTorchJob
+        print(f"  {role}: " + ", ".join(f"{k} {v}" for k, v in counts.items() if k != "selector"))
+    for job_status in state.get("jobsStatus") or []:  # TrainJob (JobSet's replicated jobs)
+        print(f"  {job_status.get('name')}: " + ", ".join(f"{k} {v}" for k, v in job_status.items() if k != "name"))
+    return 0
+
+
+def logs(cluster: Cluster, args: Namespace) -> int:
+    nodes, _ = node_count(cluster.manifest)
+    if not 0 <= args.node_rank < nodes:
+        raise ConfigError(f"--node-rank {args.node_rank} must be between 0 and {nodes - 1} for this {nodes}-node job")
+    cluster.get()  # a clear "not found" before waiting for pods
+    selector, container = cluster.node_selector(args.node_rank)
+    deadline = time.monotonic() + args.wait
+    said = None
+    while True:
+        pod = cluster.node_pod(selector)
+        phase = pod.status.phase if pod else None
+        if phase in ("Running", "Succeeded", "Failed"):
+            break
+        if time.monotonic() > deadline:
+            raise ConfigError(f"node {args.node_rank}'s pod is {'not created' if pod is None else phase} after "
+                              f"{args.wait:.0f} s: `{hint(args, 'status')}`, and `kubectl describe pod -l {selector} "
+                              f"-n {cluster.namespace}` for scheduling events")
+        if phase != said:
+            print(f"waiting for node {args.node_rank}'s pod ({pod.metadata.name + ' ' + phase if pod else 'not created yet'})",
+                  file=sys.stderr, flush=True)
+            said = phase
+        time.sleep(POLL_SECONDS)
+    print(f"--- {pod.metadata.name} ({phase})", file=sys.stderr, flush=True)
+    try:
+        cluster.stream_log(pod.metadata.name, container, args.follow)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def cancel(cluster: Cluster) -> int:
+    cluster.delete()
+    print(f"deleted {cluster.kind} {cluster.namespace}/{cluster.name}; Kubernetes removes its pods")
+    return 0
 
 
 def launch(args: Namespace, cfg: Config, package: str) -> int:
-    raise ConfigError("launch kubeflow is not available yet")
+    manifest = prepared_manifest(args)
+    if args.dry_run:
+        if args.action == "submit":
+            sys.stdout.write(yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False))
+        else:
+            group, version, plural = resource(manifest)
+            meta = manifest["metadata"]
+            print(f"would {args.action} {plural}.{group}/{version} {meta['namespace']}/{meta['name']}")
+        return 0
+    cluster = Cluster(args, manifest)
+    if args.action == "submit":
+        return submit(cluster, args, package)
+    if args.action == "status":
+        return status(cluster)
+    if args.action == "logs":
+        return logs(cluster, args)
+    return cancel(cluster)
