@@ -61,7 +61,7 @@ def manifest_path(choice: str) -> Path:
     if choice in MANIFESTS:
         path = project_root() / "launch" / "kubeflow" / f"{choice}.yaml"
         if not path.is_file():
-            raise ConfigError(f"{path} is missing: re-render it with `copier update` (the kubeflow platform must be chosen)")
+            raise ConfigError(f"{path} is missing: re-render it with `copier update` (kubeflow among the platforms)")
         return path
     path = Path(choice)
     if not path.is_file():
@@ -208,7 +208,8 @@ class Cluster:
         except (HTTPError, OSError) as exc:
             raise ConfigError(
                 f"cannot reach the Kubernetes API server at {self.host} to {what} ({network_reason(exc)}). Check the "
-                "cluster is up and your kubeconfig points at it (`kubectl cluster-info`), or that a VPN/proxy it needs is on"
+                "cluster is up and your kubeconfig points at it (`kubectl cluster-info`), or that the VPN/proxy it "
+                "needs is on"
             ) from None
 
     def explain(self, what: str, exc) -> ConfigError:
@@ -343,8 +344,8 @@ def logs(cluster: Cluster, args: Namespace) -> int:
                               f"{args.wait:.0f} s: `{hint(args, 'status')}`, and `kubectl describe pod -l {selector} "
                               f"-n {cluster.namespace}` for scheduling events")
         if phase != said:
-            print(f"waiting for node {args.node_rank}'s pod ({pod.metadata.name + ' ' + phase if pod else 'not created yet'})",
-                  file=sys.stderr, flush=True)
+            where = f"{pod.metadata.name} {phase}" if pod else "not created yet"
+            print(f"waiting for node {args.node_rank}'s pod ({where})", file=sys.stderr, flush=True)
             said = phase
         time.sleep(POLL_SECONDS)
     print(f"--- {pod.metadata.name} ({phase})", file=sys.stderr, flush=True)

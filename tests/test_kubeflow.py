@@ -1,0 +1,339 @@
+"""Kubeflow: the rendered PyTorchJob and TrainJob pass the real CRD schemas as a strict API server
+would check them, their pod templates pass as core Pods, they say what the answers said, and
+`launch kubeflow` prints exactly what it would submit and fails clearly without a cluster.
+
+    python -m pytest tests/test_kubeflow.py
+    K8S_SCHEMA_DIR=/path/to/crds python -m pytest tests/test_kubeflow.py   # e.g. a live cluster's CRDs
+
+The CRD files default to ../shared/schemas (see k8s_schemas.py); no API server is needed.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import socket
+import sys
+
+import pytest
+import yaml
+
+from conftest import BIN, render, run
+from k8s_schemas import core_errors, pod_template, to_json_schema, validation_errors
+
+PLATFORMS = "[devmachine, kubeflow]"
+ANSWER_SETS = {
+    "one-node": {"project_name": "Solo Run", "nodes": 1, "gpus_per_node": 8},
+    "four-nodes": {"project_name": "Four Nodes", "nodes": 4, "gpus_per_node": 8, "k8s_namespace": "ml-training"},
+    "no-rdma": {"project_name": "Plain TCP", "nodes": 2, "gpus_per_node": 1, "rdma_resource": ""},
+    "pull-secret": {
+        "project_name": "Private Image", "nodes": 3, "gpus_per_node": 4, "image": "registry.internal:5000/team/gpt:v1",
+        "image_pull_secret": "regcred", "pvc_name": "team.shared-data", "rdma_resource": "rdma/rdma_shared_device_a",
+        "shared_mount": "/data/shared",
+    },
+    "odd-name": {"project_name": '\u00dcn\u00efcode: "quotes" $HOME; run #2 & <tags> {braces}', "nodes": 2,
+                 "gpus_per_node": 8},
+    # The longest slug (40) with many nodes: pod and Service names must still fit 63 characters.
+    "long-name": {"project_name": "x" * 60, "nodes": 16, "gpus_per_node": 8},
+}
+DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+
+
+class Project:
+    """A rendered project with the answers it was rendered from (copier's answers file)."""
+
+    def __init__(self, path):
+        self.path = path
+        self.answers = yaml.safe_load((path / ".copier-answers.yml").read_text())
+        self.slug = self.answers["project_slug"]
+
+    def manifest(self, name: str) -> dict:
+        return yaml.safe_load((self.path / "launch" / "kubeflow" / f"{name}.yaml").read_text())
+
+    def nccl_env(self) -> dict[str, str]:
+        pairs = (line.split("=", 1) for line in (self.path / "config" / "nccl.env").read_text().splitlines()
+                 if line.strip() and not line.lstrip().startswith("#"))
+        return {key.strip(): value.strip() for key, value in pairs}
+
+    def cli(self, *args, env: dict | None = None):
+        """`python -m <slug> ARGS` from the project root, as a user runs it."""
+        return run([str(BIN / "python"), "-m", self.slug, *map(str, args)], cwd=self.path,
+                   env={"PYTHONPATH": str(self.path / "src"), "KUBERNETES_SERVICE_HOST": "", **(env or {})})
+
+
+def render_kubeflow(dst, **answers) -> Project:
+    answers = {"platforms": PLATFORMS, **answers}
+    mount = answers.get("shared_mount", "/mnt/shared")
+    return Project(render(dst, **answers, data_dir=f"{mount}/d/data", output_dir=f"{mount}/d/runs"))
+
+
+@pytest.fixture(scope="module", params=list(ANSWER_SETS))
+def project(request, tmp_path_factory) -> Project:
+    project = render_kubeflow(tmp_path_factory.mktemp(request.param) / "p", **ANSWER_SETS[request.param])
+    project.given = ANSWER_SETS[request.param]
+    return project
+
+
+@pytest.fixture(scope="module")
+def solo(tmp_path_factory) -> Project:
+    return render_kubeflow(tmp_path_factory.mktemp("solo") / "p", project_name="KF Solo", nodes=2, gpus_per_node=2)
+
+
+def replica_specs(manifest: dict) -> dict:
+    return manifest["spec"]["pytorchReplicaSpecs"]
+
+
+def runtime_pod(manifest: dict) -> dict:
+    """The pod a TrainJob's `node` replicated job gets: the runtimePatches pod template with the
+    trainer's image, command, env and resources in the `node` container (as the runtime merges them)."""
+    patch = manifest["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    assert patch["name"] == "node"
+    template = copy.deepcopy(patch["template"]["spec"]["template"])
+    trainer = manifest["spec"]["trainer"]
+    (container,) = template["spec"]["containers"]
+    assert container["name"] == "node"  # the torch-distributed runtime's container
+    container.update(image=trainer["image"], command=trainer["command"], env=trainer["env"],
+                     resources=trainer["resourcesPerNode"])
+    return template
+
+
+# --- Schemas -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+def test_manifest_passes_its_crd_schema(project, kind):
+    manifest = project.manifest(kind)
+    assert validation_errors(manifest) == []
+    # What the CRDs check with CEL or the operators' webhooks (not JSON Schema): names are RFC 1035
+    # labels, and every name derived from the job stays within 63 characters.
+    nodes = project.answers["nodes"]
+    name = manifest["metadata"]["name"]
+    derived = ([f"{name}-master-0"] + [f"{name}-worker-{i}" for i in range(nodes - 1)] if kind == "pytorchjob"
+               else [f"{name}-node-0-{i}" for i in range(nodes)])
+    for value in [name, *derived]:
+        assert DNS1035.fullmatch(value) and len(value) <= 63, value
+
+
+def test_pod_templates_are_valid_core_pods(project):
+    for role, spec in replica_specs(project.manifest("pytorchjob")).items():
+        assert core_errors(pod_template(f"{project.slug}-{role.lower()}", spec["template"])) == [], role
+    assert core_errors(pod_template(f"{project.slug}-node", runtime_pod(project.manifest("trainjob")))) == []
+
+
+def test_validators_reject_what_a_strict_api_server_rejects(solo):
+    job = solo.manifest("pytorchjob")
+    master = lambda m: replica_specs(m)["Master"]["template"]["spec"]  # noqa: E731
+    cases = {
+        "spec: Additional properties are not allowed ('nprocsPerNode'":
+            lambda m: m["spec"].update(nprocsPerNode=m["spec"].pop("nprocPerNode")),
+        "containers.0: Additional properties are not allowed ('volumeMount'":
+            lambda m: master(m)["containers"][0].update(volumeMount=[]),
+        "spec.nprocPerNode: 8 is not of type 'string'": lambda m: m["spec"].update(nprocPerNode=8),
+        "spec.runPolicy: Additional properties are not allowed ('backofLimit'":
+            lambda m: m["spec"]["runPolicy"].update(backofLimit=3),
+        "limits.nvidia.com/gpu: '2 GPUs' does not match":
+            lambda m: master(m)["containers"][0]["resources"]["limits"].update({"nvidia.com/gpu": "2 GPUs"}),
+    }
+    for expected, breaks in cases.items():
+        broken = copy.deepcopy(job)
+        breaks(broken)
+        errors = validation_errors(broken)
+        assert any(expected in e for e in errors), (expected, errors)
+    train = solo.manifest("trainjob")
+    train["spec"]["trainer"]["numNode"] = train["spec"]["trainer"].pop("numNodes")
+    assert any("'numNode' was unexpected" in e for e in validation_errors(train))
+    # The core-kind check fails too: a misspelled container field and a wrong volume medium type.
+    template = copy.deepcopy(replica_specs(job)["Master"]["template"])
+    template["spec"]["containers"][0]["imagePullPolcy"] = "Always"
+    assert any("'imagePullPolcy' was unexpected" in e for e in core_errors(pod_template("x", template)))
+    template = copy.deepcopy(replica_specs(job)["Master"]["template"])
+    template["spec"]["volumes"][0]["emptyDir"]["medium"] = 1
+    assert core_errors(pod_template("x", template))
+
+
+def test_structural_schema_conversion():
+    schema = to_json_schema({
+        "type": "object",
+        "properties": {
+            "port": {"x-kubernetes-int-or-string": True},
+            "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
+                     "properties": {"a": {"type": "string"}}},
+            "maybe": {"type": "string", "nullable": True},
+            "nested": {"type": "object", "properties": {"b": {"type": "integer"}}},
+            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+        },
+    })
+    import jsonschema
+
+    ok = [{"port": 80}, {"port": "http"}, {"free": {"a": "x", "anything": 1}}, {"maybe": None}, {"labels": {"k": "v"}}]
+    bad = [{"port": 1.5}, {"port": True}, {"nested": {"c": 1}}, {"extra": 1}, {"labels": {"k": 1}}]
+    validator = jsonschema.Draft7Validator(schema)
+    assert [list(validator.iter_errors(x)) for x in ok] == [[]] * len(ok)
+    assert all(list(validator.iter_errors(x)) for x in bad)
+
+
+def test_schema_folder_is_configurable(solo, tmp_path, monkeypatch):
+    """K8S_SCHEMA_DIR takes `kubectl get crd ... -o yaml` output (a List) under any file name."""
+    from k8s_schemas import schema_dir
+
+    crd = yaml.safe_load((schema_dir() / "training-operator.kubeflow.org_pytorchjobs.yaml").read_text())
+    (tmp_path / "live.yaml").write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [crd]}))
+    monkeypatch.setenv("K8S_SCHEMA_DIR", str(tmp_path))
+    job = solo.manifest("pytorchjob")
+    assert validation_errors(job) == []
+    job["spec"]["unknownField"] = 1
+    assert validation_errors(job)
+    with pytest.raises(LookupError, match="kubectl get crd"):
+        validation_errors(solo.manifest("trainjob"))  # that CRD is not in the folder
+    monkeypatch.setenv("K8S_SCHEMA_DIR", str(tmp_path / "missing"))
+    with pytest.raises(FileNotFoundError, match="K8S_SCHEMA_DIR"):
+        validation_errors(job)
+
+
+# --- Content -------------------------------------------------------------------------------------
+
+def test_pytorchjob_says_what_the_answers_say(project):
+    a, job = project.answers, project.manifest("pytorchjob")
+    nodes, gpus = a["nodes"], a["gpus_per_node"]
+    assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v1", "PyTorchJob")
+    assert job["metadata"] == {"name": project.slug, "namespace": a["k8s_namespace"],
+                               "labels": {"app.kubernetes.io/name": project.slug}}
+    assert job["spec"]["nprocPerNode"] == str(gpus)
+    assert job["spec"]["runPolicy"]["backoffLimit"] == 3 and job["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
+    specs = replica_specs(job)
+    assert set(specs) == ({"Master", "Worker"} if nodes > 1 else {"Master"})
+    assert specs["Master"]["replicas"] == 1
+    if nodes > 1:
+        assert specs["Worker"]["replicas"] == nodes - 1
+    for spec in specs.values():
+        assert spec["restartPolicy"] == "OnFailure"
+        pod = spec["template"]["spec"]
+        (container,) = pod["containers"]
+        assert container["name"] == "pytorch" and container["image"] == a["image"]
+        assert container["command"] == [project.slug, "node"]
+        assert_pod_content(project, pod, container)
+
+
+def test_trainjob_says_what_the_answers_say(project):
+    a, job = project.answers, project.manifest("trainjob")
+    assert (job["apiVersion"], job["kind"]) == ("trainer.kubeflow.org/v1alpha1", "TrainJob")
+    assert job["metadata"]["name"] == project.slug and job["metadata"]["namespace"] == a["k8s_namespace"]
+    assert job["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
+                                         "name": "torch-distributed"}
+    trainer = job["spec"]["trainer"]
+    assert trainer["numNodes"] == a["nodes"] and trainer["numProcPerNode"] == a["gpus_per_node"]
+    assert trainer["image"] == a["image"] and trainer["command"] == [project.slug, "node"]
+    pod = runtime_pod(job)
+    assert_pod_content(project, pod["spec"], pod["spec"]["containers"][0])
+
+
+def assert_pod_content(project: Project, pod: dict, container: dict) -> None:
+    a = project.answers
+    gpus, rdma = a["gpus_per_node"], a["rdma_resource"]
+    expected = {"nvidia.com/gpu": gpus, **({rdma: 1} if rdma else {})}
+    assert container["resources"] == {"requests": expected, "limits": expected}
+    assert (rdma == "") == (project.given.get("rdma_resource") == "")
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": f"{8 * gpus}Gi"}
+    assert mounts["dshm"] == "/dev/shm"
+    assert volumes["shared"]["persistentVolumeClaim"] == {"claimName": a["pvc_name"]}
+    assert mounts["shared"] == a["shared_mount"]
+    for path in (a["data_dir"], a["output_dir"]):
+        assert path.startswith(a["shared_mount"] + "/")
+    # The same NCCL settings as config/nccl.env, names and values.
+    nccl = project.nccl_env()
+    assert len(nccl) >= 2 and {e["name"]: e["value"] for e in container["env"]} == nccl
+    assert container["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+    secret = a.get("image_pull_secret", "")
+    assert pod.get("imagePullSecrets") == ([{"name": secret}] if secret else None)
+    assert (secret == "regcred") == ("image_pull_secret" in project.given)
+    assert pod["containers"] == [container]
+
+
+def test_no_secret_values_in_manifests(project):
+    """Only a Secret's name is ever written: no inline credentials, no valueFrom, no Secret objects."""
+    for kind in ("pytorchjob", "trainjob"):
+        text = (project.path / "launch" / "kubeflow" / f"{kind}.yaml").read_text()
+        assert text.isascii()
+        for word in ("kind: Secret", "secretKeyRef", "valueFrom", "dockerconfigjson", "password", "token"):
+            assert word not in text, (kind, word)
+
+
+def test_no_kubeflow_files_without_the_platform(default_project):
+    plain = Project(default_project)
+    assert "kubeflow" not in plain.answers["platforms"] and not (plain.path / "launch" / "kubeflow").exists()
+    assert not (plain.path / "tests" / "test_launch_kubeflow.py").exists()
+    proc = plain.cli("launch", "kubeflow", "--dry-run")
+    assert proc.returncode == 1 and proc.stderr.startswith("error: ") and "copier update" in proc.stderr
+
+
+# --- launch kubeflow -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+def test_dry_run_prints_exactly_the_manifest(solo, kind):
+    proc = solo.cli("launch", "kubeflow", "--manifest", kind, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert yaml.safe_load(proc.stdout) == solo.manifest(kind)
+    # Options change the submission, and only what they name; overrides reach every training command.
+    proc = solo.cli("launch", "kubeflow", "--manifest", kind, "--dry-run", "--namespace", "other", "--name", "run-2",
+                    "schedule.max_steps=5", "--set", "optim.lr=0.001")
+    assert proc.returncode == 0, proc.stderr
+    changed, original = yaml.safe_load(proc.stdout), solo.manifest(kind)
+    assert validation_errors(changed) == []
+    assert changed["metadata"] == {**original["metadata"], "namespace": "other", "name": "run-2"}
+    commands = ([r["template"]["spec"]["containers"][0]["command"] for r in replica_specs(changed).values()]
+                if kind == "pytorchjob" else [changed["spec"]["trainer"]["command"]])
+    assert len(commands) == (2 if kind == "pytorchjob" else 1)
+    for command in commands:
+        assert command == [solo.slug, "node", "optim.lr=0.001", "schedule.max_steps=5"]
+
+
+def test_bad_job_name_is_refused_before_any_cluster_call(solo):
+    for name in ("Run_2", "2run", "r" * 60):
+        proc = solo.cli("launch", "kubeflow", "--dry-run", "--name", name)
+        assert proc.returncode == 1 and proc.stderr.startswith("error: job name") and "Traceback" not in proc.stderr
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when the socket is: nothing listens there
+
+
+@pytest.mark.parametrize("action", ["submit", "status", "logs", "cancel"])
+def test_without_a_cluster_every_action_is_a_clear_error(solo, tmp_path, action):
+    empty = tmp_path / "empty-kubeconfig"
+    empty.write_text("")
+    proc = solo.cli("launch", "kubeflow", "--action", action, env={"KUBECONFIG": str(empty)})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("error: no Kubernetes cluster configured") and "Traceback" not in proc.stderr
+    assert "KUBECONFIG" in proc.stderr and "--dry-run" in proc.stderr
+    # A kubeconfig whose API server does not answer: a real connection is refused.
+    unreachable = tmp_path / "unreachable-kubeconfig"
+    unreachable.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{closed_port()}"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "users": [{"name": "u", "user": {"token": "not-a-real-token"}}],
+    }))
+    proc = solo.cli("launch", "kubeflow", "--action", action, "--kubeconfig", unreachable)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("error: cannot reach the Kubernetes API server at https://127.0.0.1:")
+    assert "Connection refused" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.splitlines()) == 1
+
+
+def test_missing_kubernetes_package_names_the_install(solo):
+    # A None entry in sys.modules makes `import kubernetes` fail as if it were not installed.
+    code = ("import sys; sys.modules['kubernetes'] = None; from {0}.cli import main; "
+            "sys.exit(main(['launch', 'kubeflow']))").format(solo.slug)
+    proc = run([sys.executable, "-c", code], cwd=solo.path, env={"PYTHONPATH": str(solo.path / "src")})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error: the `kubernetes` Python package is missing: `pip install kubernetes`")
+
+
+def test_generated_project_own_kubeflow_tests_pass(solo):
+    proc = run([str(BIN / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_launch_kubeflow.py"],
+               cwd=solo.path, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout
