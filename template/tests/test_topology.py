@@ -110,19 +110,6 @@ def topology(pkg):
 
 
 @pytest.fixture
-def slurm_conf(tmp_path, monkeypatch):
-    """`scontrol show hostnames` needs only a slurm.conf naming a cluster (no controller): inside a
-    job the node has one; here a minimal one. scontrol itself must be installed."""
-    if shutil.which("scontrol") is None:
-        pytest.fail("scontrol is not on PATH: install Slurm's client tools "
-                    "(Debian/Ubuntu: apt-get install slurm-client, or slurm-wlm)")
-    conf = tmp_path / "slurm.conf"
-    conf.write_text("ClusterName=test\nSlurmctldHost=localhost\n")
-    monkeypatch.setenv("SLURM_CONF", str(conf))
-    return conf
-
-
-@pytest.fixture
 def hostfile(tmp_path):
     """Writes an MPI hostfile and returns the environment naming it."""
 
@@ -162,16 +149,16 @@ CASES = {
                                    expect("tione-ddp", 4, 3, 8, "10.35.110.11", 23456)),
     "tione ray head": (TIONE_RAY, expect("tione-ray", 2, 0, 8, TIONE_RAY["HEAD_ADDR"], 6379)),
     "tione ray worker": ({**TIONE_RAY, "RANK": "1"}, expect("tione-ray", 2, 1, 8, TIONE_RAY["HEAD_ADDR"], 6379)),
-    # PS-Worker: the worker list is the torch world; worker 0 hosts the master. TF_CONFIG names no
-    # port for torch (its ports belong to TensorFlow's servers): MASTER_PORT or torch's 29500.
-    "tione ps worker 1": (tf_config("worker", 1), expect("tione-ps", 2, 1, 8, WORKER0_HOST, 29500)),
+    # PS-Worker: the worker list is the torch world; worker 0 hosts the master on its TF_CONFIG
+    # port, which the platform opened and no TensorFlow server uses here (MASTER_PORT overrides).
+    "tione ps worker 1": (tf_config("worker", 1), expect("tione-ps", 2, 1, 8, WORKER0_HOST, 2222)),
     "tione ps worker 0 + MASTER_PORT": ({**tf_config("worker", 0), "MASTER_PORT": "23457"},
                                         expect("tione-ps", 2, 0, 8, WORKER0_HOST, 23457)),
     "tione ps worker + GPU_NUM_PER_NODE": ({**tf_config("worker", 0), "GPU_NUM_PER_NODE": "4"},
-                                           expect("tione-ps", 2, 0, 4, WORKER0_HOST, 29500)),
+                                           expect("tione-ps", 2, 0, 4, WORKER0_HOST, 2222)),
     # A chief, when present, is node 0 and the workers follow it.
     "tione ps chief": (tf_config("worker", 0, {**TF_CLUSTER, "chief": ["chief-0.svc:2222"]}),
-                       expect("tione-ps", 3, 1, 8, "chief-0.svc", 29500)),
+                       expect("tione-ps", 3, 1, 8, "chief-0.svc", 2222)),
     "tione ps ps task": (tf_config("ps", 1), expect("tione-ps", 2, 1, 8, WORKER0_HOST, 29500, role="ps")),
     "openmpi rank": (OPENMPI, expect("openmpi", 2, 1, 2, "10.0.0.1", 29500, per_process=True)),
     # Under TI-ONE's MPI mode the ranks find the master in the node list.
@@ -214,36 +201,6 @@ def test_tione_mpi_node_rank_is_this_hosts_line(topology, hostfile):
     me = socket.gethostname()
     topo = topology.detect(hostfile(f"other-launcher slots=1 {me} slots=1\n"), 8, 1)
     assert (topo.node_rank, topo.nnodes, topo.master_addr) == (1, 2, "other-launcher")
-
-
-def test_slurm_node_list_expanded_by_scontrol(topology, slurm_conf):
-    assert topology.slurm_hostnames("node[1-2],gpu[08-10]") == ["node1", "node2", "gpu08", "gpu09", "gpu10"]
-    topo = topology.detect({**ORDINARY, **SLURM}, 8, 1)
-    # The master is the first host; the port follows the job id so two jobs on one node differ.
-    assert fields(topo) == expect("slurm", 2, 1, 4, "node1", 20000 + 4242)
-    assert topology.detect({**ORDINARY, **SLURM, "MASTER_PORT": "29611"}, 8, 1).master_port == 29611
-    # Without SLURM_GPUS_ON_NODE (no --gpus in the job) the node's own count is used.
-    no_gpus = {k: v for k, v in SLURM.items() if k != "SLURM_GPUS_ON_NODE"}
-    assert topology.detect(no_gpus, 8, 1).nproc_per_node == 8
-
-
-def test_slurm_one_task_per_gpu_runs_per_process(topology, slurm_conf):
-    topo = topology.detect({**ORDINARY, **SLURM_PER_TASK}, 8, 1)
-    assert fields(topo) == expect("slurm", 2, 1, 2, "node1", 24242, per_process=True)
-    # Slurm's compressed form: 2 tasks on each of 2 nodes.
-    assert topology.detect({**SLURM_PER_TASK, "SLURM_NTASKS_PER_NODE": "2(x2)"}, 8, 1).per_process
-    # The batch script itself (no step yet) is one process per node that starts torchrun.
-    batch = {k: v for k, v in SLURM_PER_TASK.items() if k != "SLURM_STEP_ID"}
-    assert not topology.detect(batch, 8, 1).per_process
-
-
-def test_slurm_node_list_disagreeing_with_node_count(topology, slurm_conf):
-    with pytest.raises(topology.TopologyError) as err:
-        topology.detect({**SLURM, "SLURM_NNODES": "3"}, 8, 1)
-    assert "SLURM_JOB_NODELIST" in str(err.value) and "SLURM_NNODES=3" in str(err.value)
-    with pytest.raises(topology.TopologyError) as err:
-        topology.slurm_hostnames("node[2-1]")
-    assert "scontrol show hostnames node[2-1]" in str(err.value)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -446,3 +403,32 @@ def test_wait_for_master_times_out_with_what_to_check(topology, closed_port):
     assert f"127.0.0.1:{port}" in message and "within 2 s" in message
     # What to check: the master's own start, name resolution/reachability, the port between nodes.
     assert "node 0 started" in message and "resolves" in message and f"port {port} is open" in message
+
+
+# training-operator v1, Worker-only PyTorchJob with elasticPolicy (min 2, max 4, maxRestarts 3,
+# nprocPerNode 1): no Master replica, so no PET_MASTER_ADDR, PET_NODE_RANK, MASTER_ADDR, RANK.
+KUBEFLOW_ELASTIC_WORKERS = {
+    "PET_NNODES": "2:4", "PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": "gpt-job-worker-0:23456",
+    "PET_MAX_RESTARTS": "3", "PET_NPROC_PER_NODE": "1", "PYTHONUNBUFFERED": "1",
+}
+
+
+def test_kubeflow_elastic_worker_only_job(topology):
+    topo = topology.detect({**ORDINARY, **KUBEFLOW_ELASTIC_WORKERS}, 8, 1)
+    assert fields(topo) == expect("kubeflow", 4, 0, 1, "gpt-job-worker-0", 23456, min_nnodes=2)
+    cmd = topology.torchrun_command(topo, ENTRY)
+    assert flag(cmd, "--nnodes") == "2:4" and flag(cmd, "--rdzv-endpoint") == "gpt-job-worker-0:23456"
+
+
+def test_kubeflow_elastic_fixed_size_still_uses_c10d(topology):
+    # elasticPolicy without min/max: PET_NNODES is the worker count, ranks come from the rendezvous.
+    topo = topology.detect({**KUBEFLOW_ELASTIC_WORKERS, "PET_NNODES": "2"}, 8, 1)
+    cmd = topology.torchrun_command(topo, ENTRY)
+    assert flag(cmd, "--rdzv-backend") == "c10d" and flag(cmd, "--nnodes") == "2:2" and "--node-rank" not in cmd
+
+
+@pytest.mark.parametrize("value", ["gpt-job-worker-0", "gpt-job-worker-0:http", ":23456"])
+def test_kubeflow_bad_rdzv_endpoint(topology, value):
+    with pytest.raises(topology.TopologyError) as err:
+        topology.detect({**KUBEFLOW_ELASTIC_WORKERS, "PET_RDZV_ENDPOINT": value}, 8, 1)
+    assert "PET_RDZV_ENDPOINT" in str(err.value)

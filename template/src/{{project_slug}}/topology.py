@@ -115,7 +115,7 @@ def _check_rank(platform: str, rank_name: str, rank: int, size_name: str, size: 
 
 
 def read_kubeflow(env: Mapping[str, str], nproc: int, nnodes_default: int) -> Topology:
-    _require(env, "kubeflow", "PET_NNODES", "PET_MASTER_ADDR")
+    _require(env, "kubeflow", "PET_NNODES")
     spec = env["PET_NNODES"].strip()
     match = re.fullmatch(r"([0-9]+)(?::([0-9]+))?", spec)
     if not match:
@@ -128,14 +128,26 @@ def read_kubeflow(env: Mapping[str, str], nproc: int, nnodes_default: int) -> To
     per_node = env.get("PET_NPROC_PER_NODE", "auto").strip()
     if per_node not in ("auto", "gpu", "cpu") and not per_node.isdigit():
         raise TopologyError(f"PET_NPROC_PER_NODE={per_node!r} must be a number or auto")
+    if env.get("PET_RDZV_ENDPOINT"):
+        # elasticPolicy: the operator names the c10d store (worker-0's Service unless rdzvHost is
+        # set) and, for Worker-only jobs, injects no PET_MASTER_ADDR and no PET_NODE_RANK.
+        endpoint = env["PET_RDZV_ENDPOINT"].strip()
+        host, _, port = endpoint.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise TopologyError(f"PET_RDZV_ENDPOINT={endpoint!r} must be host:port")
+        master_addr, master_port, elastic = host, int(port), True
+    else:
+        _require(env, "kubeflow", "PET_MASTER_ADDR")
+        master_addr, master_port, elastic = env["PET_MASTER_ADDR"], _port(env, "PET_MASTER_PORT"), low != high
     return Topology(
         platform="kubeflow",
         nnodes=high,
         node_rank=node_rank,
         nproc_per_node=int(per_node) if per_node.isdigit() else nproc,
-        master_addr=env["PET_MASTER_ADDR"],
-        master_port=_port(env, "PET_MASTER_PORT"),
-        min_nnodes=low if low != high else None,
+        master_addr=master_addr,
+        master_port=master_port,
+        # Elastic jobs rendezvous with c10d even at a fixed size (ranks are not given per pod).
+        min_nnodes=low if elastic else None,
     )
 
 
@@ -184,13 +196,21 @@ def mpi_hosts(env: Mapping[str, str]) -> list[tuple[str, int]]:
 def read_tione_mpi(env: Mapping[str, str], nproc: int, nnodes_default: int) -> Topology:
     """Node-level view of an MPI job (for the start script; ranks themselves are `openmpi`)."""
     hosts = mpi_hosts(env)
+    source = ("NODE_IP_SLOT_LIST" if env.get("NODE_IP_SLOT_LIST")
+              else f"the hostfile {env.get('OMPI_MCA_orte_default_hostfile', '/etc/mpi/hostfile')}")
     slots = {s for _, s in hosts}
     if len(slots) != 1:
-        raise TopologyError(f"tione-mpi: nodes have different slot counts {sorted(slots)}; use the same GPUs per node")
+        raise TopologyError(f"tione-mpi: {source} gives nodes different slot counts {sorted(slots)}; "
+                            "use the same GPUs per node")
     per_node = slots.pop()
     if env.get("GPU_NUM") and _int(env, "GPU_NUM") != per_node * len(hosts):
         raise TopologyError(f"tione-mpi: GPU_NUM={env['GPU_NUM']} != {len(hosts)} hosts x {per_node} slots")
     names = {socket.gethostname(), socket.getfqdn()}
+    try:  # NODE_IP_SLOT_LIST lists IPs: this node's own addresses find it there
+        names |= set(socket.gethostbyname_ex(socket.gethostname())[2])
+    except OSError:
+        pass
+    # Only the start script reads this (to pick the launcher); ranks get theirs from mpirun.
     node_rank = next((i for i, (h, _) in enumerate(hosts) if h in names or h.split(".")[0] in names), 0)
     return Topology("tione-mpi", len(hosts), node_rank, per_node, env.get("MASTER_ADDR") or hosts[0][0],
                     _port(env, "MASTER_PORT"))
@@ -238,8 +258,10 @@ def read_tione_ps(env: Mapping[str, str], nproc: int, nnodes_default: int) -> To
     _check_rank("tione-ps", "TF_CONFIG task.index", node_rank, "the worker list", len(world))
     host, _, port = world[0].rpartition(":")
     per_node = _int(env, "GPU_NUM_PER_NODE") if env.get("GPU_NUM_PER_NODE") else nproc
-    # The TF port belongs to the platform's TF servers: torch's store takes its own.
-    return Topology("tione-ps", len(world), node_rank, per_node, host or world[0], _port(env, "MASTER_PORT"))
+    # The platform opened worker 0's TF port and no TF server uses it in a PyTorch job: torch's
+    # store takes it unless MASTER_PORT says otherwise.
+    master_port = _port(env, "MASTER_PORT") if "MASTER_PORT" in env else int(port) if port.isdigit() else DEFAULT_PORT
+    return Topology("tione-ps", len(world), node_rank, per_node, host or world[0], master_port)
 
 
 def slurm_hostnames(nodelist: str) -> list[str]:
@@ -286,7 +308,8 @@ class Platform:
 PLATFORMS = [
     Platform("openmpi", ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), read_openmpi),
     Platform("kubeflow", ("PET_NNODES",), read_kubeflow),
-    Platform("slurm", ("SLURM_JOB_ID", "SLURM_NNODES"), read_slurm),
+    # mpirun inside a Slurm allocation: the ranks are MPI's, the allocation only hosts them.
+    Platform("slurm", ("SLURM_JOB_ID", "SLURM_NNODES"), read_slurm, unless=("OMPI_COMM_WORLD_RANK",)),
     Platform("tione-ps", ("TF_CONFIG",), read_tione_ps),
     Platform("tione-ray", ("HEAD_ADDR", "HEAD_PORT"), read_tione_ray),
     Platform("tione-mpi", ("NODE_IP_SLOT_LIST",), read_tione_mpi, unless=("OMPI_COMM_WORLD_RANK",)),
