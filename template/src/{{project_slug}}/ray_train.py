@@ -29,17 +29,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="YAML config (default: config/train.yaml)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one config value; a bare KEY=VALUE argument works too")
+    add_arguments(p)
+    return p
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The Ray options (also for a `ray-train` subcommand of the CLI, which adds --config/--set)."""
     p.add_argument("--address", default=os.environ.get("RAY_ADDRESS", "auto"),
                    help="Ray cluster to join (default: $RAY_ADDRESS, else the one running on this machine)")
-    p.add_argument("--num-nodes", type=int, default=int(os.environ.get("RAY_NUM_NODES") or 0) or None,
+    p.add_argument("--num-nodes", type=int,
                    help="Ray nodes to wait for before training (default: $RAY_NUM_NODES, else cluster.nodes)")
-    p.add_argument("--num-workers", type=int, default=int(os.environ.get("RAY_NUM_WORKERS") or 0) or None,
+    p.add_argument("--num-workers", type=int,
                    help="training processes (default: $RAY_NUM_WORKERS, else cluster.nodes x cluster.gpus_per_node)")
     p.add_argument("--use-gpu", choices=["auto", "yes", "no"], default=os.environ.get("RAY_USE_GPU", "auto"),
                    help="one GPU per worker; auto = when the cluster has GPUs")
     p.add_argument("--wait-timeout", type=float, default=900, help="seconds to wait for every node to join")
     p.add_argument("--dry-run", action="store_true", help="print the plan, connect to nothing")
-    return p
 
 
 def fabric_env() -> dict[str, str]:
@@ -91,9 +96,18 @@ def runtime_env() -> dict:
     return {"env_vars": {"PYTHONPATH": src + (os.pathsep + path if path and src not in path.split(os.pathsep) else "")}}
 
 
+def env_count(name: str) -> int | None:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    if not value.isdigit():
+        raise ConfigError(f"{name}={value!r} must be a whole number")
+    return int(value)
+
+
 def run(cfg: Config, args: argparse.Namespace) -> int:
-    num_nodes = args.num_nodes or cfg.cluster.nodes
-    num_workers = args.num_workers or cfg.cluster.nodes * cfg.cluster.gpus_per_node
+    num_nodes = args.num_nodes or env_count("RAY_NUM_NODES") or cfg.cluster.nodes
+    num_workers = args.num_workers or env_count("RAY_NUM_WORKERS") or cfg.cluster.nodes * cfg.cluster.gpus_per_node
     if num_nodes < 1 or num_workers < 1:
         raise ConfigError(f"--num-nodes {num_nodes} and --num-workers {num_workers} must be at least 1")
     plan = (f"Ray Train: {num_workers} worker(s) on {num_nodes} node(s), cluster {args.address}, "
