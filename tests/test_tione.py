@@ -152,6 +152,14 @@ def test_mpi_role_follows_index_then_the_first_host(tmp_path):
     hostfile.write_text("train-123-launcher slots=8\ntrain-123-worker-0 slots=8\n")
     worker = sh(["bash", script], base)
     assert "this instance is the worker (first host train-123-launcher is another machine)" in worker.stdout
+    # NODE_IP_SLOT_LIST names instances by IP: this machine's own address makes it the launcher,
+    # a neighbour's (same subnet) does not.
+    for ip in [a for a in run(["hostname", "-I"]).stdout.split() if re.fullmatch(r"[0-9.]+", a)][:1]:
+        other = ip.rsplit(".", 1)[0] + (".7" if not ip.endswith(".7") else ".8")
+        by_ip = sh(["bash", script], {**base, "NODE_IP_SLOT_LIST": f"{ip}:8,{other}:8"})
+        assert f"this instance is the launcher (first host {ip} is this machine)" in by_ip.stdout, by_ip.stdout
+        by_ip = sh(["bash", script], {**base, "NODE_IP_SLOT_LIST": f"{other}:8,{ip}:8"})
+        assert f"this instance is the worker (first host {other} is another machine)" in by_ip.stdout, by_ip.stdout
     assert "this instance is the launcher (INDEX=0)" in sh(["bash", script], {**base, "INDEX": "0"}).stdout
     assert "this instance is the worker (INDEX=1)" in sh(["bash", script], {**base, "INDEX": "1"}).stdout
     missing = sh(["bash", script], {**base, "OMPI_MCA_orte_default_hostfile": str(tmp_path / "none")})
