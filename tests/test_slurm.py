@@ -1,0 +1,231 @@
+"""Slurm for real: tests/infra/slurm.sh starts a two-node Slurm cluster on this host, and the
+GENERATED launch/slurm/train.sbatch trains through `<slug> launch slurm --wait` with 2 processes
+on 2 nodes (Gloo on CPU). Also the script's #SBATCH lines for given answers, --dry-run, and the
+message when sbatch is missing.
+
+    python -m pytest -q tests/test_slurm.py      # as root; installs slurm-wlm and munge with apt when missing
+
+The cluster has no GPUs and 2 CPUs per node, so the job is submitted the way a user of a CPU-only
+cluster would: --sbatch-arg=--gpus-per-node=0 --sbatch-arg=--cpus-per-task=1 run.device=cpu.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import BIN, TEMPLATE, render, run
+
+SLURM_SH = TEMPLATE / "tests" / "infra" / "slurm.sh"
+SLURM_DIR = Path(os.environ.get("SLURM_TEST_DIR", "/tmp/dtt-slurm"))
+CPU_CLUSTER = ["--sbatch-arg=--gpus-per-node=0", "--sbatch-arg=--cpus-per-task=1"]
+TINY_RUN = [
+    "model.size=tiny", "model.sequence_len=64", "batch.global_batch_size=8", "batch.micro_batch_size=4",
+    "batch.grad_accum_steps=null", "schedule.max_steps=10", "schedule.warmup_steps=2", "logging.every_steps=5",
+    "logging.eval_every_steps=0", "checkpoint.every_steps=0", "run.device=cpu", "run.compile=false",
+]
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The two-node cluster, started (or found running) by tests/infra/slurm.sh; stopped at the end
+    only when this session started it."""
+    env = {"SLURM_TEST_DIR": str(SLURM_DIR)}
+    first = run(["bash", str(SLURM_SH)], env=env, timeout=300)
+    if first.returncode != 0:
+        pytest.fail(f"tests/infra/slurm.sh could not start the Slurm test cluster (needs root, slurm-wlm, munge):\n"
+                    f"{first.stdout}\n{first.stderr}")
+    again = run(["bash", str(SLURM_SH)], env=env, timeout=30)
+    assert again.returncode == 0 and "running" in again.stderr, f"a second start is not idempotent:\n{again.stderr}"
+    info = run(["sinfo", "-h", "-N", "-o", "%N %t"], env={"SLURM_CONF": str(SLURM_DIR / "slurm.conf")})
+    assert sorted(info.stdout.splitlines()) == ["node1 idle", "node2 idle"], info.stdout + info.stderr
+    yield {"SLURM_CONF": str(SLURM_DIR / "slurm.conf")}
+    if "up:" in first.stderr:
+        run(["bash", str(SLURM_SH), "stop"], env=env, timeout=60)
+
+
+def sbatch_options(script: str) -> dict[str, str]:
+    """--key=value of every '#SBATCH --key=value' line."""
+    options = {}
+    for line in script.splitlines():
+        if line.startswith("#SBATCH "):
+            key, _, value = line.split(None, 1)[1].removeprefix("--").partition("=")
+            options[key] = value
+    return options
+
+
+def cli(project: Path, *args: str, env: dict | None = None, timeout: int = 300):
+    """`python -m <slug> ARGS` from the project root, as a user runs it, with its source on PYTHONPATH."""
+    slug = next(p.name for p in (project / "src").iterdir() if (p / "__main__.py").is_file())
+    full_env = {"PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    return run([sys.executable, "-m", slug, *args], cwd=project, env=full_env, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def slurm_project(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("slurm")
+    return render(root / "project", project_name="Slurm CI", platforms="[devmachine,slurm]", nodes=2, gpus_per_node=1,
+                  slurm_time="00:10:00", data_dir=str(root / "data"), output_dir=str(root / "runs"))
+
+
+ANSWER_SETS = {
+    "defaults": dict(nodes=2, gpus_per_node=1),
+    "all-given": dict(nodes=4, gpus_per_node=8, slurm_cpus_per_gpu=6, slurm_time="2-00:00:00", slurm_partition="gpu",
+                      slurm_account="proj-1", slurm_modules="cuda/12.4 nccl/2.21"),
+}
+
+
+@pytest.mark.parametrize("name", list(ANSWER_SETS))
+def test_sbatch_lines_follow_the_answers(tmp_path, name):
+    answers = ANSWER_SETS[name]
+    project = render(tmp_path / "p", project_name="Slurm Shape", platforms="[devmachine,slurm]",
+                     data_dir=str(tmp_path / "data"), output_dir=str(tmp_path / "runs"), **answers)
+    path = project / "launch" / "slurm" / "train.sbatch"
+    script = path.read_text()
+    check = run(["bash", "-n", str(path)])
+    assert check.returncode == 0, check.stderr
+    assert script.isascii()
+    opts = sbatch_options(script)
+    assert opts["job-name"] == "slurmshape"
+    assert opts["nodes"] == str(answers["nodes"])
+    assert opts["ntasks-per-node"] == "1"  # one node launcher per node; torchrun starts one process per GPU
+    assert opts["gpus-per-node"] == str(answers["gpus_per_node"])
+    assert opts["cpus-per-task"] == str(answers.get("slurm_cpus_per_gpu", 8) * answers["gpus_per_node"])
+    assert opts["time"] == answers.get("slurm_time", "24:00:00")
+    assert opts["output"] == f'"{tmp_path}/runs/slurm/%x-%j.out"'
+    assert opts["error"] == f'"{tmp_path}/runs/slurm/%x-%j.err"'
+    for key in ("partition", "account"):
+        assert opts.get(key) == answers.get(f"slurm_{key}"), key  # the line only when answered
+    modules = [line.strip() for line in script.splitlines()
+               if "module load" in line and not line.lstrip().startswith("#")]
+    if "slurm_modules" in answers:
+        assert modules == ["module load $MODULES"]
+        assert f'MODULES=${{MODULES-"{answers["slurm_modules"]}"}}' in script
+    else:
+        assert modules == [] and "MODULES" not in script
+    assert "srun --kill-on-bad-exit=1" in script and "-m slurmshape node" in script
+    outside = run(["bash", str(path)], env={"SLURM_JOB_ID": ""})  # run by mistake without sbatch
+    assert outside.returncode == 2 and "not inside a Slurm job" in outside.stderr, outside.stderr
+    # Preemption is a later change: mentioned, not switched on.
+    assert "#SBATCH --signal" not in script and "#SBATCH --requeue" not in script
+    assert (project / "launch" / "slurm" / "README.md").is_file()
+
+
+def test_no_slurm_folder_without_the_platform(default_project):
+    assert not (default_project / "launch" / "slurm").exists()
+
+
+def test_dry_run_prints_the_sbatch_command_without_sbatch(slurm_project):
+    # PATH holds only the interpreter's folder: --dry-run must not need sbatch.
+    result = cli(slurm_project, "launch", "slurm", "--dry-run", "--partition", "debug", "--sbatch-arg=--qos=high",
+                 "schedule.max_steps=7", env={"PATH": str(BIN)})
+    assert result.returncode == 0, result.stderr
+    first = result.stdout.splitlines()[0]
+    assert first.startswith(f"$ cd {slurm_project} && sbatch "), first
+    argv = shlex.split(first.split("&& ", 1)[1])
+    runs = slurm_project.parent / "runs"
+    assert argv == ["sbatch", "--parsable", f"--output={runs}/slurm/%x-%j.out", f"--error={runs}/slurm/%x-%j.err",
+                    "--partition=debug", "--qos=high", "launch/slurm/train.sbatch", "schedule.max_steps=7"]
+    assert "--- launch/slurm/train.sbatch" in result.stdout
+    assert "#SBATCH --nodes=2" in result.stdout
+    assert not (runs / "slurm").exists(), "a dry run creates nothing"
+
+
+def test_missing_sbatch_names_the_fix(slurm_project):
+    result = cli(slurm_project, "launch", "slurm", env={"PATH": str(BIN)})
+    assert result.returncode == 1
+    assert "sbatch is not on PATH" in result.stderr and "--dry-run" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.fixture(scope="module")
+def slurm_data(slurm_project) -> Path:
+    data = slurm_project.parent / "data"  # the answer's data_dir: on "shared storage" (both slurmd are local)
+    result = cli(slurm_project, "prepare-data", "--demo-corpus", "data.vocab_size=2048", "data.val_fraction=0.05")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return data
+
+
+def job_record(job_id: str) -> dict[str, str]:
+    """The job's line in jobcomp.txt (kept after scontrol forgets the job): field -> value."""
+    lines = [line for line in (SLURM_DIR / "log" / "jobcomp.txt").read_text().splitlines()
+             if line.startswith(f"JobId={job_id} ")]
+    assert lines, f"job {job_id} is not in {SLURM_DIR}/log/jobcomp.txt"
+    return dict(f.split("=", 1) for f in lines[-1].split() if "=" in f)  # the newest, should ids start over
+
+
+def submitted_job(output: str) -> str:
+    match = re.search(r"^submitted job (\d+)$", output, re.MULTILINE)
+    assert match, output
+    return match.group(1)
+
+
+def test_two_node_training_job(slurm_cluster, slurm_project, slurm_data):
+    result = cli(slurm_project, "launch", "slurm", "--wait", *CPU_CLUSTER, *TINY_RUN, env=slurm_cluster, timeout=240)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    job_id = submitted_job(result.stdout)
+    assert f"job {job_id} ended: exit 0" in result.stdout
+
+    runs = slurm_project.parent / "runs"
+    log = (runs / "slurm" / f"slurmci-{job_id}.out").read_text()
+    errors = (runs / "slurm" / f"slurmci-{job_id}.err").read_text()
+    assert f"  log:    {runs}/slurm/slurmci-{job_id}.out" in result.stdout
+    assert f"project {slurm_project}" in log  # ran in the submit folder
+    # Both node launchers ran, one on each node, and agreed on the master.
+    assert re.findall(r"^node rank\s+(\d)$", log, re.MULTILINE) in (["0", "1"], ["1", "0"]), log + errors
+    assert len(re.findall(r"^platform\s+slurm$", log, re.MULTILINE)) == 2, log
+    assert len(re.findall(r"^nodes\s+2$", log, re.MULTILINE)) == 2, log
+    assert len(set(re.findall(r"^master\s+(node1:\d+)$", log, re.MULTILINE))) == 1, log
+    # Rank 0 saw the whole world: 2 processes, one per node.
+    assert "2 process(es) on cpu" in log, log + errors
+    steps = [r["step"] for r in map(json.loads, (runs / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    assert steps == [5, 10], steps
+
+    record = job_record(job_id)
+    assert record["JobState"] == "COMPLETED", record
+    assert record["NodeList"] == "node[1-2]" and record["NodeCnt"] == "2", record
+    assert record["TimeLimit"] == "10", record  # the answer's slurm_time reached the job
+
+
+def test_modules_load_before_srun_and_dry_run(slurm_cluster, tmp_path):
+    """The answered modules are loaded in the job (a stand-in `module` command records the call),
+    and DRY_RUN=1 makes every node print its topology and torchrun command without training."""
+    project = render(tmp_path / "p", project_name="Slurm Mod", platforms="[devmachine,slurm]", nodes=2,
+                     gpus_per_node=1, slurm_modules="cuda/12.4 nccl", data_dir=str(tmp_path / "data"),
+                     output_dir=str(tmp_path / "runs"))
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "module").write_text('#!/bin/sh\necho "stand-in module: $*"\n')
+    (fake / "module").chmod(0o755)
+    env = {**slurm_cluster, "DRY_RUN": "1", "PATH": os.pathsep.join([str(fake), str(BIN), os.environ["PATH"]])}
+    result = cli(project, "launch", "slurm", "--wait", *CPU_CLUSTER, *TINY_RUN, env=env, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    log = (tmp_path / "runs" / "slurm" / f"slurmmod-{submitted_job(result.stdout)}.out").read_text()
+    assert log.startswith("stand-in module: load cuda/12.4 nccl\n"), log
+    assert sorted(re.findall(r"^node rank\s+(\d)$", log, re.MULTILINE)) == ["0", "1"], log
+    assert len(re.findall(r"torch.distributed.run --nproc-per-node 1 --nnodes 2 --node-rank \d", log)) == 2, log
+    assert "process(es)" not in log and not (tmp_path / "runs" / "metrics.jsonl").exists()
+
+
+def test_failing_job_returns_its_exit_status(slurm_cluster, slurm_project, tmp_path):
+    empty = tmp_path / "no-data"
+    empty.mkdir()
+    result = cli(slurm_project, "launch", "slurm", "--wait", *CPU_CLUSTER, *TINY_RUN, f"data.dir={empty}",
+                 f"run.output_dir={tmp_path / 'runs'}", env=slurm_cluster, timeout=240)
+    assert result.returncode != 0, result.stdout + result.stderr
+    job_id = submitted_job(result.stdout)
+    record = job_record(job_id)
+    assert record["JobState"] == "FAILED", record
+    # The job's own status: 1 from the failed rank, or 143 when srun's kill of the other node wins the race.
+    assert result.returncode == int(record["ExitCode"].split(":")[0]), (result.returncode, record)
+    assert f"job {job_id} ended: exit {result.returncode}, FAILED" in result.stdout
+    assert f"last lines of {tmp_path}/runs/slurm/slurmci-{job_id}.err" in result.stderr  # logs follow run.output_dir
+    # --kill-on-bad-exit: one failed node ends the whole step instead of leaving the other waiting.
+    assert "exited with exit code 1" in result.stderr.lower()
