@@ -55,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait-timeout", type=float, default=900, help="seconds a worker node waits for the master")
     _add_config_args(p)
 
+    p = sub.add_parser("ray-train", help="train on a running Ray cluster with Ray Train (TI-ONE Ray mode)")
+    from .ray_train import add_arguments as add_ray_arguments
+
+    add_ray_arguments(p)
+    _add_config_args(p)
+
     p = sub.add_parser("launch", help="start training on a platform (see launch/<platform>/)")
     platforms = p.add_subparsers(dest="platform", required=True)
     for name in PLATFORMS:
@@ -104,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
             from .node import run_node
 
             return run_node(cfg, args.config, args.overrides, PACKAGE, args.dry_run, args.wait_timeout)
+        if args.command == "ray-train":
+            from .ray_train import run as run_ray_train
+
+            return run_ray_train(cfg, args)
         if args.command == "launch":
             from .launch import run_launch
 
