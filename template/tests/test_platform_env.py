@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+
+from test_launch import flag, torchrun_args
 
 # Any of these in the test runner's own environment (a Slurm allocation, an MPI shell, a TI-ONE
 # notebook) would make every node look like two platforms: each node gets only its platform's.
@@ -85,16 +86,6 @@ def run_nodes(cli, tmp_path: Path, nodes: list[tuple[str, dict, float]], args: l
     for name, (code, text) in results.items():
         assert code == 0, f"node {name} exited {code} (killed after {JOB_TIMEOUT} s if negative)\n{text[-5000:]}"
     return results
-
-
-def torchrun_args(log: str) -> list[str]:
-    lines = [line for line in log.splitlines() if line.startswith("$ ")]
-    assert len(lines) == 1, log
-    return shlex.split(lines[0][2:])
-
-
-def flag(args: list[str], name: str) -> str:
-    return args[args.index(name) + 1]
 
 
 def assert_one_job_of_two(results: dict, master: str, output_dir: Path, metrics) -> None:

@@ -71,15 +71,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    # Bare KEY=VALUE arguments may stand anywhere among the options, so they are collected here
-    # rather than as an argparse positional (which cannot follow options of a subcommand).
+def parse_with_overrides(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse options; bare KEY=VALUE arguments, wherever they stand, join args.overrides. (An argparse
+    positional could not follow the options of a subcommand.)"""
     args, extra = parser.parse_known_args(argv)
     unknown = [a for a in extra if a.startswith("-") or "=" not in a]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (config overrides look like section.key=value)")
     args.overrides += extra
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_with_overrides(build_parser(), argv)
     try:
         cfg = load_config(args.config, args.overrides)
         if args.command == "prepare-data":

@@ -150,13 +150,11 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    unknown = [a for a in extra if a.startswith("-") or "=" not in a]
-    if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)} (config overrides look like section.key=value)")
+    from .cli import parse_with_overrides
+
+    args = parse_with_overrides(build_parser(), argv)
     try:
-        cfg = load_config(args.config, args.overrides + extra)
+        cfg = load_config(args.config, args.overrides)
         return run(cfg, args)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
