@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # System packages the platform tests launch for real: Slurm (two slurmd on this host), munge,
-# OpenMPI. Installs what is missing with apt (needs root, as in CI); otherwise says what to install.
+# OpenMPI, podman + a local registry + debootstrap (image builds). Installs what is missing with apt (needs root, as in CI); otherwise says what to install.
 set -euo pipefail
 
 need=()
@@ -8,6 +8,11 @@ command -v slurmctld >/dev/null || need+=(slurm-wlm)
 command -v munged >/dev/null || need+=(munge)
 command -v mpirun >/dev/null || need+=(openmpi-bin)
 command -v ssh >/dev/null || need+=(openssh-client)
+command -v podman >/dev/null || need+=(podman)
+command -v buildah >/dev/null || need+=(buildah)
+command -v runc >/dev/null || need+=(runc)
+command -v docker-registry >/dev/null || need+=(docker-registry)
+command -v debootstrap >/dev/null || need+=(debootstrap)
 [ ${#need[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then

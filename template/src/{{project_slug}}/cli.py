@@ -1,4 +1,4 @@
-"""Command-line interface: prepare-data · train · eval · sample · check · launch.
+"""Command-line interface: prepare-data · train · eval · sample · check · launch · node · image · doctor.
 
 Every command reads config/train.yaml (or --config) and accepts overrides as `section.key=value`
 arguments or `--set section.key=value`. A user mistake prints one message and exits 1.
@@ -7,6 +7,7 @@ arguments or `--set section.key=value`. A user mistake prints one message and ex
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from .config import ConfigError, load_config
@@ -53,6 +54,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("node", help="node launcher run by the platform on each node: topology -> torchrun")
     p.add_argument("--dry-run", action="store_true", help="print the topology and the command, do not run")
     p.add_argument("--wait-timeout", type=float, default=900, help="seconds a worker node waits for the master")
+    p.add_argument("--debug", action="store_true", help="TRAIN_DEBUG=1: NCCL INFO logs, flight recorder dumps")
+    _add_config_args(p)
+
+    from . import doctor, image
+
+    p = sub.add_parser("image", help="build and push the project image (docker SDK, DOCKER_HOST)")
+    image.add_arguments(p)
+    _add_config_args(p)
+
+    p = sub.add_parser("doctor", help="check this node: GPUs, RDMA, /dev/shm, memlock, which transport NCCL uses")
+    doctor.add_arguments(p)
     _add_config_args(p)
 
     p = sub.add_parser("ray-train", help="train on a running Ray cluster with Ray Train (TI-ONE Ray mode)")
@@ -113,7 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "node":
             from .node import run_node
 
-            return run_node(cfg, args.config, args.overrides, PACKAGE, args.dry_run, args.wait_timeout)
+            return run_node(cfg, args.config, args.overrides, PACKAGE, args.dry_run, args.wait_timeout, args.debug)
+        if args.command in ("image", "doctor"):
+            module = importlib.import_module(f".{args.command}", __package__)
+            return module.run(cfg, args)
         if args.command == "ray-train":
             from .ray_train import run as run_ray_train
 

@@ -12,6 +12,7 @@ after the options (key=value) reach `train` as config overrides.
 from __future__ import annotations
 
 import importlib
+import os
 from argparse import ArgumentParser, Namespace
 
 from .config import Config, ConfigError
@@ -46,6 +47,7 @@ def add_arguments(p: ArgumentParser) -> None:
     p.add_argument("--master-port", type=int, default=29500)
     p.add_argument("--nproc-per-node", type=int, help="processes on this node (default: GPUs, or CPU cores)")
     p.add_argument("--wait-timeout", type=float, default=900, help="seconds a worker node waits for the master")
+    p.add_argument("--debug", action="store_true", help="TRAIN_DEBUG=1: NCCL INFO logs, flight recorder dumps")
 
 
 def devmachine_topology(args: Namespace, cfg: Config) -> Topology:
@@ -69,6 +71,8 @@ def devmachine_topology(args: Namespace, cfg: Config) -> Topology:
 
 def launch(args: Namespace, cfg: Config, package: str) -> int:
     topo = devmachine_topology(args, cfg)
+    if args.debug:
+        os.environ["TRAIN_DEBUG"] = "1"
     return exec_torchrun(topo, train_entry(package, args.config, args.overrides), args.dry_run, args.wait_timeout)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import socket
 import sys
 from pathlib import Path
 
@@ -39,16 +40,45 @@ def read_env_file(path: Path) -> dict[str, str]:
     return values
 
 
-def apply_nccl_env(log=print) -> None:
-    """Fabric settings from config/nccl.env; a value the platform already injected wins
-    (TI-ONE's HCC machines, for one, set their own NCCL_IB_* values)."""
-    kept = []
-    for key, value in read_env_file(project_root() / "config" / "nccl.env").items():
-        if key in os.environ and os.environ[key] != value:
-            kept.append(key)
-        os.environ.setdefault(key, value)
+def interface_matches(spec: str, names: list[str]) -> bool:
+    """Whether an NCCL/Gloo interface spec (prefixes, '=' exact, '^' exclude) selects any interface."""
+    if spec.startswith("^"):
+        return True
+    exact, items = spec.startswith("="), spec.lstrip("=").split(",")
+    return any(n == i if exact else n.startswith(i) for n in names for i in items if i)
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("TRAIN_DEBUG", "").lower() in ("1", "true", "yes", "on")
+
+
+def apply_nccl_env(log=print, values: dict[str, str] | None = None) -> None:
+    """Fabric settings from config/nccl.env (or `values` read from it elsewhere); a value the
+    platform already injected wins (TI-ONE's HCC machines, for one, set their own NCCL_IB_*
+    values). An interface this machine lacks (a laptop has no eth0) is skipped with a note rather
+    than breaking every collective."""
+    kept, missing = [], []
+    interfaces = [name for _, name in socket.if_nameindex()]
+    if values is None:
+        values = read_env_file(project_root() / "config" / "nccl.env")
+    for key, value in values.items():
+        if key in os.environ:
+            if os.environ[key] != value:
+                kept.append(key)
+            continue
+        if key.endswith("_SOCKET_IFNAME") and not interface_matches(value, interfaces):
+            missing.append(f"{key}={value}")
+            continue
+        os.environ[key] = value
+    if debug_enabled():
+        debug = read_env_file(project_root() / "config" / "nccl-debug.env")
+        os.environ.update(debug)
+        os.makedirs(os.path.dirname(debug.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "")) or ".", exist_ok=True)
+        log(f"TRAIN_DEBUG=1: {', '.join(f'{k}={v}' for k, v in debug.items())}")
     if kept:
         log(f"kept the platform's {', '.join(sorted(kept))} over config/nccl.env")
+    if missing:
+        log(f"not applied: {', '.join(missing)} (no such interface here; this machine has {', '.join(interfaces)})")
 
 
 def train_entry(package: str, config: str | None, overrides: list[str]) -> list[str]:
@@ -73,7 +103,9 @@ def exec_torchrun(topo: Topology, entry: list[str], dry_run: bool, wait_timeout:
 
 
 def run_node(cfg: Config, config: str | None, overrides: list[str], package: str, dry_run: bool,
-             wait_timeout: float) -> int:
+             wait_timeout: float, debug: bool = False) -> int:
+    if debug:
+        os.environ["TRAIN_DEBUG"] = "1"
     topo = detect(os.environ, default_nproc(cfg.cluster.gpus_per_node), cfg.cluster.nodes)
     if topo is None:
         raise TopologyError(

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from .config import Config, ConfigError, load_config
-from .node import project_root, read_env_file
+from .node import apply_nccl_env, project_root, read_env_file
 
 PACKAGE = __package__
 
@@ -54,8 +54,7 @@ def fabric_env() -> dict[str, str]:
 
 def train_worker(payload: dict) -> None:
     """Body of every Ray Train worker: the process group exists already (init_distributed sees it)."""
-    for key, value in payload["fabric_env"].items():
-        os.environ.setdefault(key, value)  # a platform's own NCCL_* (TI-ONE's HCC machines) wins
+    apply_nccl_env(values=payload["fabric_env"])  # a platform's own NCCL_* (TI-ONE's HCC machines) wins
     import ray.train
 
     from .train import run_training
