@@ -73,7 +73,11 @@ def apply_nccl_env(log=print, values: dict[str, str] | None = None) -> None:
     if debug_enabled():
         debug = read_env_file(project_root() / "config" / "nccl-debug.env")
         os.environ.update(debug)
-        os.makedirs(os.path.dirname(debug.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "")) or ".", exist_ok=True)
+        dump_dir = os.path.dirname(debug.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "")) or "."
+        try:
+            os.makedirs(dump_dir, exist_ok=True)
+        except OSError as exc:
+            log(f"cannot create {dump_dir} for flight-recorder dumps ({exc.strerror}); is the shared storage mounted?")
         log(f"TRAIN_DEBUG=1: {', '.join(f'{k}={v}' for k, v in debug.items())}")
     if kept:
         log(f"kept the platform's {', '.join(sorted(kept))} over config/nccl.env")
