@@ -33,6 +33,8 @@ ANSWER_SETS = {
     },
     "odd-name": {"project_name": '\u00dcn\u00efcode: "quotes" $HOME; run #2 & <tags> {braces}', "nodes": 2,
                  "gpus_per_node": 8},
+    # No RDMA on the fabric: no RDMA resource requested, whatever rdma_resource says.
+    "tcp-fabric": {"project_name": "Tcp Fabric", "nodes": 2, "gpus_per_node": 8, "fabric": "tcp"},
     # The longest slug (40) with many nodes: pod and Service names must still fit 63 characters.
     "long-name": {"project_name": "x" * 60, "nodes": 16, "gpus_per_node": 8},
 }
@@ -229,7 +231,7 @@ def test_trainjob_says_what_the_answers_say(project):
 def assert_pod_content(project: Project, pod: dict, container: dict) -> None:
     a = project.answers
     gpus, rdma = a["gpus_per_node"], a["rdma_resource"]
-    expected = {"nvidia.com/gpu": gpus, **({rdma: 1} if rdma else {})}
+    expected = {"nvidia.com/gpu": gpus, **({rdma: 1} if rdma and a["fabric"] != "tcp" else {})}
     assert container["resources"] == {"requests": expected, "limits": expected}
     assert (rdma == "") == (project.given.get("rdma_resource") == "")
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -240,9 +242,9 @@ def assert_pod_content(project: Project, pod: dict, container: dict) -> None:
     assert mounts["shared"] == a["shared_mount"]
     for path in (a["data_dir"], a["output_dir"]):
         assert path.startswith(a["shared_mount"] + "/")
-    # The same NCCL settings as config/nccl.env, names and values.
+    # The same NCCL settings as config/nccl.env, names and values, and the TRAIN_DEBUG switch, off.
     nccl = project.nccl_env()
-    assert len(nccl) >= 2 and {e["name"]: e["value"] for e in container["env"]} == nccl
+    assert len(nccl) >= 2 and {e["name"]: e["value"] for e in container["env"]} == {**nccl, "TRAIN_DEBUG": "0"}
     assert container["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
     secret = a.get("image_pull_secret", "")
     assert pod.get("imagePullSecrets") == ([{"name": secret}] if secret else None)

@@ -117,6 +117,31 @@ def test_sbatch_lines_follow_the_answers(tmp_path, name):
     assert (project / "launch" / "slurm" / "README.md").is_file()
 
 
+@pytest.mark.parametrize("fabric", ["infiniband", "tcp"])
+def test_memlock_and_train_debug_reach_srun(tmp_path, fabric):
+    """Under a low hard memlock limit (a node whose slurmd runs with one) the script raises what it
+    may, warns on an RDMA fabric, and srun inherits the limit and TRAIN_DEBUG. A stand-in srun
+    records what it got; the real cluster run is test_two_node_training_job."""
+    project = render(tmp_path / "p", project_name="Slurm Limits", platforms="[slurm]", fabric=fabric,
+                     data_dir=str(tmp_path / "data"), output_dir=str(tmp_path / "runs"))
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text('#!/bin/sh\necho "srun memlock=$(ulimit -l) hard=$(ulimit -H -l) TRAIN_DEBUG=$TRAIN_DEBUG"\n')
+    (fake / "srun").chmod(0o755)
+    env = {"SLURM_JOB_ID": "7", "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "node1", "SLURM_CPUS_PER_TASK": "1",
+           "PATH": os.pathsep.join([str(fake), str(BIN), os.environ["PATH"]])}
+    script = str(project / "launch" / "slurm" / "train.sbatch")
+    low = 'ulimit -S -l 64 && ulimit -H -l 128 && exec bash "$0" "$@"'  # hard 128 KiB, soft 64
+    for debug in ("0", "1"):
+        result = run(["bash", "-c", low, script], cwd=project, env={**env, "TRAIN_DEBUG": debug})
+        assert result.returncode == 0, result.stderr
+        assert f"srun memlock=128 hard=128 TRAIN_DEBUG={debug}" in result.stdout, result.stdout  # raised to the hard limit
+        assert ("warning: locked-memory limit is 128 KiB, not unlimited" in result.stderr) == (fabric != "tcp")
+    # Unset: the default 0 is exported to srun.
+    result = run(["bash", "-c", low, script], cwd=project, env={**env, "TRAIN_DEBUG": ""})
+    assert "TRAIN_DEBUG=0" in result.stdout, result.stdout + result.stderr
+
+
 def test_no_slurm_folder_without_the_platform(default_project):
     assert not (default_project / "launch" / "slurm").exists()
 
@@ -178,6 +203,7 @@ def test_two_node_training_job(slurm_cluster, slurm_project, slurm_data):
     errors = (runs / "slurm" / f"slurmci-{job_id}.err").read_text()
     assert f"  log:    {runs}/slurm/slurmci-{job_id}.out" in result.stdout
     assert f"project {slurm_project}" in log  # ran in the submit folder
+    assert re.search(r", memlock (unlimited|\d+), TRAIN_DEBUG=0$", log, re.MULTILINE), log
     # Both node launchers ran, one on each node, and agreed on the master.
     assert re.findall(r"^node rank\s+(\d)$", log, re.MULTILINE) in (["0", "1"], ["1", "0"]), log + errors
     assert len(re.findall(r"^platform\s+slurm$", log, re.MULTILINE)) == 2, log
