@@ -283,3 +283,10 @@ def test_username_without_a_password_is_refused_before_any_push(project, engine,
     proc = project.cli("push", "--username", "ci", env={**engine, "REGISTRY_PASSWORD": ""})
     assert proc.returncode == 1
     assert proc.stderr.startswith("error: --username ci: no password;"), proc.stderr
+
+
+def test_missing_docker_package_names_the_install(project):
+    code = f"import sys; sys.modules['docker'] = None; from {SLUG}.cli import main; sys.exit(main(['image', 'build']))"
+    proc = run([sys.executable, "-c", code], cwd=project.path, env={"PYTHONPATH": str(project.path / "src")})
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: the docker Python package is missing: pip install docker"), proc.stderr
