@@ -13,6 +13,7 @@ command -v buildah >/dev/null || need+=(buildah)
 command -v runc >/dev/null || need+=(runc)
 command -v docker-registry >/dev/null || need+=(docker-registry)
 command -v debootstrap >/dev/null || need+=(debootstrap)
+command -v curl >/dev/null || need+=(curl)
 [ ${#need[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
