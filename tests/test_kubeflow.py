@@ -230,10 +230,12 @@ def test_trainjob_says_what_the_answers_say(project):
 
 def assert_pod_content(project: Project, pod: dict, container: dict) -> None:
     a = project.answers
-    gpus, rdma = a["gpus_per_node"], a["rdma_resource"]
+    # rdma_resource is not asked on a TCP fabric, so it is not among the answers there.
+    gpus, rdma = a["gpus_per_node"], a.get("rdma_resource", "")
     expected = {"nvidia.com/gpu": gpus, **({rdma: 1} if rdma and a["fabric"] != "tcp" else {})}
     assert container["resources"] == {"requests": expected, "limits": expected}
-    assert (rdma == "") == (project.given.get("rdma_resource") == "")
+    if a["fabric"] != "tcp":
+        assert (rdma == "") == (project.given.get("rdma_resource") == "")
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": f"{8 * gpus}Gi"}
