@@ -57,7 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="TRAIN_DEBUG=1: NCCL INFO logs, flight recorder dumps")
     _add_config_args(p)
 
-    from . import doctor, image
+    from . import doctor, image, plan
+
+    p = sub.add_parser("plan", help="memory per GPU, whether it fits, and time to train for 1-8 nodes")
+    plan.add_arguments(p)
+    _add_config_args(p)
 
     p = sub.add_parser("image", help="build and push the project image (docker SDK, DOCKER_HOST)")
     image.add_arguments(p)
@@ -126,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             from .node import run_node
 
             return run_node(cfg, args.config, args.overrides, PACKAGE, args.dry_run, args.wait_timeout, args.debug)
-        if args.command in ("image", "doctor"):
+        if args.command in ("image", "doctor", "plan"):
             module = importlib.import_module(f".{args.command}", __package__)
             return module.run(cfg, args)
         if args.command == "ray-train":

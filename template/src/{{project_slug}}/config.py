@@ -32,6 +32,8 @@ class ClusterConfig:
     """Machines a full-size run uses (a copier answer: change it with `copier update --data nodes=N`)."""
     gpus_per_node: int = 8
     """Training processes per machine, one per GPU (a copier answer)."""
+    gpu_type: str = "h100-80gb"
+    """GPU model, for `plan`'s memory fit and time estimate (a copier answer)."""
 
 
 @dataclass
