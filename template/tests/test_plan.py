@@ -132,3 +132,14 @@ def test_cli_table_and_bad_options(cli):
     assert "--zero-stage 3" in bad.stderr
     unknown = cli("plan", "cluster.gpu_type=tpu", expect=1)
     assert "h100-80gb" in unknown.stderr
+
+
+def test_deepspeed_options_move_states(cli):
+    """--zero-stage 2 --offload-optimizer: the optimizer leaves the GPU for host memory; the flags
+    that DeepSpeed does not accept together are refused."""
+    r = json.loads(cli("plan", "--json", "--zero-stage", "2", "--offload-optimizer").stdout)
+    m = r["memory"]
+    assert r["zero_stage"] == 2 and r["offload_optimizer"] and m["optimizer"] == 0
+    assert m["host"] == 12 * m["params"] / m["data_parallel"]
+    assert "optimizer offload" in cli("plan", "--zero-stage", "2", "--offload-optimizer").stdout
+    assert "--zero-stage" in cli("plan", "--zero-stage", "0", "--offload-optimizer", expect=1).stderr

@@ -1,6 +1,6 @@
 """`plan`: memory per GPU, whether the run fits, and how long it takes on 1, 2, 4 and 8 nodes.
 
-    <package> plan                                  # the project's config: DDP (ZeRO stage 0)
+    <package> plan                                  # the project's config and strategy (DDP = ZeRO stage 0)
     <package> plan model.size=d26 batch.micro_batch_size=8
     <package> plan --zero-stage 2 --offload-optimizer   # what DeepSpeed would need
     <package> plan --checkpointing --mfu 0.35 --tokens 2e10
@@ -143,6 +143,14 @@ def memory(cfg: Config, s: Setup) -> dict:
     }
 
 
+def zero_hint(cfg: Config, stage: int, offload: bool = False) -> str:
+    """The overrides that select a ZeRO stage: config keys where the project has them, else plan's flags."""
+    if hasattr(cfg, "deepspeed") and hasattr(cfg.run, "strategy"):
+        return (f"run.strategy=deepspeed deepspeed.zero_stage={stage}"
+                + (" deepspeed.offload_optimizer=true" if offload else ""))
+    return f"plan --zero-stage {stage}" + (" --offload-optimizer" if offload else "")
+
+
 def candidates(cfg: Config, s: Setup):
     """Single changes in the order plan tries them: (description, setup)."""
     nd = s.nodes * cfg.cluster.gpus_per_node
@@ -157,37 +165,54 @@ def candidates(cfg: Config, s: Setup):
         yield "activation checkpointing (plan --checkpointing; DeepSpeed: activation_checkpointing)", \
             replace(s, checkpointing=True)
     for stage in range(s.stage + 1, 4):
-        yield f"ZeRO stage {stage} with DeepSpeed (plan --zero-stage {stage})", replace(s, stage=stage)
+        yield f"ZeRO stage {stage} with DeepSpeed ({zero_hint(cfg, stage)})", replace(s, stage=stage)
     if not s.offload_optimizer:
         stage = max(s.stage, 1)
-        yield (f"ZeRO stage {stage} with the optimizer offloaded to CPU (plan --zero-stage {stage} --offload-optimizer)",
+        yield (f"ZeRO stage {stage} with the optimizer offloaded to CPU ({zero_hint(cfg, stage, offload=True)})",
                replace(s, stage=stage, offload_optimizer=True))
     nodes = s.nodes * 2
     while nodes <= 128:
         stage = max(s.stage, 3)
         yield (f"{nodes} nodes (copier update --data nodes={nodes}) with ZeRO stage {stage} "
-               f"(plan --zero-stage {stage} cluster.nodes={nodes})", replace(s, nodes=nodes, stage=stage))
+               f"({zero_hint(cfg, stage)} cluster.nodes={nodes})", replace(s, nodes=nodes, stage=stage))
         nodes *= 2
 
 
 def describe(cfg: Config, s: Setup) -> str:
-    parts = [f"batch.micro_batch_size={s.micro}", "activation checkpointing" if s.checkpointing else "",
-             f"ZeRO stage {s.stage}", "optimizer offload" if s.offload_optimizer else "",
-             "param offload" if s.offload_params else "",
+    parts = [f"batch.micro_batch_size={s.micro}" if s.micro != cfg.batch.micro_batch_size else "",
+             "activation checkpointing" if s.checkpointing else "",
+             f"ZeRO stage {s.stage} ({zero_hint(cfg, s.stage, s.offload_optimizer)})" if s.stage else "",
+             f"param offload ({'deepspeed.offload_params=true' if hasattr(cfg, 'deepspeed') else 'plan --offload-params'})"
+             if s.offload_params else "",
              f"cluster.nodes={s.nodes} (copier update --data nodes={s.nodes})" if s.nodes != cfg.cluster.nodes else ""]
     return " + ".join(p for p in parts if p)
 
 
+def piled(cfg: Config, s: Setup):
+    """The same changes as `candidates`, each added on top of the previous ones."""
+    nd = s.nodes * cfg.cluster.gpus_per_node
+    micro = min((m for m in range(1, s.micro + 1) if cfg.batch.global_batch_size % (m * nd) == 0), default=s.micro)
+    s = replace(s, micro=micro)
+    yield s
+    s = replace(s, checkpointing=True)
+    yield s
+    for stage in range(s.stage + 1, 4):
+        s = replace(s, stage=stage)
+        yield s
+    s = replace(s, offload_optimizer=True)
+    yield s
+    s = replace(s, offload_params=True)
+    yield s
+    for k in range(1, 8):
+        yield replace(s, nodes=s.nodes * 2**k)
+
+
 def suggest(cfg: Config, s: Setup) -> str | None:
-    """The first single change that fits; failing that, the changes piled up in the same order."""
+    """The first single change that fits; failing that, the first pile of changes (in the same order)."""
     for text, cand in candidates(cfg, s):
         if memory(cfg, cand)["fits"]:
             return text
-    nd = s.nodes * cfg.cluster.gpus_per_node
-    micro = min((m for m in range(1, s.micro + 1) if cfg.batch.global_batch_size % (m * nd) == 0), default=s.micro)
-    piled = replace(s, micro=micro, checkpointing=True, stage=3, offload_optimizer=True)
-    for cand in [piled, replace(piled, offload_params=True),
-                 *(replace(piled, offload_params=True, nodes=s.nodes * 2**k) for k in range(1, 8))]:
+    for cand in piled(cfg, s):
         if memory(cfg, cand)["fits"]:
             return "together: " + describe(cfg, cand)
     return None
@@ -206,16 +231,34 @@ def timing(cfg: Config, tokens: float, mfu: float) -> list[dict]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--zero-stage", type=int, choices=range(4), default=0, help="0 = DDP (what train.py does)")
-    p.add_argument("--offload-optimizer", action="store_true", help="optimizer states in host memory (DeepSpeed)")
-    p.add_argument("--offload-params", action="store_true", help="weights in host memory (DeepSpeed stage 3)")
+    p.add_argument("--zero-stage", type=int, choices=range(4),
+                   help="0 = DDP; default: the config's strategy (run.strategy, deepspeed.zero_stage when present)")
+    p.add_argument("--offload-optimizer", action="store_true", default=None,
+                   help="optimizer states in host memory (DeepSpeed)")
+    p.add_argument("--offload-params", action="store_true", default=None,
+                   help="weights in host memory (DeepSpeed stage 3)")
     p.add_argument("--checkpointing", action="store_true", help="assume full activation checkpointing")
     p.add_argument("--tokens", type=float, help="training tokens (default: max_steps x global batch x sequence_len)")
     p.add_argument("--mfu", type=float, default=0.4, help="assumed model FLOPs utilisation (default 0.4)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
+def configured_strategy(cfg: Config) -> tuple[int, bool, bool]:
+    """(ZeRO stage, offload optimizer, offload params) of the config: stage 0 for DDP. Configs without
+    run.strategy / a deepspeed section (older projects) mean DDP."""
+    ds = getattr(cfg, "deepspeed", None)
+    if getattr(cfg.run, "strategy", "ddp") != "deepspeed" or ds is None:
+        return 0, False, False
+    return ds.zero_stage, ds.offload_optimizer, ds.offload_params
+
+
 def build(cfg: Config, args: argparse.Namespace) -> dict:
+    stage, offload_opt, offload_params = configured_strategy(cfg)
+    if args.zero_stage is not None:
+        stage, offload_opt, offload_params = args.zero_stage, False, False
+    args.zero_stage = stage
+    args.offload_optimizer = offload_opt if args.offload_optimizer is None else args.offload_optimizer
+    args.offload_params = offload_params if args.offload_params is None else args.offload_params
     if args.offload_params and args.zero_stage != 3:
         raise ConfigError("--offload-params needs --zero-stage 3 (DeepSpeed offloads parameters only in stage 3)")
     if args.offload_optimizer and args.zero_stage == 0:
