@@ -14,6 +14,8 @@ Model states per GPU (ZeRO paper, mixed-precision Adam, Psi parameters, Nd data-
 bf16 weights 2 Psi, bf16 grads 2 Psi, optimizer 12 Psi (fp32 master, m, v):
     stage 0 (DDP): 16 Psi   stage 1: 4 Psi + 12 Psi/Nd   stage 2: 2 Psi + 14 Psi/Nd   stage 3: 16 Psi/Nd
 --offload-optimizer moves the optimizer part to host memory, --offload-params (stage 3) the weights.
+train.py's DDP keeps fp32 weights under bf16 autocast: 4 + 4 + 8 bytes, the same 16 Psi (DDP's
+gradient buckets may add up to 4 Psi more; the 10% reserve is meant to absorb such things).
 DeepSpeed's own estimators add a 4 Psi/Nd fp32 gradient partition and, for stage 3, the gathered
 largest layer; tests/test_plan.py compares against them.
 
