@@ -132,6 +132,19 @@ class RunConfig:
     """'auto' (bf16 autocast on CUDA, fp32 on CPU), 'bf16' or 'fp32'."""
     compile: bool = False
     """torch.compile the model (CUDA only; slower start, faster steps)."""
+    strategy: str = "ddp"
+    """'ddp' (torch DistributedDataParallel) or 'deepspeed' (ZeRO; settings in the deepspeed section)."""
+
+
+@dataclass
+class DeepSpeedConfig:
+    zero_stage: int = 1
+    """ZeRO stage with run.strategy=deepspeed: 0 plain data parallel, 1 shards optimizer state,
+    2 also gradients, 3 also parameters."""
+    offload_optimizer: bool = False
+    """Keep optimizer state in CPU memory (ZeRO 1-3): less GPU memory, slower steps."""
+    offload_params: bool = False
+    """Keep parameters in CPU memory (ZeRO 3 only)."""
 
 
 @dataclass
@@ -145,6 +158,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -260,9 +274,15 @@ def _did_you_mean(name: str, options: list[str], prefix: str = "") -> str:
 
 
 def _check_choices(cfg: Config) -> None:
-    choices = {"run.device": ("auto", "cuda", "cpu"), "run.dtype": ("auto", "bf16", "fp32")}
+    choices = {"run.device": ("auto", "cuda", "cpu"), "run.dtype": ("auto", "bf16", "fp32"),
+               "run.strategy": ("ddp", "deepspeed"), "deepspeed.zero_stage": (0, 1, 2, 3)}
     for name, allowed in choices.items():
         section, key = name.split(".")
         value = getattr(getattr(cfg, section), key)
         if value not in allowed:
-            raise ConfigError(f"{name}={value!r} is not one of {', '.join(allowed)}")
+            raise ConfigError(f"{name}={value!r} is not one of {', '.join(map(str, allowed))}")
+    ds = cfg.deepspeed
+    if ds.offload_params and ds.zero_stage != 3:
+        raise ConfigError(f"deepspeed.offload_params=true needs deepspeed.zero_stage=3 (got {ds.zero_stage})")
+    if ds.offload_optimizer and ds.zero_stage == 0:
+        raise ConfigError("deepspeed.offload_optimizer=true needs deepspeed.zero_stage 1, 2 or 3 (got 0)")

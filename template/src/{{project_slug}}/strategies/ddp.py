@@ -1,0 +1,93 @@
+"""DDP strategy: torch DistributedDataParallel, manual gradient accumulation with no_sync,
+AdamW, global-norm clipping, one checkpoint file per step written by rank 0 (checkpoint.py).
+
+    <package> train run.strategy=ddp        # the default
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from .. import checkpoint
+from ..config import Config, ConfigError
+from ..distributed import DistInfo, barrier, print0
+from . import param_groups
+
+
+def build_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.optim.Optimizer:
+    o = cfg.optim
+    return torch.optim.AdamW(param_groups(model, o.weight_decay), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
+                             fused=device.type == "cuda")
+
+
+class DDPStrategy:
+    name = "ddp"
+
+    def __init__(self, cfg: Config, info: DistInfo, model: torch.nn.Module, accum: int):
+        self.cfg, self.info, self.accum = cfg, info, accum
+        self.module = model  # unwrapped: evaluation, state_dict
+        self.optimizer = build_optimizer(model, cfg, info.device)
+        # compile first, then DDP: DDP's bucketing hooks see the compiled module's parameters.
+        runnable = torch.compile(model) if cfg.run.compile and info.device.type == "cuda" else model
+        if info.world_size > 1:
+            device = info.device
+            runnable = DDP(runnable, device_ids=[device.index] if device.type == "cuda" else None)
+        self.runnable = runnable
+
+    def describe(self) -> str:
+        return "strategy ddp"
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def micro_context(self, micro: int):
+        """Gradients are all-reduced only on the last micro step of the accumulation."""
+        sync = self.info.world_size == 1 or micro == self.accum - 1
+        return nullcontext() if sync else self.runnable.no_sync()
+
+    def backward(self, loss: torch.Tensor, micro: int) -> None:
+        (loss / self.accum).backward()
+
+    def step(self) -> torch.Tensor:
+        """Clip, update, clear; returns the gradient norm before clipping."""
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.optim.grad_clip or float("inf"))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    def save(self, ckpt_dir: Path, step: int, extra: dict) -> None:
+        if self.info.is_main:
+            state = {"step": step, "model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                     **extra}
+            path = checkpoint.save(ckpt_dir, step, state, self.cfg.checkpoint.keep_last)
+            print0(f"saved {path}")
+        barrier()  # nobody runs ahead of a checkpoint it may need to resume from
+
+    def resume(self, ckpt_dir: Path) -> int:
+        latest = checkpoint.find_latest(ckpt_dir) if self.cfg.checkpoint.resume else None
+        if latest is None:
+            if self.cfg.checkpoint.resume and any(p.is_dir() for p in ckpt_dir.glob("step_*")):
+                raise ConfigError(f"{ckpt_dir} holds DeepSpeed checkpoints (folders) but run.strategy=ddp; "
+                                  "use run.strategy=deepspeed, a new run.output_dir, or checkpoint.resume=false")
+            return 0
+        state = checkpoint.load(latest)
+        check_fingerprint(state, self.cfg, latest)
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        checkpoint.restore_rng(state["rng"])
+        print0(f"resumed from {latest} at step {state['step']}")
+        return state["step"]
+
+
+def check_fingerprint(state: dict, cfg: Config, where) -> None:
+    if state["fingerprint"] != cfg.model_fingerprint():
+        raise ConfigError(
+            f"{where} was written with a different model or global batch (model section / "
+            "batch.global_batch_size changed); restore those settings, use a new run.output_dir, "
+            "or set checkpoint.resume=false to start over"
+        )

@@ -1,0 +1,166 @@
+"""DeepSpeed strategy: ZeRO stage 0-3 with optional CPU offload, configured from train.yaml.
+
+    <package> train run.strategy=deepspeed deepspeed.zero_stage=3 deepspeed.offload_optimizer=true
+
+train.yaml is the one source of truth: the DeepSpeed config dict is derived from it at start
+(batch sizes always consistent: train_batch_size = micro x accum x data-parallel size) and written
+to run.output_dir/deepspeed_config.json for reference. The learning rate comes from our schedule
+each step (no DeepSpeed scheduler). Runs under torchrun; DeepSpeed reuses the process group.
+Checkpoints are DeepSpeed's: a folder per step `step_XXXXXXXX/` under output_dir/checkpoints,
+written by every rank (ZeRO shards), plus DeepSpeed's `latest` file naming the newest folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from .. import checkpoint
+from ..config import Config, ConfigError
+from ..distributed import DistInfo, barrier, print0
+from . import param_groups
+from .ddp import check_fingerprint
+
+INSTALL = "DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed"
+_TAG = re.compile(r"step_(\d{8})")
+
+
+def import_deepspeed():
+    """deepspeed, or a ConfigError saying how to install it (no CUDA toolkit needed)."""
+    if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
+        os.environ["DS_ACCELERATOR"] = "cpu"  # otherwise DeepSpeed probes for CUDA and fails
+    try:
+        import deepspeed
+    except ImportError as exc:
+        raise ConfigError(f"run.strategy=deepspeed needs DeepSpeed ({exc}); install it with `{INSTALL}`") from None
+    return deepspeed
+
+
+def deepspeed_config(cfg: Config, accum: int, world_size: int, device: torch.device) -> dict:
+    """The DeepSpeed config dict derived from train.yaml (and the resolved accumulation)."""
+    b, o, ds = cfg.batch, cfg.optim, cfg.deepspeed
+    bf16 = device.type == "cuda" and cfg.run.dtype in ("auto", "bf16")
+    zero: dict = {"stage": ds.zero_stage}
+    if ds.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": device.type == "cuda"}
+    if ds.offload_params:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": device.type == "cuda"}
+    return {
+        "train_micro_batch_size_per_gpu": b.micro_batch_size,
+        "gradient_accumulation_steps": accum,
+        "train_batch_size": b.micro_batch_size * accum * world_size,
+        "gradient_clipping": o.grad_clip,
+        "zero_optimization": zero,
+        "bf16": {"enabled": bf16},
+        "optimizer": {
+            "type": "AdamW",
+            # torch's AdamW: the DeepSpeed install builds no ops (no CUDA toolkit needed); with
+            # offload it would insist on its own compiled CPU Adam unless told otherwise below.
+            "params": {"lr": o.lr, "betas": [o.beta1, o.beta2], "eps": o.eps, "weight_decay": o.weight_decay,
+                       "torch_adam": True},
+        },
+        "zero_force_ds_cpu_optimizer": False,
+        "steps_per_print": 2**31 - 1,  # our own metrics line does the logging
+        "wall_clock_breakdown": False,
+    }
+
+
+def _checkpoint_dirs(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.is_dir() and _TAG.fullmatch(p.name))
+
+
+def find_latest(folder: Path) -> Path | None:
+    """The folder DeepSpeed's `latest` names; if that is missing, the highest step on disk."""
+    pointer = folder / checkpoint.LATEST
+    if pointer.is_file():
+        named = folder / pointer.read_text().strip()
+        if named.is_dir():
+            return named
+    found = _checkpoint_dirs(folder)
+    return found[-1] if found else None
+
+
+class DeepSpeedStrategy:
+    name = "deepspeed"
+
+    def __init__(self, cfg: Config, info: DistInfo, model: torch.nn.Module, accum: int):
+        deepspeed = import_deepspeed()
+        self.cfg, self.info, self.accum = cfg, info, accum
+        for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                           "MASTER_PORT": "29500"}.items():
+            os.environ.setdefault(key, value)  # a single process started without torchrun
+        # Reuses the group distributed.init_distributed made (Gloo on CPU, NCCL on CUDA).
+        deepspeed.init_distributed(dist_backend="nccl" if info.device.type == "cuda" else "gloo")
+        self.ds_config = deepspeed_config(cfg, accum, info.world_size, info.device)
+        if info.is_main:
+            out = Path(cfg.run.output_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "deepspeed_config.json").write_text(json.dumps(self.ds_config, indent=2) + "\n")
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, model_parameters=param_groups(model, cfg.optim.weight_decay), config=self.ds_config)
+        self.runnable = self.engine
+        self.module = self.engine.module  # evaluation runs on it (ZeRO-3 hooks gather the weights)
+        self._grad_norm = None
+
+    def describe(self) -> str:
+        ds = self.cfg.deepspeed
+        offload = [n for n, on in (("optimizer", ds.offload_optimizer), ("params", ds.offload_params)) if on]
+        return f"strategy deepspeed ZeRO {ds.zero_stage}" + (f", offload {'+'.join(offload)} to cpu" if offload else "")
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def micro_context(self, micro: int):
+        return nullcontext()  # DeepSpeed skips the all-reduce off the accumulation boundary itself
+
+    def backward(self, loss: torch.Tensor, micro: int) -> None:
+        """engine.backward scales by 1/accum; engine.step updates only on the accumulation boundary."""
+        self.engine.backward(loss)
+        last = micro == self.accum - 1
+        assert self.engine.is_gradient_accumulation_boundary() == last
+        if last and self.cfg.deepspeed.zero_stage == 0:
+            # Stage 0 reports no norm; the gradients are already all-reduced at this point.
+            grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+            self._grad_norm = torch.nn.utils.get_total_norm(grads)
+        self.engine.step()
+
+    def step(self) -> torch.Tensor:
+        """The update already happened in the last backward; returns the norm before clipping."""
+        norm = self.engine.get_global_grad_norm() if self.cfg.deepspeed.zero_stage else self._grad_norm
+        return torch.as_tensor(float(norm))
+
+    def save(self, ckpt_dir: Path, step: int, extra: dict) -> None:
+        # Every rank writes its shard; DeepSpeed writes `latest` on rank 0 after the folder is complete.
+        self.engine.save_checkpoint(str(ckpt_dir), tag=f"step_{step:08d}", client_state={"step": step, **extra})
+        barrier()
+        if self.info.is_main:
+            for old in _checkpoint_dirs(ckpt_dir)[:-self.cfg.checkpoint.keep_last]:
+                shutil.rmtree(old, ignore_errors=True)
+            print0(f"saved {ckpt_dir / f'step_{step:08d}'}")
+        barrier()
+
+    def resume(self, ckpt_dir: Path) -> int:
+        latest = find_latest(ckpt_dir) if self.cfg.checkpoint.resume else None
+        if latest is None:
+            if self.cfg.checkpoint.resume and checkpoint.find_latest(ckpt_dir) is not None:
+                raise ConfigError(f"{ckpt_dir} holds DDP checkpoints (*.pt) but run.strategy=deepspeed; "
+                                  "use run.strategy=ddp, a new run.output_dir, or checkpoint.resume=false")
+            return 0
+        # Check the fingerprint before DeepSpeed loads tensors of a possibly different shape.
+        states = sorted(latest.glob("*model_states.pt"))
+        if not states:
+            raise ConfigError(f"{latest} holds no DeepSpeed model states; delete it or set checkpoint.resume=false")
+        check_fingerprint(torch.load(states[0], map_location="cpu", weights_only=False), self.cfg, latest)
+        _, client = self.engine.load_checkpoint(str(ckpt_dir), tag=latest.name)
+        checkpoint.restore_rng(client["rng"])
+        print0(f"resumed from {latest} at step {client['step']}")
+        return client["step"]
