@@ -1,6 +1,6 @@
-"""run.strategy=deepspeed on CPU: real DeepSpeed (ZeRO 1, 2, 3) under real torchrun with Gloo.
+"""run.strategy=deepspeed on CPU: real DeepSpeed (ZeRO 0-3, offload) under real torchrun with Gloo.
 
-    python -m pytest -q tests/test_deepspeed.py     # about 50 s; the first DeepSpeed run on a
+    python -m pytest -q tests/test_deepspeed.py     # about 60 s; the first DeepSpeed run on a
                                                     # machine compiles a shared-memory op (~1 min more)
 
 The ZeRO runs train the first 10 of the 30 steps of the shared DDP runs (conftest run_2proc,
@@ -17,7 +17,10 @@ import json
 
 import pytest
 
-STAGES = (1, 2, 3)
+STAGES = (0, 1, 2, 3)
+# name -> overrides of each 2-process run; "offload" is ZeRO 3 with optimizer state and weights on the host.
+RUNS = {**{f"zero{stage}": [f"deepspeed.zero_stage={stage}"] for stage in STAGES},
+        "offload": ["deepspeed.zero_stage=3", "deepspeed.offload_optimizer=true", "deepspeed.offload_params=true"]}
 TOL = 1e-5  # absolute, on losses of ~7.6 nats
 
 
@@ -29,14 +32,13 @@ def _deepspeed_installed():
 
 @pytest.fixture(scope="module")
 def zero_runs(tmp_path_factory, cli, demo_data, train):
-    """Steps 1-10 with 2 processes for each ZeRO stage (checkpoint at 10); ZeRO 3 then resumes to 15."""
+    """Steps 1-10 with 2 processes for each of RUNS (checkpoint at 10); ZeRO 3 then resumes to 15."""
     runs = {}
-    for stage in STAGES:
-        out = tmp_path_factory.mktemp(f"zero{stage}")
-        proc = train(cli, demo_data, out, 2, "run.strategy=deepspeed", f"deepspeed.zero_stage={stage}",
-                     "schedule.max_steps=10")
-        runs[stage] = (out, proc.stdout + proc.stderr)
-    out = runs[3][0]
+    for name, overrides in RUNS.items():
+        out = tmp_path_factory.mktemp(name)
+        proc = train(cli, demo_data, out, 2, "run.strategy=deepspeed", *overrides, "schedule.max_steps=10")
+        runs[name] = (out, proc.stdout + proc.stderr)
+    out = runs["zero3"][0]
     resumed = train(cli, demo_data, out, 2, "run.strategy=deepspeed", "deepspeed.zero_stage=3", "schedule.max_steps=15")
     return runs, resumed.stdout + resumed.stderr
 
@@ -48,9 +50,11 @@ def _losses(records, upto):
 def test_zero_stages_match_ddp_and_one_process(zero_runs, run_2proc, run_1proc, metrics):
     runs, _ = zero_runs
     ddp2, ddp1 = _losses(metrics(run_2proc[0])[0], 10), _losses(metrics(run_1proc[0])[0], 10)
-    for stage in STAGES:
+    assert "offload optimizer+params to cpu" in runs["offload"][1]
+    for stage in RUNS:
         out, log = runs[stage]
-        assert f"strategy deepspeed ZeRO {stage}" in log and "micro 4 x accum 2 x 2 ranks" in log
+        assert f"strategy deepspeed ZeRO {stage[-1] if stage != 'offload' else 3}" in log
+        assert "micro 4 x accum 2 x 2 ranks" in log
         train, val = metrics(out)
         got = _losses(train, 10)
         assert sorted(got) == [5, 10], (stage, sorted(got))
@@ -65,7 +69,7 @@ def test_zero_stages_match_ddp_and_one_process(zero_runs, run_2proc, run_1proc, 
 def test_deepspeed_config_is_derived_from_train_yaml(zero_runs):
     runs, _ = zero_runs
     for stage in STAGES:
-        ds = json.loads((runs[stage][0] / "deepspeed_config.json").read_text())
+        ds = json.loads((runs[f"zero{stage}"][0] / "deepspeed_config.json").read_text())
         assert ds["train_micro_batch_size_per_gpu"] == 4 and ds["gradient_accumulation_steps"] == 2
         assert ds["train_batch_size"] == 4 * 2 * 2 == 16  # micro x accum x world = global_batch_size
         assert ds["zero_optimization"]["stage"] == stage
@@ -75,7 +79,7 @@ def test_deepspeed_config_is_derived_from_train_yaml(zero_runs):
 
 def test_zero3_resume_continues_at_the_saved_step(zero_runs, run_2proc, metrics):
     runs, log = zero_runs
-    out = runs[3][0]
+    out = runs["zero3"][0]
     assert f"resumed from {out / 'checkpoints' / 'step_00000010'} at step 10" in log
     assert "steps 10->15" in log
     ckpts = sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("step_"))
