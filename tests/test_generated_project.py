@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from conftest import BIN, run
+from conftest import BIN, render, run
 
 
 def test_console_script_and_module_entry(default_project):
@@ -21,5 +21,16 @@ def test_console_script_and_module_entry(default_project):
 
 def test_generated_project_own_tests_pass(default_project):
     result = run([str(BIN / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=default_project, timeout=1800)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert " passed" in result.stdout and " failed" not in result.stdout
+
+
+def test_deepspeed_project_own_tests_pass(tmp_path):
+    """strategy=deepspeed renders its DeepSpeed tests (ZeRO 0-3 against DDP on CPU); they pass."""
+    project = render(tmp_path / "ds", project_name="Zero Run", strategy="deepspeed",
+                     data_dir=str(tmp_path / "data"), output_dir=str(tmp_path / "runs"))
+    assert yaml.safe_load((project / "config/train.yaml").read_text())["run"]["strategy"] == "deepspeed"
+    result = run([str(BIN / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_deepspeed.py"],
+                 cwd=project, timeout=1800)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert " passed" in result.stdout and " failed" not in result.stdout

@@ -17,7 +17,7 @@ BAD_ANSWERS = [
     ({"data_dir": "relative/data"}, "data_dir"),
     ({"output_dir": "runs"}, "output_dir"),
     ({"model": "bert"}, "model"),
-    ({"strategy": "deepspeed"}, "strategy"),
+    ({"strategy": "megatron"}, "strategy"),
     ({"platforms": "[]"}, "platforms"),
 ]
 
