@@ -89,7 +89,8 @@ def test_time_scales_with_nodes(pkg, cli):
 
 def test_d20_on_8_h100_fits_with_ddp(cli):
     proc = cli("plan", "--json", "model.size=d20", "model.sequence_len=2048", "batch.micro_batch_size=16",
-               "cluster.nodes=1", "cluster.gpus_per_node=8", "cluster.gpu_type=h100-80gb", "data.vocab_size=32768")
+               "cluster.nodes=1", "cluster.gpus_per_node=8", "cluster.gpu_type=h100-80gb", "data.vocab_size=32768",
+               "run.strategy=ddp")
     r = json.loads(proc.stdout)
     m = r["memory"]
     assert r["zero_stage"] == 0 and m["params"] == 477_102_080

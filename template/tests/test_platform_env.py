@@ -36,7 +36,7 @@ PLATFORM_NAMES = {
 RUN_OVERRIDES = [
     "batch.global_batch_size=8", "batch.micro_batch_size=4", "batch.grad_accum_steps=null",
     "schedule.max_steps=10", "schedule.warmup_steps=2", "logging.every_steps=5", "logging.eval_every_steps=0",
-    "logging.tensorboard=false", "checkpoint.every_steps=0", "run.device=cpu", "run.dtype=fp32",
+    "logging.tensorboard=false", "checkpoint.every_steps=0", "run.device=cpu", "run.dtype=fp32", "run.strategy=ddp",
     "run.compile=false", "run.seed=1337",
 ]
 JOB_TIMEOUT = 150  # seconds for a whole two-node job; a hang ends in a failure, not a stuck suite

@@ -76,14 +76,15 @@ def list_checkpoints(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if _NAME.fullmatch(p.name))
 
 
-def find_latest(folder: Path) -> Path | None:
-    """The checkpoint `latest` names; if that is missing, the highest step on disk."""
+def find_latest(folder: Path, listing=list_checkpoints) -> Path | None:
+    """The checkpoint `latest` names; if that is missing, the highest step `listing` finds on disk
+    (files here; DeepSpeed's strategy passes its folder listing)."""
     pointer = folder / LATEST
     if pointer.is_file():
         named = folder / pointer.read_text().strip()
-        if named.is_file():
+        if named in listing(folder):
             return named
-    found = list_checkpoints(folder)
+    found = listing(folder)
     return found[-1] if found else None
 
 

@@ -79,13 +79,7 @@ def _checkpoint_dirs(folder: Path) -> list[Path]:
 
 def find_latest(folder: Path) -> Path | None:
     """The folder DeepSpeed's `latest` names; if that is missing, the highest step on disk."""
-    pointer = folder / checkpoint.LATEST
-    if pointer.is_file():
-        named = folder / pointer.read_text().strip()
-        if named.is_dir():
-            return named
-    found = _checkpoint_dirs(folder)
-    return found[-1] if found else None
+    return checkpoint.find_latest(folder, listing=_checkpoint_dirs)
 
 
 class DeepSpeedStrategy:
