@@ -206,7 +206,7 @@ def test_optimizer_skips_weight_decay_on_the_embedding(pkg, gpt, tmp_path):
     empty.write_text("")
     cfg = pkg.config.load_config(empty, ["optim.weight_decay=0.25"])
     model = make(gpt)
-    opt = pkg.train.build_optimizer(model, cfg, torch.device("cpu"))
+    opt = pkg.module("strategies.ddp").build_optimizer(model, cfg, torch.device("cpu"))
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] == 0.25 for p in g["params"]}
     assert id(model.wte.weight) not in decayed
     assert id(model.lm_head.weight) in decayed and id(model.blocks[0].attn.c_q.weight) in decayed

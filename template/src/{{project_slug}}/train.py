@@ -27,7 +27,6 @@ from .metrics import MetricsLogger, format_step, mfu, peak_flops
 from .models import build_model
 from .rules import require_valid, resolve_grad_accum
 from .strategies import build_strategy
-from .strategies.ddp import build_optimizer  # noqa: F401  (kept here: the DDP optimizer, used by tests)
 
 
 def lr_at(step: int, cfg: Config) -> float:
