@@ -102,7 +102,7 @@ def test_odd_head_dim_is_caught(pkg, cfg_with):
     shape = {"n_layer": 2, "n_embd": 60, "n_head": 4, "n_kv_head": 2}  # head_dim 15
     original = pkg.rules.model_shape
     try:
-        pkg.rules.model_shape = lambda size, kv: shape
+        pkg.rules.model_shape = lambda *args: shape
         assert any("heads of even size" in p for p in pkg.rules.check_config(cfg, world_size=1))
     finally:
         pkg.rules.model_shape = original

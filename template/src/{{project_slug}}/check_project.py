@@ -16,12 +16,15 @@ from .rules import check_config, model_shape, resolve_grad_accum
 
 
 def summary(cfg: Config, world: int) -> str:
-    shape = model_shape(cfg.model.size, cfg.model.n_kv_head)
-    accum = resolve_grad_accum(cfg, world)
+    shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
+    dp = cfg.data_parallel_size(world)
+    accum = resolve_grad_accum(cfg, dp)
+    tp, pp = cfg.parallel.tensor, cfg.parallel.pipeline
+    layout = f" (tensor {tp} x pipeline {pp} x data {dp})" if tp * pp > 1 else ""
     return (
-        f"config OK for {world} processes: model {cfg.model.size} ({shape['n_layer']} layers, width {shape['n_embd']}, "
+        f"config OK for {world} processes{layout}: model {cfg.model.arch} {cfg.model.size} ({shape['n_layer']} layers, width {shape['n_embd']}, "
         f"{shape['n_head']} heads, {shape['n_kv_head']} kv heads) | global batch {cfg.batch.global_batch_size} = "
-        f"micro {cfg.batch.micro_batch_size} x accum {accum} x {world} | "
+        f"micro {cfg.batch.micro_batch_size} x accum {accum} x data-parallel {dp} | "
         f"{cfg.batch.global_batch_size * cfg.model.sequence_len:,} tokens/step"
     )
 

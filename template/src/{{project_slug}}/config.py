@@ -38,14 +38,24 @@ class ClusterConfig:
 
 @dataclass
 class ModelConfig:
+    arch: str = "gpt"
+    """Model family: 'gpt' (nanochat-style, from scratch), 'bert' (masked LM, transformers) or
+    'gpt3' (GPT-3 sizes with tensor/pipeline parallelism on DeepSpeed); a copier answer."""
     size: str = "d20"
-    """'tiny' (trains in seconds on CPU) or 'd<depth>': nanochat's dial, width 64*depth, heads of 128."""
+    """gpt: 'tiny' or 'd<depth>' (width 64*depth, heads of 128); bert: tiny|base|large;
+    gpt3: tiny|125M|350M|760M|1.3B|2.7B|6.7B|13B|175B (see sizes.py)."""
     n_kv_head: int | None = None
-    """Key/value heads for grouped-query attention; null = as many as query heads."""
+    """gpt only: key/value heads for grouped-query attention; null = as many as query heads."""
     sequence_len: int = 2048
     """Tokens per training sequence (context length)."""
     softcap: float = 15.0
-    """Logits are squashed to (-softcap, softcap) with tanh; 0 disables."""
+    """gpt only: logits are squashed to (-softcap, softcap) with tanh; 0 disables."""
+    pretrained: str = ""
+    """bert only: local folder with config.json and weights to start from (fine-tuning); empty =
+    from scratch with the shape of `size`. Nothing is downloaded (HF_HUB_OFFLINE=1)."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in backward instead of storing them: about a third more
+    compute for a fraction of the activation memory (`plan` shows both)."""
 
 
 @dataclass
@@ -137,6 +147,14 @@ class RunConfig:
 
 
 @dataclass
+class ParallelConfig:
+    tensor: int = 1
+    """Tensor-parallel degree (gpt3): each layer's matrices split over this many GPUs of a node."""
+    pipeline: int = 1
+    """Pipeline-parallel degree (gpt3): the layers split into this many stages."""
+
+
+@dataclass
 class DeepSpeedConfig:
     zero_stage: int = 1
     """ZeRO stage with run.strategy=deepspeed: 0 plain data parallel, 1 shards optimizer state,
@@ -159,13 +177,24 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     run: RunConfig = field(default_factory=RunConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def data_parallel_size(self, world_size: int) -> int:
+        """Ranks that hold a full model replica: world / (tensor x pipeline)."""
+        return max(1, world_size // (self.parallel.tensor * self.parallel.pipeline))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def model_fingerprint(self) -> str:
         """Hash of the settings a checkpoint cannot outlive (shape of model and data stream)."""
-        key = {"model": dataclasses.asdict(self.model), "global_batch_size": self.batch.global_batch_size}
+        # Settings that do not change the weights stay out; so do new fields at their defaults,
+        # which keeps checkpoints of earlier template versions resumable.
+        model = {k: v for k, v in dataclasses.asdict(self.model).items()
+                 if k != "activation_checkpointing" and (k, v) not in (("arch", "gpt"), ("pretrained", ""))}
+        key = {"model": model, "global_batch_size": self.batch.global_batch_size}
+        if (self.parallel.tensor, self.parallel.pipeline) != (1, 1):
+            key["parallel"] = dataclasses.asdict(self.parallel)  # shards of a layout do not fit another
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -274,7 +303,7 @@ def _did_you_mean(name: str, options: list[str], prefix: str = "") -> str:
 
 
 def _check_choices(cfg: Config) -> None:
-    choices = {"run.device": ("auto", "cuda", "cpu"), "run.dtype": ("auto", "bf16", "fp32"),
+    choices = {"model.arch": ("gpt", "bert", "gpt3"), "run.device": ("auto", "cuda", "cpu"), "run.dtype": ("auto", "bf16", "fp32"),
                "run.strategy": ("ddp", "deepspeed"), "deepspeed.zero_stage": (0, 1, 2, 3)}
     for name, allowed in choices.items():
         section, key = name.split(".")

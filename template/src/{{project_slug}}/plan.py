@@ -137,7 +137,7 @@ class Setup:
 
 
 def memory(cfg: Config, s: Setup) -> dict:
-    shape = model_shape(cfg.model.size, cfg.model.n_kv_head)
+    shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
     vocab = cfg.data.vocab_size
     psi = num_params(shape, vocab)
     nd = s.nodes * cfg.cluster.gpus_per_node
@@ -229,7 +229,7 @@ def suggest(cfg: Config, s: Setup) -> str | None:
 
 
 def timing(cfg: Config, tokens: float, mfu: float) -> list[dict]:
-    shape = model_shape(cfg.model.size, cfg.model.n_kv_head)
+    shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
     _, peak = gpu_spec(cfg.cluster.gpu_type)
     flops = tokens * flops_per_token(shape, cfg.data.vocab_size, cfg.model.sequence_len)
     rows = []

@@ -7,28 +7,10 @@ No torch here: the rules must run where only copier and PyYAML are installed.
 
 from __future__ import annotations
 
-import math
-import re
-
 from .config import Config, ConfigError
+from .sizes import model_shape
 
-
-def model_shape(size: str, n_kv_head: int | None) -> dict[str, int]:
-    """Layers, width and heads for a size name: 'tiny' or nanochat's depth dial 'd<depth>'."""
-    if size == "tiny":
-        shape = {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_kv_head": 2}
-    else:
-        match = re.fullmatch(r"d([1-9][0-9]*)", size)
-        if not match:
-            raise ConfigError(f"model.size={size!r} is not a size; use 'tiny' or 'd<depth>' such as d20")
-        depth = int(match.group(1))
-        # nanochat's aspect ratio (width 64 per layer), rounded up to whole heads of 128 dims.
-        n_embd = math.ceil(64 * depth / 128) * 128
-        n_head = n_embd // 128
-        shape = {"n_layer": depth, "n_embd": n_embd, "n_head": n_head, "n_kv_head": n_head}
-    if n_kv_head is not None:
-        shape["n_kv_head"] = n_kv_head
-    return shape
+__all__ = ["model_shape", "resolve_grad_accum", "check_config", "parallel_problems", "require_valid"]
 
 
 def resolve_grad_accum(cfg: Config, data_parallel_size: int) -> int:
@@ -88,9 +70,20 @@ def check_config(cfg: Config, world_size: int | None = None) -> list[str]:
             "lower the warmup"
         )
     try:
-        shape = model_shape(cfg.model.size, cfg.model.n_kv_head)
+        shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
     except ConfigError as exc:
         return problems + [str(exc)]
+    problems += parallel_problems(cfg, shape, world)
+    arch = cfg.model.arch
+    if arch != "gpt" and cfg.model.n_kv_head is not None:
+        problems.append(f"model.n_kv_head={cfg.model.n_kv_head} applies to model.arch=gpt only; set it to null")
+    if arch != "bert" and cfg.model.pretrained:
+        problems.append(f"model.pretrained={cfg.model.pretrained!r}: starting from local weights is built for "
+                        f"model.arch=bert; set it to \"\" for {arch}")
+    limit = {"bert": 512}.get(arch)
+    if limit and cfg.model.sequence_len > limit:
+        problems.append(f"model.sequence_len={cfg.model.sequence_len} exceeds BERT's {limit} position embeddings; "
+                        f"use at most {limit}")
     if shape["n_kv_head"] < 1 or shape["n_head"] % shape["n_kv_head"]:
         problems.append(
             f"model.n_kv_head={shape['n_kv_head']} must divide the {shape['n_head']} query heads of "
@@ -100,10 +93,47 @@ def check_config(cfg: Config, world_size: int | None = None) -> list[str]:
         problems.append(f"model.size={cfg.model.size} needs a width divisible into heads of even size (rotary embeddings pair dimensions)")
     if min(cfg.batch.micro_batch_size, cfg.batch.global_batch_size, world) >= 1:
         try:
-            resolve_grad_accum(cfg, world)
+            resolve_grad_accum(cfg, cfg.data_parallel_size(world))
         except ConfigError as exc:
             origin = "" if world_size else f" = {cfg.cluster.nodes} nodes x {cfg.cluster.gpus_per_node} GPUs per node"
-            problems.append(f"{exc} (for {world} processes{origin})")
+            layout = (f", data-parallel {cfg.data_parallel_size(world)} = {world} / (tensor {cfg.parallel.tensor} x "
+                      f"pipeline {cfg.parallel.pipeline})" if cfg.parallel.tensor * cfg.parallel.pipeline > 1 else "")
+            problems.append(f"{exc} (for {world} processes{origin}{layout})")
+    return problems
+
+
+def parallel_problems(cfg: Config, shape: dict, world: int) -> list[str]:
+    """Tensor and pipeline degrees against the world size, the model's shape and the strategy."""
+    tp, pp, arch = cfg.parallel.tensor, cfg.parallel.pipeline, cfg.model.arch
+    if tp < 1 or pp < 1:
+        return [f"parallel.tensor={tp} and parallel.pipeline={pp} must be at least 1"]
+    if (tp, pp) == (1, 1):
+        return []
+    if arch != "gpt3":
+        return [f"parallel.tensor={tp}, parallel.pipeline={pp}: tensor and pipeline parallelism are built for "
+                f"model.arch=gpt3 only (this is {arch}); set both to 1 and scale {arch} with ZeRO instead"]
+    problems = []
+    if world % (tp * pp):
+        problems.append(f"parallel.tensor {tp} x parallel.pipeline {pp} = {tp * pp} does not divide the {world} "
+                        f"processes; choose degrees whose product divides {world}")
+    if tp > cfg.cluster.gpus_per_node:
+        problems.append(f"parallel.tensor={tp} exceeds cluster.gpus_per_node={cfg.cluster.gpus_per_node}: tensor "
+                        "parallelism all-reduces in every layer and must stay inside one node's NVLink")
+    if shape["n_head"] % tp:
+        problems.append(f"parallel.tensor={tp} does not divide the {shape['n_head']} attention heads of "
+                        f"model.size={cfg.model.size}; use a divisor of {shape['n_head']}")
+    if shape["n_layer"] % pp:
+        problems.append(f"parallel.pipeline={pp} does not divide the {shape['n_layer']} layers of "
+                        f"model.size={cfg.model.size}; use a divisor of {shape['n_layer']}")
+    if cfg.run.strategy != "deepspeed":
+        problems.append(f"parallel.tensor={tp}/parallel.pipeline={pp} run on DeepSpeed's pipeline engine and "
+                        "tensor-parallel layers; set run.strategy=deepspeed")
+    elif pp > 1 and cfg.deepspeed.zero_stage > 1:
+        problems.append(f"deepspeed.zero_stage={cfg.deepspeed.zero_stage} with parallel.pipeline={pp}: DeepSpeed's "
+                        "pipeline engine shards only optimizer state; use deepspeed.zero_stage=1 (or 0)")
+    elif tp > 1 and cfg.deepspeed.zero_stage > 2:
+        problems.append(f"deepspeed.zero_stage=3 with parallel.tensor={tp}: DeepSpeed's tensor-parallel (AutoTP) "
+                        "layers work with ZeRO 0-2 only; use deepspeed.zero_stage=2 or parallel.tensor=1")
     return problems
 
 

@@ -8,7 +8,7 @@ from .gpt import GPT, GPTConfig
 
 
 def build_gpt_config(cfg: Config, vocab_size: int) -> GPTConfig:
-    shape = model_shape(cfg.model.size, cfg.model.n_kv_head)
+    shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
     return GPTConfig(vocab_size=vocab_size, sequence_len=cfg.model.sequence_len, softcap=cfg.model.softcap, **shape)
 
 
