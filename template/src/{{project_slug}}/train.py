@@ -20,7 +20,7 @@ import torch
 
 from . import checkpoint
 from .config import Config, save_config
-from .data import TokenData, load_tokenizer, micro_batch_start, read_meta, token_byte_lengths
+from .data import TokenData, load_tokenizer, open_split, micro_batch_start, read_meta, token_byte_lengths
 from .distributed import DistInfo, all_reduce_mean, autocast_context, init_distributed, print0, shutdown
 from .evaluate import evaluate
 from .metrics import MetricsLogger, format_step, mfu, peak_flops
@@ -38,6 +38,14 @@ def lr_at(step: int, cfg: Config) -> float:
     return peak * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def micro_batches(data: TokenData, step: int, accum: int, data_rank: int, b, device: torch.device):
+    """The (inputs, targets) micro batches of one optimizer step for one data-parallel rank."""
+    for micro in range(accum):
+        first = micro_batch_start(step, micro, data_rank, b.global_batch_size, b.micro_batch_size, accum)
+        x, y = data.batch(first, b.micro_batch_size)
+        yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+
 def run_training(cfg: Config) -> int:
     info = init_distributed(cfg.run.device)
     try:
@@ -48,14 +56,14 @@ def run_training(cfg: Config) -> int:
 
 def _train(cfg: Config, info: DistInfo) -> int:
     require_valid(cfg, info.world_size)
-    accum = resolve_grad_accum(cfg, info.world_size)
+    accum = resolve_grad_accum(cfg, cfg.data_parallel_size(info.world_size))
     device, T = info.device, cfg.model.sequence_len
     out = Path(cfg.run.output_dir)
     ckpt_dir = out / "checkpoints"
     data_dir = Path(cfg.data.dir)
     meta = read_meta(data_dir)
-    train_data = TokenData.open(data_dir, "train", T)
-    val_data = TokenData.open(data_dir, "val", T)
+    train_data = open_split(cfg, data_dir, "train")
+    val_data = open_split(cfg, data_dir, "val")
     token_bytes = torch.from_numpy(token_byte_lengths(load_tokenizer(data_dir / meta["tokenizer"]))).to(device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -75,7 +83,8 @@ def _train(cfg: Config, info: DistInfo) -> int:
     tokens_per_step = b.global_batch_size * T
     print0(
         f"model {cfg.model.size}: {num_params:,} parameters | {info.world_size} process(es) on {device.type} | "
-        f"global batch {b.global_batch_size} = micro {b.micro_batch_size} x accum {accum} x {info.world_size} ranks | "
+        f"global batch {b.global_batch_size} = micro {b.micro_batch_size} x accum {accum} x "
+        f"{cfg.data_parallel_size(info.world_size)} data-parallel ranks | "
         f"{tokens_per_step:,} tokens/step | steps {start_step}->{s.max_steps} | {strategy.describe()}"
     )
     if start_step >= s.max_steps:
@@ -87,17 +96,19 @@ def _train(cfg: Config, info: DistInfo) -> int:
     for step in range(start_step, s.max_steps):
         lr = lr_at(step, cfg)
         strategy.set_lr(lr)
-        loss_sum = torch.zeros((), device=device)
-        for micro in range(accum):
-            first = micro_batch_start(step, micro, info.rank, b.global_batch_size, b.micro_batch_size, accum)
-            x, y = train_data.batch(first, b.micro_batch_size)
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with strategy.micro_context(micro):  # DDP: all-reduce only on the last micro step
-                with autocast:
-                    loss = strategy.runnable(x, y)
-                strategy.backward(loss, micro)
-            loss_sum += loss.detach()
-        grad_norm = strategy.step()  # clip, update, clear; the norm before clipping
+        batches = micro_batches(train_data, step, accum, strategy.data_rank, b, device)
+        if strategy.consumes_batches:  # a pipeline engine schedules the micro batches over its stages itself
+            loss_sum, grad_norm = strategy.train_batch(batches)
+            loss_sum = loss_sum * accum
+        else:
+            loss_sum = torch.zeros((), device=device)
+            for micro, (x, y) in enumerate(batches):
+                with strategy.micro_context(micro):  # DDP: all-reduce only on the last micro step
+                    with autocast:
+                        loss = strategy.runnable(x, y)
+                    strategy.backward(loss, micro)
+                loss_sum += loss.detach()
+            grad_norm = strategy.step()  # clip, update, clear; the norm before clipping
         done, window_steps = step + 1, window_steps + 1
         last = done == s.max_steps
 

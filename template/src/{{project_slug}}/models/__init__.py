@@ -1,4 +1,8 @@
-"""Model registry: one builder per model family named in config; the trainer calls build_model."""
+"""Model registry: one builder per model family (model.arch); the trainer calls build_model.
+
+Every model is an nn.Module with forward(inputs, targets, loss_reduction="mean") -> loss,
+num_params() and flops_per_token(), built on the CPU; the caller moves it to its device.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +16,16 @@ def build_gpt_config(cfg: Config, vocab_size: int) -> GPTConfig:
     return GPTConfig(vocab_size=vocab_size, sequence_len=cfg.model.sequence_len, softcap=cfg.model.softcap, **shape)
 
 
-def build_model(cfg: Config, vocab_size: int) -> GPT:
-    """A freshly initialised model on the CPU; the caller moves it to its device."""
+def build_model(cfg: Config, vocab_size: int):
+    """A freshly initialised (or, for bert with model.pretrained, loaded) model on the CPU."""
+    if cfg.model.arch == "bert":
+        from .bert import build_bert  # imports transformers only when asked for
+
+        return build_bert(cfg, vocab_size)
+    if cfg.model.arch == "gpt3":
+        from .gpt3 import build_gpt3
+
+        return build_gpt3(cfg, vocab_size)
     model = GPT(build_gpt_config(cfg, vocab_size))
     model.init_weights()
     return model

@@ -26,9 +26,11 @@ def build_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device) -
 
 class DDPStrategy:
     name = "ddp"
+    consumes_batches = False  # train.py runs the micro steps (see PipelineStrategy for the other case)
 
     def __init__(self, cfg: Config, info: DistInfo, model: torch.nn.Module, accum: int):
         self.cfg, self.info, self.accum = cfg, info, accum
+        self.data_rank = info.rank  # every rank is a data-parallel rank
         self.module = model  # unwrapped: evaluation, state_dict
         self.optimizer = build_optimizer(model, cfg, info.device)
         # compile first, then DDP: DDP's bucketing hooks see the compiled module's parameters.

@@ -84,10 +84,12 @@ def find_latest(folder: Path) -> Path | None:
 
 class DeepSpeedStrategy:
     name = "deepspeed"
+    consumes_batches = False  # train.py runs the micro steps (see PipelineStrategy for the other case)
 
     def __init__(self, cfg: Config, info: DistInfo, model: torch.nn.Module, accum: int):
         deepspeed = import_deepspeed()
         self.cfg, self.info, self.accum = cfg, info, accum
+        self.data_rank = info.rank  # every rank is a data-parallel rank
         for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                            "MASTER_PORT": "29500"}.items():
             os.environ.setdefault(key, value)  # a single process started without torchrun
