@@ -74,6 +74,12 @@ def init_distributed(device_preference: str = "auto") -> DistInfo:
 
 def shutdown() -> None:
     if dist.is_initialized():
+        # Let every rank finish its outstanding collectives before any rank closes its sockets:
+        # a Gloo peer torn down mid-operation aborts the other process ("terminate called ...").
+        try:
+            dist.barrier()
+        except RuntimeError:
+            pass  # a peer already failed; its error is the one that matters
         dist.destroy_process_group()
 
 
