@@ -34,3 +34,15 @@ def test_deepspeed_project_own_tests_pass(tmp_path):
                  cwd=project, timeout=1800)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert " passed" in result.stdout and " failed" not in result.stdout
+
+
+def test_gpt3_project_layouts_match_one_process(tmp_path):
+    """model=gpt3 renders its layout tests (pipeline 2 and tensor 2 against one process); they pass."""
+    project = render(tmp_path / "g3", project_name="Layouts", model="gpt3", gpt3_layout="custom", model_size="tiny",
+                     gpus_per_node=2, data_dir=str(tmp_path / "data"), output_dir=str(tmp_path / "runs"))
+    train_yaml = yaml.safe_load((project / "config/train.yaml").read_text())
+    assert train_yaml["model"]["arch"] == "gpt3" and train_yaml["run"]["strategy"] == "deepspeed"
+    result = run([str(BIN / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpt3.py"],
+                 cwd=project, timeout=1800)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert " passed" in result.stdout and " failed" not in result.stdout

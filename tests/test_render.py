@@ -7,7 +7,7 @@ import re
 import pytest
 import yaml
 
-from conftest import BIN, render, run
+from conftest import BIN, TEMPLATE, render, run
 
 ANSWER_SETS = {
     "default": {"project_name": "My Run"},
@@ -23,6 +23,9 @@ ANSWER_SETS = {
     "tione-ps": {"project_name": "Tione PS", "platforms": "[tione]", "tione_mode": "ps-worker", "nodes": 2},
     "slurm-full": {"project_name": "Slurm Full", "platforms": "[slurm]", "nodes": 4, "slurm_partition": "gpu",
                    "slurm_account": "proj-1", "slurm_modules": "cuda/12.4 nccl", "slurm_time": "2-00:00:00"},
+    "gpt3-custom": {"project_name": "G3", "model": "gpt3", "gpt3_layout": "custom", "model_size": "350M",
+                    "nodes": 2, "gpus_per_node": 8, "tensor_parallel": 2, "pipeline_parallel": 4},
+    "bert-base-ddp": {"project_name": "Bert Base", "model": "bert", "model_size": "base", "strategy": "ddp"},
     "kubeflow-only": {"project_name": "Kube Only", "platforms": "[kubeflow]", "rdma_resource": "",
                       "image_pull_secret": "regcred", "k8s_namespace": "ml-team"},
 }
@@ -85,3 +88,29 @@ def test_answers_file_records_every_question(default_project):
                 "data_dir", "output_dir", "_src_path", "_commit"):
         assert key in answers
     assert answers["platforms"] == ["devmachine"]
+
+
+def test_copier_layout_table_equals_the_package_table():
+    """copier.yml's hidden gpt3_layouts (question defaults) and sizes.GPT3_LAYOUTS (plan, check) agree."""
+    import ast
+
+    questions = yaml.safe_load((TEMPLATE / "copier.yml").read_text())
+    in_copier = {name: {k: (str(v) if k == "size" else v) for k, v in row.items()}
+                 for name, row in questions["gpt3_layouts"]["default"].items() if name != "custom"}
+    source = (TEMPLATE / "template" / "src" / "{{project_slug}}" / "sizes.py").read_text()
+    tree = ast.parse(source)
+    table = next(ast.literal_eval(node.value) for node in tree.body
+                 if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "GPT3_LAYOUTS")
+    assert in_copier == table
+
+
+@pytest.mark.parametrize("layout", ["1.3b-4dp-4pp", "13b-4dp-4pp-4tp"])
+def test_gpt3_preset_sets_the_layout(tmp_path, layout):
+    """A preset fills nodes, GPUs, degrees and size; the generated config derives data parallel from them."""
+    project = render(tmp_path / layout, project_name="Preset", model="gpt3", gpt3_layout=layout)
+    cfg = yaml.safe_load((project / "config/train.yaml").read_text())
+    tp, pp = cfg["parallel"]["tensor"], cfg["parallel"]["pipeline"]
+    world = cfg["cluster"]["nodes"] * cfg["cluster"]["gpus_per_node"]
+    assert world // (tp * pp) == 4, cfg  # every seed layout is 4-way data parallel
+    assert cfg["batch"]["global_batch_size"] % (cfg["batch"]["micro_batch_size"] * 4) == 0
+    assert cfg["run"]["strategy"] == "deepspeed" and cfg["deepspeed"]["zero_stage"] <= 1

@@ -5,18 +5,6 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.fixture
-def cfg_with(pkg, tmp_path):
-    """Dataclass defaults plus overrides (an empty YAML file: edits to config/train.yaml do not matter)."""
-    empty = tmp_path / "empty.yaml"
-    empty.write_text("")
-
-    def _cfg(*overrides):
-        return pkg.config.load_config(empty, list(overrides))
-
-    return _cfg
-
-
 @pytest.mark.parametrize(
     "global_batch, micro, world, accum",
     [(32, 8, 1, 4), (32, 8, 2, 2), (32, 8, 4, 1), (256, 16, 8, 2), (48, 4, 3, 4)],

@@ -128,12 +128,10 @@ def parallel_problems(cfg: Config, shape: dict, world: int) -> list[str]:
     if cfg.run.strategy != "deepspeed":
         problems.append(f"parallel.tensor={tp}/parallel.pipeline={pp} run on DeepSpeed's pipeline engine and "
                         "tensor-parallel layers; set run.strategy=deepspeed")
-    elif pp > 1 and cfg.deepspeed.zero_stage > 1:
-        problems.append(f"deepspeed.zero_stage={cfg.deepspeed.zero_stage} with parallel.pipeline={pp}: DeepSpeed's "
-                        "pipeline engine shards only optimizer state; use deepspeed.zero_stage=1 (or 0)")
-    elif tp > 1 and cfg.deepspeed.zero_stage > 2:
-        problems.append(f"deepspeed.zero_stage=3 with parallel.tensor={tp}: DeepSpeed's tensor-parallel (AutoTP) "
-                        "layers work with ZeRO 0-2 only; use deepspeed.zero_stage=2 or parallel.tensor=1")
+    elif cfg.deepspeed.zero_stage > 1:
+        problems.append(f"deepspeed.zero_stage={cfg.deepspeed.zero_stage} with parallel.tensor={tp}, parallel.pipeline={pp}: "
+                        "these layouts run on DeepSpeed's pipeline engine, which shards only optimizer state; "
+                        "use deepspeed.zero_stage=1 (or 0)")
     return problems
 
 

@@ -24,7 +24,6 @@ from .data import TokenData, load_tokenizer, open_split, micro_batch_start, read
 from .distributed import DistInfo, all_reduce_mean, autocast_context, init_distributed, print0, shutdown
 from .evaluate import evaluate
 from .metrics import MetricsLogger, format_step, mfu, peak_flops
-from .models import build_model
 from .rules import require_valid, resolve_grad_accum
 from .strategies import build_strategy
 
@@ -69,10 +68,9 @@ def _train(cfg: Config, info: DistInfo) -> int:
         torch.backends.cuda.matmul.allow_tf32 = True
 
     torch.manual_seed(cfg.run.seed)  # same init on every rank; DDP also broadcasts rank 0's weights
-    model = build_model(cfg, meta["vocab_size"]).to(device)
-    # Counted before the strategy wraps the model: ZeRO-3 partitions the parameters.
-    num_params, flops_per_token, peak = model.num_params(), model.flops_per_token(), peak_flops(device)
-    strategy = build_strategy(cfg, info, model, accum)  # wraps the model, owns optimizer and checkpoints
+    # Builds and wraps the model, owns optimizer and checkpoints.
+    strategy = build_strategy(cfg, info, meta["vocab_size"], accum)
+    num_params, flops_per_token, peak = strategy.num_params, strategy.flops_per_token, peak_flops(device)
     start_step = strategy.resume(ckpt_dir)
     if info.is_main:
         out.mkdir(parents=True, exist_ok=True)
@@ -130,9 +128,14 @@ def _train(cfg: Config, info: DistInfo) -> int:
             window_start, window_steps = time.perf_counter(), 0
 
         if (cfg.logging.eval_every_steps and done % cfg.logging.eval_every_steps == 0) or last:
-            result = evaluate(strategy.module, val_data, token_bytes, info, b.micro_batch_size, cfg.logging.eval_batches, autocast)
-            logger.log({"step": done, "val_loss": result["val_loss"], "val_bpb": result["val_bpb"]})
-            print0(f"step {done:>6}/{s.max_steps} | val loss {result['val_loss']:.4f} | val bpb {result['val_bpb']:.4f}")
+            if strategy.consumes_batches:  # the pipeline's stages evaluate together
+                result = strategy.evaluate(val_data, b.micro_batch_size, cfg.logging.eval_batches)
+            else:
+                result = evaluate(strategy.module, val_data, token_bytes, info, b.micro_batch_size,
+                                  cfg.logging.eval_batches, autocast)
+            scores = {k: v for k, v in result.items() if k.startswith("val_") and isinstance(v, float)}
+            logger.log({"step": done, **scores})
+            print0(f"step {done:>6}/{s.max_steps} | " + " | ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in scores.items()))
             window_start, window_steps = time.perf_counter(), 0
 
         if (cfg.checkpoint.every_steps and done % cfg.checkpoint.every_steps == 0) or last:

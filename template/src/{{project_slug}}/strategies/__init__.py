@@ -11,23 +11,37 @@ from __future__ import annotations
 
 from ..config import Config
 from ..distributed import DistInfo
+from ..models import build_model
 
 
-def build_strategy(cfg: Config, info: DistInfo, model, accum: int):
-    """The strategy object for cfg.run.strategy; `model` is the unwrapped module on its device."""
+def build_strategy(cfg: Config, info: DistInfo, vocab_size: int, accum: int):
+    """The model, built and wrapped by the strategy for cfg.run.strategy (and parallel.* for gpt3).
+    The strategy has num_params and flops_per_token of the whole model (ZeRO-3 and pipelines
+    leave only a part on each rank)."""
+    from .pipeline import uses_pipeline_engine
+
+    if uses_pipeline_engine(cfg):
+        from .pipeline import PipelineStrategy  # builds its own stage of the model
+
+        return PipelineStrategy(cfg, info, vocab_size, accum)
+    model = build_model(cfg, vocab_size).to(info.device)
+    num_params, flops_per_token = model.num_params(), model.flops_per_token()
     if cfg.run.strategy == "deepspeed":
         from .deepspeed import DeepSpeedStrategy  # imports deepspeed only when asked for
 
-        return DeepSpeedStrategy(cfg, info, model, accum)
-    from .ddp import DDPStrategy
+        strategy = DeepSpeedStrategy(cfg, info, model, accum)
+    else:
+        from .ddp import DDPStrategy
 
-    return DDPStrategy(cfg, info, model, accum)
+        strategy = DDPStrategy(cfg, info, model, accum)
+    strategy.num_params, strategy.flops_per_token = num_params, flops_per_token
+    return strategy
 
 
 def param_groups(model, weight_decay: float) -> list[dict]:
-    """AdamW groups: weight decay shrinks matrices toward zero; on the embedding table it only hurts rare tokens."""
+    """AdamW groups: weight decay shrinks matrices toward zero; on embedding tables it only hurts rare tokens."""
     def decays(name, p):
-        return p.dim() >= 2 and not name.startswith("wte")
+        return p.dim() >= 2 and not any(key in name for key in ("wte", "wpe", "embeddings"))
 
     named = list(model.named_parameters())
     return [

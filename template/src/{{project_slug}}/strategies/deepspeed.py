@@ -42,7 +42,7 @@ def import_deepspeed():
     return deepspeed
 
 
-def deepspeed_config(cfg: Config, accum: int, world_size: int, device: torch.device) -> dict:
+def deepspeed_config(cfg: Config, accum: int, data_parallel_size: int, device: torch.device) -> dict:
     """The DeepSpeed config dict derived from train.yaml (and the resolved accumulation)."""
     b, o, ds = cfg.batch, cfg.optim, cfg.deepspeed
     bf16 = device.type == "cuda" and cfg.run.dtype in ("auto", "bf16")
@@ -54,7 +54,7 @@ def deepspeed_config(cfg: Config, accum: int, world_size: int, device: torch.dev
     return {
         "train_micro_batch_size_per_gpu": b.micro_batch_size,
         "gradient_accumulation_steps": accum,
-        "train_batch_size": b.micro_batch_size * accum * world_size,
+        "train_batch_size": b.micro_batch_size * accum * data_parallel_size,
         "gradient_clipping": o.grad_clip,
         "zero_optimization": zero,
         "bf16": {"enabled": bf16},
@@ -90,21 +90,27 @@ class DeepSpeedStrategy:
         deepspeed = import_deepspeed()
         self.cfg, self.info, self.accum = cfg, info, accum
         self.data_rank = info.rank  # every rank is a data-parallel rank
-        for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                           "MASTER_PORT": "29500"}.items():
-            os.environ.setdefault(key, value)  # a single process started without torchrun
-        # Reuses the group distributed.init_distributed made (Gloo on CPU, NCCL on CUDA).
-        deepspeed.init_distributed(dist_backend="nccl" if info.device.type == "cuda" else "gloo")
+        self._init_process_group(deepspeed)
         self.ds_config = deepspeed_config(cfg, accum, info.world_size, info.device)
-        if info.is_main:
-            out = Path(cfg.run.output_dir)
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "deepspeed_config.json").write_text(json.dumps(self.ds_config, indent=2) + "\n")
+        self._write_config()
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, model_parameters=param_groups(model, cfg.optim.weight_decay), config=self.ds_config)
         self.runnable = self.engine
         self.module = self.engine.module  # evaluation runs on it (ZeRO-3 hooks gather the weights)
         self._grad_norm = None
+
+    def _init_process_group(self, deepspeed) -> None:
+        for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                           "MASTER_PORT": "29500"}.items():
+            os.environ.setdefault(key, value)  # a single process started without torchrun
+        # Reuses the group distributed.init_distributed made (Gloo on CPU, NCCL on CUDA).
+        deepspeed.init_distributed(dist_backend="nccl" if self.info.device.type == "cuda" else "gloo")
+
+    def _write_config(self) -> None:
+        if self.info.is_main:
+            out = Path(self.cfg.run.output_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "deepspeed_config.json").write_text(json.dumps(self.ds_config, indent=2) + "\n")
 
     def describe(self) -> str:
         ds = self.cfg.deepspeed
@@ -152,7 +158,7 @@ class DeepSpeedStrategy:
                                   "use run.strategy=ddp, a new run.output_dir, or checkpoint.resume=false")
             return 0
         # Check the fingerprint before DeepSpeed loads tensors of a possibly different shape.
-        states = sorted(latest.glob("*model_states.pt"))
+        states = sorted(latest.glob("*mp_rank_*model_states.pt"))  # not the pipeline's layer_* files
         if not states:
             raise ConfigError(f"{latest} holds no DeepSpeed model states; delete it or set checkpoint.resume=false")
         check_fingerprint(torch.load(states[0], map_location="cpu", weights_only=False), self.cfg, latest)

@@ -1,0 +1,181 @@
+"""GPT-3 family (Brown et al. 2020) as a list of layers that DeepSpeed can pipeline.
+
+GPT-2/3 block: pre-LayerNorm with bias, causal self-attention, GELU MLP of 4x width, biases on
+every linear, learned position embeddings, the input embedding tied to the output head. Dense
+attention everywhere (the paper alternates dense and locally banded layers; no open reproduction
+keeps the banded ones).
+
+The model is a sequence of layers: Embedding, n_layer x Block, FinalNorm, Head (the embedding's
+weight again). Two ways to run it:
+- pipeline.pipeline_module(...) wraps the layer specs in DeepSpeed's PipelineModule (pipeline
+  and tensor parallel; see strategies/pipeline.py);
+- GPT3 (below) runs the same layers in one process (DDP, ZeRO 0-3, eval, sample).
+Both seed layer i with run.seed + i before building it, so every layout starts from the same
+weights and losses can be compared across layouts.
+
+Tensor parallelism (parallel.tensor > 1) uses DeepSpeed's tensor-parallel linear layers
+(module_inject.layers.LinearLayer = column parallel, LinearAllreduce = row parallel, Megatron's
+split: qkv and fc by output columns, proj and fc2 by input rows, one all-reduce per sublayer in
+forward and one in backward). Why these and not torch.distributed.tensor: their weights are plain
+tensors, so DeepSpeed's pipeline engine, ZeRO 1-2 optimizer and checkpoints handle them unchanged;
+DTensor parameters are not understood by either. Embeddings and head stay replicated (no
+vocabulary-parallel split): simpler, at the cost of V x h weights on every tensor rank.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class GPT3Config:
+    vocab_size: int
+    sequence_len: int
+    n_layer: int
+    n_embd: int
+    n_head: int
+    seed: int = 1337
+
+
+def init_linear(linear: nn.Linear, std: float) -> nn.Linear:
+    nn.init.normal_(linear.weight, mean=0.0, std=std)
+    nn.init.zeros_(linear.bias)
+    return linear
+
+
+def tensor_parallel(linear: nn.Linear, group, kind: str) -> nn.Module:
+    """The full linear split over `group`: kind 'column' (outputs) or 'row' (inputs + all-reduce)."""
+    if group is None:
+        return linear
+    from deepspeed.module_inject.layers import LinearAllreduce, LinearLayer, set_autotp_mode
+
+    set_autotp_mode(training=True)  # all-reduces with autograd, not the inference shortcut
+    return LinearLayer(linear, mp_group=group) if kind == "column" else LinearAllreduce(linear, mp_group=group)
+
+
+class Embedding(nn.Module):
+    """Token + position embedding. On the last pipeline stage the same class (tied) computes logits."""
+
+    def __init__(self, cfg: GPT3Config):
+        super().__init__()
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.sequence_len, cfg.n_embd)
+        nn.init.normal_(self.wte.weight, std=0.02)
+        nn.init.normal_(self.wpe.weight, std=0.01)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(idx.size(1), device=idx.device)
+        return self.wte(idx) + self.wpe(positions)
+
+
+def head_logits(embedding: Embedding, x: torch.Tensor) -> torch.Tensor:
+    """The output head: hidden states times the (tied) token embedding, in fp32 for the loss."""
+    return F.linear(x, embedding.wte.weight).float()
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPT3Config, tp_group=None):
+        super().__init__()
+        h = cfg.n_embd
+        tp = 1 if tp_group is None else torch.distributed.get_world_size(tp_group)
+        self.n_head = cfg.n_head // tp  # heads on this tensor-parallel rank
+        self.head_dim = h // cfg.n_head
+        residual_std = 0.02 / math.sqrt(2 * cfg.n_layer)  # GPT-2: scale the residual projections
+        self.ln1 = nn.LayerNorm(h)
+        self.qkv = tensor_parallel(init_linear(nn.Linear(h, 3 * h), 0.02), tp_group, "column")
+        self.proj = tensor_parallel(init_linear(nn.Linear(h, h), residual_std), tp_group, "row")
+        self.ln2 = nn.LayerNorm(h)
+        self.fc = tensor_parallel(init_linear(nn.Linear(h, 4 * h), 0.02), tp_group, "column")
+        self.fc2 = tensor_parallel(init_linear(nn.Linear(4 * h, h), residual_std), tp_group, "row")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        # qkv's output rows are grouped per head ([q k v] of head 0, then head 1, ...), so the
+        # tensor-parallel split by contiguous rows hands every rank whole heads.
+        q, k, v = self.qkv(self.ln1(x)).view(B, T, self.n_head, 3, self.head_dim).unbind(3)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
+        return x + self.fc2(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+class FinalNorm(nn.LayerNorm):
+    pass
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
+
+
+def seeded(seed: int, build):
+    """Build a layer under a fixed seed (what PipelineModule(seed_layers=True) does per layer)."""
+    torch.manual_seed(seed)
+    return build()
+
+
+class GPT3(nn.Module):
+    """The layers in one process: forward(idx, targets) -> loss, like models.gpt.GPT."""
+
+    def __init__(self, cfg: GPT3Config, tp_group=None, checkpointing: bool = False):
+        super().__init__()
+        self.cfg, self.checkpointing = cfg, checkpointing
+        self.embed = seeded(cfg.seed, lambda: Embedding(cfg))
+        self.blocks = nn.ModuleList(seeded(cfg.seed + 1 + i, lambda: Block(cfg, tp_group)) for i in range(cfg.n_layer))
+        self.norm = seeded(cfg.seed + 1 + cfg.n_layer, lambda: FinalNorm(cfg.n_embd))
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def flops_per_token(self) -> int:
+        """6 x weights that multiply (all but the embeddings, head included) + attention scores."""
+        c = self.cfg
+        matmul = c.n_layer * 12 * c.n_embd**2 + c.vocab_size * c.n_embd
+        return 6 * matmul + 12 * c.n_layer * c.n_embd * c.sequence_len
+
+    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.embed(idx)
+        for block in self.blocks:
+            if self.checkpointing and self.training:
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        return self.norm(x)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, loss_reduction: str = "mean"):
+        logits = head_logits(self.embed, self.hidden(idx))
+        if targets is None:
+            return logits
+        return lm_loss(logits, targets, loss_reduction)
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 generator: torch.Generator | None = None):
+        """Tokens one at a time (no KV cache: sampling from a GPT-3 checkpoint is a check, not a service)."""
+        for _ in range(max_new_tokens):
+            logits = self(idx[:, -self.cfg.sequence_len:])[:, -1, :]
+            if temperature == 0:
+                nxt = logits.argmax(-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, -float("inf"))
+                nxt = torch.multinomial(F.softmax(logits, -1), 1, generator=generator)
+            idx = torch.cat([idx, nxt], dim=1)
+            yield nxt
+
+
+def gpt3_config(cfg, vocab_size: int) -> GPT3Config:
+    from ..sizes import model_shape
+
+    shape = model_shape(cfg.model.size, None, "gpt3")
+    return GPT3Config(vocab_size=vocab_size, sequence_len=cfg.model.sequence_len, n_layer=shape["n_layer"],
+                      n_embd=shape["n_embd"], n_head=shape["n_head"], seed=cfg.run.seed)
+
+
+def build_gpt3(cfg, vocab_size: int, tp_group=None) -> GPT3:
+    return GPT3(gpt3_config(cfg, vocab_size), tp_group, cfg.model.activation_checkpointing)

@@ -1,0 +1,97 @@
+"""Pipeline and tensor parallelism for model.arch=gpt3: DeepSpeed's PipelineModule + pipeline engine.
+
+    <package> train parallel.pipeline=4 parallel.tensor=2      # world = data x 4 x 2
+
+The world is a grid (DeepSpeed's PipeModelDataParallelTopology, axes pipe x data x model): ranks
+next to each other share a tensor-parallel group (keep it inside a node), then data, then pipeline
+stages. The layers (models/gpt3.py) are split over the stages by counting Blocks; the embedding
+sits on the first stage and, tied, again on the last for the head (DeepSpeed all-reduces the two
+copies' gradients). The engine runs all micro batches of a step itself (1F1B schedule), so
+train.py hands it the step's micro batches at once (consumes_batches). ZeRO stage 0 or 1 only:
+DeepSpeed's pipeline engine refuses 2 and 3. Checkpoints, resume and the learning rate are the
+DeepSpeed strategy's (one folder per step, a file per layer and tensor rank).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..config import Config
+from ..distributed import DistInfo
+from ..models.gpt3 import GPT3, Block, Embedding, FinalNorm, gpt3_config, head_logits, lm_loss
+from . import param_groups
+from .deepspeed import DeepSpeedStrategy, deepspeed_config, import_deepspeed
+
+
+def uses_pipeline_engine(cfg: Config) -> bool:
+    return cfg.model.arch == "gpt3" and (cfg.parallel.tensor, cfg.parallel.pipeline) != (1, 1)
+
+
+def layer_specs(cfg: Config, vocab_size: int, tp_group):
+    """Embedding, blocks, final norm, tied head: the order (and seeds) of models.gpt3.GPT3."""
+    from deepspeed.pipe import LayerSpec, TiedLayerSpec
+
+    c = gpt3_config(cfg, vocab_size)
+    return [
+        TiedLayerSpec("embed", Embedding, c, tied_weight_attr=["wte.weight"]),
+        *[LayerSpec(Block, c, tp_group) for _ in range(c.n_layer)],
+        LayerSpec(FinalNorm, c.n_embd),
+        TiedLayerSpec("embed", Embedding, c, forward_fn=head_logits, tied_weight_attr=["wte.weight"]),
+    ]
+
+
+class PipelineStrategy(DeepSpeedStrategy):
+    name = "pipeline"
+    consumes_batches = True
+
+    def __init__(self, cfg: Config, info: DistInfo, vocab_size: int, accum: int):
+        deepspeed = import_deepspeed()
+        from deepspeed.pipe import PipelineModule
+        from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid
+
+        self.cfg, self.info, self.accum = cfg, info, accum
+        self._init_process_group(deepspeed)
+        tp, pp = cfg.parallel.tensor, cfg.parallel.pipeline
+        dp = cfg.data_parallel_size(info.world_size)
+        topology = PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)
+        grid = PipelineParallelGrid(topology=topology)  # the tensor-parallel groups the blocks need now
+        self.data_rank, self.data_parallel_size = grid.get_data_parallel_id(), dp
+        with torch.device("meta"):  # sizes of the whole model, without allocating it
+            whole = GPT3(gpt3_config(cfg, vocab_size))
+        self.num_params, self.flops_per_token = whole.num_params(), whole.flops_per_token()
+        module = PipelineModule(
+            layers=layer_specs(cfg, vocab_size, grid.get_slice_parallel_group() if tp > 1 else None),
+            topology=topology, loss_fn=lm_loss, seed_layers=True, base_seed=cfg.run.seed,
+            seed_fn=lambda seed: torch.manual_seed(int(seed)),  # as GPT3 seeds its layers
+            partition_method="type:Block",
+            activation_checkpoint_interval=1 if cfg.model.activation_checkpointing else 0)
+        self.ds_config = deepspeed_config(cfg, accum, dp, info.device)
+        self._write_config()
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=module, model_parameters=param_groups(module, cfg.optim.weight_decay), config=self.ds_config)
+        self.runnable = self.module = None  # no single-process forward: the stages hold parts
+
+    def describe(self) -> str:
+        tp, pp = self.cfg.parallel.tensor, self.cfg.parallel.pipeline
+        return (f"pipeline {pp} x tensor {tp} x data {self.data_parallel_size} (DeepSpeed pipeline engine, "
+                f"ZeRO {self.cfg.deepspeed.zero_stage}), stage {self.engine.stage_id}")
+
+    def train_batch(self, batches) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step over the step's micro batches: (mean loss, gradient norm before clipping)."""
+        loss = self.engine.train_batch(data_iter=iter(batches))
+        norm = self.engine.get_global_grad_norm()
+        return loss.detach().float(), torch.as_tensor(float(norm if norm is not None else math.nan))
+
+    @torch.no_grad()
+    def evaluate(self, data, micro_batch: int, num_batches: int) -> dict:
+        """Mean validation loss over num_batches micro batches dealt to the data-parallel replicas."""
+        per_replica = max(1, num_batches // self.data_parallel_size)
+        firsts = [(self.data_rank + k * self.data_parallel_size) * micro_batch for k in range(per_replica)]
+        batches = (tuple(t.to(self.info.device) for t in data.batch(first, micro_batch)) for first in firsts)
+        loss = self.engine.eval_batch(iter(batches), num_micro_batches=per_replica).detach().float()
+        if torch.distributed.is_initialized():  # every rank holds its replica's loss: mean over all
+            torch.distributed.all_reduce(loss)
+            loss /= torch.distributed.get_world_size()
+        return {"val_loss": loss.item(), "val_ppl": math.exp(min(loss.item(), 50.0))}
