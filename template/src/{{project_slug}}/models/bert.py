@@ -1,0 +1,142 @@
+"""BERT masked language model: transformers' BertForMaskedLM behind this project's model contract.
+
+    <package> train model.arch=bert model.size=base                        # from scratch
+    <package> train model.arch=bert model.pretrained=/mnt/shared/models/bert-large-uncased   # fine-tune
+
+From scratch the shape comes from sizes.BERT_SIZES (intermediate 4 x width, 512 positions) and the
+vocabulary from the tokenizer prepare-data wrote. Fine-tuning reads config.json and the weights
+(model.safetensors or pytorch_model.bin) from a local folder: air-gapped clusters download nothing,
+so HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE are set before transformers is imported. Like models/gpt.py,
+this file knows nothing of distribution.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..config import Config, ConfigError
+from ..sizes import BERT_SEQUENCE_LEN, model_shape
+
+MLM_PROBABILITY = 0.15  # share of positions predicted (BERT's 15%; of those 80% [MASK], 10% random, 10% kept)
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+INSTALL = "pip install 'transformers>=4.46' (the project's `bert` extra)"
+
+
+def import_transformers():
+    """transformers, imported with the hub switched off, or a ConfigError saying how to install it."""
+    # Nothing in this project downloads: a missing local file must fail, not hang on a firewall.
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    try:
+        import transformers
+    except ImportError as exc:
+        raise ConfigError(f"BERT models and vocab.txt tokenizers need transformers ({exc}); install it with {INSTALL}") from None
+    transformers.logging.set_verbosity_error()  # load reports of every rank would drown the metrics
+    return transformers
+
+
+def pretrained_folder(pretrained: str) -> Path:
+    """The model.pretrained folder, checked for config.json and weights (one-line errors)."""
+    folder = Path(pretrained)
+    fix = "copy config.json and model.safetensors (or pytorch_model.bin) there, or set model.pretrained=\"\" to train from scratch"
+    if not folder.is_dir():
+        raise ConfigError(f"model.pretrained={pretrained!r} is not a folder on this machine; {fix}")
+    if not (folder / "config.json").is_file():
+        raise ConfigError(f"model.pretrained={pretrained!r} has no config.json; {fix}")
+    if not any((folder / name).is_file() for name in WEIGHT_FILES):
+        raise ConfigError(f"model.pretrained={pretrained!r} has no weights ({' or '.join(WEIGHT_FILES[:2])}); {fix}")
+    return folder
+
+
+def pretrained_vocab_size(pretrained: str) -> int:
+    """vocab_size of the folder's config.json, read without transformers (prepare-data checks it early)."""
+    return int(json.loads((pretrained_folder(pretrained) / "config.json").read_text())["vocab_size"])
+
+
+def check_vocab(pretrained: str, model_vocab: int, tokenizer_vocab: int) -> None:
+    if model_vocab != tokenizer_vocab:
+        raise ConfigError(
+            f"model.pretrained={pretrained!r} has vocab_size {model_vocab} but the tokenizer has {tokenizer_vocab} "
+            "tokens; use the tokenizer these weights were trained with (its tokenizer.json or vocab.txt as "
+            "data.tokenizer, or leave data.tokenizer empty to take the folder's) and run prepare-data again"
+        )
+
+
+class BertMLM(nn.Module):
+    """BertForMaskedLM with forward(input_ids, labels, loss_reduction) -> loss, num_params(), flops_per_token()."""
+
+    def __init__(self, mlm: nn.Module, sequence_len: int):
+        super().__init__()
+        self.mlm = mlm
+        self.sequence_len = sequence_len
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())  # the tied decoder weight counts once
+
+    def flops_per_token(self) -> int:
+        """Training FLOPs per token: 6 x matmul parameters (all but the embedding tables) + the
+        tied vocabulary projection, run only on the predicted positions (MLM_PROBABILITY of them),
+        + attention scores and values over the whole (bidirectional) sequence."""
+        c = self.mlm.config
+        emb = self.mlm.bert.embeddings
+        tables = sum(m.weight.numel() for m in (emb.word_embeddings, emb.position_embeddings, emb.token_type_embeddings))
+        head_dim = c.hidden_size // c.num_attention_heads
+        return int(6 * (self.num_params() - tables) + 6 * MLM_PROBABILITY * c.vocab_size * c.hidden_size
+                   + 12 * c.num_hidden_layers * c.num_attention_heads * head_dim * self.sequence_len)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                loss_reduction: str = "mean") -> torch.Tensor:
+        """Logits (B, T, vocab) without labels. With labels (-100 = not predicted): the
+        cross-entropy over the predicted positions, their mean, or with loss_reduction='none'
+        one value per predicted position (flat, in row-major order)."""
+        if labels is None:
+            return self.mlm(input_ids=input_ids).logits
+        hidden = self.mlm.bert(input_ids=input_ids).last_hidden_state
+        picked = labels != -100
+        # The vocabulary projection only where a token is predicted: 15% of the work and memory.
+        logits = self.mlm.cls(hidden[picked]).float()
+        if loss_reduction == "none":
+            return F.cross_entropy(logits, labels[picked], reduction="none")
+        # sum / count instead of reduction='mean': a batch without predictions gives 0, not NaN.
+        return F.cross_entropy(logits, labels[picked], reduction="sum") / picked.sum().clamp(min=1)
+
+
+def build_bert(cfg: Config, vocab_size: int, load_weights: bool = True) -> BertMLM:
+    """The model on the CPU: from model.pretrained (weights loaded unless load_weights=False, when a
+    checkpoint will overwrite them) or freshly initialised with the shape of model.size."""
+    transformers = import_transformers()
+    m = cfg.model
+    if m.pretrained:
+        folder = pretrained_folder(m.pretrained)
+        config = transformers.BertConfig.from_pretrained(str(folder), local_files_only=True)
+        check_vocab(m.pretrained, config.vocab_size, vocab_size)
+        if m.sequence_len > config.max_position_embeddings:
+            raise ConfigError(f"model.sequence_len={m.sequence_len} exceeds the {config.max_position_embeddings} "
+                              f"positions of model.pretrained={m.pretrained!r}; lower it")
+        if load_weights:
+            mlm = transformers.BertForMaskedLM.from_pretrained(str(folder), local_files_only=True)
+        else:
+            mlm = transformers.BertForMaskedLM(config)
+        mlm = mlm.float()  # fp32 master weights whatever the file holds; autocast does bf16
+    else:
+        shape = model_shape(m.size, None, "bert")
+        config = transformers.BertConfig(
+            vocab_size=vocab_size,
+            hidden_size=shape["n_embd"],
+            num_hidden_layers=shape["n_layer"],
+            num_attention_heads=shape["n_head"],
+            intermediate_size=4 * shape["n_embd"],
+            max_position_embeddings=BERT_SEQUENCE_LEN,
+        )
+        mlm = transformers.BertForMaskedLM(config)
+    if m.activation_checkpointing:
+        # Non-reentrant: works with ZeRO-3's parameter hooks and with inputs that need no grad.
+        mlm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return BertMLM(mlm, m.sequence_len)
