@@ -25,6 +25,7 @@ from .config import ConfigError
 
 BOS = "<|bos|>"
 META = "meta.json"
+BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # bert vocabularies must hold these
 
 
 def iter_documents(paths: list[Path]) -> Iterator[str]:
@@ -73,8 +74,11 @@ def find_raw_files(data_dir: Path, pattern: str) -> list[Path]:
     return files
 
 
-def train_tokenizer(texts: Iterator[str], vocab_size: int):
-    """Byte-level BPE (GPT-2 style: every byte is representable, nothing is unknown)."""
+def train_tokenizer(texts: Iterator[str], vocab_size: int, arch: str = "gpt"):
+    """gpt/gpt3: byte-level BPE (GPT-2 style: every byte is representable, nothing is unknown).
+    bert: lower-cased WordPiece with BERT's special tokens (bert-base-uncased style)."""
+    if arch == "bert":
+        return _train_wordpiece(texts, vocab_size)
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -91,12 +95,56 @@ def train_tokenizer(texts: Iterator[str], vocab_size: int):
     return tok
 
 
+def _train_wordpiece(texts: Iterator[str], vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    # Special tokens first, so [PAD] is id 0: BertConfig's default pad_token_id.
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=BERT_SPECIALS, min_frequency=2,
+                                        show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    # What transformers' BERT tokenizers add around a text; training adds them itself (mlm_data.py).
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    return tok
+
+
 def load_tokenizer(path: Path):
+    """A tokenizers.Tokenizer from a tokenizer.json, a vocab.txt (BERT WordPiece, read through
+    transformers so tokenizer_config.json's do_lower_case is honoured) or a folder holding either."""
     from tokenizers import Tokenizer
 
+    path = Path(path)
+    if path.is_dir():
+        for name in ("tokenizer.json", "vocab.txt"):
+            if (path / name).is_file():
+                return load_tokenizer(path / name)
+        raise ConfigError(f"tokenizer folder {path} holds neither tokenizer.json nor vocab.txt; "
+                          "copy the tokenizer files there or point data.tokenizer at them")
     if not path.is_file():
         raise ConfigError(f"tokenizer {path} not found; run prepare-data first or set data.tokenizer")
-    return Tokenizer.from_file(str(path))
+    if path.suffix == ".txt":
+        return _wordpiece_from_vocab(path)
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises a bare Exception on a malformed file
+        raise ConfigError(f"tokenizer {path} could not be read ({exc}); give a tokenizer.json or a vocab.txt") from None
+
+
+def _wordpiece_from_vocab(vocab: Path):
+    from .models.bert import import_transformers
+
+    transformers = import_transformers()
+    if vocab.name == "vocab.txt":
+        # The folder's tokenizer_config.json (do_lower_case, special tokens) applies when present.
+        fast = transformers.BertTokenizerFast.from_pretrained(str(vocab.parent), local_files_only=True)
+    else:
+        fast = transformers.BertTokenizerFast(vocab_file=str(vocab))
+    return fast.backend_tokenizer
 
 
 def bos_id(tok) -> int:
@@ -110,17 +158,24 @@ def bos_id(tok) -> int:
 
 def token_byte_lengths(tok) -> np.ndarray:
     """UTF-8 bytes each token stands for (0 for special tokens), for bits-per-byte."""
-    from tokenizers import pre_tokenizers
+    from tokenizers import models, pre_tokenizers
 
     vocab = tok.get_vocab()
     lengths = np.zeros(tok.get_vocab_size(), dtype=np.int64)
     specials = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
     byte_level = isinstance(tok.pre_tokenizer, pre_tokenizers.ByteLevel)
+    # WordPiece marks a word's continuation with a prefix ("##ing"); the prefix is no text.
+    prefix = tok.model.continuing_subword_prefix if isinstance(tok.model, models.WordPiece) else None
     for token, idx in vocab.items():
         if token in specials:
             continue
-        # Byte-level tokens spell one byte per character; others are measured by decoding.
-        lengths[idx] = len(token) if byte_level else len(tok.decode([idx]).encode("utf-8"))
+        # Byte-level tokens spell one byte per character; WordPiece ones are text; others are decoded.
+        if byte_level:
+            lengths[idx] = len(token)
+        elif prefix is not None:
+            lengths[idx] = len(token.removeprefix(prefix).encode("utf-8"))
+        else:
+            lengths[idx] = len(tok.decode([idx]).encode("utf-8"))
     return lengths
 
 

@@ -2,6 +2,12 @@
 
     <package> prepare-data                  # reads data.dir/raw/*.{parquet,jsonl,txt}
     <package> prepare-data --demo-corpus    # first writes a small corpus from Python's docstrings
+    <package> prepare-data data.tokenizer=/mnt/shared/models/bert-large-uncased   # a local tokenizer
+
+The tokenizer: data.tokenizer when set (tokenizer.json, vocab.txt or a folder with either); for
+model.arch=bert with model.pretrained, the tokenizer in that folder; else one trained on the raw
+text (byte-level BPE for gpt/gpt3, WordPiece with [PAD] [UNK] [CLS] [SEP] [MASK] for bert). It is
+saved as data.dir/tokenizer.json either way, so training never needs the original again.
 
 Runs in one process on a CPU machine; every training node then reads the result from shared storage.
 Documents are shuffled in blocks with a fixed seed so training can read the shards in order.
@@ -17,8 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import Config
-from .data import META, ShardWriter, bos_id, find_raw_files, iter_documents, load_tokenizer, train_tokenizer
+from .config import Config, ConfigError
+from .data import (BERT_SPECIALS, META, ShardWriter, bos_id, find_raw_files, iter_documents, load_tokenizer,
+                   train_tokenizer)
 from .demo_corpus import write_demo_corpus
 
 _BLOCK_DOCS = 4096  # documents shuffled and encoded together
@@ -34,19 +41,13 @@ def prepare_data(cfg: Config, demo_corpus: bool = False) -> dict:
     print(f"{len(files)} input file(s), first: {files[0]}", flush=True)
 
     tokenizer_path = data_dir / "tokenizer.json"
-    if cfg.data.tokenizer:
-        tok = load_tokenizer(Path(cfg.data.tokenizer))
-        tok.save(str(tokenizer_path))
-        print(f"using tokenizer {cfg.data.tokenizer} ({tok.get_vocab_size()} tokens)", flush=True)
-    else:
-        sample = _take_chars(iter_documents(files), cfg.data.tokenizer_train_chars)
-        tok = train_tokenizer(sample, cfg.data.vocab_size)
-        tok.save(str(tokenizer_path))
-        print(f"trained a {tok.get_vocab_size()}-token BPE tokenizer -> {tokenizer_path}", flush=True)
+    tok = obtain_tokenizer(cfg, files, tokenizer_path)
+    tok.save(str(tokenizer_path))
 
     vocab = tok.get_vocab_size()
     dtype = np.dtype(np.uint16 if vocab <= 2**16 else np.uint32)
-    sep = bos_id(tok)
+    # Documents are separated by <|bos|> (gpt) or [SEP] (bert: mlm_data cuts [CLS] ... [SEP] windows).
+    sep = tok.token_to_id("[SEP]") if cfg.model.arch == "bert" else bos_id(tok)
     writers = {s: ShardWriter(data_dir, s, dtype, cfg.data.shard_tokens) for s in ("train", "val")}
     rng = random.Random(cfg.run.seed)
     docs = iter_documents(files)
@@ -77,6 +78,36 @@ def prepare_data(cfg: Config, demo_corpus: bool = False) -> dict:
         flush=True,
     )
     return meta
+
+
+def obtain_tokenizer(cfg: Config, files: list[Path], tokenizer_path: Path):
+    """The tokenizer named by the config (see the module docstring), or a newly trained one."""
+    arch = cfg.model.arch
+    if arch == "bert":
+        from .models.bert import check_vocab, pretrained_folder, pretrained_vocab_size
+    if cfg.data.tokenizer:
+        tok = load_tokenizer(Path(cfg.data.tokenizer))
+        print(f"using tokenizer {cfg.data.tokenizer} ({tok.get_vocab_size()} tokens)", flush=True)
+    elif arch == "bert" and cfg.model.pretrained:
+        folder = pretrained_folder(cfg.model.pretrained)
+        if not any((folder / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
+            raise ConfigError(f"model.pretrained={cfg.model.pretrained!r} holds no tokenizer.json or vocab.txt; set "
+                              "data.tokenizer to the tokenizer these weights were trained with")
+        tok = load_tokenizer(folder)
+        print(f"using the tokenizer of model.pretrained {folder} ({tok.get_vocab_size()} tokens)", flush=True)
+    else:
+        sample = _take_chars(iter_documents(files), cfg.data.tokenizer_train_chars)
+        tok = train_tokenizer(sample, cfg.data.vocab_size, arch)
+        kind = "WordPiece" if arch == "bert" else "BPE"
+        print(f"trained a {tok.get_vocab_size()}-token {kind} tokenizer -> {tokenizer_path}", flush=True)
+    if arch == "bert":
+        missing = [t for t in BERT_SPECIALS if tok.token_to_id(t) is None]
+        if missing:
+            raise ConfigError(f"the tokenizer has no {', '.join(missing)}: model.arch=bert needs BERT's special tokens "
+                              f"{' '.join(BERT_SPECIALS)}; use a BERT tokenizer or leave data.tokenizer empty to train one")
+        if cfg.model.pretrained:  # fail before hours of tokenizing, not at train start
+            check_vocab(cfg.model.pretrained, pretrained_vocab_size(cfg.model.pretrained), tok.get_vocab_size())
+    return tok
 
 
 def _take_chars(docs, limit: int):
