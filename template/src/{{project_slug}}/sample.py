@@ -1,6 +1,7 @@
-"""Generate text from a trained checkpoint with a KV cache.
+"""Generate text from a trained checkpoint with a KV cache (gpt, gpt3), or fill in [MASK] (bert).
 
     <package> sample --prompt "The module" --max-new-tokens 100 --temperature 0.8
+    <package> sample --prompt "The capital of France is [MASK]." --top-k 5      # bert: fill-mask
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from .data import bos_id, load_tokenizer, read_meta
 from .distributed import autocast_context, pick_device
 from .evaluate import load_trained_model
 
+MASK = "[MASK]"
+
 
 def run_sample(cfg: Config, prompts: list[str], max_new_tokens: int, temperature: float, top_k: int | None,
                seed: int, ckpt: str | None = None) -> list[str]:
@@ -22,8 +25,10 @@ def run_sample(cfg: Config, prompts: list[str], max_new_tokens: int, temperature
     model.eval()
     data_dir = Path(cfg.data.dir)
     tok = load_tokenizer(data_dir / read_meta(data_dir)["tokenizer"])
-    generator = torch.Generator(device=device).manual_seed(seed)
     print(f"sampling from {path} (step {step})", flush=True)
+    if cfg.model.arch == "bert":
+        return [fill_mask(model, tok, prompt, top_k or 5, device, cfg.run.dtype) for prompt in prompts]
+    generator = torch.Generator(device=device).manual_seed(seed)
     texts = []
     for prompt in prompts:
         ids = [bos_id(tok), *tok.encode(prompt, add_special_tokens=False).ids]
@@ -33,3 +38,28 @@ def run_sample(cfg: Config, prompts: list[str], max_new_tokens: int, temperature
         texts.append(text)
         print(f"--- {prompt!r}\n{text}\n", flush=True)
     return texts
+
+
+@torch.no_grad()
+def fill_mask(model, tok, prompt: str, top_k: int, device: torch.device, dtype: str) -> str:
+    """Print the top_k predictions (with probabilities) for each [MASK] of the prompt; return the
+    prompt with every [MASK] replaced by its most likely token. A prompt without [MASK] gets one
+    appended, so `sample` with the default prompt shows something."""
+    if MASK not in prompt:
+        prompt = f"{prompt} {MASK}"
+    ids = tok.encode(prompt, add_special_tokens=False).ids
+    mask_id = tok.token_to_id(MASK)
+    ids = [tok.token_to_id("[CLS]"), *ids, tok.token_to_id("[SEP]")]
+    with autocast_context(device, dtype):
+        logits = model(torch.tensor([ids], device=device))[0].float()
+    probs = logits.softmax(dim=-1)
+    print(f"--- {prompt!r}", flush=True)
+    filled = list(ids)
+    for n, pos in enumerate(i for i, t in enumerate(ids) if t == mask_id):
+        top = probs[pos].topk(min(top_k, probs.size(-1)))
+        guesses = [(tok.id_to_token(int(i)), float(p)) for p, i in zip(top.values, top.indices)]
+        print(f"[MASK] {n + 1}: " + " | ".join(f"{word} {p:.3f}" for word, p in guesses), flush=True)
+        filled[pos] = int(top.indices[0])
+    text = tok.decode(filled[1:-1])
+    print(f"{text}\n", flush=True)
+    return text
