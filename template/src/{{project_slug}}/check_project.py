@@ -1,9 +1,12 @@
 """`check`: validate config/train.yaml against the project's shape before anything is launched.
 
     <package> check                 # for nodes x gpus_per_node from the copier answers
-    <package> check --world-size 2  # for another number of processes
+    <package> check --world-size 2  # for another number of processes (the rules only)
 
-Also run by the template right after generation (python -m <package>.check_project --quiet).
+Also run by the template right after generation (python -m <package>.check_project --quiet), so
+that copier refuses answers that break a rule or whose layout does not fit the GPUs: after the
+rules pass, plan's memory estimate for the configured nodes x gpus_per_node must fit gpu_type,
+else it exits 1 with "does not fit: <figures>; smallest change: <what to change>". No torch here.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import argparse
 import sys
 
 from .config import Config, ConfigError, load_config
+from .plan import GIB, fit_problem, memory
 from .rules import check_config, model_shape, resolve_grad_accum
 
 
@@ -37,6 +41,17 @@ def run_check(cfg: Config, world_size: int | None = None, quiet: bool = False) -
         for p in problems:
             print(f"  - {p}", file=sys.stderr)
         return 1
+    if world == cfg.cluster.nodes * cfg.cluster.gpus_per_node:  # plan knows the configured layout only
+        problem = fit_problem(cfg)
+        if problem:
+            print(problem, file=sys.stderr)
+            return 1
+        if not quiet:
+            m = memory(cfg)
+            print(summary(cfg, world))
+            print(f"memory fits: {m['total'] / GIB:.1f} of {m['usable'] / GIB:.1f} GiB usable per {cfg.cluster.gpu_type} "
+                  f"(`plan` for the details)")
+        return 0
     if not quiet:
         print(summary(cfg, world))
     return 0
