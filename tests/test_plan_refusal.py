@@ -1,0 +1,71 @@
+"""Copier refuses a layout that does not fit its GPUs, and every shipped preset renders and fits.
+
+    python -m pytest -q tests/test_plan_refusal.py -s     # -s prints plan's line per preset
+
+The post-generation task runs `python -m <slug>.check_project --quiet`, which after the rules runs
+plan's memory estimate for nodes x gpus_per_node of gpu_type. The presets are the seeds'
+Megatron-DeepSpeed layouts (A100 40GB; 80GB for 13B, copier.yml's gpu_type default) and the
+defaults of the other families (gpt d20 with DDP and bert large with ZeRO 3, both on H100).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from conftest import BIN, TEMPLATE, copier_copy, render, run
+
+PRESETS = ["125m-1gpu", "125m-2dp", "125m-4dp", "1.3b-4dp", "1.3b-8dp", "1.3b-4dp-4pp", "13b-4dp-4pp", "13b-4dp-8pp",
+           "13b-4dp-4pp-4tp"]
+
+
+def answers(tmp_path, **extra) -> dict:
+    return {"project_name": "Fit Run", "data_dir": str(tmp_path / "data"), "output_dir": str(tmp_path / "runs"), **extra}
+
+
+def test_presets_match_sizes():
+    """The list here is copier.yml's, so a new preset cannot escape the fit test below."""
+    questions = yaml.safe_load((TEMPLATE / "copier.yml").read_text())
+    assert sorted(questions["gpt3_layouts"]["default"]) == sorted([*PRESETS, "custom"])
+
+
+def test_a_layout_that_does_not_fit_is_refused(tmp_path):
+    """GPT-3 13B on one node of 8 V100 16GB with the custom layout's defaults (no tensor or pipeline
+    split, ZeRO 1, micro batch 1): copier exits non-zero, prints plan's one line with the figures
+    and the smallest change, shows no traceback from the check, and leaves no project behind."""
+    dst = tmp_path / "big"
+    result = copier_copy(dst, answers(tmp_path, model="gpt3", gpt3_layout="custom", model_size="13B", nodes=1,
+                                      gpus_per_node=8, gpu_type="v100-16gb"))
+    out = result.stdout + result.stderr
+    assert result.returncode != 0, out
+    line = next((x for x in out.splitlines() if x.startswith("does not fit: ")), None)
+    assert line, out
+    assert "gpt3 13B on 1 x 8 v100-16gb" in line and "GiB usable of 16 GiB" in line
+    suggestion = line.split("; smallest change: ", 1)[1]
+    assert "model.activation_checkpointing=true" in suggestion and "deepspeed.zero_stage=3" in suggestion
+    assert "Traceback" not in out and not dst.exists()
+
+
+@pytest.mark.parametrize("name,data", [
+    *[(p, {"model": "gpt3", "gpt3_layout": p}) for p in PRESETS],
+    ("gpt-default", {}),
+    ("bert-default", {"model": "bert"}),
+])
+def test_presets_render_and_fit(tmp_path, name, data):
+    project = render(tmp_path / "p", **answers(tmp_path, **data))
+    proc = run([str(BIN / "python"), "-m", "fitrun", "plan", "--json"], cwd=project,
+               env={"PYTHONPATH": str(project / "src")})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(proc.stdout)
+    m, gib = r["memory"], 1024**3
+    assert r["fits"] and m["problems"] == []
+    if name.startswith("13b"):
+        assert r["gpu_type"] == "a100-80gb"
+    elif data.get("model") == "gpt3":
+        assert r["gpu_type"] == "a100-40gb"
+    print(f"{name}: {r['arch']} {r['model']} on {r['nodes']} x {r['gpus_per_node']} {r['gpu_type']}, tensor "
+          f"{m['tensor']} x pipeline {m['pipeline']} x data {m['data_parallel']}, {r['strategy']}, micro "
+          f"{r['micro_batch_size']}: {m['total'] / gib:.1f} of {m['usable'] / gib:.0f} GiB; {r['tokens']:.3g} tokens "
+          f"at MFU {r['mfu']}: " + ", ".join(f"{t['nodes']} node(s) {t['hours']:.1f} h" for t in r["time"]))
