@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", action="append", help="prompt text (repeatable)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=50)
+    p.add_argument("--top-k", type=int, help="gpt/gpt3: sample among the k likeliest tokens (default 50, 0 = all); "
+                   "bert: predictions shown per [MASK] (default 5)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", help="checkpoint file (default: latest)")
     _add_config_args(p)
@@ -119,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "sample":
             from .sample import run_sample
 
-            run_sample(cfg, args.prompt or ["The"], args.max_new_tokens, args.temperature, args.top_k or None,
+            top_k = args.top_k if args.top_k is not None else (5 if cfg.model.arch == "bert" else 50)
+            run_sample(cfg, args.prompt or ["The"], args.max_new_tokens, args.temperature, top_k or None,
                        args.seed, args.checkpoint)
             return 0
         if args.command == "check":

@@ -72,14 +72,17 @@ def init_distributed(device_preference: str = "auto") -> DistInfo:
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
 
 
+def finish() -> None:
+    """After a successful run: every rank finishes its outstanding collectives before any rank
+    closes its sockets (a Gloo peer torn down mid-operation aborts the other process with
+    "terminate called without an active exception"). Not on the error path: a failed rank must
+    not wait for peers that may be stuck in a collective it will never join."""
+    if dist.is_initialized():
+        dist.barrier()
+
+
 def shutdown() -> None:
     if dist.is_initialized():
-        # Let every rank finish its outstanding collectives before any rank closes its sockets:
-        # a Gloo peer torn down mid-operation aborts the other process ("terminate called ...").
-        try:
-            dist.barrier()
-        except RuntimeError:
-            pass  # a peer already failed; its error is the one that matters
         dist.destroy_process_group()
 
 

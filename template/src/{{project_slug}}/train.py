@@ -21,7 +21,7 @@ import torch
 from . import checkpoint
 from .config import Config, save_config
 from .data import TokenData, load_tokenizer, open_split, micro_batch_start, read_meta, token_byte_lengths
-from .distributed import DistInfo, all_reduce_mean, autocast_context, init_distributed, print0, shutdown
+from .distributed import DistInfo, all_reduce_mean, autocast_context, finish, init_distributed, print0, shutdown
 from .evaluate import evaluate
 from .metrics import MetricsLogger, format_step, mfu, peak_flops
 from .rules import require_valid, resolve_grad_accum
@@ -48,7 +48,9 @@ def micro_batches(data: TokenData, step: int, accum: int, data_rank: int, b, dev
 def run_training(cfg: Config) -> int:
     info = init_distributed(cfg.run.device)
     try:
-        return _train(cfg, info)
+        code = _train(cfg, info)
+        finish()
+        return code
     finally:
         shutdown()
 

@@ -28,4 +28,5 @@ def build_model(cfg: Config, vocab_size: int):
         return build_gpt3(cfg, vocab_size)
     model = GPT(build_gpt_config(cfg, vocab_size))
     model.init_weights()
+    model.checkpointing = cfg.model.activation_checkpointing
     return model

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 import torch.nn.functional as F
 
 
@@ -120,6 +121,7 @@ class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.config = cfg
+        self.checkpointing = False  # model.activation_checkpointing: recompute blocks in backward
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
@@ -168,7 +170,11 @@ class GPT(nn.Module):
         cos, sin = self.cos[:, start : start + T], self.sin[:, start : start + T]
         x = rms_norm(self.wte(idx))
         for block in self.blocks:
-            x = block(x, cos, sin, cache)
+            if self.checkpointing and self.training and cache is None:
+                # Keep only the block's input; its activations are recomputed during backward.
+                x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, None, use_reentrant=False)
+            else:
+                x = block(x, cos, sin, cache)
         if cache is not None:
             cache.length += T
         logits = self.lm_head(rms_norm(x)).float()

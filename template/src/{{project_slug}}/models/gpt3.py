@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 import torch.nn.functional as F
 
 
@@ -108,7 +109,8 @@ class FinalNorm(nn.LayerNorm):
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1,
+                           reduction=reduction)
 
 
 def seeded(seed: int, build):
@@ -152,11 +154,14 @@ class GPT3(nn.Module):
         return lm_loss(logits, targets, loss_reduction)
 
     @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 generator: torch.Generator | None = None):
-        """Tokens one at a time (no KV cache: sampling from a GPT-3 checkpoint is a check, not a service)."""
+    def generate(self, prompt: list[int], max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 generator: torch.Generator | None = None) -> list[int]:
+        """Continuation tokens, one full pass per token (no KV cache: sampling from a GPT-3
+        checkpoint is a check of the weights, not a service). temperature 0 is greedy."""
+        ids = torch.tensor([prompt], dtype=torch.long, device=self.embed.wte.weight.device)
+        out: list[int] = []
         for _ in range(max_new_tokens):
-            logits = self(idx[:, -self.cfg.sequence_len:])[:, -1, :]
+            logits = self(ids[:, -self.cfg.sequence_len:])[:, -1, :]
             if temperature == 0:
                 nxt = logits.argmax(-1, keepdim=True)
             else:
@@ -165,8 +170,9 @@ class GPT3(nn.Module):
                     kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
                     logits = logits.masked_fill(logits < kth, -float("inf"))
                 nxt = torch.multinomial(F.softmax(logits, -1), 1, generator=generator)
-            idx = torch.cat([idx, nxt], dim=1)
-            yield nxt
+            out.append(int(nxt))
+            ids = torch.cat([ids, nxt], dim=1)
+        return out
 
 
 def gpt3_config(cfg, vocab_size: int) -> GPT3Config:

@@ -14,9 +14,11 @@ DeepSpeed strategy's (one folder per step, a file per layer and tensor rank).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
+import torch.utils.checkpoint
 
 from ..config import Config
 from ..distributed import DistInfo
@@ -66,7 +68,11 @@ class PipelineStrategy(DeepSpeedStrategy):
             topology=topology, loss_fn=lm_loss, seed_layers=True, base_seed=cfg.run.seed,
             seed_fn=lambda seed: torch.manual_seed(int(seed)),  # as GPT3 seeds its layers
             partition_method="type:Block",
-            activation_checkpoint_interval=1 if cfg.model.activation_checkpointing else 0)
+            activation_checkpoint_interval=1 if cfg.model.activation_checkpointing else 0,
+            # Only blocks are recomputed; torch's non-reentrant checkpoint also copes with a stage
+            # whose first layer (the embedding) takes integer ids that need no gradient.
+            checkpointable_layers=["Block"],
+            activation_checkpoint_func=functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False))
         self.ds_config = deepspeed_config(cfg, accum, dp, info.device)
         self._write_config()
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
