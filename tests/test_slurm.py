@@ -1,7 +1,9 @@
 """Slurm for real: tests/infra/slurm.sh starts a two-node Slurm cluster on this host, and the
 GENERATED launch/slurm/train.sbatch trains through `<slug> launch slurm --wait` with 2 processes
-on 2 nodes (Gloo on CPU). Also the script's #SBATCH lines for given answers, --dry-run, and the
-message when sbatch is missing.
+on 2 nodes (Gloo on CPU). Projects generated with strategy deepspeed also get
+launch/slurm/train-deepspeed.sbatch: `launch slurm --launcher deepspeed` trains a DeepSpeed ZeRO-2
+job through `deepspeed --launcher slurm` (one srun task per rank) on the same cluster. Also the
+scripts' #SBATCH lines for given answers, --dry-run, and the message when sbatch is missing.
 
     python -m pytest -q tests/test_slurm.py      # as root; installs slurm-wlm and munge with apt when missing
 
@@ -255,3 +257,95 @@ def test_failing_job_returns_its_exit_status(slurm_cluster, slurm_project, tmp_p
     assert f"last lines of {tmp_path}/runs/slurm/slurmci-{job_id}.err" in result.stderr  # logs follow run.output_dir
     # --kill-on-bad-exit: one failed node ends the whole step instead of leaving the other waiting.
     assert "exited with exit code 1" in result.stderr.lower()
+
+
+# --- DeepSpeed's own launcher: launch/slurm/train-deepspeed.sbatch -----------------------------------
+
+DS_SCRIPT = Path("launch") / "slurm" / "train-deepspeed.sbatch"
+
+
+@pytest.mark.parametrize("name", list(ANSWER_SETS))
+def test_deepspeed_sbatch_lines_follow_the_answers(tmp_path, name):
+    answers = ANSWER_SETS[name]
+    project = render(tmp_path / "p", project_name="Slurm Shape", platforms="[devmachine,slurm]", strategy="deepspeed",
+                     data_dir=str(tmp_path / "data"), output_dir=str(tmp_path / "runs"), **answers)
+    path = project / DS_SCRIPT
+    script = path.read_text()
+    check = run(["bash", "-n", str(path)])
+    assert check.returncode == 0, check.stderr
+    assert script.isascii()
+    opts = sbatch_options(script)
+    assert opts["job-name"] == "slurmshape" and opts["nodes"] == str(answers["nodes"])
+    # One Slurm task per GPU: DeepSpeed's slurm launcher starts every rank with srun.
+    assert opts["ntasks-per-node"] == opts["gpus-per-node"] == str(answers["gpus_per_node"])
+    assert opts["cpus-per-task"] == str(answers.get("slurm_cpus_per_gpu", 8))  # per rank, not per node
+    assert opts["time"] == answers.get("slurm_time", "24:00:00")
+    assert opts["output"] == f'"{tmp_path}/runs/slurm/%x-%j.out"'
+    for key in ("partition", "account"):
+        assert opts.get(key) == answers.get(f"slurm_{key}"), key
+    assert ("module load $MODULES" in script) == ("slurm_modules" in answers)
+    assert "-m deepspeed.launcher.runner" in script and "--launcher slurm" in script
+    assert "-- -m slurmshape train" in script
+    outside = run(["bash", str(path)], env={"SLURM_JOB_ID": ""})
+    assert outside.returncode == 2 and "not inside a Slurm job" in outside.stderr, outside.stderr
+    # The torchrun script is generated next to it, unchanged.
+    assert (project / "launch" / "slurm" / "train.sbatch").is_file()
+
+
+def test_deepspeed_launcher_needs_a_deepspeed_project(slurm_project):
+    """A DDP project has no train-deepspeed.sbatch: the error says how to get it."""
+    assert not (slurm_project / DS_SCRIPT).exists()
+    result = cli(slurm_project, "launch", "slurm", "--launcher", "deepspeed", "--dry-run", env={"PATH": str(BIN)})
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "train-deepspeed.sbatch is missing" in result.stderr and "copier update --data strategy=deepspeed" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def ds_project(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("slurm-ds")
+    project = render(root / "project", project_name="Slurm DS", platforms="[devmachine,slurm]", strategy="deepspeed",
+                     zero_stage=2, nodes=2, gpus_per_node=1, slurm_time="00:10:00", data_dir=str(root / "data"),
+                     output_dir=str(root / "runs"))
+    result = cli(project, "prepare-data", "--demo-corpus", "data.vocab_size=2048", "data.val_fraction=0.05")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return project
+
+
+def test_deepspeed_dry_run_submits_the_deepspeed_script(ds_project):
+    result = cli(ds_project, "launch", "slurm", "--launcher", "deepspeed", "--dry-run", "schedule.max_steps=7",
+                 env={"PATH": str(BIN)})
+    assert result.returncode == 0, result.stderr
+    argv = shlex.split(result.stdout.splitlines()[0].split("&& ", 1)[1])
+    assert argv[-2:] == [str(DS_SCRIPT), "schedule.max_steps=7"]
+    assert f"--- {DS_SCRIPT}" in result.stdout and "--launcher slurm" in result.stdout
+
+
+def test_deepspeed_zero2_job_through_deepspeed_launcher_slurm(slurm_cluster, ds_project):
+    """The tiny ZeRO-2 job: sbatch -> train-deepspeed.sbatch -> `deepspeed --launcher slurm` -> one srun
+    with a task on each node -> `train` in each rank. Both ranks took part: rank 0 reports a world of 2,
+    and the checkpoint holds one ZeRO optimizer shard per rank."""
+    runs = ds_project.parent / "runs"
+    result = cli(ds_project, "launch", "slurm", "--launcher", "deepspeed", "--wait", *CPU_CLUSTER, *TINY_RUN,
+                 "checkpoint.every_steps=10", env=slurm_cluster, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    job_id = submitted_job(result.stdout)
+    assert f"job {job_id} ended: exit 0" in result.stdout
+    log = (runs / "slurm" / f"slurmds-{job_id}.out").read_text()
+    errors = (runs / "slurm" / f"slurmds-{job_id}.err").read_text()
+    # The batch script wrote a hostfile of the allocation and ran DeepSpeed's runner with it.
+    assert re.search(r"^  node1 slots=1\n  node2 slots=1$", log, re.MULTILINE), log
+    assert f"master node1:{20000 + int(job_id) % 20000}" in log, log
+    # DeepSpeed's slurm launcher turned it into one srun over both nodes, a task per rank, running train.
+    srun = re.search(r"cmd = (srun .*)$", log, re.MULTILINE)  # DeepSpeed's runner logs to stdout
+    assert srun, log + errors
+    assert srun.group(1).startswith("srun -n 2 --ntasks-per-node=1 --cpus-per-task=1 --kill-on-bad-exit=1 --nodes 2 ")
+    assert " -u -m slurmds train model.size=tiny " in srun.group(1)
+    assert "2 process(es) on cpu" in log and "strategy deepspeed ZeRO 2" in log, log + errors
+    steps = [r["step"] for r in map(json.loads, (runs / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    assert steps == [5, 10], steps
+    shards = sorted(p.name for p in (runs / "checkpoints" / "step_00000010").glob("zero_pp_rank_*_optim_states.pt"))
+    assert shards == ["zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    record = job_record(job_id)
+    assert record["JobState"] == "COMPLETED" and record["NodeList"] == "node[1-2]", record
+    assert not list(Path("/tmp").glob(f"slurmds-{job_id}.hostfile")), "the hostfile is removed at the end"

@@ -5,9 +5,12 @@
     <package> launch slurm --partition gpu --sbatch-arg=--nodes=4 --sbatch-arg=--qos=high
     <package> launch slurm --sbatch-arg=--gpus-per-node=0 --sbatch-arg=--cpus-per-task=1 run.device=cpu
     <package> launch slurm --dry-run                          # print the sbatch command and the script
+    <package> launch slurm --launcher deepspeed               # launch/slurm/train-deepspeed.sbatch instead
 
-Config overrides (key=value) and --config become the script's arguments; the script hands them to
-`<package> node` on every node (srun, one task per node), which starts torchrun. Options given here
+Config overrides (key=value) and --config become the script's arguments; train.sbatch hands them to
+`<package> node` on every node (srun, one task per node), which starts torchrun. train-deepspeed.sbatch
+(projects generated with strategy deepspeed) runs `deepspeed --launcher slurm`, one srun task per GPU
+running `train`. Options given here
 override the script's #SBATCH lines. Logs go to <run.output_dir>/slurm/<job name>-<job id>.out
 and .err; the folder is created here because Slurm does not create it and a job without it fails
 before its first line.
@@ -25,10 +28,17 @@ from pathlib import Path
 from .config import Config, ConfigError
 from .node import project_root
 
-SCRIPT = Path("launch") / "slurm" / "train.sbatch"
+SCRIPTS = {
+    "torchrun": Path("launch") / "slurm" / "train.sbatch",
+    "deepspeed": Path("launch") / "slurm" / "train-deepspeed.sbatch",
+}
+SCRIPT = SCRIPTS["torchrun"]
 
 
 def add_arguments(p: ArgumentParser) -> None:
+    p.add_argument("--launcher", choices=sorted(SCRIPTS), default="torchrun",
+                   help="torchrun: launch/slurm/train.sbatch, torchrun on every node (default); deepspeed: "
+                        "launch/slurm/train-deepspeed.sbatch, `deepspeed --launcher slurm` with one task per GPU")
     p.add_argument("--wait", action="store_true",
                    help="wait for the job to end (sbatch --wait) and exit with its exit status")
     p.add_argument("--partition", help="Slurm partition (default: the script's, else the cluster's default)")
@@ -83,15 +93,28 @@ def tail(path: str, lines: int = 20) -> str:
         return ""
 
 
+def script_path(launcher: str) -> Path:
+    """The batch script for the launcher, relative to the project root; ConfigError naming the fix."""
+    relative = SCRIPTS[launcher]
+    if not (project_root() / relative).is_file():
+        if launcher == "deepspeed":
+            raise ConfigError(
+                f"{relative} is missing: it is generated for projects with strategy deepspeed. Fixes: 1) `copier "
+                "update --data strategy=deepspeed` generates it; 2) `launch slurm` (torchrun on every node) trains "
+                "with any strategy, run.strategy=deepspeed included"
+            )
+        raise ConfigError(f"{relative} is missing: restore it with `copier update` (or `git checkout {relative}`)")
+    return relative
+
+
 def launch(args: Namespace, cfg: Config, package: str) -> int:
     root = project_root()
-    script = root / SCRIPT
-    if not script.is_file():
-        raise ConfigError(f"{script} is missing: restore it with `copier update` (or `git checkout {SCRIPT}`)")
-    cmd = sbatch_command(args, cfg, SCRIPT)
+    relative = script_path(getattr(args, "launcher", "torchrun"))
+    script = root / relative
+    cmd = sbatch_command(args, cfg, relative)
     if args.dry_run:
         print(f"$ cd {shlex.quote(str(root))} && {shlex.join(cmd)}")
-        print(f"--- {SCRIPT}")
+        print(f"--- {relative}")
         print(script.read_text(), end="")
         return 0
     if shutil.which("sbatch") is None:
