@@ -122,7 +122,7 @@ def test_other_mistakes_are_config_errors(pkg, load, override, words):
 
 @pytest.mark.parametrize("size", ["huge", "d0", "d", "D12"])
 def test_unknown_model_size_is_rejected(cli, size):
-    proc = cli("check", f"model.size={size}", expect=1)
+    proc = cli("check", "model.arch=gpt", f"model.size={size}", expect=1)
     assert f"model.size='{size}'" in proc.stderr and "d<depth>" in proc.stderr
     assert "Traceback" not in proc.stderr
 

@@ -95,7 +95,7 @@ def assert_one_job_of_two(results: dict, master: str, output_dir: Path, metrics)
         assert flag(args, "--nproc-per-node") == "1" and flag(args, "--nnodes") == "2", (name, args)
     log = results[master][1]
     assert "| 2 process(es) on cpu |" in log, log[-4000:]
-    assert "x 2 ranks" in log
+    assert "x 2 data-parallel ranks" in log
     records, _ = metrics(output_dir)
     assert [r["step"] for r in records] == [5, 10]
 

@@ -28,7 +28,7 @@ def test_two_processes_train_and_log(run_2proc, metrics):
         assert r["tokens"] == r["step"] * TOKENS_PER_STEP
         assert r["lr"] == pytest.approx(0.003)  # warmup (5 steps) is over at the first logged step
     assert [r["step"] for r in val] == [30] and val[0]["val_loss"] > 0 and val[0]["val_bpb"] > 0
-    assert "2 process(es) on cpu" in log and "micro 4 x accum 2 x 2 ranks" in log
+    assert "2 process(es) on cpu" in log and "micro 4 x accum 2 x 2 data-parallel ranks" in log
     assert "step     30/30 | loss" in log and "val loss" in log
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
         "latest", "step_00000010.pt", "step_00000020.pt", "step_00000030.pt"]
@@ -53,7 +53,7 @@ def test_tensorboard_events_hold_the_logged_scalars(run_2proc, metrics):
 def test_one_process_matches_two_at_the_same_global_batch(run_1proc, run_2proc, metrics):
     one, one_val = metrics(run_1proc[0])
     two, two_val = metrics(run_2proc[0])
-    assert "1 process(es) on cpu" in run_1proc[1] and "micro 4 x accum 4 x 1 ranks" in run_1proc[1]
+    assert "1 process(es) on cpu" in run_1proc[1] and "micro 4 x accum 4 x 1 data-parallel ranks" in run_1proc[1]
     assert [r["step"] for r in one] == [r["step"] for r in two] == STEPS
     for a, b in zip(one, two):
         assert abs(a["loss"] - b["loss"]) < 1e-4, (a["step"], a["loss"], b["loss"])
@@ -139,7 +139,7 @@ def test_two_nodes_on_loopback_form_one_job(cli, demo_data, train_overrides, run
     logs = [(tmp_path / f"node{rank}.log").read_text() for rank in (0, 1)]
     assert codes == [0, 0], "\n\n".join(logs)
     # Static rendezvous keeps the node ranks: global rank 0, which logs, runs on node 0.
-    assert "2 process(es) on cpu" in logs[0] and "micro 4 x accum 2 x 2 ranks" in logs[0]
+    assert "2 process(es) on cpu" in logs[0] and "micro 4 x accum 2 x 2 data-parallel ranks" in logs[0]
     assert "process(es) on cpu" not in logs[1]
     train, _ = metrics(out)
     assert [r["step"] for r in train] == [5, 10]

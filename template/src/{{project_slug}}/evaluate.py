@@ -92,7 +92,13 @@ def load_checkpoint_state(path: Path) -> dict:
                           "(no *model_states.pt); pass --checkpoint with one of those")
     state = torch.load(states[0], map_location="cpu", weights_only=False)
     sharded = any(path.glob("*optim_states.pt"))  # ZeRO 1-3 write per-rank optimizer shards
-    if state.get("ds_config", {}).get("zero_optimization", {}).get("stage", int(sharded)) > 0:
+    if any(path.glob("layer_*-model_states.pt")):  # gpt3 pipeline/tensor layout: weights live per layer
+        from .models.gpt3 import state_dict_from_pipeline
+        from .sizes import model_shape
+
+        model_cfg = state["config"]["model"]
+        weights = state_dict_from_pipeline(path, model_shape(model_cfg["size"], None, "gpt3")["n_layer"])
+    elif state.get("ds_config", {}).get("zero_optimization", {}).get("stage", int(sharded)) > 0:
         from .strategies.deepspeed import import_deepspeed
 
         import_deepspeed()  # sets DS_ACCELERATOR=cpu where there is no GPU, or says how to install

@@ -175,6 +175,34 @@ class GPT3(nn.Module):
         return out
 
 
+# Tensor-parallel shards of a block: column-parallel tensors split their rows (dim 0), row-parallel
+# weights their columns (dim 1); everything else is replicated on every tensor rank.
+_COLUMN = {"qkv.weight", "qkv.bias", "fc.weight", "fc.bias"}
+_ROW = {"proj.weight", "fc2.weight"}
+
+
+def state_dict_from_pipeline(folder, n_layer: int) -> dict:
+    """GPT3's state dict from a pipeline checkpoint folder: DeepSpeed writes one file per layer and
+    tensor rank (layer_XX-model_YY-model_states.pt; layer 0 the embedding, 1..n_layer the blocks,
+    n_layer+1 the final norm, n_layer+2 the head's tied copy of the embedding, skipped)."""
+    from pathlib import Path
+
+    state: dict = {}
+    for index in range(n_layer + 2):
+        shards = sorted(Path(folder).glob(f"layer_{index:02d}-model_*-model_states.pt"))
+        if not shards:
+            raise FileNotFoundError(f"{folder} has no file for pipeline layer {index} (layer_{index:02d}-model_*)")
+        parts = [torch.load(f, map_location="cpu", weights_only=True) for f in shards]
+        prefix = "embed." if index == 0 else "norm." if index == n_layer + 1 else f"blocks.{index - 1}."
+        for key, value in parts[0].items():
+            if key in _COLUMN and index <= n_layer and index > 0:
+                value = torch.cat([p[key] for p in parts], dim=0)
+            elif key in _ROW and 0 < index <= n_layer:
+                value = torch.cat([p[key] for p in parts], dim=1)
+            state[prefix + key] = value
+    return state
+
+
 def gpt3_config(cfg, vocab_size: int) -> GPT3Config:
     from ..sizes import model_shape
 
