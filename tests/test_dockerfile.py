@@ -34,6 +34,8 @@ ANSWER_SETS = {
     "odd-name": {"project_name": '\u00dcn\u00efcode: "quotes" $HOME; run #2 & <tags> {braces}', "platforms": "[tione]",
                  "tione_mode": "ray", "base_image": "registry.internal:5000/base/cuda-pytorch@sha256:" + "a" * 64},
     "defaults": {"project_name": "Plain Defaults"},
+    "deepspeed-gpt3": {"project_name": "Pipe Run", "model": "gpt3", "gpt3_layout": "1.3b-4dp-4pp",
+                       "platforms": "[slurm, kubeflow]"},
 }
 # Stand-in for the base image's Python: a venv that sees the test environment's packages (torch
 # among them) the way an image's interpreter sees what its base installed.
@@ -125,7 +127,15 @@ def test_instructions_in_layer_order(project):
     copies = [i for i, word in enumerate(words) if word == "COPY"]
     runs = [i for i, word in enumerate(words) if word == "RUN"]
     assert [steps[i][1] for i in copies] == ["pyproject.toml ./", ". ."], "pyproject alone first, then the code"
-    deps, code = runs
+    deepspeed = project.answers.get("strategy") == "deepspeed"
+    if deepspeed:  # one more layer between the dependencies and the code: DeepSpeed without ops
+        deps, ds, code = runs
+        assert deps < ds < copies[1], steps
+        (ds_install,) = pip_installs(steps[ds][1])
+        assert "--no-build-isolation" in ds_install and "-c /tmp/constraints.txt" in ds_install
+        assert "DS_BUILD_OPS=0" in steps[ds][1]
+    else:
+        deps, code = runs
     assert workdir < copies[0] < deps < copies[1] < code, steps
     # The dependency layer: constraints from the base's installed packages, torch among them.
     dep_args = steps[deps][1]
