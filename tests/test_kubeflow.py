@@ -1,6 +1,7 @@
-"""Kubeflow: the rendered PyTorchJob and TrainJob pass the real CRD schemas as a strict API server
-would check them, their pod templates pass as core Pods, they say what the answers said, and
-`launch kubeflow` prints exactly what it would submit and fails clearly without a cluster.
+"""Kubeflow: the rendered PyTorchJob, TrainJob and (strategy deepspeed) MPIJob pass the real CRD
+schemas as a strict API server would check them, their pod templates pass as core Pods, they say
+what the answers said, and `launch kubeflow` prints exactly what it would submit and fails clearly
+without a cluster. tests/test_mpijob.py runs the MPIJob's Launcher command for real.
 
     python -m pytest tests/test_kubeflow.py
     K8S_SCHEMA_DIR=/path/to/crds python -m pytest tests/test_kubeflow.py   # e.g. a live cluster's CRDs
@@ -22,19 +23,25 @@ from conftest import BIN, render, run
 from k8s_schemas import core_errors, pod_template, to_json_schema, validation_errors
 
 PLATFORMS = "[devmachine, kubeflow]"
+# strategy deepspeed adds launch/kubeflow/mpijob.yaml: nodes 1/2/4/16, every fabric, with and
+# without a pull secret; the DDP sets check that it is absent there.
 ANSWER_SETS = {
-    "one-node": {"project_name": "Solo Run", "nodes": 1, "gpus_per_node": 8},
-    "four-nodes": {"project_name": "Four Nodes", "nodes": 4, "gpus_per_node": 8, "k8s_namespace": "ml-training"},
+    "one-node": {"project_name": "Solo Run", "nodes": 1, "gpus_per_node": 8, "strategy": "deepspeed"},
+    "four-nodes": {"project_name": "Four Nodes", "nodes": 4, "gpus_per_node": 8, "k8s_namespace": "ml-training",
+                   "strategy": "deepspeed"},
     "no-rdma": {"project_name": "Plain TCP", "nodes": 2, "gpus_per_node": 1, "rdma_resource": ""},
     "pull-secret": {
         "project_name": "Private Image", "nodes": 3, "gpus_per_node": 4, "image": "registry.internal:5000/team/gpt:v1",
         "image_pull_secret": "regcred", "pvc_name": "team.shared-data", "rdma_resource": "rdma/rdma_shared_device_a",
-        "shared_mount": "/data/shared",
+        "shared_mount": "/data/shared", "strategy": "deepspeed",
     },
     "odd-name": {"project_name": '\u00dcn\u00efcode: "quotes" $HOME; run #2 & <tags> {braces}', "nodes": 2,
-                 "gpus_per_node": 8},
+                 "gpus_per_node": 8, "strategy": "deepspeed"},
     # No RDMA on the fabric: no RDMA resource requested, whatever rdma_resource says.
-    "tcp-fabric": {"project_name": "Tcp Fabric", "nodes": 2, "gpus_per_node": 8, "fabric": "tcp"},
+    "tcp-fabric": {"project_name": "Tcp Fabric", "nodes": 2, "gpus_per_node": 8, "fabric": "tcp",
+                   "strategy": "deepspeed"},
+    "roce-fabric": {"project_name": "Roce Fabric", "nodes": 2, "gpus_per_node": 8, "fabric": "roce",
+                    "strategy": "deepspeed"},
     # The longest slug (40) with many nodes: pod and Service names must still fit 63 characters.
     "long-name": {"project_name": "x" * 60, "nodes": 16, "gpus_per_node": 8},
 }
@@ -341,3 +348,137 @@ def test_generated_project_own_kubeflow_tests_pass(solo):
                cwd=solo.path, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout
+
+
+# --- MPIJob (MPI Operator v2, DeepSpeed's own launcher) --------------------------------------------
+
+MPI_LAUNCHER_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def mpi_specs(job: dict) -> dict:
+    return job["spec"]["mpiReplicaSpecs"]
+
+
+def mpi_container(job: dict, role: str) -> dict:
+    (container,) = mpi_specs(job)[role]["template"]["spec"]["containers"]
+    return container
+
+
+@pytest.fixture(scope="module")
+def ds_solo(tmp_path_factory) -> Project:
+    return render_kubeflow(tmp_path_factory.mktemp("ds-solo") / "p", project_name="KF DS", nodes=2, gpus_per_node=2,
+                           strategy="deepspeed")
+
+
+def test_mpijob_exactly_for_deepspeed_projects(project):
+    path = project.path / "launch" / "kubeflow" / "mpijob.yaml"
+    assert path.is_file() == (project.answers["strategy"] == "deepspeed")
+    if path.is_file():
+        assert "mpijob.yaml" in (project.path / "launch" / "kubeflow" / "README.md").read_text()
+
+
+def test_mpijob_passes_its_crd_schema_and_core_pods(project):
+    if project.answers["strategy"] != "deepspeed":
+        return  # no MPIJob here (test_mpijob_exactly_for_deepspeed_projects)
+    job = project.manifest("mpijob")
+    assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v2beta1", "MPIJob")
+    assert validation_errors(job) == []
+    for role, spec in mpi_specs(job).items():
+        assert core_errors(pod_template(f"{project.slug}-{role.lower()}", spec["template"])) == [], role
+    # Names the operator derives (pods, their hostnames, the workers' Service) are RFC 1035 labels.
+    name, nodes = job["metadata"]["name"], project.answers["nodes"]
+    for value in [name, f"{name}-launcher", f"{name}-worker", *(f"{name}-worker-{i}" for i in range(nodes))]:
+        assert DNS1035.fullmatch(value) and len(value) <= 63, value
+
+
+def test_mpijob_says_what_the_answers_say(project):
+    if project.answers["strategy"] != "deepspeed":
+        return
+    a, job = project.answers, project.manifest("mpijob")
+    assert job["metadata"] == {"name": project.slug, "namespace": a["k8s_namespace"],
+                               "labels": {"app.kubernetes.io/name": project.slug}}
+    spec = job["spec"]
+    assert spec["slotsPerWorker"] == a["gpus_per_node"] and spec["mpiImplementation"] == "OpenMPI"
+    assert spec["sshAuthMountPath"] == "/root/.ssh" and spec["launcherCreationPolicy"] == "WaitForWorkersReady"
+    assert spec["runPolicy"] == {"backoffLimit": 3, "cleanPodPolicy": "Running"}
+    assert set(mpi_specs(job)) == {"Launcher", "Worker"}
+    assert mpi_specs(job)["Launcher"]["replicas"] == 1 and mpi_specs(job)["Worker"]["replicas"] == a["nodes"]
+
+    launcher, worker = mpi_container(job, "Launcher"), mpi_container(job, "Worker")
+    assert launcher["image"] == worker["image"] == a["image"]
+    # The Launcher: no GPU, DeepSpeed's runner with the operator's hostfile and the openmpi launcher,
+    # every rank running this package's node launcher; the NCCL settings reach the ranks through -x.
+    assert "nvidia.com/gpu" not in str(launcher["resources"])
+    command = launcher["command"]
+    assert command[:2] == ["bash", "-c"] and command[3:] == [f"{project.slug}-launcher"]
+    script = command[2]
+    assert 'HOSTFILE=${MPI_HOSTFILE:-/etc/mpi/hostfile}' in script
+    assert "python3 -m deepspeed.launcher.runner --hostfile \"$HOSTFILE\" --launcher openmpi" in script
+    assert "--force_multi --no_ssh_check" in script and f"--module {project.slug} node \"$@\"" in script
+    env = {e["name"]: e["value"] for e in launcher["env"]}
+    nccl = project.nccl_env()
+    assert env == {**nccl, "TRAIN_DEBUG": "0", **MPI_LAUNCHER_ENV}
+    exported = re.search(r'exports="([^"]*)"', script).group(1).split()
+    assert exported[::2] == ["-x"] * (len(exported) // 2)
+    assert set(exported[1::2]) == {"MASTER_ADDR", "MASTER_PORT", "TRAIN_DEBUG", "PATH", *nccl}
+    # The Workers: sshd (start-sshd of images/cuda-pytorch), ready when port 22 answers; the GPUs,
+    # RDMA, /dev/shm and the shared volume as in the PyTorchJob; no env, which sshd would not pass on.
+    assert worker["command"][:2] == ["bash", "-c"] and worker["command"][2].endswith("exec start-sshd")
+    assert worker["readinessProbe"]["tcpSocket"] == {"port": 22}
+    assert "env" not in worker
+    pod = mpi_specs(job)["Worker"]["template"]["spec"]
+    worker_with_env = {**worker, "env": [{"name": k, "value": v} for k, v in {**nccl, "TRAIN_DEBUG": "0"}.items()]}
+    assert_pod_content(project, {**pod, "containers": [worker_with_env]}, worker_with_env)
+    launcher_pod = mpi_specs(job)["Launcher"]["template"]["spec"]
+    assert launcher_pod.get("imagePullSecrets") == pod.get("imagePullSecrets")
+
+
+def test_mpijob_validators_reject_what_a_strict_api_server_rejects(ds_solo):
+    job = ds_solo.manifest("mpijob")
+    cases = {
+        "spec: Additional properties are not allowed ('slotPerWorker'":
+            lambda m: m["spec"].update(slotPerWorker=m["spec"].pop("slotsPerWorker")),
+        "spec.slotsPerWorker: '2' is not of type 'integer'": lambda m: m["spec"].update(slotsPerWorker="2"),
+        "spec.mpiImplementation: 'openmpi' is not one of": lambda m: m["spec"].update(mpiImplementation="openmpi"),
+        "spec.runPolicy: Additional properties are not allowed ('cleanPodPolicies'":
+            lambda m: m["spec"]["runPolicy"].update(cleanPodPolicies="All"),
+        "containers.0: Additional properties are not allowed ('commands'":
+            lambda m: mpi_container(m, "Launcher").update(commands=[]),
+    }
+    for expected, breaks in cases.items():
+        broken = copy.deepcopy(job)
+        breaks(broken)
+        errors = validation_errors(broken)
+        assert any(expected in e for e in errors), (expected, errors)
+    template = copy.deepcopy(mpi_specs(job)["Worker"]["template"])
+    template["spec"]["containers"][0]["readinessProbe"]["tcpSocket"]["port"] = 1.5
+    assert core_errors(pod_template("x", template))
+
+
+def test_mpijob_dry_run_and_overrides(ds_solo):
+    proc = ds_solo.cli("launch", "kubeflow", "--kind", "mpijob", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert yaml.safe_load(proc.stdout) == ds_solo.manifest("mpijob")
+    proc = ds_solo.cli("launch", "kubeflow", "--manifest", "mpijob", "--dry-run", "--name", "run-2",
+                       "schedule.max_steps=5")
+    changed, original = yaml.safe_load(proc.stdout), ds_solo.manifest("mpijob")
+    assert validation_errors(changed) == [] and changed["metadata"]["name"] == "run-2"
+    # Overrides reach the Launcher's command (the script's "$@"); the Workers only run sshd.
+    assert mpi_container(changed, "Launcher")["command"] == mpi_container(original, "Launcher")["command"] + [
+        "schedule.max_steps=5"]
+    assert mpi_container(changed, "Worker") == mpi_container(original, "Worker")
+    proc = ds_solo.cli("launch", "kubeflow", "--manifest", "mpijob", "--dry-run", "--name", "r" * 55)
+    assert proc.returncode == 1 and f"'{'r' * 55}-launcher'" in proc.stderr  # the longest derived name
+
+
+def test_mpijob_missing_in_a_ddp_project_names_the_fix(solo):
+    proc = solo.cli("launch", "kubeflow", "--manifest", "mpijob", "--dry-run")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "copier update --data strategy=deepspeed" in proc.stderr
+
+
+def test_mpijob_without_a_cluster_is_a_clear_error(ds_solo, tmp_path):
+    empty = tmp_path / "empty-kubeconfig"
+    empty.write_text("")
+    proc = ds_solo.cli("launch", "kubeflow", "--manifest", "mpijob", env={"KUBECONFIG": str(empty)})
+    assert proc.returncode == 1 and proc.stderr.startswith("error: no Kubernetes cluster configured")

@@ -3,6 +3,7 @@
     <package> launch kubeflow                                # submit launch/kubeflow/pytorchjob.yaml
     <package> launch kubeflow --dry-run                      # print exactly the manifest it would submit
     <package> launch kubeflow --manifest trainjob            # Kubeflow Trainer v2 TrainJob instead
+    <package> launch kubeflow --manifest mpijob              # MPIJob: DeepSpeed's launcher (strategy deepspeed)
     <package> launch kubeflow schedule.max_steps=500         # overrides reach `node` -> train in every pod
     <package> launch kubeflow --action status                # the job's conditions and replica counts
     <package> launch kubeflow --action logs [--node-rank 1]  # stream a node's log (default: the master)
@@ -30,7 +31,8 @@ import yaml
 from .config import Config, ConfigError
 from .node import project_root
 
-MANIFESTS = ("pytorchjob", "trainjob")
+MANIFESTS = ("pytorchjob", "trainjob", "mpijob")
+KINDS = ("PyTorchJob", "TrainJob", "MPIJob")
 ACTIONS = ("submit", "status", "logs", "cancel")
 REQUEST_TIMEOUT = 30  # seconds for one API call (not for streaming logs)
 POLL_SECONDS = 5
@@ -40,9 +42,10 @@ NAME_PATTERN = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 
 
 def add_arguments(p: ArgumentParser) -> None:
-    p.add_argument("--manifest", default="pytorchjob", metavar="pytorchjob|trainjob|FILE",
+    p.add_argument("--manifest", "--kind", default="pytorchjob", metavar="pytorchjob|trainjob|mpijob|FILE",
                    help="launch/kubeflow/pytorchjob.yaml (training-operator, default), launch/kubeflow/trainjob.yaml "
-                        "(Kubeflow Trainer v2), or a manifest file of your own")
+                        "(Kubeflow Trainer v2), launch/kubeflow/mpijob.yaml (MPI Operator v2, DeepSpeed's launcher; "
+                        "projects generated with strategy deepspeed), or a manifest file of your own")
     p.add_argument("--action", choices=ACTIONS, default="submit",
                    help="submit the job (default), print its status, stream its logs, or cancel (delete) it")
     p.add_argument("--namespace", help="namespace to use instead of the manifest's")
@@ -60,12 +63,18 @@ def add_arguments(p: ArgumentParser) -> None:
 def manifest_path(choice: str) -> Path:
     if choice in MANIFESTS:
         path = project_root() / "launch" / "kubeflow" / f"{choice}.yaml"
+        if not path.is_file() and choice == "mpijob":
+            raise ConfigError(
+                f"{path} is missing: the MPIJob (DeepSpeed's own launcher) is generated for projects with strategy "
+                "deepspeed. Fixes: 1) `copier update --data strategy=deepspeed`; 2) the PyTorchJob (default "
+                "--manifest) trains with any strategy, run.strategy=deepspeed included"
+            )
         if not path.is_file():
             raise ConfigError(f"{path} is missing: re-render it with `copier update` (kubeflow among the platforms)")
         return path
     path = Path(choice)
     if not path.is_file():
-        raise ConfigError(f"--manifest {choice}: no such file; use pytorchjob, trainjob or the path of a manifest")
+        raise ConfigError(f"--manifest {choice}: no such file; use pytorchjob, trainjob, mpijob or the path of a manifest")
     return path
 
 
@@ -76,15 +85,15 @@ def load_manifest(path: Path) -> dict:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
     if not isinstance(manifest, dict) or not all(k in manifest for k in ("apiVersion", "kind", "metadata", "spec")):
         raise ConfigError(f"{path} must hold one Kubernetes object with apiVersion, kind, metadata and spec")
-    if manifest["kind"] not in ("PyTorchJob", "TrainJob"):
-        raise ConfigError(f"{path}: kind {manifest['kind']!r} is not handled here; use a PyTorchJob or a TrainJob")
+    if manifest["kind"] not in KINDS:
+        raise ConfigError(f"{path}: kind {manifest['kind']!r} is not handled here; use a PyTorchJob, TrainJob or MPIJob")
     return manifest
 
 
 def resource(manifest: dict) -> tuple[str, str, str]:
     """(group, version, plural) of the manifest's custom resource, from apiVersion and kind."""
     group, _, version = manifest["apiVersion"].rpartition("/")
-    return group, version, manifest["kind"].lower() + "s"  # pytorchjobs, trainjobs
+    return group, version, manifest["kind"].lower() + "s"  # pytorchjobs, trainjobs, mpijobs
 
 
 def node_count(manifest: dict) -> tuple[int, str]:
@@ -93,23 +102,32 @@ def node_count(manifest: dict) -> tuple[int, str]:
     if manifest["kind"] == "TrainJob":
         trainer = spec.get("trainer", {})
         return int(trainer.get("numNodes", 1)), str(trainer.get("numProcPerNode", "auto"))
+    if manifest["kind"] == "MPIJob":  # the Launcher trains nowhere: the Workers are the nodes
+        worker = spec.get("mpiReplicaSpecs", {}).get("Worker", {})
+        return int(worker.get("replicas", 1)), str(spec.get("slotsPerWorker", 1))
     replicas = spec.get("pytorchReplicaSpecs", {})
     return sum(int(r.get("replicas", 1)) for r in replicas.values()), str(spec.get("nprocPerNode", "auto"))
 
 
 def training_containers(manifest: dict) -> list[dict]:
-    """The dicts whose `command` starts training: the `pytorch` containers, or TrainJob's trainer."""
+    """The dicts whose `command` starts training: the `pytorch` containers, TrainJob's trainer, or the
+    MPIJob Launcher's container (its mpirun starts every rank; the Workers only run sshd)."""
     if manifest["kind"] == "TrainJob":
         return [manifest["spec"].setdefault("trainer", {})]
+    if manifest["kind"] == "MPIJob":
+        launcher = manifest["spec"].get("mpiReplicaSpecs", {}).get("Launcher", {})
+        return launcher.get("template", {}).get("spec", {}).get("containers", [])[:1]
     return [c for r in manifest["spec"].get("pytorchReplicaSpecs", {}).values()
             for c in r.get("template", {}).get("spec", {}).get("containers", []) if c.get("name") == "pytorch"]
 
 
 def check_name(name: str, manifest: dict) -> None:
     nodes, _ = node_count(manifest)
-    # The longest name the operator derives: <name>-worker-<i> (training-operator) or
-    # <name>-node-0-<i> (JobSet); a pod hostname and a Service name are at most 63 characters.
-    longest = f"{name}-worker-{max(nodes - 2, 0)}" if manifest["kind"] == "PyTorchJob" else f"{name}-node-0-{nodes - 1}"
+    # The longest name the operator derives: <name>-worker-<i> (training-operator), <name>-node-0-<i>
+    # (JobSet) or <name>-launcher and <name>-worker-<i> (MPI Operator); a pod hostname and a Service
+    # name are at most 63 characters.
+    longest = {"PyTorchJob": f"{name}-worker-{max(nodes - 2, 0)}", "TrainJob": f"{name}-node-0-{nodes - 1}",
+               "MPIJob": max(f"{name}-launcher", f"{name}-worker-{nodes - 1}", key=len)}[manifest["kind"]]
     if not NAME_PATTERN.fullmatch(name) or len(longest) > 63:
         raise ConfigError(
             f"job name {name!r} is not allowed: use lowercase letters, digits and '-', starting with a letter, short "
@@ -224,8 +242,11 @@ class Cluster:
             if "namespaces" in message:
                 return ConfigError(f"namespace {self.namespace!r} does not exist: `kubectl create namespace "
                                    f"{self.namespace}` or pass --namespace")
-            operator = ("Kubeflow Trainer v2 (trainer.kubeflow.org CRDs and the torch-distributed runtime)"
-                        if self.kind == "TrainJob" else "the Kubeflow training-operator (kubeflow.org/v1 PyTorchJob)")
+            operator = {
+                "TrainJob": "Kubeflow Trainer v2 (trainer.kubeflow.org CRDs and the torch-distributed runtime)",
+                "MPIJob": "the MPI Operator v0.4 or later (kubeflow.org/v2beta1 MPIJob; the training-operator's "
+                          "kubeflow.org/v1 MPIJob is another API)",
+            }.get(self.kind, "the Kubeflow training-operator (kubeflow.org/v1 PyTorchJob)")
             return ConfigError(f"the cluster does not know {self.plural}.{self.group}/{self.version}: install "
                                f"{operator}, see launch/kubeflow/README.md ({message})")
         if exc.status == 404:
@@ -269,6 +290,9 @@ class Cluster:
         if self.kind == "TrainJob":  # JobSet: one indexed Job `node`, completion index = node rank
             return (f"jobset.sigs.k8s.io/jobset-name={self.name},jobset.sigs.k8s.io/replicatedjob-name=node,"
                     f"batch.kubernetes.io/job-completion-index={node_rank}"), "node"
+        if self.kind == "MPIJob":  # mpirun forwards every rank's output to the Launcher
+            return (f"training.kubeflow.org/job-name={self.name},"
+                    "training.kubeflow.org/job-role=launcher"), "launcher"
         kind, index = ("master", 0) if node_rank == 0 else ("worker", node_rank - 1)
         return (f"training.kubeflow.org/job-name={self.name},training.kubeflow.org/replica-type={kind},"
                 f"training.kubeflow.org/replica-index={index}"), "pytorch"
@@ -319,7 +343,7 @@ def status(cluster: Cluster) -> int:
     for c in conditions:
         print(f"  {c.get('lastTransitionTime', ''):<22} {c.get('type', ''):<11} {c.get('status', ''):<6} "
               f"{c.get('reason', '')}: {c.get('message', '')}")
-    for role, counts in (state.get("replicaStatuses") or {}).items():  # PyTorchJob
+    for role, counts in (state.get("replicaStatuses") or {}).items():  # PyTorchJob, MPIJob
         print(f"  {role}: " + ", ".join(f"{k} {v}" for k, v in counts.items() if k != "selector"))
     for job_status in state.get("jobsStatus") or []:  # TrainJob (JobSet's replicated jobs)
         print(f"  {job_status.get('name')}: " + ", ".join(f"{k} {v}" for k, v in job_status.items() if k != "name"))
@@ -328,6 +352,9 @@ def status(cluster: Cluster) -> int:
 
 def logs(cluster: Cluster, args: Namespace) -> int:
     nodes, _ = node_count(cluster.manifest)
+    if cluster.kind == "MPIJob" and args.node_rank:
+        raise ConfigError("an MPIJob's output, every rank's, arrives in the Launcher's log: drop --node-rank "
+                          "(the Workers' own logs are sshd's)")
     if not 0 <= args.node_rank < nodes:
         raise ConfigError(f"--node-rank {args.node_rank} must be between 0 and {nodes - 1} for this {nodes}-node job")
     cluster.get()  # a clear "not found" before waiting for pods
