@@ -244,7 +244,7 @@ class Cluster:
                                    f"{self.namespace}` or pass --namespace")
             operator = {
                 "TrainJob": "Kubeflow Trainer v2 (trainer.kubeflow.org CRDs and the torch-distributed runtime)",
-                "MPIJob": "the MPI Operator v0.4 or later (kubeflow.org/v2beta1 MPIJob; the training-operator's "
+                "MPIJob": "the MPI Operator v0.5 or later (kubeflow.org/v2beta1 MPIJob; the training-operator's "
                           "kubeflow.org/v1 MPIJob is another API)",
             }.get(self.kind, "the Kubeflow training-operator (kubeflow.org/v1 PyTorchJob)")
             return ConfigError(f"the cluster does not know {self.plural}.{self.group}/{self.version}: install "
