@@ -61,6 +61,10 @@ def process_ranks(env=os.environ) -> tuple[int, int, int]:
 def init_distributed(device_preference: str = "auto") -> DistInfo:
     """Join the process group when launched with several processes; no-op for one process."""
     rank, local_rank, world_size = process_ranks()
+    if world_size > 1:
+        # Libraries that read the variables themselves (DeepSpeed: LOCAL_RANK picks its device and is
+        # checked against OMPI_COMM_WORLD_LOCAL_RANK) see the ranks mpirun or srun gave this process.
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size))
     device = pick_device(device_preference, local_rank)
     if dist.is_initialized():  # Ray Train sets up the group before calling the training function
         rank, world_size = dist.get_rank(), dist.get_world_size()

@@ -3,6 +3,7 @@
     <package> launch devmachine                                   # one node, all its GPUs
     <package> launch devmachine --nnodes 2 --node-rank 0 --master-addr 10.0.0.1   # on node 0
     <package> launch devmachine --nnodes 2 --node-rank 1 --master-addr 10.0.0.1   # on node 1
+    <package> launch devmachine --launcher deepspeed              # DeepSpeed's own launcher (launch_deepspeed.py)
     <package> launch kubeflow | slurm | tione [--dry-run]          # see launch/<platform>/README.md
 
 Every platform module has add_arguments(parser) and launch(args, cfg, package) -> int; arguments
@@ -15,6 +16,7 @@ import importlib
 import os
 from argparse import ArgumentParser, Namespace
 
+from . import launch_deepspeed
 from .config import Config, ConfigError
 from .node import exec_torchrun, project_root, train_entry
 from .topology import Topology, default_nproc
@@ -48,6 +50,7 @@ def add_arguments(p: ArgumentParser) -> None:
     p.add_argument("--nproc-per-node", type=int, help="processes on this node (default: GPUs, or CPU cores)")
     p.add_argument("--wait-timeout", type=float, default=900, help="seconds a worker node waits for the master")
     p.add_argument("--debug", action="store_true", help="TRAIN_DEBUG=1: NCCL INFO logs, flight recorder dumps")
+    launch_deepspeed.add_arguments(p)  # --launcher torchrun|deepspeed, --hostfile, --ds-launcher, --no-ssh
 
 
 def devmachine_topology(args: Namespace, cfg: Config) -> Topology:
@@ -70,6 +73,9 @@ def devmachine_topology(args: Namespace, cfg: Config) -> Topology:
 
 
 def launch(args: Namespace, cfg: Config, package: str) -> int:
+    if args.launcher == "deepspeed":
+        return launch_deepspeed.launch(args, cfg, package)
+    launch_deepspeed.refuse_deepspeed_options(args)
     topo = devmachine_topology(args, cfg)
     if args.debug:
         os.environ["TRAIN_DEBUG"] = "1"
