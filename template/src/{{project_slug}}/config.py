@@ -211,8 +211,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
     path = Path(path) if path else default_config_path()
     if not path.is_file():
         raise ConfigError(f"config file {path} not found; pass --config PATH or run from the project folder")
+    text = path.read_text()
+    # A conflicting `copier update` (or git merge) leaves markers that may still parse as YAML.
+    markers = [n for n, line in enumerate(text.splitlines(), 1) if line.startswith(("<<<<<<<", ">>>>>>>")) or line.rstrip() == "======="]
+    if markers:
+        raise ConfigError(
+            f"unresolved merge conflict markers in {path} (lines {', '.join(map(str, markers[:6]))}): "
+            "resolve them (keep one side between <<<<<<< and >>>>>>>), then run check again"
+        )
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
