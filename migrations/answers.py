@@ -1,0 +1,92 @@
+"""Answer migrations that `copier update` runs in a generated project (copier.yml `_migrations`).
+
+Run by copier in the project's root, before the update renders anything, so the new template
+version reads the migrated answers. Every command is idempotent (a second run changes nothing)
+and takes its arguments as a list (no shell, so no quoting issues).
+
+    python migrations/answers.py rename OLD NEW
+        the answer OLD becomes NEW (value kept), unless NEW is already recorded
+    python migrations/answers.py adopt ANSWER SECTION.KEY [--if NAME=VALUE]
+        record ANSWER from config/train.yaml's SECTION.KEY when the answers file lacks it
+        (an answer that used to live only in the config file), optionally only when another
+        answer has a given value
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+ANSWERS = Path(".copier-answers.yml")
+CONFIG = Path("config/train.yaml")
+
+
+def _load(path: Path) -> dict:
+    data = yaml.safe_load(path.read_text()) if path.is_file() else None
+    return data if isinstance(data, dict) else {}
+
+
+def _save(answers: dict) -> None:
+    # The answers file opens with copier's "do not edit" comment; keep it.
+    header = "".join(line for line in ANSWERS.read_text().splitlines(keepends=True) if line.startswith("#")) if ANSWERS.is_file() else ""
+    ANSWERS.write_text(header + yaml.safe_dump(answers, sort_keys=False, allow_unicode=False))
+
+
+def rename(old: str, new: str) -> str:
+    answers = _load(ANSWERS)
+    if old not in answers:
+        return f"answer {old!r} not recorded: nothing to rename"
+    value = answers.pop(old)
+    if new in answers:
+        _save(answers)
+        return f"answer {new!r} already recorded; dropped the old {old!r}"
+    answers[new] = value
+    _save(answers)
+    return f"answer {old!r} renamed to {new!r} (value {value!r})"
+
+
+def adopt(answer: str, dotted: str, condition: str | None) -> str:
+    answers = _load(ANSWERS)
+    if answer in answers:
+        return f"answer {answer!r} already recorded"
+    if condition:
+        name, _, value = condition.partition("=")
+        if str(answers.get(name)) != value:
+            return f"answer {answer!r} does not apply ({name} is {answers.get(name)!r})"
+    node = _load(CONFIG)
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return f"{CONFIG} has no {dotted}: {answer!r} keeps the template's default"
+        node = node[part]
+    answers[answer] = node
+    _save(answers)
+    return f"answer {answer!r} = {node!r}, taken from {CONFIG} {dotted}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_rename = sub.add_parser("rename")
+    p_rename.add_argument("old")
+    p_rename.add_argument("new")
+    p_adopt = sub.add_parser("adopt")
+    p_adopt.add_argument("answer")
+    p_adopt.add_argument("dotted")
+    p_adopt.add_argument("--if", dest="condition")
+    args = parser.parse_args(argv)
+    if not ANSWERS.is_file():
+        print(f"migration: {ANSWERS} not found in {Path.cwd()}; run copier update from the project root", file=sys.stderr)
+        return 1
+    if args.command == "rename":
+        message = rename(args.old, args.new)
+    else:
+        message = adopt(args.answer, args.dotted, args.condition)
+    print(f"migration: {message}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
