@@ -1,0 +1,77 @@
+"""Jinja extension that lets copier's validators run the cross-field rules before anything is written.
+
+Loaded by copier.yml through copier-template-extensions (pip install copier copier-template-extensions):
+
+    _jinja_extensions:
+      - copier_template_extensions.TemplateExtensionLoader
+      - hooks/copier_extension.py:RulesExtension
+
+Globals it adds:
+    answer_problems('tensor_parallel', ...)  in a `validator`: the first problem naming one of these
+                                             answers, "" when they are fine (copier shows it and re-asks)
+    refuse_bad_answers()                     in the default of a hidden question asked last: raises
+                                             "Validation error for question '<field>': ..." for the first
+                                             problem, because copier validates only answers that were
+                                             given (--data or typed), never defaults (--defaults)
+The rules themselves come from hooks/answers.py, which runs the generated package's rules.py/plan.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from jinja2 import pass_context
+from jinja2.ext import Extension
+
+_ANSWERS = "dtt_hooks_answers"
+
+
+def _answers_module():
+    if _ANSWERS not in sys.modules:
+        spec = importlib.util.spec_from_file_location(_ANSWERS, Path(__file__).resolve().parent / "answers.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[_ANSWERS] = module
+        spec.loader.exec_module(module)
+    return sys.modules[_ANSWERS]
+
+
+def _given(context) -> dict:
+    """The answers known so far (earlier questions, --data, last answers on update)."""
+    names = _answers_module().QUESTION_ORDER + ["platforms", "fabric", "tione_mode", "k8s_namespace"]
+    return {name: context[name] for name in names if name in context and context[name] is not None}
+
+
+@pass_context
+def answer_problems(context, *fields: str) -> str:
+    """First problem naming one of `fields` for the answers known so far; "" when fine."""
+    answers = _given(context)
+    fit = "gpu_type" in answers  # the memory fit needs the GPU; earlier questions check the rules only
+    rules = _answers_module()
+    for blamed, named, message in rules.field_problems(answers, fit=fit):
+        if not fields:
+            return rules.line(answers, blamed, message)
+        for field in fields:
+            if field in named:
+                return rules.line(answers, field, message)
+    return ""
+
+
+@pass_context
+def refuse_bad_answers(context) -> str:
+    """Raise, naming the answer to change, when the full set of answers breaks a rule."""
+    answers = _given(context)
+    rules = _answers_module()
+    for field, _named, message in rules.field_problems(answers):
+        raise ValueError(f"Validation error for question '{field}': {rules.line(answers, field, message)}")
+    return "ok"
+
+
+class RulesExtension(Extension):
+    """Adds answer_problems and refuse_bad_answers to copier's Jinja environment."""
+
+    def __init__(self, environment):
+        super().__init__(environment)
+        environment.globals["answer_problems"] = answer_problems
+        environment.globals["refuse_bad_answers"] = refuse_bad_answers
