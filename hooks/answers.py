@@ -107,6 +107,12 @@ def _named(message: str) -> set[str]:
 
 
 def _field(message: str) -> str:
+    """The answer to change: the one the fix names ("set run.strategy=..."), else the last one named."""
+    fix = re.search(r"\b(?:set|use) ([a-z_]+\.[a-z_]+)=", message)
+    if fix:
+        for key, answer in CONFIG_TO_ANSWER:
+            if fix.group(1).startswith(key) and key != "batch.":
+                return answer
     return max(_named(message), key=QUESTION_ORDER.index)
 
 

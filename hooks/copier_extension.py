@@ -8,11 +8,12 @@ Loaded by copier.yml through copier-template-extensions (pip install copier copi
 
 Globals it adds:
     answer_problems('tensor_parallel', ...)  in a `validator`: the first problem naming one of these
-                                             answers, "" when they are fine (copier shows it and re-asks)
+                                             answers whose inputs are all known, "" when they are fine
+                                             (copier shows it and asks again); no names: every rule
     refuse_bad_answers()                     in the default of a hidden question asked last: raises
                                              "Validation error for question '<field>': ..." for the first
-                                             problem, because copier validates only answers that were
-                                             given (--data or typed), never defaults (--defaults)
+                                             problem: hidden questions have no validators, and older
+                                             copier versions did not validate defaults
 The rules themselves come from hooks/answers.py, which runs the generated package's rules.py/plan.py.
 """
 
@@ -49,11 +50,16 @@ def answer_problems(context, *fields: str) -> str:
     answers = _given(context)
     fit = "gpu_type" in answers  # the memory fit needs the GPU; earlier questions check the rules only
     rules = _answers_module()
+    known = set(answers)
+    if answers.get("model") == "gpt3" and answers.get("gpt3_layout", "custom") != "custom":
+        known |= {"model_size", "nodes", "gpus_per_node", "tensor_parallel", "pipeline_parallel"}  # the preset's
     for blamed, named, message in rules.field_problems(answers, fit=fit):
         if not fields:
             return rules.line(answers, blamed, message)
+        # a rule is checked at the first of its questions at which all its inputs are known
+        # (answered, given with --data, or set by the chosen gpt3 preset); later defaults are not
         for field in fields:
-            if field in named:
+            if field in named and named <= known:
                 return rules.line(answers, field, message)
     return ""
 
