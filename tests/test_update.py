@@ -1,0 +1,276 @@
+"""`copier update` across template releases, each scenario a real git history.
+
+    python -m pytest -q tests/test_update.py
+
+The template is copied into tmp, committed and tagged (vX.Y.Z, as the team tags main); a project is
+generated from it, committed, edited as a user would and committed; the template changes and gets
+a newer tag; `copier update` runs in the project. Also: the answer migrations of copier.yml
+(`_migrations`, migrations/answers.py), the message after copy and the generated project's CI.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import yaml
+
+from conftest import BIN, TEMPLATE, copier_copy, run
+
+SLUG = "upd"
+PLATFORMS = "[devmachine,kubeflow,tione,slurm]"
+DEVMACHINE_SH = "template/launch/{% if 'devmachine' in platforms %}devmachine{% endif %}/train.sh.jinja"
+
+
+def git(cwd: Path, *args: str) -> str:
+    result = run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=cwd)
+    assert result.returncode == 0, f"git {' '.join(args)} in {cwd}: {result.stdout}{result.stderr}"
+    return result.stdout
+
+
+def commit_all(repo: Path, message: str, tag: str | None = None) -> None:
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", message)
+    if tag:
+        git(repo, "tag", tag)
+
+
+def snapshot_template(dst: Path) -> Path:
+    """The template's working tree (uncommitted changes included) copied into a new git repository."""
+    listed = run(["git", "ls-files", "-co", "--exclude-standard"], cwd=TEMPLATE).stdout.split("\n")
+    for rel in filter(None, listed):
+        src = TEMPLATE / rel
+        if src.is_file() and "__pycache__" not in rel:
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst / rel)
+    git(dst, "init", "-q", "-b", "main")
+    return dst
+
+
+def copier(project: Path, *args: str):
+    return run([str(BIN / "copier"), *args], cwd=project)
+
+
+def check(project: Path):
+    """The generated project's `check`, from its source tree, as tests/conftest.py runs the package."""
+    return run([sys.executable, "-m", f"{SLUG}.check_project"], cwd=project, env={"PYTHONPATH": str(project / "src")})
+
+
+def generate(tmp_path: Path, tpl: Path, **extra) -> Path:
+    project = tmp_path / "project"
+    data = {"project_name": "Upd", "project_slug": SLUG, "platforms": PLATFORMS, "shared_mount": str(tmp_path),
+            "data_dir": str(tmp_path / "data"), "output_dir": str(tmp_path / "runs"), **extra}
+    result = copier_copy(project, data, src=f"git+file://{tpl}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    git(project, "init", "-q", "-b", "main")
+    commit_all(project, "generated")
+    return project
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert text.count(old) == 1, f"{old!r} not found once in {path}"
+    path.write_text(text.replace(old, new))
+
+
+def test_update_keeps_user_edits_then_nodes_rerenders_every_launch_file(tmp_path):
+    tpl = snapshot_template(tmp_path / "template")
+    commit_all(tpl, "template", tag="v0.1.0")
+    project = generate(tmp_path, tpl)
+    assert yaml.safe_load((project / ".copier-answers.yml").read_text())["_commit"] == "v0.1.0"
+    cfg_path = project / "config/train.yaml"
+
+    # The user: hyper-parameters, a line in the model code, a new file.
+    edit(cfg_path, "lr: 0.0003", "lr: 0.0006")
+    edit(cfg_path, "warmup_steps: 500", "warmup_steps: 250")
+    gpt_py = project / f"src/{SLUG}/models/gpt.py"
+    gpt_py.write_text(gpt_py.read_text() + "\nUSER_MARK = 'added by the user'\n")
+    (project / "notes").mkdir()
+    (project / "notes/experiments.md").write_text("# lr sweep\n0.0006 looked best\n")
+    commit_all(project, "user edits")
+
+    # The template: a comment far from the user's edits, a new file, a changed launch script; v0.2.0.
+    yaml_jinja = tpl / "template/config/train.yaml.jinja"
+    yaml_jinja.write_text(yaml_jinja.read_text() + "# Template comment added in v0.2.0.\n")
+    (tpl / "template/RELEASE-NOTES.md").write_text("Template v0.2.0: release notes file.\n")
+    edit(tpl / DEVMACHINE_SH, "set -euo pipefail\n", "set -euo pipefail\n# Launch script line added in v0.2.0.\n")
+    commit_all(tpl, "template v0.2.0", tag="v0.2.0")
+
+    # copier check-update sees the newer tag (the command the generated CI runs): --quiet exits 2.
+    outdated = copier(project, "check-update", "--quiet")
+    assert outdated.returncode == 2, outdated.stdout + outdated.stderr
+
+    update = copier(project, "update", "--defaults", "--trust", "--conflict", "inline")
+    assert update.returncode == 0, update.stdout + update.stderr
+    text = cfg_path.read_text()
+    cfg = yaml.safe_load(text)
+    assert cfg["optim"]["lr"] == 0.0006 and cfg["schedule"]["warmup_steps"] == 250, "a user edit was lost"
+    assert "USER_MARK = 'added by the user'" in gpt_py.read_text()
+    assert (project / "notes/experiments.md").read_text() == "# lr sweep\n0.0006 looked best\n"
+    assert "# Template comment added in v0.2.0." in text
+    assert (project / "RELEASE-NOTES.md").read_text() == "Template v0.2.0: release notes file.\n"
+    assert "# Launch script line added in v0.2.0." in (project / "launch/devmachine/train.sh").read_text()
+    assert not list(project.rglob("*.rej")) and "<<<<<<<" not in text
+    assert yaml.safe_load((project / ".copier-answers.yml").read_text())["_commit"] == "v0.2.0"
+    current = copier(project, "check-update", "--quiet")
+    assert current.returncode == 0, current.stdout + current.stderr
+    commit_all(project, "update to v0.2.0")
+
+    # A new shape: every launch file and the config follow, the user's edits stay.
+    reshape = copier(project, "update", "--defaults", "--trust", "--conflict", "inline", "--data", "nodes=4")
+    assert reshape.returncode == 0, reshape.stdout + reshape.stderr
+    cfg = yaml.safe_load(cfg_path.read_text())
+    assert cfg["cluster"]["nodes"] == 4 and cfg["cluster"]["gpus_per_node"] == 8
+    batch = cfg["batch"]
+    assert batch["global_batch_size"] % (batch["micro_batch_size"] * 4 * 8) == 0, batch
+    assert batch["global_batch_size"] == 512, "gpt: 256 sequences rounded up to micro 16 x 32 ranks"
+    assert cfg["optim"]["lr"] == 0.0006 and cfg["schedule"]["warmup_steps"] == 250
+    sbatch = (project / "launch/slurm/train.sbatch").read_text()
+    assert re.findall(r"^#SBATCH --nodes=(\S+)$", sbatch, re.M) == ["4"]
+    specs = yaml.safe_load((project / "launch/kubeflow/pytorchjob.yaml").read_text())["spec"]["pytorchReplicaSpecs"]
+    assert specs["Master"]["replicas"] == 1 and specs["Worker"]["replicas"] == 3
+    trainjob = yaml.safe_load((project / "launch/kubeflow/trainjob.yaml").read_text())
+    assert trainjob["spec"]["trainer"]["numNodes"] == 4
+    devmachine = (project / "launch/devmachine/train.sh").read_text()
+    # The dev-machine script takes the node count at run time; it kept v0.2.0's line.
+    assert 'NNODES=${NNODES:-1}' in devmachine and "# Launch script line added in v0.2.0." in devmachine
+    assert "4 node(s) x 8 GPU(s)" in (project / "launch/kubeflow/pytorchjob.yaml").read_text()
+    assert yaml.safe_load((project / ".copier-answers.yml").read_text())["nodes"] == 4
+    checked = check(project)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_conflicting_edit_leaves_markers_and_check_fails(tmp_path):
+    tpl = snapshot_template(tmp_path / "template")
+    commit_all(tpl, "template", tag="v0.1.0")
+    project = generate(tmp_path, tpl)
+    cfg_path = project / "config/train.yaml"
+    edit(cfg_path, "max_steps: 20000", "max_steps: 30000")
+    commit_all(project, "user: longer run")
+    edit(tpl / "template/config/train.yaml.jinja", "max_steps: 20000", "max_steps: 25000")
+    commit_all(tpl, "template: new default", tag="v0.2.0")
+
+    update = copier(project, "update", "--defaults", "--trust", "--conflict", "inline")
+    assert update.returncode == 0, update.stdout + update.stderr
+    text = cfg_path.read_text()
+    assert "<<<<<<<" in text and ">>>>>>>" in text, text
+    assert "max_steps: 30000" in text and "max_steps: 25000" in text, "both sides must be kept"
+    checked = check(project)
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert "unresolved merge conflict markers in" in checked.stderr and "config/train.yaml" in checked.stderr
+    assert "Traceback" not in checked.stderr
+
+
+def test_migration_adopts_zero_stage_from_train_yaml(tmp_path):
+    """The real migration: before 0.1.0 the ZeRO stage lived only in config/train.yaml."""
+    tpl = snapshot_template(tmp_path / "template")
+    questions = (tpl / "copier.yml").read_text()
+    old = re.sub(r"\nzero_stage:\n.*?\n(?=platforms:\n)", "\n", questions, flags=re.S)
+    assert old != questions and "\nzero_stage:" not in old
+    (tpl / "copier.yml").write_text(old)
+    edit(tpl / "template/config/train.yaml.jinja", "{{ zero_stage if strategy == 'deepspeed' else 1 }}", "1")
+    commit_all(tpl, "template before zero_stage was asked", tag="v0.0.9")
+    project = generate(tmp_path, tpl, strategy="deepspeed", platforms="[devmachine]")
+    assert "zero_stage" not in yaml.safe_load((project / ".copier-answers.yml").read_text())
+    edit(project / "config/train.yaml", "zero_stage: 1 ", "zero_stage: 2 ")
+    commit_all(project, "user: ZeRO-2")
+    (tpl / "copier.yml").write_text(questions)
+    git(tpl, "checkout", "-q", "--", "template/config/train.yaml.jinja")
+    commit_all(tpl, "zero_stage asked", tag="v0.1.0")
+
+    update = copier(project, "update", "--defaults", "--trust", "--conflict", "inline")
+    assert update.returncode == 0, update.stdout + update.stderr
+    assert "answer 'zero_stage' = 2, taken from config/train.yaml" in update.stderr
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    assert answers["zero_stage"] == 2 and answers["_commit"] == "v0.1.0"
+    assert yaml.safe_load((project / "config/train.yaml").read_text())["deepspeed"]["zero_stage"] == 2
+    # Idempotent: a second run leaves the answers file as it is.
+    before = (project / ".copier-answers.yml").read_text()
+    again = run([sys.executable, str(TEMPLATE / "migrations/answers.py"), "adopt", "zero_stage", "deepspeed.zero_stage",
+                 "--if", "strategy=deepspeed"], cwd=project)
+    assert again.returncode == 0 and "already recorded" in again.stderr
+    assert (project / ".copier-answers.yml").read_text() == before
+
+
+MINI_COPIER = """\
+_subdirectory: template
+_answers_file: .copier-answers.yml
+_templates_suffix: .jinja
+{migrations}
+{name}:
+  type: str
+  default: plain
+"""
+RENAME_MIGRATION = """\
+_migrations:
+  - version: "0.2.0"
+    when: "{{ _stage == 'before' }}"
+    command: ["{{ _copier_python }}", "{{ _copier_conf.src_path }}/migrations/answers.py", rename, old_name, new_name]
+"""
+
+
+def test_migration_renames_a_question_and_keeps_the_value(tmp_path):
+    """Tag A asks old_name; tag B renames it to new_name with a migration; the user's value survives."""
+    tpl = tmp_path / "template"
+    (tpl / "template").mkdir(parents=True)
+    (tpl / "migrations").mkdir()
+    shutil.copy2(TEMPLATE / "migrations/answers.py", tpl / "migrations/answers.py")
+    (tpl / "template/{{_copier_conf.answers_file}}.jinja").write_text("{{ _copier_answers|to_nice_yaml -}}\n")
+    (tpl / "copier.yml").write_text(MINI_COPIER.format(migrations="", name="old_name"))
+    (tpl / "template/note.txt.jinja").write_text("note: {{ old_name }}\n")
+    git(tpl, "init", "-q", "-b", "main")
+    commit_all(tpl, "A", tag="v0.1.0")
+
+    value = "it's \"quoted\" $HOME; rm -rf x \u00e9"
+    project = tmp_path / "project"
+    result = copier_copy(project, {"old_name": value}, src=f"git+file://{tpl}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    git(project, "init", "-q", "-b", "main")
+    commit_all(project, "generated")
+
+    (tpl / "copier.yml").write_text(MINI_COPIER.format(migrations=RENAME_MIGRATION, name="new_name"))
+    (tpl / "template/note.txt.jinja").write_text("note: {{ new_name }}\n")
+    commit_all(tpl, "B: old_name renamed", tag="v0.2.0")
+
+    update = copier(project, "update", "--defaults", "--trust", "--conflict", "inline")
+    assert update.returncode == 0, update.stdout + update.stderr
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    assert answers["new_name"] == value and "old_name" not in answers and answers["_commit"] == "v0.2.0"
+    assert (project / "note.txt").read_text() == f"note: {value}\n"
+    # Idempotent: renaming again changes nothing.
+    before = (project / ".copier-answers.yml").read_text()
+    again = run([sys.executable, str(tpl / "migrations/answers.py"), "rename", "old_name", "new_name"], cwd=project)
+    assert again.returncode == 0 and "nothing to rename" in again.stderr
+    assert (project / ".copier-answers.yml").read_text() == before
+
+
+def test_message_after_copy_and_generated_ci(tmp_path):
+    project = tmp_path / "project"
+    data = {"project_name": "Upd", "project_slug": SLUG, "platforms": "[slurm,kubeflow]", "strategy": "deepspeed",
+            "shared_mount": str(tmp_path), "data_dir": str(tmp_path / "data"), "output_dir": str(tmp_path / "runs")}
+    result = copier_copy(project, data)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout + result.stderr
+    assert "Next three commands (kubeflow, slurm;" in out, out
+    assert f"1. cd {project} && DS_BUILD_OPS=0 pip install --no-build-isolation -e '.[deepspeed,kubeflow]'" in out
+    assert f"2. {SLUG} check && {SLUG} prepare-data" in out
+    assert re.search(rf"3\. {SLUG} launch kubeflow .*\n\s+{SLUG} launch slurm\n", out), out
+    assert "launch devmachine" not in out
+
+    workflow = yaml.safe_load((project / ".github/workflows/ci.yml").read_text())
+    assert set(workflow["jobs"]) == {"tests", "template"}
+    assert workflow[True] == ["push", "pull_request"]  # YAML 1.1 reads the key `on` as True
+    tests = "\n".join(step.get("run", "") for step in workflow["jobs"]["tests"]["steps"])
+    assert "--index-url https://download.pytorch.org/whl/cpu" in tests and "python -m pytest -q" in tests
+    assert "apt-get install -y slurm-client" in tests
+    extras = re.search(r"-e '\.\[([a-z,]+)\]'", tests).group(1).split(",")
+    pyproject = (project / "pyproject.toml").read_text()
+    for extra in extras:
+        assert re.search(rf"^{extra} = \[", pyproject, re.M), f"extra {extra} is not in pyproject.toml"
+    template_job = "\n".join(step.get("run", "") for step in workflow["jobs"]["template"]["steps"])
+    assert "copier check-update --quiet" in template_job
+    assert copier(project, "check-update", "--help").returncode == 0
+    syntax = run(["bash", "-n", "-c", workflow["jobs"]["template"]["steps"][-1]["run"]])
+    assert syntax.returncode == 0, syntax.stderr
