@@ -1,0 +1,181 @@
+"""cookiecutter front end: `cookiecutter <template>` builds the same project as `copier copy`.
+
+cookiecutter.json is derived from copier.yml by `derive_cookiecutter_json()` below (same questions,
+same defaults, copier's Jinja defaults rewritten to cookiecutter's `cookiecutter.<name>` context).
+After editing copier.yml, regenerate it:  python tests/test_cookiecutter.py --write
+
+Run:  .venv/bin/pytest tests/test_cookiecutter.py -q
+Real runs only: the cookiecutter and copier CLIs render into temporary folders and the trees are
+compared file by file (bytes and executable bits).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest import BIN, TEMPLATE, copier_copy, run  # noqa: E402
+
+COOKIECUTTER_JSON = TEMPLATE / "cookiecutter.json"
+# Private (not asked, not passed to copier) tables that derived defaults look things up in.
+PRIVATE_TABLES = {"gpt3_layouts": "_gpt3_layouts"}
+JINJA_BLOCK = re.compile(r"({{.*?}}|{%.*?%})", re.S)
+TOKEN = re.compile(r"""('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|\.?[A-Za-z_][A-Za-z0-9_]*)""")
+
+
+def _translate(expr: str, names: set[str]) -> str:
+    """Rewrite copier's bare question names in Jinja blocks to cookiecutter's context names."""
+
+    def block(match: re.Match) -> str:
+        def token(t: re.Match) -> str:
+            word = t.group(0)
+            if word[0] in "'\".":  # string literal or attribute: leave alone
+                return word
+            if word in PRIVATE_TABLES:
+                return f"cookiecutter.{PRIVATE_TABLES[word]}"
+            return f"cookiecutter.{word}" if word in names else word
+
+        return TOKEN.sub(token, match.group(0))
+
+    return JINJA_BLOCK.sub(block, expr)
+
+
+def derive_cookiecutter_json(copier_yml: Path = TEMPLATE / "copier.yml") -> dict:
+    """cookiecutter.json's content from copier.yml: every asked question with copier's default.
+
+    Representation: every answer is a plain string variable (no cookiecutter choice lists, so a
+    wrong choice reaches the pre_gen hook and gets copier's message instead of a traceback);
+    the multiselect `platforms` is a comma-separated string. Questions with `when: false` are
+    derived by copier and not asked (the layout table is kept as the private `_gpt3_layouts`).
+    """
+    spec = yaml.safe_load(copier_yml.read_text())
+    questions = {k: v for k, v in spec.items() if not k.startswith("_")}
+    asked = [k for k, v in questions.items() if v.get("when") is not False]
+    names = set(asked)
+    # Private tables first: cookiecutter adds `_` keys to the context in file order, and the
+    # derived defaults below look them up.
+    out: dict = {private: questions[name]["default"] for name, private in PRIVATE_TABLES.items()}
+    out["_extensions"] = ["jinja2_ansible_filters.AnsibleCoreFiltersExtension"]  # copier's regex_* filters
+    prompts: dict = {}
+    for key in asked:
+        q = questions[key]
+        default = q.get("default", "")
+        if q.get("multiselect"):
+            default = ",".join(default)
+        elif isinstance(default, str):
+            default = _translate(default, names)
+        out[key] = default
+        choices = q.get("choices")
+        values = list(choices.values()) if isinstance(choices, dict) else list(choices or [])
+        text = " ".join(str(q.get("help", key)).split())
+        if q.get("multiselect"):
+            text += f" (comma-separated, from: {','.join(map(str, values))})"
+        elif values:
+            text += f" ({' | '.join(map(str, values))})"
+        prompts[key] = text
+    out["__prompts__"] = prompts
+    return out
+
+
+def _dump(data: dict) -> str:
+    return json.dumps(data, indent=2, ensure_ascii=True) + "\n"
+
+
+if __name__ == "__main__" and "--write" in sys.argv:
+    COOKIECUTTER_JSON.write_text(_dump(derive_cookiecutter_json()))
+    print(f"wrote {COOKIECUTTER_JSON}")
+    sys.exit(0)
+
+
+# --- Tests ----------------------------------------------------------------------------------------
+
+def cookiecutter(out: Path, answers: dict, tmp: Path):
+    """`cookiecutter --no-input <template> key=value ...` into `out`, with a private config (replay dir)."""
+    config = tmp / "cookiecutter-config.yaml"
+    config.write_text(yaml.safe_dump({"replay_dir": str(tmp / "replay"), "cookiecutters_dir": str(tmp / "cc")}))
+    cmd = [str(BIN / "cookiecutter"), "--no-input", "--config-file", str(config), "-o", str(out), str(TEMPLATE)]
+    return run(cmd + [f"{k}={v}" for k, v in answers.items()], cwd=tmp)
+
+
+def tree(root: Path) -> dict[str, tuple[bytes, bool]]:
+    """Every file under root: (contents, executable) by relative path."""
+    return {p.relative_to(root).as_posix(): (p.read_bytes(), bool(p.stat().st_mode & 0o111))
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# name: (cookiecutter answers, the same answers for copier --data)
+SAME_ANSWERS = {
+    "defaults": ({}, {}),
+    "kubeflow-slurm-2-nodes": (
+        {"project_name": "Kube Slurm", "platforms": "kubeflow,slurm", "nodes": 2, "slurm_partition": "gpu"},
+        {"project_name": "Kube Slurm", "platforms": "[kubeflow, slurm]", "nodes": 2, "slurm_partition": "gpu"}),
+    "gpt3-preset": (
+        {"project_name": "G3 Pipe", "model": "gpt3", "gpt3_layout": "1.3b-4dp-4pp"},
+        {"project_name": "G3 Pipe", "model": "gpt3", "gpt3_layout": "1.3b-4dp-4pp"}),
+}
+
+
+def test_cookiecutter_json_is_derived_from_copier_yml():
+    """Same questions, same defaults: cookiecutter.json is exactly what copier.yml derives."""
+    assert json.loads(COOKIECUTTER_JSON.read_text()) == derive_cookiecutter_json(), (
+        "cookiecutter.json is out of date with copier.yml: run  python tests/test_cookiecutter.py --write")
+    spec = yaml.safe_load((TEMPLATE / "copier.yml").read_text())
+    asked = [k for k, v in spec.items() if not k.startswith("_") and v.get("when") is not False]
+    cc = json.loads(COOKIECUTTER_JSON.read_text())
+    assert [k for k in cc if not k.startswith("_")] == asked
+
+
+@pytest.mark.parametrize("name", SAME_ANSWERS)
+def test_cookiecutter_and_copier_make_the_same_project(tmp_path, name):
+    cc_answers, copier_answers = SAME_ANSWERS[name]
+    result = cookiecutter(tmp_path / "cc", cc_answers, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    made = [p for p in (tmp_path / "cc").iterdir()]
+    assert len(made) == 1, made
+    by_cookiecutter = tree(made[0])
+    result = copier_copy(tmp_path / "copier" / made[0].name, copier_answers)
+    assert result.returncode == 0, result.stdout + result.stderr
+    by_copier = tree(tmp_path / "copier" / made[0].name)
+    assert sorted(by_cookiecutter) == sorted(by_copier)
+    # _commit may differ only when the template checkout has uncommitted changes: copier then
+    # clones HEAD and commits the working tree on top ("Copier automated commit for draft
+    # changes"), a new commit id on every run, whichever front end calls it.
+    if run(["git", "status", "--porcelain"], cwd=TEMPLATE).stdout.strip():
+        for files in (by_cookiecutter, by_copier):
+            text, mode = files[".copier-answers.yml"]
+            files[".copier-answers.yml"] = (re.sub(rb"(?m)^_commit: .*$", b"_commit: <draft>", text), mode)
+    differ = [path for path in by_copier if by_copier[path] != by_cookiecutter[path]]
+    assert not differ, f"files differ between cookiecutter and copier: {differ}"
+    recorded = yaml.safe_load(by_cookiecutter[".copier-answers.yml"][0])
+    assert recorded["_src_path"] == str(TEMPLATE)  # `copier update` works from the cookiecutter project
+    assert not any(p.endswith(".cookiecutter-placeholder") or "cookiecutter" in p for p in by_cookiecutter)
+
+
+BAD = [
+    ({"project_name": "Bad Slug", "project_slug": "My-Run"}, "project_slug"),
+    ({"project_name": "Too Big", "model": "gpt3", "gpt3_layout": "custom", "model_size": "13B", "nodes": 1,
+      "gpus_per_node": 8, "gpu_type": "v100-16gb"}, "gpu_type"),
+    ({"platforms": "devmachine,aws"}, "platforms"),
+    ({"nodes": "two"}, "nodes"),
+]
+
+
+@pytest.mark.parametrize("answers, field", BAD, ids=[field for _, field in BAD])
+def test_bad_answer_stops_cookiecutter_and_leaves_nothing(tmp_path, answers, field):
+    out = tmp_path / "out"
+    out.mkdir()
+    result = cookiecutter(out, answers, tmp_path)
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert re.search(rf"(?m)^  {field}[:=]", result.stderr), output
+    # cookiecutter itself logs its FailedHookException with a traceback; none comes from our code.
+    frames = re.findall(r'File "([^"]+)"', output)
+    assert all("/cookiecutter/" in f for f in frames), frames
+    assert list(out.iterdir()) == [], "cookiecutter left files behind"
