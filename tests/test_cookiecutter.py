@@ -79,7 +79,7 @@ def derive_cookiecutter_json(copier_yml: Path = TEMPLATE / "copier.yml") -> dict
             text += f" (comma-separated, from: {','.join(map(str, values))})"
         elif values:
             text += f" ({' | '.join(map(str, values))})"
-        prompts[key] = text
+        prompts[key] = f"{key}: {text}"
     out["__prompts__"] = prompts
     return out
 
