@@ -98,6 +98,7 @@ if __name__ == "__main__" and "--write" in sys.argv:
 
 def cookiecutter(out: Path, answers: dict, tmp: Path):
     """`cookiecutter --no-input <template> key=value ...` into `out`, with a private config (replay dir)."""
+    assert (BIN / "cookiecutter").exists(), "cookiecutter is missing: pip install -r requirements-dev.txt"
     config = tmp / "cookiecutter-config.yaml"
     config.write_text(yaml.safe_dump({"replay_dir": str(tmp / "replay"), "cookiecutters_dir": str(tmp / "cc")}))
     cmd = [str(BIN / "cookiecutter"), "--no-input", "--config-file", str(config), "-o", str(out), str(TEMPLATE)]
@@ -178,4 +179,26 @@ def test_bad_answer_stops_cookiecutter_and_leaves_nothing(tmp_path, answers, fie
     # cookiecutter itself logs its FailedHookException with a traceback; none comes from our code.
     frames = re.findall(r'File "([^"]+)"', output)
     assert all("/cookiecutter/" in f for f in frames), frames
+    assert list(out.iterdir()) == [], "cookiecutter left files behind"
+
+
+def test_failure_after_the_checks_still_leaves_nothing(tmp_path):
+    """If copier fails inside post_gen (here: a copy of the template whose pre_gen hands copier
+    nodes=0 after its checks passed), cookiecutter still deletes the project folder."""
+    copy = tmp_path / "template"
+    archive = run(["git", "archive", "HEAD", "--prefix=template/", "-o", str(tmp_path / "t.tar")], cwd=TEMPLATE)
+    assert archive.returncode == 0, archive.stderr
+    assert run(["tar", "-xf", str(tmp_path / "t.tar"), "-C", str(tmp_path)]).returncode == 0
+    hook = copy / "hooks" / "pre_gen_project.py"
+    text = hook.read_text()
+    marker = "    Path(ANSWERS_FILE).write_text("
+    assert marker in text
+    hook.write_text(text.replace(marker, '    answers["nodes"] = 0\n' + marker))
+    out = tmp_path / "out"
+    out.mkdir()
+    config = tmp_path / "cookiecutter-config.yaml"
+    config.write_text(yaml.safe_dump({"replay_dir": str(tmp_path / "replay")}))
+    result = run([str(BIN / "cookiecutter"), "--no-input", "--config-file", str(config), "-o", str(out), str(copy)])
+    assert result.returncode != 0
+    assert "copier could not render the project" in result.stderr and "'nodes'" in result.stderr, result.stderr
     assert list(out.iterdir()) == [], "cookiecutter left files behind"
