@@ -117,6 +117,9 @@ SAME_ANSWERS = {
     "kubeflow-slurm-2-nodes": (
         {"project_name": "Kube Slurm", "platforms": "kubeflow,slurm", "nodes": 2, "slurm_partition": "gpu"},
         {"project_name": "Kube Slurm", "platforms": "[kubeflow, slurm]", "nodes": 2, "slurm_partition": "gpu"}),
+    # Quotes, backslash, $, ; and unicode pass through the hook's embedded JSON context intact.
+    "odd-name": ({"project_name": "\u00dcn\u00efcode \"q\" it's $HOME; a\\b"},
+                 {"project_name": "\u00dcn\u00efcode \"q\" it's $HOME; a\\b"}),
     "gpt3-preset": (
         {"project_name": "G3 Pipe", "model": "gpt3", "gpt3_layout": "1.3b-4dp-4pp"},
         {"project_name": "G3 Pipe", "model": "gpt3", "gpt3_layout": "1.3b-4dp-4pp"}),
