@@ -134,7 +134,10 @@ def config_problems(a: dict, fit: bool = True) -> list[tuple[str, set[str], str]
             return [(_field(str(exc)), _named(str(exc)), str(exc))]
     found = [(_field(p), _named(p), p) for p in pkg["rules"].check_config(cfg)]
     if not found and fit:
-        problem = pkg["plan"].fit_problem(cfg)
+        try:
+            problem = pkg["plan"].fit_problem(cfg)
+        except pkg["config"].ConfigError as exc:  # a GPU plan does not know
+            problem = str(exc)
         if problem:  # blamed on the GPU, asked after everything that shapes the memory
             found.append(("gpu_type", {"gpu_type"}, problem))
     return found
@@ -158,8 +161,6 @@ def platform_problems(a: dict) -> list[tuple[str, set[str], str]]:
         if not str(a.get("pvc_name", "x") or "").strip():
             found.append(("pvc_name", {"pvc_name"}, "Kubeflow pods mount the shared storage from a PersistentVolumeClaim; "
                                       "give the name of an existing PVC, e.g. shared-data"))
-    if "tione" in platforms and a.get("tione_mode", "ddp") not in ("ddp", "mpi", "ray", "ps-worker"):
-        found.append(("tione_mode", {"tione_mode"}, "choose one of ddp, mpi, ray, ps-worker (TI-ONE's console modes)"))
     return found
 
 

@@ -7,9 +7,9 @@ Loaded by copier.yml through copier-template-extensions (pip install copier copi
       - hooks/copier_extension.py:RulesExtension
 
 Globals it adds:
-    answer_problems('tensor_parallel', ...)  in a `validator`: the first problem naming one of these
-                                             answers whose inputs are all known, "" when they are fine
-                                             (copier shows it and asks again); no names: every rule
+    answer_problems('tensor_parallel', ...)  in a `validator`: the first problem to be fixed in one of
+                                             these answers, "" when they are fine (copier shows it and
+                                             asks again); upto='gpu_type': in any answer asked so far
     refuse_bad_answers()                     in the default of a hidden question asked last: raises
                                              "Validation error for question '<field>': ..." for the first
                                              problem: hidden questions have no validators, and older
@@ -45,22 +45,20 @@ def _given(context) -> dict:
 
 
 @pass_context
-def answer_problems(context, *fields: str) -> str:
-    """First problem naming one of `fields` for the answers known so far; "" when fine."""
-    answers = _given(context)
-    fit = "gpu_type" in answers  # the memory fit needs the GPU; earlier questions check the rules only
+def answer_problems(context, *fields: str, upto: str | None = None) -> str:
+    """First problem to be fixed in one of `fields` (or in any question up to `upto`), "" when fine.
+
+    Each problem blames one answer (the one its fix names, else the last question it involves) and is
+    reported by that question's validator, with the answers known so far and copier's defaults for
+    the rest; the memory fit only once gpu_type is known.
+    """
     rules = _answers_module()
-    known = set(answers)
-    if answers.get("model") == "gpt3" and answers.get("gpt3_layout", "custom") != "custom":
-        known |= {"model_size", "nodes", "gpus_per_node", "tensor_parallel", "pipeline_parallel"}  # the preset's
-    for blamed, named, message in rules.field_problems(answers, fit=fit):
-        if not fields:
+    if upto:
+        fields = tuple(rules.QUESTION_ORDER[: rules.QUESTION_ORDER.index(upto) + 1])
+    answers = _given(context)
+    for blamed, _named, message in rules.field_problems(answers, fit="gpu_type" in answers):
+        if blamed in fields:
             return rules.line(answers, blamed, message)
-        # a rule is checked at the first of its questions at which all its inputs are known
-        # (answered, given with --data, or set by the chosen gpt3 preset); later defaults are not
-        for field in fields:
-            if field in named and named <= known:
-                return rules.line(answers, field, message)
     return ""
 
 

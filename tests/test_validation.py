@@ -1,66 +1,174 @@
-"""Bad answers are refused by copier with a message naming the field, and nothing is written."""
+"""Bad answers are refused by copier before anything is written, with one line naming the field.
+
+    pytest tests/test_validation.py -q
+
+Each row of BAD_ANSWERS is a real `copier copy --defaults --data ...` into a folder that does not
+exist: copier must exit non-zero, name the question ("Validation error for question '<field>'" or,
+for a value outside a question's choices, "Invalid choice for '<field>'"), give a one-line reason,
+and leave no destination behind. Cross-field rows go through hooks/copier_extension.py, which runs
+the generated package's rules.py and plan.py (hooks/answers.py); the last tests check that module
+directly and that a refused copy into an existing folder leaves the user's file alone.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import re
+from pathlib import Path
+
 import pytest
 
-from conftest import copier_copy
+from conftest import TEMPLATE, copier_copy
 
+SLUG40 = "a" * 40
+GPT3 = {"model": "gpt3", "gpt3_layout": "custom"}
+
+# (answers, field copier names, a word the reason must contain)
 BAD_ANSWERS = [
-    ({"project_slug": "My-Run"}, "project_slug"),
-    ({"project_slug": "1run"}, "project_slug"),
-    ({"project_slug": "my_run"}, "project_slug"),
-    ({"project_slug": "a" * 41}, "project_slug"),
-    ({"project_name": "   "}, "project_name"),
-    ({"nodes": 0}, "nodes"),
-    ({"gpus_per_node": 0}, "gpus_per_node"),
-    ({"data_dir": "relative/data"}, "data_dir"),
-    ({"output_dir": "runs"}, "output_dir"),
-    ({"model": "t5"}, "model"),
-    ({"model": "gpt", "model_size": "125M"}, "model_size"),
-    ({"model": "bert", "model_size": "d12"}, "model_size"),
-    ({"model": "gpt3", "model_size": "1B"}, "model_size"),
-    ({"model": "bert", "pretrained_dir": "models/bert"}, "pretrained_dir"),
-    ({"model": "gpt3", "gpt3_layout": "1b-2pp"}, "gpt3_layout"),
-    ({"model": "gpt3", "gpt3_layout": "custom", "gpus_per_node": 4, "tensor_parallel": 8}, "tensor_parallel"),
-    ({"model": "gpt3", "gpt3_layout": "custom", "gpus_per_node": 4, "pipeline_parallel": 3}, "pipeline_parallel"),
-    ({"strategy": "deepspeed", "zero_stage": 4}, "zero_stage"),
-    ({"strategy": "megatron"}, "strategy"),
-    ({"platforms": "[]"}, "platforms"),
+    # single fields: names, paths, ranges, choices
+    ({"project_slug": "My-Run"}, "project_slug", "lowercase"),
+    ({"project_slug": "1run"}, "project_slug", "starting with a letter"),
+    ({"project_slug": "my_run"}, "project_slug", "lowercase"),
+    ({"project_slug": "a" * 41}, "project_slug", "40"),
+    ({"project_name": "   "}, "project_name", "empty"),
+    ({"nodes": 0}, "nodes", "at least 1"),
+    ({"gpus_per_node": 0}, "gpus_per_node", "at least 1"),
+    ({"data_dir": "relative/data"}, "data_dir", "absolute"),
+    ({"output_dir": "runs"}, "output_dir", "absolute"),
+    ({"shared_mount": "relative"}, "shared_mount", "absolute"),
+    ({"shared_mount": "/mnt/shared/"}, "shared_mount", "trailing slash"),
+    ({"image": "Registry/Name:tag with space"}, "image", "image reference"),
+    ({"base_image": "nvcr.io/nvidia/pytorch:bad tag"}, "base_image", "image reference"),
+    ({"nccl_socket_ifname": "eth0; reboot"}, "nccl_socket_ifname", "interface"),
+    ({"nccl_ib_hca": "mlx5 0"}, "nccl_ib_hca", "device names"),
+    ({"fabric": "roce", "nccl_ib_gid_index": 300}, "nccl_ib_gid_index", "255"),
+    ({"fabric": "roce", "nccl_ib_tc": -1}, "nccl_ib_tc", "255"),
+    ({"fabric": "myrinet"}, "fabric", ""),
+    ({"model": "t5"}, "model", ""),
+    ({"model": "gpt", "model_size": "125M"}, "model_size", "gpt size"),
+    ({"model": "bert", "model_size": "d12"}, "model_size", "bert size"),
+    ({"model": "gpt3", "model_size": "1B"}, "model_size", "gpt3 size"),
+    ({"model": "bert", "pretrained_dir": "models/bert"}, "pretrained_dir", "absolute"),
+    ({"model": "gpt3", "gpt3_layout": "1b-2pp"}, "gpt3_layout", ""),
+    ({"strategy": "deepspeed", "zero_stage": 4}, "zero_stage", ""),
+    ({"strategy": "megatron"}, "strategy", ""),
+    ({"gpu_type": "tpu-v5"}, "gpu_type", ""),
+    ({"platforms": "[]"}, "platforms", "at least one"),
+    # tensor / pipeline degrees against the world size and the model's shape
+    ({**GPT3, "gpus_per_node": 4, "tensor_parallel": 8}, "tensor_parallel", "gpus_per_node"),
+    ({**GPT3, "gpus_per_node": 4, "pipeline_parallel": 3}, "pipeline_parallel", "divide"),
+    ({**GPT3, "nodes": 1, "gpus_per_node": 6, "tensor_parallel": 2, "pipeline_parallel": 4}, "pipeline_parallel", "divide"),
+    ({**GPT3, "model_size": "125M", "tensor_parallel": 8}, "tensor_parallel", "attention heads"),
+    ({**GPT3, "model_size": "350M", "gpus_per_node": 3, "tensor_parallel": 3}, "tensor_parallel", "attention heads"),
+    ({**GPT3, "model_size": "1.3B", "gpus_per_node": 5, "pipeline_parallel": 5}, "pipeline_parallel", "layers"),
+    ({**GPT3, "model_size": "2.7B", "gpus_per_node": 3, "pipeline_parallel": 3}, "pipeline_parallel", "layers"),
+    # ZeRO and strategy against the layout
+    ({"model": "gpt3", "gpt3_layout": "13b-4dp-4pp", "zero_stage": 2}, "zero_stage", "ZeRO 0 or 1"),
+    ({**GPT3, "pipeline_parallel": 2, "zero_stage": 3}, "zero_stage", "pipeline engine"),
+    ({"model": "gpt3", "gpt3_layout": "13b-4dp-4pp", "strategy": "ddp"}, "strategy", "run.strategy=deepspeed"),
+    ({**GPT3, "model_size": "tiny", "tensor_parallel": 2, "strategy": "ddp"}, "strategy", "run.strategy=deepspeed"),
+    # memory fit (plan): given and default GPU types
+    ({**GPT3, "model_size": "13B", "nodes": 1, "gpus_per_node": 8, "gpu_type": "v100-16gb"}, "gpu_type", "does not fit"),
+    ({**GPT3, "model_size": "13B", "nodes": 1, "gpus_per_node": 8}, "gpu_type", "does not fit"),
+    ({**GPT3, "model_size": "175B", "gpu_type": "a100-80gb"}, "gpu_type", "does not fit"),
+    ({"model": "gpt", "model_size": "d32", "gpus_per_node": 1, "gpu_type": "v100-16gb"}, "gpu_type", "does not fit"),
+    # Kubernetes names: the job is the slug, its pods add the operators' suffixes (<= 63)
+    ({"platforms": "[kubeflow]", "project_slug": SLUG40, "nodes": 10**16}, "nodes", "DNS-1123"),
+    ({"platforms": "[kubeflow]", "k8s_namespace": "ML_Team"}, "k8s_namespace", "DNS-1123"),
+    ({"platforms": "[kubeflow]", "k8s_namespace": "n" * 64}, "k8s_namespace", "63"),
+    ({"platforms": "[kubeflow]", "pvc_name": "Shared Data"}, "pvc_name", "Kubernetes name"),
+    ({"platforms": "[kubeflow]", "pvc_name": ""}, "pvc_name", "Kubernetes name"),
+    ({"platforms": "[kubeflow]", "rdma_resource": "hca"}, "rdma_resource", "domain/name"),
+    ({"platforms": "[kubeflow]", "image_pull_secret": "Bad_Secret"}, "image_pull_secret", "Secret"),
+    # what each platform needs
+    ({"platforms": "[kubeflow]", "data_dir": "/data/run"}, "data_dir", "shared_mount"),
+    ({"platforms": "[kubeflow]", "output_dir": "/outputs"}, "output_dir", "shared_mount"),
+    ({"platforms": "[tione]", "tione_mode": "horovod"}, "tione_mode", ""),
+    ({"platforms": "[slurm]", "slurm_time": "one day"}, "slurm_time", "HH:MM:SS"),
+    ({"platforms": "[slurm]", "slurm_partition": "gpu;rm -rf /"}, "slurm_partition", "letters"),
+    ({"platforms": "[slurm]", "slurm_account": "team a"}, "slurm_account", "letters"),
+    ({"platforms": "[slurm]", "slurm_modules": "cuda; reboot"}, "slurm_modules", "module names"),
+    ({"platforms": "[slurm]", "slurm_cpus_per_gpu": 0}, "slurm_cpus_per_gpu", "at least 1"),
 ]
 
 
-@pytest.mark.parametrize("answers, field", BAD_ANSWERS, ids=[f"{f}={list(a.values())[0]}" for a, f in BAD_ANSWERS])
-def test_bad_answer_is_refused_before_writing(tmp_path, answers, field):
+def _id(row) -> str:
+    answers, field, _ = row
+    return f"{field}:" + ",".join(f"{k}={str(v)[:12]}" for k, v in answers.items())
+
+
+@pytest.mark.parametrize("answers, field, reason", BAD_ANSWERS, ids=[_id(r) for r in BAD_ANSWERS])
+def test_bad_answers_are_refused_before_writing(tmp_path, answers, field, reason):
     dst = tmp_path / "project"
-    result = copier_copy(dst, {"project_name": "Valid Name", **answers})
-    assert result.returncode != 0
+    data = {"project_name": "Valid Name", "data_dir": "/mnt/shared/v/data", "output_dir": "/mnt/shared/v/runs", **answers}
+    result = copier_copy(dst, data)
     output = result.stdout + result.stderr
-    # copier 9 ends its output with "ValueError: Validation error for question '<field>': <message>"
-    # (or "Invalid choice for '<field>'" for a value outside a question's choices).
-    named = (f"Validation error for question '{field}'", f"Invalid choice for '{field}'")
-    assert any(n in output for n in named), output[-2000:]
+    assert result.returncode != 0, output[-2000:]
+    validation = re.search(rf"Validation error for question '{field}': (.+)", output)
+    choice = re.search(rf"Invalid choice for '{field}'.*", output)
+    assert validation or choice, output[-2000:]
+    if validation:  # one line that says why and what to do, no second line needed
+        message = validation.group(1).strip()
+        assert len(message) > 20 and reason in message, message
     assert not dst.exists(), f"copier left {sorted(p.name for p in dst.iterdir())}"
 
 
-PLATFORM_BAD_ANSWERS = [
-    ({"platforms": "[kubeflow]", "k8s_namespace": "ML_Team"}, "k8s_namespace"),
-    ({"platforms": "[kubeflow]", "pvc_name": "Shared Data"}, "pvc_name"),
-    ({"platforms": "[kubeflow]", "rdma_resource": "hca"}, "rdma_resource"),
-    ({"platforms": "[kubeflow]", "image": "Registry/Name:tag with space"}, "image"),
-    ({"platforms": "[kubeflow]", "image_pull_secret": "Bad_Secret"}, "image_pull_secret"),
-    ({"platforms": "[kubeflow]", "data_dir": "/data/run"}, "data_dir"),
-    ({"platforms": "[kubeflow]", "output_dir": "/outputs"}, "output_dir"),
-    ({"shared_mount": "relative"}, "shared_mount"),
-    ({"platforms": "[tione]", "tione_mode": "horovod"}, "tione_mode"),
-    ({"platforms": "[slurm]", "slurm_time": "one day"}, "slurm_time"),
-    ({"platforms": "[slurm]", "slurm_partition": "gpu;rm -rf /"}, "slurm_partition"),
-    ({"platforms": "[slurm]", "slurm_modules": "cuda; reboot"}, "slurm_modules"),
-    ({"platforms": "[slurm]", "slurm_cpus_per_gpu": 0}, "slurm_cpus_per_gpu"),
-]
+def test_table_covers_forty_sets_and_every_question_with_a_rule():
+    assert len(BAD_ANSWERS) >= 40
+    fields = {field for _, field, _ in BAD_ANSWERS}
+    copier_yml = (TEMPLATE / "copier.yml").read_text()
+    validated = set(re.findall(r"^([a-z][a-z0-9_]*):\n(?:  .*\n)*?  validator:", copier_yml, re.M))
+    assert validated - fields == set(), f"questions with a validator but no bad answer: {validated - fields}"
 
 
-@pytest.mark.parametrize("answers, field", PLATFORM_BAD_ANSWERS,
-                         ids=[f"{f}={list(a.values())[-1]}" for a, f in PLATFORM_BAD_ANSWERS])
-def test_bad_platform_answer_is_refused_before_writing(tmp_path, answers, field):
-    test_bad_answer_is_refused_before_writing(tmp_path, answers, field)
+def test_refused_copy_into_an_existing_folder_keeps_exactly_the_users_file(tmp_path):
+    dst = tmp_path / "existing"
+    dst.mkdir()
+    (dst / "notes.txt").write_text("mine\n")
+    result = copier_copy(dst, {"project_name": "X", **GPT3, "model_size": "13B", "nodes": 1, "gpus_per_node": 8,
+                               "gpu_type": "v100-16gb", "data_dir": "/mnt/shared/x/data", "output_dir": "/mnt/shared/x/runs"})
+    assert result.returncode != 0
+    assert "Validation error for question 'gpu_type'" in result.stderr, result.stderr[-2000:]
+    assert sorted(p.name for p in dst.iterdir()) == ["notes.txt"]
+    assert (dst / "notes.txt").read_text() == "mine\n"
+
+
+def test_refused_copy_into_an_existing_empty_folder_leaves_it_empty(tmp_path):
+    dst = tmp_path / "empty"
+    dst.mkdir()
+    result = copier_copy(dst, {"project_name": "X", "platforms": "[kubeflow]", "project_slug": SLUG40, "nodes": 10**16})
+    assert result.returncode != 0 and "Validation error for question 'nodes'" in result.stderr
+    assert list(dst.iterdir()) == []
+
+
+# --- hooks/answers.py on its own: what cookiecutter's pre-generation hook calls --------------------
+
+def _answers_module():
+    spec = importlib.util.spec_from_file_location("answers_under_test", TEMPLATE / "hooks" / "answers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_answers_module_uses_the_generated_packages_rules_not_a_copy():
+    answers = _answers_module()
+    package = answers.package()
+    src = TEMPLATE / "template" / "src" / "{{project_slug}}"
+    for name in ("config", "rules", "plan", "sizes"):
+        assert Path(package[name].__file__) == src / f"{name}.py"
+    assert "def check_config" not in (TEMPLATE / "hooks" / "answers.py").read_text()
+    # its train.yaml is the template's: the default answers give the file copier renders
+    assert answers.problems({}) == []
+    assert answers.problems({"model": "bert"}) == [] and answers.problems({"model": "gpt3"}) == []
+
+
+def test_answers_problems_are_one_line_each_naming_field_and_value():
+    answers = _answers_module()
+    found = answers.problems({**GPT3, "model_size": "13B", "nodes": 1, "gpus_per_node": 8, "gpu_type": "v100-16gb",
+                              "platforms": ["kubeflow"], "pvc_name": ""})
+    assert found[0].startswith("pvc_name=: ") and "PersistentVolumeClaim" in found[0]
+    assert found[1].startswith("gpu_type=v100-16gb: does not fit") and "smallest change" in found[1]
+    assert all("\n" not in line for line in found)
+    # a note, not an error: TI-ONE's HCC machines set their own NCCL variables
+    assert answers.problems({"platforms": ["tione"]}) == []
+    assert "NCCL" in answers.notes({"platforms": ["tione"]})[0]
