@@ -114,3 +114,75 @@ def test_gpt3_preset_sets_the_layout(tmp_path, layout):
     assert world // (tp * pp) == 4, cfg  # every seed layout is 4-way data parallel
     assert cfg["batch"]["global_batch_size"] % (cfg["batch"]["micro_batch_size"] * 4) == 0
     assert cfg["run"]["strategy"] == "deepspeed" and cfg["deepspeed"]["zero_stage"] <= 1
+
+
+# --- Rendering safety: odd but accepted answers reach YAML escaped and shell quoted ----------------
+
+ODD_NAME = "Odd `id` \"q\" 's' $HOME; ü run & more"
+ODD_DATA = "/mnt/shared/my data ü;(x)"
+ODD_RUNS = "/mnt/shared/my runs & more"
+
+
+def _strings(node):
+    """Every string scalar of a parsed YAML document."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _strings(key)
+            yield from _strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _strings(value)
+    elif isinstance(node, str):
+        yield node
+
+
+@pytest.mark.parametrize("strategy, tione_mode", [("deepspeed", "mpi"), ("ddp", "ddp"), ("deepspeed", "ray"),
+                                                  ("ddp", "ps-worker")])
+def test_odd_answers_render_safely(tmp_path, strategy, tione_mode):
+    project = render(tmp_path / "p", project_name=ODD_NAME, data_dir=ODD_DATA, output_dir=ODD_RUNS,
+                     platforms="[devmachine, kubeflow, tione, slurm]", strategy=strategy, tione_mode=tione_mode,
+                     nodes=2, gpus_per_node=2)
+    yamls = [p for p in project.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file()]
+    assert len(yamls) >= 5
+    for path in yamls:
+        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            for text in _strings(doc):  # a value that mentions an answer holds it whole, nothing expanded
+                for marker, exact in (("Odd", ODD_NAME), ("my data", ODD_DATA), ("my runs", ODD_RUNS)):
+                    if marker in text:
+                        assert exact in text, (path, text)
+    cfg = yaml.safe_load((project / "config/train.yaml").read_text(encoding="utf-8"))
+    assert (cfg["data"]["dir"], cfg["run"]["output_dir"]) == (ODD_DATA, ODD_RUNS)
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text(encoding="utf-8"))
+    assert (answers["project_name"], answers["data_dir"]) == (ODD_NAME, ODD_DATA)
+
+    scripts = [p for p in project.rglob("*") if p.suffix in (".sh", ".sbatch") and p.is_file()]
+    assert any(p.name.startswith("start-") for p in scripts) and any(p.suffix == ".sbatch" for p in scripts)
+    for path in scripts:
+        result = run(["bash", "-n", str(path)])
+        assert result.returncode == 0, f"{path}: {result.stderr}"
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if ODD_NAME in line or "my data" in line:  # the free-text answers stay in comments
+                assert line.lstrip().startswith("#"), (path, line)
+            if line.startswith("#SBATCH") and "my runs" in line:  # sbatch splits its directives like a shell
+                import shlex
+                option, value = shlex.split(line[len("#SBATCH"):])[0].split("=", 1)
+                assert value.startswith(ODD_RUNS + "/slurm/"), line
+    # env files are read as data, never sourced: the sbatch reader keeps the path literal
+    sbatch = project / "launch/slurm/train-deepspeed.sbatch"
+    if sbatch.exists():
+        text = sbatch.read_text(encoding="utf-8")
+        reader = text[text.index("apply_env_file() {"):text.index("\n}\n", text.index("apply_env_file() {")) + 3]
+        result = run(["bash", "-c", reader + 'apply_env_file "$1" override; printf %s "$TORCH_NCCL_DEBUG_INFO_TEMP_FILE"',
+                      "reader", str(project / "config/nccl-debug.env")])
+        assert result.returncode == 0 and result.stdout == ODD_RUNS + "/nccl-trace/rank_", result
+
+
+@pytest.mark.parametrize("field, value", [("data_dir", "/mnt/shared/a$b"), ("output_dir", '/mnt/shared/say "hi"'),
+                                          ("data_dir", "/mnt/shared/100%"), ("output_dir", "/mnt/shared/a#b"),
+                                          ("project_name", "two\nlines")])
+def test_values_that_cannot_be_quoted_everywhere_are_refused(tmp_path, field, value):
+    from conftest import copier_copy
+
+    result = copier_copy(tmp_path / "p", {"project_name": "X", field: value})
+    assert result.returncode != 0 and f"Validation error for question '{field}'" in result.stderr, result.stderr[-1500:]
+    assert not (tmp_path / "p").exists()
