@@ -172,3 +172,40 @@ def test_answers_problems_are_one_line_each_naming_field_and_value():
     # a note, not an error: TI-ONE's HCC machines set their own NCCL variables
     assert answers.problems({"platforms": ["tione"]}) == []
     assert "NCCL" in answers.notes({"platforms": ["tione"]})[0]
+
+
+# --- Why the validators come first: copier's cleanup after a failed post-copy task ------------------
+
+def _template_without_early_checks(tmp_path: Path) -> Path:
+    """A copy of this template whose only check is the post-copy task (check_project)."""
+    import shutil
+
+    src = tmp_path / "late-template"
+    shutil.copytree(TEMPLATE / "template", src / "template", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(TEMPLATE / "hooks", src / "hooks", ignore=shutil.ignore_patterns("__pycache__"))
+    text = (TEMPLATE / "copier.yml").read_text()
+    text = re.sub(r"\{\{ answer_problems\([^)]*\) \}\}", "", text).replace("{{ refuse_bad_answers() }}", "ok")
+    (src / "copier.yml").write_text(text)
+    return src
+
+
+def test_post_copy_check_is_the_second_line_and_copier_cleans_only_new_folders(tmp_path):
+    from conftest import BIN, run
+
+    src = _template_without_early_checks(tmp_path)
+    data = {"project_name": "Late", **GPT3, "model_size": "13B", "nodes": 1, "gpus_per_node": 8,
+            "gpu_type": "v100-16gb", "data_dir": "/mnt/shared/l/data", "output_dir": "/mnt/shared/l/runs"}
+    args = [str(BIN / "copier"), "copy", "--trust", "--defaults"] + [f"--data={k}={v}" for k, v in data.items()]
+    # (a) a new destination: check_project refuses the layout, copier removes the folder it created
+    new = tmp_path / "new"
+    result = run(args + [str(src), str(new)])
+    assert result.returncode != 0 and "does not fit" in result.stderr, result.stderr[-1500:]
+    assert not new.exists()
+    # (b) an existing folder: copier keeps everything it rendered there -- hence the validators above,
+    # which refuse the same answers before a single file is written
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "notes.txt").write_text("mine\n")
+    result = run(args + [str(src), str(existing)])
+    assert result.returncode != 0 and "does not fit" in result.stderr
+    assert (existing / "config" / "train.yaml").exists() and (existing / "notes.txt").read_text() == "mine\n"
