@@ -9,11 +9,14 @@ Loaded by copier.yml through copier-template-extensions (pip install copier copi
 Globals it adds:
     answer_problems('tensor_parallel', ...)  in a `validator`: the first problem to be fixed in one of
                                              these answers, "" when they are fine (copier shows it and
-                                             asks again); upto='gpu_type': in any answer asked so far
-    refuse_bad_answers()                     in the default of a hidden question asked last: raises
-                                             "Validation error for question '<field>': ..." for the first
-                                             problem: hidden questions have no validators, and older
-                                             copier versions did not validate defaults
+                                             asks again); upto='gpu_type': in any answer asked so far.
+                                             With --defaults it stays silent: copier would print a
+                                             traceback, and refuse_bad_answers reports the same line
+    refuse_bad_answers()                     in the default of a hidden question asked last: stops copier
+                                             (exit 1) with "Validation error for question '<field>':
+                                             <field>=<value>" and the reason on a second line, for the
+                                             first problem left: hidden questions have no validators,
+                                             and older copier versions did not validate defaults
 The rules themselves come from hooks/answers.py, which runs the generated package's rules.py/plan.py.
 """
 
@@ -44,6 +47,14 @@ def _given(context) -> dict:
     return {name: context[name] for name in names if name in context and context[name] is not None}
 
 
+def _non_interactive(context) -> bool:
+    conf = context.get("_copier_conf")
+    try:
+        return bool(conf and conf["defaults"])
+    except (KeyError, TypeError):
+        return False
+
+
 @pass_context
 def answer_problems(context, *fields: str, upto: str | None = None) -> str:
     """First problem to be fixed in one of `fields` (or in any question up to `upto`), "" when fine.
@@ -52,6 +63,8 @@ def answer_problems(context, *fields: str, upto: str | None = None) -> str:
     reported by that question's validator, with the answers known so far and copier's defaults for
     the rest; the memory fit only once gpu_type is known.
     """
+    if _non_interactive(context):
+        return ""  # answers_check reports it last, as one message without copier's traceback
     rules = _answers_module()
     if upto:
         fields = tuple(rules.QUESTION_ORDER[: rules.QUESTION_ORDER.index(upto) + 1])
@@ -65,10 +78,13 @@ def answer_problems(context, *fields: str, upto: str | None = None) -> str:
 @pass_context
 def refuse_bad_answers(context) -> str:
     """Raise, naming the answer to change, when the full set of answers breaks a rule."""
+    from copier.errors import UserMessageError  # copier prints its message and exits 1, no traceback
+
     answers = _given(context)
     rules = _answers_module()
     for field, _named, message in rules.field_problems(answers):
-        raise ValueError(f"Validation error for question '{field}': {rules.line(answers, field, message)}")
+        value = rules.line(answers, field, "").rstrip(": ")
+        raise UserMessageError(f"Validation error for question '{field}': {value}\n{' '.join(message.split())}")
     return "ok"
 
 

@@ -104,10 +104,11 @@ def test_bad_answers_are_refused_before_writing(tmp_path, answers, field, reason
     result = copier_copy(dst, data)
     output = result.stdout + result.stderr
     assert result.returncode != 0, output[-2000:]
-    validation = re.search(rf"Validation error for question '{field}': (.+)", output)
+    # copier's own validators: one line; the cross-field check: "<field>=<value>" and the reason below
+    validation = re.search(rf"Validation error for question '{field}': (.+(?:\n.+)?)", output)
     choice = re.search(rf"Invalid choice for '{field}'.*", output)
     assert validation or choice, output[-2000:]
-    if validation:  # one line that says why and what to do, no second line needed
+    if validation:  # why and what to do, in one or two lines
         message = validation.group(1).strip()
         assert len(message) > 20 and reason in message, message
     assert not dst.exists(), f"copier left {sorted(p.name for p in dst.iterdir())}"
@@ -209,3 +210,49 @@ def test_post_copy_check_is_the_second_line_and_copier_cleans_only_new_folders(t
     result = run(args + [str(src), str(existing)])
     assert result.returncode != 0 and "does not fit" in result.stderr
     assert (existing / "config" / "train.yaml").exists() and (existing / "notes.txt").read_text() == "mine\n"
+
+
+
+# --- The validators copier shows while asking (interactive: refused inline, asked again) -----------
+
+def _validator(field: str, answers: dict, defaults: bool = False) -> str:
+    """Render copier.yml's validator of `field` as copier does, with the RulesExtension loaded."""
+    import jinja2
+    import yaml
+
+    spec = importlib.util.spec_from_file_location("copier_extension_under_test", TEMPLATE / "hooks" / "copier_extension.py")
+    extension = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(extension)
+    questions = yaml.safe_load((TEMPLATE / "copier.yml").read_text())
+    env = jinja2.Environment(extensions=["jinja2_ansible_filters.AnsibleCoreFiltersExtension", extension.RulesExtension])
+    context = {"gpt3_layouts": questions["gpt3_layouts"]["default"], "_copier_conf": {"defaults": defaults},
+               "project_slug": "run", "platforms": ["devmachine"], **answers}
+    return env.from_string(questions[field]["validator"]).render(context).strip()
+
+
+INTERACTIVE = [
+    ("tensor_parallel", {**GPT3, "model_size": "125M", "nodes": 1, "gpus_per_node": 8, "tensor_parallel": 8}, "attention heads"),
+    ("pipeline_parallel", {**GPT3, "model_size": "1.3B", "nodes": 1, "gpus_per_node": 5, "tensor_parallel": 1,
+                           "pipeline_parallel": 5}, "layers"),
+    ("strategy", {"model": "gpt3", "gpt3_layout": "13b-4dp-4pp", "model_size": "13B", "strategy": "ddp"}, "run.strategy=deepspeed"),
+    ("zero_stage", {**GPT3, "model_size": "125M", "strategy": "deepspeed", "zero_stage": 3, "pipeline_parallel": 2}, "pipeline engine"),
+    ("nodes", {"platforms": ["kubeflow"], "project_slug": SLUG40, "nodes": 10**16}, "DNS-1123"),
+    ("gpu_type", {**GPT3, "model_size": "13B", "strategy": "deepspeed", "zero_stage": 1, "nodes": 1, "gpus_per_node": 8,
+                  "tensor_parallel": 1, "pipeline_parallel": 1, "gpu_type": "v100-16gb"}, "does not fit"),
+]
+
+
+@pytest.mark.parametrize("field, answers, reason", INTERACTIVE, ids=[f for f, _, _ in INTERACTIVE])
+def test_interactive_validator_refuses_at_the_question(field, answers, reason):
+    message = _validator(field, answers)
+    assert message.startswith(f"{field}=") and reason in message, message
+    # with --defaults the validator stays silent and the hidden last question reports it instead
+    assert _validator(field, answers, defaults=True) == ""
+
+
+def test_interactive_validators_accept_good_answers():
+    good = {"model": "gpt3", "gpt3_layout": "13b-4dp-4pp", "model_size": "13B", "strategy": "deepspeed", "zero_stage": 1,
+            "nodes": 2, "gpus_per_node": 8, "tensor_parallel": 1, "pipeline_parallel": 4, "gpu_type": "a100-80gb"}
+    for field in ("model_size", "strategy", "zero_stage", "nodes", "gpus_per_node", "tensor_parallel",
+                  "pipeline_parallel", "gpu_type"):
+        assert _validator(field, good) == "", field
