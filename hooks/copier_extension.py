@@ -47,6 +47,17 @@ def _given(context) -> dict:
     return {name: context[name] for name in names if name in context and context[name] is not None}
 
 
+def _refusal():
+    """copier's CLI prints a UserMessageError and exits 1 without a traceback; being a ValueError too,
+    it is caught where copier's validation errors are (API callers such as cookiecutter's pre_gen hook)."""
+    from copier.errors import UserMessageError
+
+    class AnswersRefused(UserMessageError, ValueError):
+        pass
+
+    return AnswersRefused
+
+
 def _non_interactive(context) -> bool:
     conf = context.get("_copier_conf")
     try:
@@ -78,13 +89,11 @@ def answer_problems(context, *fields: str, upto: str | None = None) -> str:
 @pass_context
 def refuse_bad_answers(context) -> str:
     """Raise, naming the answer to change, when the full set of answers breaks a rule."""
-    from copier.errors import UserMessageError  # copier prints its message and exits 1, no traceback
-
     answers = _given(context)
     rules = _answers_module()
     for field, _named, message in rules.field_problems(answers):
         value = rules.line(answers, field, "").rstrip(": ")
-        raise UserMessageError(f"Validation error for question '{field}': {value}\n{' '.join(message.split())}")
+        raise _refusal()(f"Validation error for question '{field}': {value}\n{' '.join(message.split())}")
     return "ok"
 
 
