@@ -17,6 +17,7 @@ Each problem is one line: "<answer>=<value>: <why>; <what to do>".
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import re
@@ -29,7 +30,8 @@ import jinja2
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "template"
 PACKAGE_DIR = TEMPLATE / "src" / "{{project_slug}}"
-PACKAGE = "dtt_rules_pkg"
+# One module name per template checkout: `copier update` loads the old and the new version side by side.
+PACKAGE = "dtt_rules_pkg_" + hashlib.sha256(str(PACKAGE_DIR).encode()).hexdigest()[:12]
 
 # Answers that shape train.yaml, with copier.yml's defaults for the ones a caller leaves out.
 DEFAULTS = {

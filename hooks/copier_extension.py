@@ -22,6 +22,7 @@ The rules themselves come from hooks/answers.py, which runs the generated packag
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import sys
 from pathlib import Path
@@ -29,12 +30,14 @@ from pathlib import Path
 from jinja2 import pass_context
 from jinja2.ext import Extension
 
-_ANSWERS = "dtt_hooks_answers"
+_PATH = Path(__file__).resolve().parent / "answers.py"
+# One module per template checkout: `copier update` renders the old and the new version in one process.
+_ANSWERS = "dtt_hooks_answers_" + hashlib.sha256(str(_PATH).encode()).hexdigest()[:12]
 
 
 def _answers_module():
     if _ANSWERS not in sys.modules:
-        spec = importlib.util.spec_from_file_location(_ANSWERS, Path(__file__).resolve().parent / "answers.py")
+        spec = importlib.util.spec_from_file_location(_ANSWERS, _PATH)
         module = importlib.util.module_from_spec(spec)
         sys.modules[_ANSWERS] = module
         spec.loader.exec_module(module)
