@@ -338,7 +338,9 @@ def push_error(registry: str, ref: str, message: str) -> str:
                 f"in the engine's config (Docker: \"insecure-registries\": [\"{registry}\"] in "
                 f"/etc/docker/daemon.json, then restart dockerd; podman: [[registry]] location=\"{registry}\" "
                 "insecure=true in registries.conf) or serve it with TLS")
-    if any(w in low for w in ("unauthorized", "authentication required", "denied", "401", "403", "forbidden")):
+    # Status codes as whole words: a registry on port 43401 must not read as "401 unauthorized".
+    if (any(w in low for w in ("unauthorized", "authentication required", "denied", "forbidden"))
+            or re.search(r"\b(401|403)\b", low)):
         return (f"{head}. Not logged in, or no push right there: run `docker login {registry}` (podman: "
                 f"`podman login {registry}`), or pass --username USER with the password on stdin "
                 f"(--password-stdin) or in ${PASSWORD_ENV}")
