@@ -26,6 +26,7 @@ from .config import Config, ConfigError, ModelConfig
 from .data import TokenData, load_tokenizer, open_split, read_meta, token_byte_lengths
 from .distributed import DistInfo, all_reduce_sum, autocast_context, init_distributed, print0, shutdown
 from .models import build_model
+from .strategies.pipeline import consolidated_weights
 
 
 @torch.no_grad()
@@ -91,21 +92,16 @@ def load_checkpoint_state(path: Path) -> dict:
         raise ConfigError(f"{path} is neither a checkpoint file nor a DeepSpeed checkpoint folder "
                           "(no *model_states.pt); pass --checkpoint with one of those")
     state = torch.load(states[0], map_location="cpu", weights_only=False)
+    weights = consolidated_weights(path, state["config"]["model"])  # gpt3 layouts: files per layer
     sharded = any(path.glob("*optim_states.pt"))  # ZeRO 1-3 write per-rank optimizer shards
-    if any(path.glob("layer_*-model_states.pt")):  # gpt3 pipeline/tensor layout: weights live per layer
-        from .models.gpt3 import state_dict_from_pipeline
-        from .sizes import model_shape
-
-        model_cfg = state["config"]["model"]
-        weights = state_dict_from_pipeline(path, model_shape(model_cfg["size"], None, "gpt3")["n_layer"])
-    elif state.get("ds_config", {}).get("zero_optimization", {}).get("stage", int(sharded)) > 0:
+    if weights is None and state.get("ds_config", {}).get("zero_optimization", {}).get("stage", int(sharded)) > 0:
         from .strategies.deepspeed import import_deepspeed
 
         import_deepspeed()  # sets DS_ACCELERATOR=cpu where there is no GPU, or says how to install
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         weights = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
-    else:
+    elif weights is None:
         weights = state["module"]  # ZeRO 0: the module's own state dict
     client = {k: v for k, v in state.items() if k not in _DEEPSPEED_KEYS}
     return {**client, "model": {k: v.float() if v.is_floating_point() else v for k, v in weights.items()}}

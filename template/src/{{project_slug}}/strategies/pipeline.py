@@ -31,6 +31,19 @@ def uses_pipeline_engine(cfg: Config) -> bool:
     return cfg.model.arch == "gpt3" and (cfg.parallel.tensor, cfg.parallel.pipeline) != (1, 1)
 
 
+def consolidated_weights(folder, model_cfg: dict) -> dict | None:
+    """The one-process GPT3 state dict of a checkpoint folder this strategy wrote (files per layer
+    and tensor rank), for eval and sample; None for any other checkpoint."""
+    from pathlib import Path
+
+    from ..models.gpt3 import state_dict_from_pipeline
+    from ..sizes import model_shape
+
+    if not any(Path(folder).glob("layer_*-model_states.pt")):
+        return None
+    return state_dict_from_pipeline(folder, model_shape(model_cfg["size"], None, "gpt3")["n_layer"])
+
+
 def layer_specs(cfg: Config, vocab_size: int, tp_group):
     """Embedding, blocks, final norm, tied head: the order (and seeds) of models.gpt3.GPT3."""
     from deepspeed.pipe import LayerSpec, TiedLayerSpec
