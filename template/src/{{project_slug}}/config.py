@@ -34,6 +34,13 @@ class ClusterConfig:
     """Training processes per machine, one per GPU (a copier answer)."""
     gpu_type: str = "h100-80gb"
     """GPU model, for `plan`'s memory fit and time estimate (a copier answer)."""
+    max_restarts: int = 3
+    """torchrun restarts of a node's workers after a failure (a rank crashed, a node left); each
+    restart resumes from the latest checkpoint. 0 = fail at the first error."""
+    stop_grace_seconds: int = 120
+    """After SIGTERM/SIGUSR1 (preemption, pod deletion, Slurm --signal), how long torchrun lets the
+    ranks finish their step and save before it kills them. Keep the platform's grace period
+    (Kubernetes terminationGracePeriodSeconds, Slurm --signal=USR1@N) at least this long."""
 
 
 @dataclass
@@ -117,6 +124,10 @@ class CheckpointConfig:
     """Checkpoints kept on disk; older ones are deleted after a successful save."""
     resume: bool = True
     """Continue from the latest checkpoint in output_dir/checkpoints when one exists."""
+    reshard: bool = False
+    """Allow resuming a checkpoint written by another number of data-parallel ranks. DDP only
+    (every rank holds the whole model; the data stream depends on the global batch alone); the
+    continuation is then equal up to reduction order, not bitwise. ZeRO shards cannot be resharded."""
 
 
 @dataclass
@@ -144,6 +155,14 @@ class RunConfig:
     """torch.compile the model (CUDA only; slower start, faster steps)."""
     strategy: str = "ddp"
     """'ddp' (torch DistributedDataParallel) or 'deepspeed' (ZeRO; settings in the deepspeed section)."""
+    debug: bool = False
+    """Hang forensics, same as TRAIN_DEBUG=1: per-rank log files, config/nccl-debug.env (NCCL INFO,
+    flight recorder dumps on a timeout, desync report) and collectives time out after
+    debug_timeout_minutes instead of collective_timeout_minutes."""
+    collective_timeout_minutes: float = 10.0
+    """How long a collective may wait for the other ranks before the process group aborts."""
+    debug_timeout_minutes: float = 2.0
+    """The collective timeout under run.debug / TRAIN_DEBUG=1: a hang surfaces (and dumps) sooner."""
 
 
 @dataclass

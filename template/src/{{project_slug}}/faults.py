@@ -1,0 +1,37 @@
+"""Fault injection for the fault-tolerance tests and for rehearsing a failure on a real cluster.
+Each hook reads one environment variable and does nothing when it is unset.
+
+    TRAIN_FAULT_PAUSE_BEFORE_COMMIT=30   a checkpoint save sleeps 30 s between writing its files and
+                                         renaming them into place (kill the job then: the previous
+                                         checkpoint must still be the one that loads)
+    TRAIN_FAULT_HANG=RANK:STEP           that global rank stops forever before optimizer step STEP,
+                                         so the others wait in a collective (try `debug-dump`)
+    TRAIN_FAULT_STEP_SECONDS=0.5         every step sleeps this long (a slow job to signal or kill)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def pause_before_commit(staged: Path) -> None:
+    seconds = float(os.environ.get("TRAIN_FAULT_PAUSE_BEFORE_COMMIT", "0") or 0)
+    if seconds > 0:
+        print(f"fault injection: {staged} written, pausing {seconds:g} s before the rename", file=sys.stderr, flush=True)
+        time.sleep(seconds)
+
+
+def before_step(rank: int, step: int) -> None:
+    slow = float(os.environ.get("TRAIN_FAULT_STEP_SECONDS", "0") or 0)
+    if slow > 0:
+        time.sleep(slow)
+    spec = os.environ.get("TRAIN_FAULT_HANG", "")
+    if spec:
+        hang_rank, _, hang_step = spec.partition(":")
+        if int(hang_rank) == rank and int(hang_step or 0) == step:
+            print(f"fault injection: rank {rank} hangs before step {step}", file=sys.stderr, flush=True)
+            while True:
+                time.sleep(3600)
