@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from contextlib import nullcontext
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -58,7 +59,20 @@ def process_ranks(env=os.environ) -> tuple[int, int, int]:
     return 0, 0, 1
 
 
-def init_distributed(device_preference: str = "auto") -> DistInfo:
+def debug_requested(cfg=None) -> bool:
+    """run.debug in the config or TRAIN_DEBUG=1 in the environment (the launchers set it)."""
+    env = os.environ.get("TRAIN_DEBUG", "").lower() in ("1", "true", "yes", "on")
+    return env or bool(cfg is not None and cfg.run.debug)
+
+
+def collective_timeout(cfg) -> timedelta:
+    """How long a collective waits before the group aborts (and, with TORCH_NCCL_DUMP_ON_TIMEOUT,
+    dumps its flight recorder): shorter under debug so a hang shows itself in minutes."""
+    minutes = cfg.run.debug_timeout_minutes if debug_requested(cfg) else cfg.run.collective_timeout_minutes
+    return timedelta(minutes=minutes)
+
+
+def init_distributed(device_preference: str = "auto", timeout: timedelta | None = None) -> DistInfo:
     """Join the process group when launched with several processes; no-op for one process."""
     rank, local_rank, world_size = process_ranks()
     if world_size > 1:
@@ -71,7 +85,7 @@ def init_distributed(device_preference: str = "auto") -> DistInfo:
     elif world_size > 1:
         backend = "nccl" if device.type == "cuda" else "gloo"
         # Rendezvous at MASTER_ADDR:MASTER_PORT. device_id lets NCCL bind this GPU eagerly.
-        dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size, timeout=timeout,
                                 device_id=device if device.type == "cuda" else None)
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
 

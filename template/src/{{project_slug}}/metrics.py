@@ -7,6 +7,7 @@ sparsity; an unknown device (CPU included) reports MFU as null rather than a mad
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -51,17 +52,22 @@ class MetricsLogger:
     """Appends one JSON object per logged step to metrics.jsonl and mirrors scalars to TensorBoard.
     Created with enabled=False on non-zero ranks, where every call is a no-op."""
 
-    def __init__(self, output_dir: Path, enabled: bool, tensorboard: bool):
+    def __init__(self, output_dir: Path, enabled: bool, tensorboard: bool, resume_step: int = 0):
+        """resume_step: the step training continues from; records after it (logged by an attempt
+        that stopped before its next checkpoint) are dropped, so every step appears once."""
         self.enabled = enabled
         self.writer = None
         if not enabled:
             return
         output_dir.mkdir(parents=True, exist_ok=True)
-        self.jsonl = (output_dir / "metrics.jsonl").open("a", encoding="utf-8")
+        path = output_dir / "metrics.jsonl"
+        drop_records_after(path, resume_step)
+        self.jsonl = path.open("a", encoding="utf-8")
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=str(output_dir / "tensorboard"))
+            # purge_step hides the dead attempt's events from resume_step + 1 on.
+            self.writer = SummaryWriter(log_dir=str(output_dir / "tensorboard"), purge_step=resume_step + 1)
 
     def log(self, record: dict) -> None:
         if not self.enabled:
@@ -78,6 +84,25 @@ class MetricsLogger:
             self.jsonl.close()
             if self.writer is not None:
                 self.writer.close()
+
+
+def drop_records_after(path: Path, step: int) -> None:
+    """Rewrite metrics.jsonl without records past `step` (atomically: rename over the old file)."""
+    if not path.is_file():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = [line for line in lines if not line.strip() or _record_step(line) <= step]
+    if len(kept) != len(lines):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        os.replace(tmp, path)
+
+
+def _record_step(line: str) -> int:
+    try:
+        return int(json.loads(line).get("step", 0))
+    except (ValueError, AttributeError):
+        return 0  # a torn last line of a killed run counts as old and stays readable as text
 
 
 def format_step(record: dict, max_steps: int) -> str:

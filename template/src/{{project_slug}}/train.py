@@ -8,6 +8,11 @@ clipping, metrics, evaluation and checkpoints.
 
 Each rank reads its own slice of every global batch; the stream position follows from the step,
 so a resumed run reads exactly the data it would have read.
+
+Faults: a resume restores every rank's state (checkpoint.py), so the run continues bit for bit
+as if never stopped; SIGTERM/SIGUSR1 make all ranks save at the next step boundary and exit with
+EXIT_PREEMPTED (preemption.py); torchrun's --max-restarts brings a crashed rank back, which then
+resumes from the latest checkpoint.
 """
 
 from __future__ import annotations
@@ -18,10 +23,11 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint
+from . import checkpoint, faults, preemption
 from .config import Config, save_config
 from .data import TokenData, load_tokenizer, open_split, micro_batch_start, read_meta, token_byte_lengths
-from .distributed import DistInfo, all_reduce_mean, autocast_context, finish, init_distributed, print0, shutdown
+from .distributed import (DistInfo, all_reduce_mean, autocast_context, collective_timeout, finish, init_distributed,
+                          print0, shutdown)
 from .evaluate import evaluate
 from .metrics import MetricsLogger, format_step, mfu, peak_flops
 from .rules import require_valid, resolve_grad_accum
@@ -46,7 +52,7 @@ def micro_batches(data: TokenData, step: int, accum: int, data_rank: int, b, dev
 
 
 def run_training(cfg: Config) -> int:
-    info = init_distributed(cfg.run.device)
+    info = init_distributed(cfg.run.device, collective_timeout(cfg))
     try:
         code = _train(cfg, info)
         finish()
@@ -74,9 +80,11 @@ def _train(cfg: Config, info: DistInfo) -> int:
     strategy = build_strategy(cfg, info, meta["vocab_size"], accum)
     num_params, flops_per_token, peak = strategy.num_params, strategy.flops_per_token, peak_flops(device)
     start_step = strategy.resume(ckpt_dir)
+    stop = preemption.StopRequest(device)
     if info.is_main:
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.yaml")
+        preemption.clear_marker(out)
     autocast = autocast_context(device, cfg.run.dtype)
 
     b, s = cfg.batch, cfg.schedule
@@ -91,9 +99,18 @@ def _train(cfg: Config, info: DistInfo) -> int:
         print0(f"already trained to step {start_step} (schedule.max_steps={s.max_steps}); nothing to do")
         return 0
 
-    logger = MetricsLogger(out, info.is_main, cfg.logging.tensorboard)
+    data_parallel = cfg.data_parallel_size(info.world_size)
+
+    def save(done: int) -> None:
+        positions = [micro_batch_start(done, 0, r, b.global_batch_size, b.micro_batch_size, accum)
+                     for r in range(data_parallel)]
+        strategy.save(ckpt_dir, done, checkpoint.run_state(cfg, done, info.world_size, data_parallel, positions))
+
+    # Records after the checkpoint's step were written by the attempt that died: they are redone.
+    logger = MetricsLogger(out, info.is_main, cfg.logging.tensorboard, resume_step=start_step)
     window_start, window_steps = time.perf_counter(), 0
     for step in range(start_step, s.max_steps):
+        faults.before_step(info.rank, step)
         lr = lr_at(step, cfg)
         strategy.set_lr(lr)
         batches = micro_batches(train_data, step, accum, strategy.data_rank, b, device)
@@ -140,14 +157,20 @@ def _train(cfg: Config, info: DistInfo) -> int:
             print0(f"step {done:>6}/{s.max_steps} | " + " | ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in scores.items()))
             window_start, window_steps = time.perf_counter(), 0
 
-        if (cfg.checkpoint.every_steps and done % cfg.checkpoint.every_steps == 0) or last:
-            strategy.save(ckpt_dir, done, {
-                "rng": checkpoint.rng_state(),
-                "config": cfg.to_dict(),
-                "fingerprint": cfg.model_fingerprint(),
-                "world_size": info.world_size,
-            })
+        saved = (cfg.checkpoint.every_steps and done % cfg.checkpoint.every_steps == 0) or last
+        if saved:
+            save(done)
             window_start, window_steps = time.perf_counter(), 0
+
+        if not last and stop.agreed():  # a collective: every rank leaves at the same step
+            if not saved:
+                save(done)
+            if info.is_main:
+                preemption.write_marker(out, done, stop.signal_name, str(checkpoint.find_latest(ckpt_dir)))
+            print0(f"preempted ({stop.signal_name or 'signal on another rank'}): checkpoint of step {done} saved; "
+                   f"the same command resumes from it (exit code {preemption.EXIT_PREEMPTED})")
+            logger.close()
+            return preemption.EXIT_PREEMPTED
 
     logger.close()
     print0(f"done: metrics in {out / 'metrics.jsonl'}, checkpoints in {ckpt_dir}")

@@ -78,18 +78,9 @@ class DDPStrategy:
                                   "use run.strategy=deepspeed, a new run.output_dir, or checkpoint.resume=false")
             return 0
         state = checkpoint.load(latest)
-        check_fingerprint(state, self.cfg, latest)
+        notes = checkpoint.check_compatible(state, self.cfg, self.info.world_size, latest, can_reshard=True)
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        checkpoint.restore_rng(state["rng"])
-        print0(f"resumed from {latest} at step {state['step']}")
+        checkpoint.restore_rank_rng(state["rng"], self.info.rank, self.cfg.run.seed)
+        print0(f"resumed from {latest} at step {state['step']}" + "".join(f"; {n}" for n in notes))
         return state["step"]
-
-
-def check_fingerprint(state: dict, cfg: Config, where) -> None:
-    if state["fingerprint"] != cfg.model_fingerprint():
-        raise ConfigError(
-            f"{where} was written with a different model or global batch (model section / "
-            "batch.global_batch_size changed); restore those settings, use a new run.output_dir, "
-            "or set checkpoint.resume=false to start over"
-        )

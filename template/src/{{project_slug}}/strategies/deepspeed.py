@@ -7,7 +7,11 @@ train.yaml is the one source of truth: the DeepSpeed config dict is derived from
 to run.output_dir/deepspeed_config.json for reference. The learning rate comes from our schedule
 each step (no DeepSpeed scheduler). Runs under torchrun; DeepSpeed reuses the process group.
 Checkpoints are DeepSpeed's: a folder per step `step_XXXXXXXX/` under output_dir/checkpoints,
-written by every rank (ZeRO shards), plus DeepSpeed's `latest` file naming the newest folder.
+written by every rank (ZeRO shards), plus a `latest` file naming the newest folder (DeepSpeed's own
+format, so its tools such as zero_to_fp32.py read it). Every rank writes into
+checkpoints/.staging/<tag>/ and fsyncs its files; only then rank 0 renames the folder into place and
+replaces `latest`, so a crash mid-save leaves the previous checkpoint the one that loads. The
+rename needs run.output_dir on storage every node sees (it has to be, to resume anywhere).
 """
 
 from __future__ import annotations
@@ -21,14 +25,14 @@ from pathlib import Path
 
 import torch
 
-from .. import checkpoint
+from .. import checkpoint, faults
 from ..config import Config, ConfigError
 from ..distributed import DistInfo, barrier, print0
 from . import param_groups
-from .ddp import check_fingerprint
 
 INSTALL = "DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed"
 _TAG = re.compile(r"step_(\d{8})")
+STAGING = ".staging"  # where a save is written before it is renamed into place
 
 
 def import_deepspeed():
@@ -141,13 +145,26 @@ class DeepSpeedStrategy:
         return torch.as_tensor(float(norm))
 
     def save(self, ckpt_dir: Path, step: int, extra: dict) -> None:
-        # Every rank writes its shard; DeepSpeed writes `latest` on rank 0 after the folder is complete.
-        self.engine.save_checkpoint(str(ckpt_dir), tag=f"step_{step:08d}", client_state={"step": step, **extra})
+        tag = f"step_{step:08d}"
+        staging = ckpt_dir / STAGING
+        if self.info.is_main:
+            shutil.rmtree(staging / tag, ignore_errors=True)  # left by a save that crashed
+        barrier()
+        # Every rank writes its shard; DeepSpeed's own `latest` is not written: ours comes last.
+        self.engine.save_checkpoint(str(staging), tag=tag, client_state={"step": step, **extra}, save_latest=False)
+        checkpoint.fsync_tree(staging / tag)  # this rank's files (and, harmlessly, the others')
         barrier()
         if self.info.is_main:
+            faults.pause_before_commit(staging / tag)
+            final = ckpt_dir / tag
+            if final.exists():  # the same step saved by an attempt that died before `latest` moved
+                shutil.rmtree(final)
+            os.replace(staging / tag, final)
+            checkpoint.fsync_tree(final)
+            checkpoint.write_latest(ckpt_dir, tag)
             for old in _checkpoint_dirs(ckpt_dir)[:-self.cfg.checkpoint.keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
-            print0(f"saved {ckpt_dir / f'step_{step:08d}'}")
+            print0(f"saved {final}")
         barrier()
 
     def resume(self, ckpt_dir: Path) -> int:
@@ -161,8 +178,9 @@ class DeepSpeedStrategy:
         states = sorted(latest.glob("*mp_rank_*model_states.pt"))  # not the pipeline's layer_* files
         if not states:
             raise ConfigError(f"{latest} holds no DeepSpeed model states; delete it or set checkpoint.resume=false")
-        check_fingerprint(torch.load(states[0], map_location="cpu", weights_only=False), self.cfg, latest)
+        saved = torch.load(states[0], map_location="cpu", weights_only=False)
+        notes = checkpoint.check_compatible(saved, self.cfg, self.info.world_size, latest, can_reshard=False)
         _, client = self.engine.load_checkpoint(str(ckpt_dir), tag=latest.name)
-        checkpoint.restore_rng(client["rng"])
-        print0(f"resumed from {latest} at step {client['step']}")
+        checkpoint.restore_rank_rng(client["rng"], self.info.rank, self.cfg.run.seed)
+        print0(f"resumed from {latest} at step {client['step']}" + "".join(f"; {n}" for n in notes))
         return client["step"]
