@@ -46,6 +46,8 @@ ANSWER_SETS = {
     "long-name": {"project_name": "x" * 60, "nodes": 16, "gpus_per_node": 8},
 }
 DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+# SIGTERM to SIGKILL in every pod: cluster.stop_grace_seconds (120, config/train.yaml) + 60 s.
+GRACE_SECONDS = 180
 
 
 class Project:
@@ -214,8 +216,10 @@ def test_pytorchjob_says_what_the_answers_say(project):
     if nodes > 1:
         assert specs["Worker"]["replicas"] == nodes - 1
     for spec in specs.values():
-        assert spec["restartPolicy"] == "OnFailure"
+        # Retryable exits (143 after a preemption save, 137) recreate the pod; 1-127 fail the job.
+        assert spec["restartPolicy"] == "ExitCode"
         pod = spec["template"]["spec"]
+        assert pod["terminationGracePeriodSeconds"] == GRACE_SECONDS
         (container,) = pod["containers"]
         assert container["name"] == "pytorch" and container["image"] == a["image"]
         assert container["command"] == [project.slug, "node"]
@@ -232,6 +236,7 @@ def test_trainjob_says_what_the_answers_say(project):
     assert trainer["numNodes"] == a["nodes"] and trainer["numProcPerNode"] == a["gpus_per_node"]
     assert trainer["image"] == a["image"] and trainer["command"] == [project.slug, "node"]
     pod = runtime_pod(job)
+    assert pod["spec"]["terminationGracePeriodSeconds"] == GRACE_SECONDS
     assert_pod_content(project, pod["spec"], pod["spec"]["containers"][0])
 
 
@@ -402,6 +407,9 @@ def test_mpijob_says_what_the_answers_say(project):
     assert spec["sshAuthMountPath"] == "/root/.ssh" and spec["launcherCreationPolicy"] == "WaitForWorkersReady"
     assert spec["runPolicy"] == {"backoffLimit": 3, "cleanPodPolicy": "Running"}
     assert set(mpi_specs(job)) == {"Launcher", "Worker"}
+    for role in ("Launcher", "Worker"):  # the Launcher is a batch Job: OnFailure restarts count to backoffLimit
+        assert mpi_specs(job)[role]["restartPolicy"] == "OnFailure"
+        assert mpi_specs(job)[role]["template"]["spec"]["terminationGracePeriodSeconds"] == GRACE_SECONDS
     assert mpi_specs(job)["Launcher"]["replicas"] == 1 and mpi_specs(job)["Worker"]["replicas"] == a["nodes"]
 
     launcher, worker = mpi_container(job, "Launcher"), mpi_container(job, "Worker")
@@ -482,3 +490,29 @@ def test_mpijob_without_a_cluster_is_a_clear_error(ds_solo, tmp_path):
     empty.write_text("")
     proc = ds_solo.cli("launch", "kubeflow", "--manifest", "mpijob", env={"KUBECONFIG": str(empty)})
     assert proc.returncode == 1 and proc.stderr.startswith("error: no Kubernetes cluster configured")
+
+
+# --- Faults: grace period and restarts --------------------------------------------------------------
+
+def test_pods_outlive_the_preemption_save(project):
+    """Every pod of every manifest waits longer between SIGTERM and SIGKILL than the ranks may take to
+    finish the step and save (cluster.stop_grace_seconds of the rendered config/train.yaml)."""
+    stop = yaml.safe_load((project.path / "config" / "train.yaml").read_text())["cluster"]["stop_grace_seconds"]
+    kinds = ["pytorchjob", "trainjob"] + (["mpijob"] if project.answers["strategy"] == "deepspeed" else [])
+    for kind in kinds:
+        job = project.manifest(kind)
+        pods = ([r["template"]["spec"] for r in (job["spec"].get("pytorchReplicaSpecs")
+                                                  or job["spec"].get("mpiReplicaSpecs")).values()]
+                if kind != "trainjob" else [runtime_pod(job)["spec"]])
+        assert pods and all(pod["terminationGracePeriodSeconds"] > stop for pod in pods), kind
+    readme = (project.path / "launch" / "kubeflow" / "README.md").read_text()
+    assert f"resumes from `{project.answers['output_dir']}/checkpoints/latest`" in readme
+
+
+def test_submit_refuses_a_grace_period_shorter_than_the_save(solo):
+    proc = solo.cli("launch", "kubeflow", "--dry-run", "cluster.stop_grace_seconds=200")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error: PyTorchJob Master pods get SIGKILL 180 s after SIGTERM")
+    assert "cluster.stop_grace_seconds = 200 s" in proc.stderr
+    proc = solo.cli("launch", "kubeflow", "--manifest", "trainjob", "--dry-run", "cluster.stop_grace_seconds=179")
+    assert proc.returncode == 0, proc.stderr  # 180 > 179: fine

@@ -5,7 +5,7 @@
     <package> launch kubeflow --manifest trainjob            # Kubeflow Trainer v2 TrainJob instead
     <package> launch kubeflow --manifest mpijob              # MPIJob: DeepSpeed's launcher (strategy deepspeed)
     <package> launch kubeflow schedule.max_steps=500         # overrides reach `node` -> train in every pod
-    <package> launch kubeflow --action status                # the job's conditions and replica counts
+    <package> launch kubeflow --action status                # conditions, replica counts, restarts of every pod
     <package> launch kubeflow --action logs [--node-rank 1]  # stream a node's log (default: the master)
     <package> launch kubeflow --action cancel                # delete the job; its pods go with it
 
@@ -29,6 +29,7 @@ from pathlib import Path
 import yaml
 
 from .config import Config, ConfigError
+from .launch_kubeflow_restarts import check_grace, read_restarts
 from .node import project_root
 
 MANIFESTS = ("pytorchjob", "trainjob", "mpijob")
@@ -347,6 +348,8 @@ def status(cluster: Cluster) -> int:
         print(f"  {role}: " + ", ".join(f"{k} {v}" for k, v in counts.items() if k != "selector"))
     for job_status in state.get("jobsStatus") or []:  # TrainJob (JobSet's replicated jobs)
         print(f"  {job_status.get('name')}: " + ", ".join(f"{k} {v}" for k, v in job_status.items() if k != "name"))
+    for line in read_restarts(cluster, job):
+        print(f"  {line}")
     return 0
 
 
@@ -391,6 +394,8 @@ def cancel(cluster: Cluster) -> int:
 
 def launch(args: Namespace, cfg: Config, package: str) -> int:
     manifest = prepared_manifest(args)
+    if args.action == "submit":
+        check_grace(manifest, cfg.cluster.stop_grace_seconds)
     if args.dry_run:
         if args.action == "submit":
             sys.stdout.write(yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False))
