@@ -32,6 +32,7 @@ TINY_RUN = [
     "batch.grad_accum_steps=null", "schedule.max_steps=10", "schedule.warmup_steps=2", "logging.every_steps=5",
     "logging.eval_every_steps=0", "checkpoint.every_steps=0", "run.device=cpu", "run.compile=false",
 ]
+SIGNAL_SECONDS = 300  # --signal=USR1@N: cluster.stop_grace_seconds (120) + Slurm's 60 s timer slack + margin
 
 
 @pytest.fixture(scope="session")
@@ -114,8 +115,9 @@ def test_sbatch_lines_follow_the_answers(tmp_path, name):
     assert "srun --kill-on-bad-exit=1" in script and "-m slurmshape node" in script
     outside = run(["bash", str(path)], env={"SLURM_JOB_ID": ""})  # run by mistake without sbatch
     assert outside.returncode == 2 and "not inside a Slurm job" in outside.stderr, outside.stderr
-    # Preemption is a later change: mentioned, not switched on.
-    assert "#SBATCH --signal" not in script and "#SBATCH --requeue" not in script
+    # Preemption: back into the queue, and a save warning before the time limit (to the steps only).
+    assert opts["requeue"] == "" and opts["signal"] == f"USR1@{SIGNAL_SECONDS}"
+    assert "exec srun" not in script and "Not yet" not in script
     assert (project / "launch" / "slurm" / "README.md").is_file()
 
 
@@ -142,6 +144,73 @@ def test_memlock_and_train_debug_reach_srun(tmp_path, fabric):
     # Unset: the default 0 is exported to srun.
     result = run(["bash", "-c", low, script], cwd=project, env={**env, "TRAIN_DEBUG": ""})
     assert "TRAIN_DEBUG=0" in result.stdout, result.stdout + result.stderr
+
+
+# A stand-in for the program the batch script waits on (srun for train.sbatch; PYTHON, i.e. DeepSpeed's
+# runner, for train-deepspeed.sbatch). It answers --version, logs its call, then ends as FAKE_END says:
+# a number is its exit status; "scancel" is what scancel and `scontrol requeue` do: SIGTERM to the batch
+# shell (its parent) while the ranks save, then 143. The stand-in scontrol logs `requeue` calls.
+FAKE_LAUNCH = """#!/bin/bash
+if [ "${1:-}" = --version ]; then echo "Python 3 (stand-in)"; exit 0; fi
+echo "launch $*" >>"$FAKE_LOG"
+if [ "$FAKE_END" = scancel ]; then kill -TERM "$PPID"; sleep 0.2; exit 143; fi
+exit "$FAKE_END"
+"""
+FAKE_SCONTROL = """#!/bin/bash
+if [ "$1 $2" = "show hostnames" ]; then echo node1; exit 0; fi
+echo "scontrol $*" >>"$FAKE_LOG"
+exit "${FAKE_REQUEUE_STATUS:-0}"
+"""
+
+
+@pytest.fixture(scope="module")
+def both_scripts(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("slurm-requeue")
+    return render(root / "p", project_name="Slurm Requeue", platforms="[slurm]", strategy="deepspeed",
+                  data_dir=str(root / "data"), output_dir=str(root / "runs"))
+
+
+@pytest.mark.parametrize("script", ["train.sbatch", "train-deepspeed.sbatch"])
+@pytest.mark.parametrize("case", ["preempted", "preempted-budget-spent", "requeue-fails", "scancel", "failed", "done"])
+def test_preempted_step_requeues_the_job(tmp_path, both_scripts, script, case):
+    """The batch script's branch after its launcher ends, with stand-in srun/runner and scontrol that
+    record their arguments (this tests our script's logic only; the real Slurm path is
+    test_usr1_saves_requeues_and_resumes): 143 with no SIGTERM to the shell (the USR1 before the time
+    limit reached the ranks, they saved) -> `scontrol requeue $SLURM_JOB_ID`, at most MAX_REQUEUES
+    times; 143 after scancel or `scontrol requeue` (the shell got SIGTERM too) -> Slurm decides, no
+    requeue; any other status is the job's."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for name, text in (("srun", FAKE_LAUNCH), ("python", FAKE_LAUNCH), ("scontrol", FAKE_SCONTROL)):
+        (fake / name).write_text(text)
+        (fake / name).chmod(0o755)
+    log = tmp_path / "calls.log"
+    end, restarts, requeue_status = {"preempted": ("143", "", "0"), "preempted-budget-spent": ("143", "3", "0"),
+                                     "requeue-fails": ("143", "", "1"), "scancel": ("scancel", "", "0"),
+                                     "failed": ("1", "", "0"), "done": ("0", "", "0")}[case]
+    env = {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "node1", "SLURM_CPUS_PER_TASK": "1",
+           "SLURM_NTASKS_PER_NODE": "1", "SLURM_RESTART_COUNT": restarts, "MAX_REQUEUES": "3",
+           "PYTHON": str(fake / "python"), "FAKE_END": end, "FAKE_LOG": str(log),
+           "FAKE_REQUEUE_STATUS": requeue_status, "PATH": os.pathsep.join([str(fake), os.environ["PATH"]])}
+    result = run(["bash", str(both_scripts / "launch" / "slurm" / script), "schedule.max_steps=7"],
+                 cwd=both_scripts, env=env, timeout=60)
+    calls = log.read_text().splitlines()
+    assert calls[0].startswith("launch ") and calls[0].endswith("schedule.max_steps=7"), calls  # it ran the job
+    requeues = calls[1:]
+    assert re.search(rf"^job 4242: .*restart {restarts or 0}$", result.stdout, re.MULTILINE), result.stdout
+    expected_status = {"preempted": 143, "preempted-budget-spent": 143, "requeue-fails": 143, "scancel": 143,
+                       "failed": 1, "done": 0}[case]
+    assert result.returncode == expected_status, result.stdout + result.stderr
+    if case in ("preempted", "requeue-fails"):
+        assert requeues == ["scontrol requeue 4242"]
+    else:
+        assert requeues == [], requeues
+    if case == "preempted":
+        assert "checkpoint saved; requeued (1 of 3)" in result.stdout
+    if case == "preempted-budget-spent":
+        assert "not requeued, it already ran 4 time(s) (MAX_REQUEUES=3)" in result.stderr
+    if case == "requeue-fails":
+        assert "`scontrol requeue` failed: submit again" in result.stderr
 
 
 def test_no_slurm_folder_without_the_platform(default_project):
@@ -286,6 +355,7 @@ def test_deepspeed_sbatch_lines_follow_the_answers(tmp_path, name):
     assert ("module load $MODULES" in script) == ("slurm_modules" in answers)
     assert "-m deepspeed.launcher.runner" in script and "--launcher slurm" in script
     assert "-- -m slurmshape train" in script
+    assert opts["requeue"] == "" and opts["signal"] == f"USR1@{SIGNAL_SECONDS}"
     outside = run(["bash", str(path)], env={"SLURM_JOB_ID": ""})
     assert outside.returncode == 2 and "not inside a Slurm job" in outside.stderr, outside.stderr
     # The torchrun script is generated next to it, unchanged.
