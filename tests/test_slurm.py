@@ -17,7 +17,9 @@ import json
 import os
 import re
 import shlex
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -116,7 +118,7 @@ def test_sbatch_lines_follow_the_answers(tmp_path, name):
     outside = run(["bash", str(path)], env={"SLURM_JOB_ID": ""})  # run by mistake without sbatch
     assert outside.returncode == 2 and "not inside a Slurm job" in outside.stderr, outside.stderr
     # Preemption: back into the queue, and a save warning before the time limit (to the steps only).
-    assert opts["requeue"] == "" and opts["signal"] == f"USR1@{SIGNAL_SECONDS}"
+    assert opts["requeue"] == "" and opts["signal"] == f"USR1@{SIGNAL_SECONDS}" and opts["open-mode"] == "append"
     assert "exec srun" not in script and "Not yet" not in script
     assert (project / "launch" / "slurm" / "README.md").is_file()
 
@@ -355,7 +357,7 @@ def test_deepspeed_sbatch_lines_follow_the_answers(tmp_path, name):
     assert ("module load $MODULES" in script) == ("slurm_modules" in answers)
     assert "-m deepspeed.launcher.runner" in script and "--launcher slurm" in script
     assert "-- -m slurmshape train" in script
-    assert opts["requeue"] == "" and opts["signal"] == f"USR1@{SIGNAL_SECONDS}"
+    assert opts["requeue"] == "" and opts["signal"] == f"USR1@{SIGNAL_SECONDS}" and opts["open-mode"] == "append"
     outside = run(["bash", str(path)], env={"SLURM_JOB_ID": ""})
     assert outside.returncode == 2 and "not inside a Slurm job" in outside.stderr, outside.stderr
     # The torchrun script is generated next to it, unchanged.
@@ -419,3 +421,127 @@ def test_deepspeed_zero2_job_through_deepspeed_launcher_slurm(slurm_cluster, ds_
     record = job_record(job_id)
     assert record["JobState"] == "COMPLETED" and record["NodeList"] == "node[1-2]", record
     assert not list(Path("/tmp").glob(f"slurmds-{job_id}.hostfile")), "the hostfile is removed at the end"
+
+
+# --- Preemption and requeue on the real cluster -----------------------------------------------------
+
+FAULT_STEPS = 30
+FAULT_RUN = [a for a in TINY_RUN if not a.startswith(("schedule.max_steps=", "checkpoint.every_steps="))] + [
+    f"schedule.max_steps={FAULT_STEPS}", "checkpoint.every_steps=5"]
+
+
+def final_loss(output_dir: Path) -> tuple[list[int], float]:
+    """The logged steps of metrics.jsonl and the loss of the last one."""
+    records = [r for r in map(json.loads, (output_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    return [r["step"] for r in records], records[-1]["loss"]
+
+
+@pytest.fixture(scope="module")
+def reference_run(slurm_cluster, slurm_project, slurm_data) -> float:
+    """The same 2-node job, never interrupted: the loss a resumed job must reach bit for bit."""
+    out = slurm_project.parent / "reference"
+    result = cli(slurm_project, "launch", "slurm", "--wait", *CPU_CLUSTER, *FAULT_RUN, f"run.output_dir={out}",
+                 env=slurm_cluster, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    steps, loss = final_loss(out)
+    assert steps == list(range(5, FAULT_STEPS + 1, 5)), steps
+    return loss
+
+
+def wait_until(check, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.5)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def job_state(job_id: str, env: dict) -> str:
+    return run(["squeue", "-h", "-j", job_id, "-o", "%T"], env=env).stdout.strip()
+
+
+def interrupted_job(project: Path, out: Path, env: dict, interrupt) -> tuple[str, str, str, int]:
+    """`launch slurm --wait` in the background with slow steps (TRAIN_FAULT_STEP_SECONDS reaches the
+    ranks: sbatch exports the submitter's environment); once the first checkpoint exists,
+    interrupt(job_id). The requeued job waits for its BeginTime (cred_expire + 1 = 121 s on a default
+    slurm.conf) before it may start again: `scontrol update StartTime=now` skips that wait here.
+    Returns job id, the wait's stdout, the job's .out log, the wait's exit status."""
+    stdout, stderr = out.parent / f"{out.name}-launch.out", out.parent / f"{out.name}-launch.err"
+    slug = next(p.name for p in (project / "src").iterdir() if (p / "__main__.py").is_file())
+    full_env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(project / "src"),
+                "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TRAIN_FAULT_STEP_SECONDS": "0.5", **env}
+    with stdout.open("w") as o, stderr.open("w") as e:
+        proc = subprocess.Popen([sys.executable, "-m", slug, "launch", "slurm", "--wait", *CPU_CLUSTER, *FAULT_RUN,
+                                 f"run.output_dir={out}"], cwd=project, env=full_env, stdout=o, stderr=e, text=True)
+    job_id = None
+    try:
+        job_id = wait_until(lambda: (m := re.search(r"^submitted job (\d+)$", stdout.read_text(), re.MULTILINE))
+                            and m.group(1), 60, "the job id")
+        wait_until(lambda: (out / "checkpoints" / "step_00000005.pt").is_file(), 180, "the first checkpoint")
+        interrupt(job_id)
+        # Requeued: pending again (after its processes ended), with one restart counted.
+        wait_until(lambda: job_state(job_id, env) == "PENDING", 90, f"job {job_id} back in the queue")
+        update = run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env)
+        assert update.returncode == 0, update.stderr
+        code = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:  # a failed check: leave no job behind
+            proc.kill()
+            if job_id:
+                run(["scancel", job_id], env=env)
+    log = (out / "slurm" / f"slurmci-{job_id}.out").read_text()
+    return job_id, stdout.read_text() + stderr.read_text(), log, code
+
+
+def assert_resumed_exactly(job_id: str, wait_output: str, log: str, code: int, out: Path, reference: float):
+    assert code == 0, wait_output + log
+    # `sbatch --wait` (Slurm 22.05) keeps waiting across a requeue and returns the final run's status.
+    assert f"job {job_id} ended: exit 0, COMPLETED" in wait_output, wait_output
+    # The log is appended to on requeue: the first run, then the second, counted by SLURM_RESTART_COUNT.
+    assert re.findall(rf"^job {job_id}: 2 node\(s\) .*restart (\d)$", log, re.MULTILINE) == ["0", "1"], log
+    assert f"steps 0->{FAULT_STEPS}" in log, log
+    resumed = re.findall(rf"steps (\d+)->{FAULT_STEPS}", log)
+    assert len(resumed) == 2 and 5 <= int(resumed[1]) < FAULT_STEPS, log  # resumed from its checkpoint
+    steps, loss = final_loss(out)
+    assert steps == list(range(5, FAULT_STEPS + 1, 5)), steps  # records past the checkpoint were redone, once
+    assert loss == reference, (loss, reference)  # bit for bit the uninterrupted run's loss
+    records = [line for line in (SLURM_DIR / "log" / "jobcomp.txt").read_text().splitlines()
+               if line.startswith(f"JobId={job_id} ")]
+    assert len(records) == 2 and "JobState=COMPLETED" in records[-1], records  # the requeue, then the end
+    assert not (out / "preempted.json").exists()  # cleared by the run that resumed
+
+
+def test_scontrol_requeue_resumes_from_the_checkpoint(slurm_cluster, slurm_project, slurm_data, reference_run):
+    """`scontrol requeue` of a running 2-node job: Slurm sends SIGTERM to every process, the ranks save
+    at the next step boundary and exit 143, the batch script leaves the requeue to Slurm, and the job
+    runs again, resumes from that checkpoint and ends with the uninterrupted run's loss."""
+    out = slurm_project.parent / "requeued"
+
+    def requeue(job_id):
+        result = run(["scontrol", "requeue", job_id], env=slurm_cluster)
+        assert result.returncode == 0, result.stderr
+
+    job_id, wait_output, log, code = interrupted_job(slurm_project, out, slurm_cluster, requeue)
+    assert "preempted (SIGTERM)" in log, log
+    assert "requeued (" not in log  # Slurm requeued it, not the script
+    assert_resumed_exactly(job_id, wait_output, log, code, out, reference_run)
+
+
+def test_usr1_saves_requeues_and_resumes(slurm_cluster, slurm_project, slurm_data, reference_run):
+    """The time-limit warning path: SIGUSR1 to the job steps only (what `--signal=USR1@N` sends N s
+    before the limit; `scancel --signal=USR1` sends it now). The ranks save and exit 143, the node
+    launchers report the preemption, and the batch script, which got no signal, requeues the job
+    itself; it resumes and ends with the uninterrupted run's loss."""
+    out = slurm_project.parent / "usr1"
+
+    def warn(job_id):
+        result = run(["scancel", "--signal=USR1", job_id], env=slurm_cluster)
+        assert result.returncode == 0, result.stderr
+
+    job_id, wait_output, log, code = interrupted_job(slurm_project, out, slurm_cluster, warn)
+    assert "preempted (SIGUSR1)" in log, log
+    assert re.search(r"preempted by SIGUSR1 at step \d+: checkpoint .* is saved", log), log  # the node supervisor
+    assert f"job {job_id}: checkpoint saved; requeued (1 of 10)" in log, log
+    assert_resumed_exactly(job_id, wait_output, log, code, out, reference_run)
