@@ -364,6 +364,35 @@ def test_deepspeed_sbatch_lines_follow_the_answers(tmp_path, name):
     assert (project / "launch" / "slurm" / "train.sbatch").is_file()
 
 
+@pytest.mark.parametrize("slurm_time, lead", [("00:10:00", 150), ("00:19:59", 299), ("1-00:00:00", 300)])
+def test_usr1_lead_time_follows_a_short_time_limit(tmp_path, slurm_time, lead):
+    """USR1@300 under a 5-minute limit would arrive at once: a limit under 20 min gets a quarter of it,
+    in both scripts and the README."""
+    project = render(tmp_path / "p", project_name="Slurm Lead", platforms="[slurm]", strategy="deepspeed",
+                     slurm_time=slurm_time, data_dir=str(tmp_path / "data"), output_dir=str(tmp_path / "runs"))
+    for script in ("train.sbatch", "train-deepspeed.sbatch"):
+        text = (project / "launch" / "slurm" / script).read_text()
+        assert text.startswith("#!/bin/bash\n# Train Slurm Lead on Slurm"), text[:80]
+        assert sbatch_options(text)["signal"] == f"USR1@{lead}", script
+    assert f"`--signal=USR1@{lead}`" in (project / "launch" / "slurm" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("given, signals", [
+    ([], []),                                                          # the script's own line applies
+    (["--time", "00:08:00"], ["--signal=USR1@120"]),                   # a quarter of a short limit
+    (["--time", "2-00:00:00"], ["--signal=USR1@300"]),
+    (["--sbatch-arg=--time=12"], ["--signal=USR1@180"]),               # minutes, as sbatch reads "12"
+    (["--time", "00:08:00", "--sbatch-arg=--signal=USR1@30"], ["--signal=USR1@30"]),  # the user's own wins
+])
+def test_time_given_at_submit_moves_the_usr1_warning(slurm_project, given, signals):
+    """A time limit given to `launch slurm` replaces the script's, so the USR1 lead time follows it."""
+    result = cli(slurm_project, "launch", "slurm", "--dry-run", *given, env={"PATH": str(BIN)})
+    assert result.returncode == 0, result.stderr
+    argv = shlex.split(result.stdout.splitlines()[0].split("&& ", 1)[1])
+    assert [a for a in argv if a.startswith("--signal=")] == signals, argv
+    assert argv.index("launch/slurm/train.sbatch") > max((argv.index(x) for x in signals), default=0)
+
+
 def test_deepspeed_launcher_needs_a_deepspeed_project(slurm_project):
     """A DDP project has no train-deepspeed.sbatch: the error says how to get it."""
     assert not (slurm_project / DS_SCRIPT).exists()
@@ -498,7 +527,7 @@ def interrupted_job(project: Path, out: Path, env: dict, interrupt) -> tuple[str
 def assert_resumed_exactly(job_id: str, wait_output: str, log: str, code: int, out: Path, reference: float):
     assert code == 0, wait_output + log
     # `sbatch --wait` (Slurm 22.05) keeps waiting across a requeue and returns the final run's status.
-    assert f"job {job_id} ended: exit 0, COMPLETED" in wait_output, wait_output
+    assert f"job {job_id} ended: exit 0, COMPLETED, after 1 requeue(s)" in wait_output, wait_output
     # The log is appended to on requeue: the first run, then the second, counted by SLURM_RESTART_COUNT.
     assert re.findall(rf"^job {job_id}: 2 node\(s\) .*restart (\d)$", log, re.MULTILINE) == ["0", "1"], log
     assert f"steps 0->{FAULT_STEPS}" in log, log

@@ -14,6 +14,11 @@ running `train`. Options given here
 override the script's #SBATCH lines. Logs go to <run.output_dir>/slurm/<job name>-<job id>.out
 and .err; the folder is created here because Slurm does not create it and a job without it fails
 before its first line.
+
+Preemption: both scripts carry --requeue and --signal=USR1@300 (the ranks save before the time limit
+and the script requeues the job; launch/slurm/README.md). `--wait` waits for the job to end for good:
+sbatch --wait (Slurm 22.05, measured) keeps waiting while a requeued job is pending or runs again,
+and returns the final run's exit status; the end line counts the restarts.
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ def add_arguments(p: ArgumentParser) -> None:
                    help="torchrun: launch/slurm/train.sbatch, torchrun on every node (default); deepspeed: "
                         "launch/slurm/train-deepspeed.sbatch, `deepspeed --launcher slurm` with one task per GPU")
     p.add_argument("--wait", action="store_true",
-                   help="wait for the job to end (sbatch --wait) and exit with its exit status")
+                   help="wait for the job to end for good (sbatch --wait; requeues included) and exit with its "
+                        "exit status")
     p.add_argument("--partition", help="Slurm partition (default: the script's, else the cluster's default)")
     p.add_argument("--account", help="account to charge (default: the script's, else yours)")
     p.add_argument("--time", help="time limit, HH:MM:SS or D-HH:MM:SS (default: the script's)")
@@ -53,6 +59,37 @@ def log_dir(cfg: Config) -> Path:
     return (out if out.is_absolute() else project_root() / out) / "slurm"
 
 
+SIGNAL_LEAD_SECONDS = 300  # the scripts' --signal=USR1@N for long jobs: see launch/slurm/README.md
+
+
+def time_limit_seconds(text: str) -> int | None:
+    """Slurm's time formats (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) in seconds; None if not one."""
+    days, _, rest = text.rpartition("-") if "-" in text else ("0", "", text)
+    try:
+        parts = [int(x) for x in rest.split(":")]
+        day_seconds = int(days) * 86400
+    except ValueError:
+        return None
+    if "-" in text:  # D-HH[:MM[:SS]]
+        parts += [0] * (3 - len(parts))
+    elif len(parts) == 1:  # MM
+        parts = [0, parts[0], 0]
+    elif len(parts) == 2:  # MM:SS
+        parts = [0, *parts]
+    if len(parts) != 3:
+        return None
+    return day_seconds + parts[0] * 3600 + parts[1] * 60 + parts[2]
+
+
+def signal_option(time_limit: str | None, sbatch_args: list[str]) -> list[str]:
+    """A time limit given here replaces the script's: the USR1 warning then follows it (a quarter of a
+    limit under 20 min, as the script does for the answered one), unless --signal is given too."""
+    seconds = time_limit_seconds(time_limit) if time_limit else None
+    if seconds is None or any(a.startswith("--signal") for a in sbatch_args):
+        return []
+    return [f"--signal=USR1@{min(SIGNAL_LEAD_SECONDS, seconds // 4)}"]
+
+
 def sbatch_command(args: Namespace, cfg: Config, script: Path) -> list[str]:
     logs = log_dir(cfg)
     # --parsable: the first line of stdout is the job id, printed at once even with --wait.
@@ -60,6 +97,8 @@ def sbatch_command(args: Namespace, cfg: Config, script: Path) -> list[str]:
     for flag in ("partition", "account", "time"):
         if getattr(args, flag):
             cmd.append(f"--{flag}={getattr(args, flag)}")
+    time_arg = next((a.partition("=")[2] for a in reversed(args.sbatch_args) if a.startswith("--time=")), args.time)
+    cmd += signal_option(time_arg, args.sbatch_args)
     if args.wait:
         cmd.append("--wait")
     cmd += args.sbatch_args  # last: the user's options win over ours
@@ -68,8 +107,8 @@ def sbatch_command(args: Namespace, cfg: Config, script: Path) -> list[str]:
 
 
 def job_fields(job_id: str) -> dict[str, str]:
-    """JobState, StdOut and StdErr of a job from `scontrol show job` (paths with %x and %j expanded);
-    empty where scontrol cannot say. No sacct: it needs the accounting database many clusters lack."""
+    """JobState, Restarts, StdOut and StdErr of a job from `scontrol show job` (paths with %x and %j
+    expanded); empty where scontrol cannot say. No sacct: it needs the accounting database many clusters lack."""
     try:
         out = subprocess.run(["scontrol", "show", "job", job_id], check=False, capture_output=True, text=True,
                              timeout=30)
@@ -77,8 +116,9 @@ def job_fields(job_id: str) -> dict[str, str]:
         return {}
     fields = {}
     for word in out.stdout.split():
-        if word.startswith("JobState="):
-            fields["JobState"] = word.partition("=")[2]
+        if word.startswith(("JobState=", "Restarts=")):
+            key, _, value = word.partition("=")
+            fields[key] = value
     for line in out.stdout.splitlines():
         key, sep, value = line.strip().partition("=")
         if sep and key in ("StdOut", "StdErr"):  # alone on their lines, so a path may hold spaces
@@ -144,7 +184,8 @@ def launch(args: Namespace, cfg: Config, package: str) -> int:
     stderr = fields.get("StdErr") or str(logs / f"<job name>-{job_id}.err")
     print(f"submitted job {job_id}\n  log:    {stdout}\n  errors: {stderr}", flush=True)
     if not args.wait:
-        print(f"  follow: tail -f {shlex.quote(stdout)}    status: squeue -j {job_id}    cancel: scancel {job_id}")
+        print(f"  follow: tail -f {shlex.quote(stdout)}    status: squeue -j {job_id}    cancel: scancel {job_id}\n"
+              f"  save now and continue later: scancel --signal=USR1 {job_id}")
         return proc.wait()
     try:
         code = proc.wait()
@@ -152,8 +193,10 @@ def launch(args: Namespace, cfg: Config, package: str) -> int:
         proc.terminate()
         print(f"\nstopped waiting; job {job_id} goes on (scancel {job_id} to end it)", file=sys.stderr)
         return 130
-    state = job_fields(job_id).get("JobState", "")
-    print(f"job {job_id} ended: exit {code}" + (f", {state}" if state else ""), flush=True)
+    end = job_fields(job_id)
+    state, restarts = end.get("JobState", ""), int(end.get("Restarts", "0") or 0)
+    print(f"job {job_id} ended: exit {code}" + (f", {state}" if state else "")
+          + (f", after {restarts} requeue(s)" if restarts else ""), flush=True)
     if code != 0:
         print(f"--- last lines of {stderr}\n{tail(stderr)}", file=sys.stderr)
     return code
