@@ -8,7 +8,9 @@ MPI: mpirun (Open MPI) with NODE_IP_SLOT_LIST on one instance, then a launcher a
 "instance" where the worker's ranks reach it through a remote-launch agent (the job TI-ONE's ssh or
 exec into the container does), with a fresh environment. Ray: a real local Ray cluster of two
 nodes, once started by the test as TI-ONE's Ray mode does, once by the script's own RANK=0 and
-RANK=1 invocations. DDP and PS-Worker scripts are run with simulated variables elsewhere.
+RANK=1 invocations. DDP: a task that TI-ONE restarts (the start script run again on the same shared
+output_dir with a longer schedule) resumes from the checkpoint, and one stopped with SIGTERM saves
+first; both end bitwise equal to an uninterrupted run. PS-Worker runs with simulated variables elsewhere.
 """
 
 from __future__ import annotations
@@ -75,8 +77,12 @@ def ray_cli() -> str:
     return str(ray)
 
 
+def project_answers(project: Path) -> dict:
+    return yaml.safe_load((project / ".copier-answers.yml").read_text())
+
+
 def slug_of(project: Path) -> str:
-    return yaml.safe_load((project / ".copier-answers.yml").read_text())["project_slug"]
+    return project_answers(project)["project_slug"]
 
 
 def metrics(output_dir: Path) -> list[dict]:
@@ -129,6 +135,13 @@ def test_one_start_script_per_mode_and_launch_prints_the_readme_settings(tmp_pat
     assert shown.stdout == block
     assert f"bash /opt/ml/code/launch/tione/{MODES[mode]}" in shown.stdout
     assert "ccr.ccs.tencentyun.com/team/console:v3" in shown.stdout and "NCCL_IB_HCA" in shown.stdout
+    script = (project / "launch" / "tione" / MODES[mode]).read_text()
+    # Restarts resume from the shared output_dir: the script names it and never deletes anything.
+    assert "training resumes from <output_dir>/checkpoints/latest" in script.replace("\n# ", " ")
+    assert not re.search(r"(^|[;&|]\s*)\s*rm\s", script, re.MULTILINE), "a start script must not delete files"
+    assert f"{project_answers(project)['output_dir']}" in script and "SHARED_MOUNT" in script
+    readme_text = (project / "launch" / "tione" / "README.md").read_text()
+    assert f"resumes from\n`{project_answers(project)['output_dir']}/checkpoints/latest`" in readme_text
     with_overrides = sh(cli + ["schedule.max_steps=7"], env, cwd=project)
     assert f"{MODES[mode]} schedule.max_steps=7" in with_overrides.stdout
     # Inside a TI-ONE task the start script is what must run: say so, exit 1.
@@ -294,3 +307,103 @@ def test_ray_script_starts_head_and_worker_joins(tmp_path, data_dir):
         if worker.poll() is None:
             worker.kill()
         sh([ray, "stop", "--force"], clean_env())
+
+
+# ---------------------------------------------------------------------------------------------
+# DDP: restarted and preempted tasks resume from the shared output_dir
+
+# A constant learning rate after warmup (min_lr_ratio 1.0): the schedule then does not depend on
+# schedule.max_steps, so a task restarted with a longer schedule follows the uninterrupted run exactly.
+RESUME = [
+    "model.size=tiny", "model.sequence_len=64", "batch.global_batch_size=8", "batch.micro_batch_size=4",
+    "schedule.warmup_steps=2", "schedule.min_lr_ratio=1.0", "logging.every_steps=2", "logging.eval_every_steps=0",
+    "checkpoint.every_steps=2", "run.device=cpu", "run.dtype=fp32", "logging.tensorboard=false",
+]
+
+
+def tione_ddp_env(shared: Path, **extra: str) -> dict[str, str]:
+    """What TI-ONE injects on the only node of a 1-node, 2-GPU DDP task (the seed's variables)."""
+    return clean_env(WORLD_SIZE="1", RANK="0", INDEX="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                     GPU_NUM_PER_NODE="2", GPU_NUM="2", NODE_LIST="127.0.0.1:2", SHARED_MOUNT=str(shared), **extra)
+
+
+def losses(output_dir: Path) -> dict[int, tuple]:
+    """step -> (loss, lr, grad_norm) of the training records."""
+    return {m["step"]: (m["loss"], m["lr"], m["grad_norm"]) for m in metrics(output_dir) if "loss" in m}
+
+
+@pytest.fixture(scope="module")
+def ddp_task(tmp_path_factory, data_dir):
+    """A rendered DDP project whose shared storage is a temporary folder, and an uninterrupted 8-step
+    run through start-ddp.sh to compare the resumed runs with."""
+    root = tmp_path_factory.mktemp("tione-ddp")
+    project = render(root / "project", project_name="Tione Ddp Resume", platforms="[tione]", tione_mode="ddp",
+                     nodes=1, gpus_per_node=2, shared_mount=str(root), data_dir=str(data_dir),
+                     output_dir=str(root / "runs"))
+    script = str(project / "launch" / "tione" / "start-ddp.sh")
+    straight = root / "straight"
+    result = sh(["bash", script, *RESUME, "schedule.max_steps=8", f"run.output_dir={straight}"], tione_ddp_env(root))
+    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+    assert sorted(losses(straight)) == [2, 4, 6, 8]
+    return root, script, losses(straight)
+
+
+def test_ddp_task_restarted_by_tione_resumes_from_the_shared_output_dir(ddp_task):
+    """The task trains 4 steps and ends; TI-ONE runs the start command again (same output_dir on the
+    shared storage, schedule.max_steps raised to 8): it resumes at step 4 and ends where an
+    uninterrupted 8-step run ends, bit for bit."""
+    root, script, straight = ddp_task
+    runs = root / "runs"
+    first = sh(["bash", script, *RESUME, "schedule.max_steps=4"], tione_ddp_env(root))
+    out = first.stdout + first.stderr
+    assert first.returncode == 0, out[-6000:]
+    assert "| 2 process(es) on cpu" in out and "checkpoint found" not in out and "warning:" not in out
+    assert sorted(losses(runs)) == [2, 4]
+    second = sh(["bash", script, *RESUME, "schedule.max_steps=8"], tione_ddp_env(root))
+    out = second.stdout + second.stderr
+    assert second.returncode == 0, out[-6000:]
+    assert f"checkpoint found: training resumes from {runs}/checkpoints/step_00000004.pt" in out, out[-4000:]
+    assert f"resumed from {runs}/checkpoints/step_00000004.pt at step 4" in out and "steps 4->8" in out, out[-4000:]
+    assert sorted(losses(runs)) == [2, 4, 6, 8]
+    assert losses(runs) == straight  # steps 2 and 4 from the first run, 6 and 8 after the restart
+
+
+def test_ddp_task_stopped_with_sigterm_saves_and_resumes(ddp_task):
+    """SIGTERM to the start command (what stopping an instance sends): the ranks save at the next step
+    boundary and it exits 143 with preempted.json; the same command again finishes the schedule with
+    the uninterrupted run's losses."""
+    root, script, straight = ddp_task
+    out_dir = root / "preempted"
+    command = ["bash", script, *RESUME, "schedule.max_steps=8", f"run.output_dir={out_dir}"]
+    log = root / "preempted.log"
+    with open(log, "w") as f:  # slow steps (faults.py) leave time to signal mid-run
+        proc = subprocess.Popen(command, env=tione_ddp_env(root, TRAIN_FAULT_STEP_SECONDS="0.5"), stdout=f,
+                                stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out_dir / "metrics.jsonl").is_file() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        proc.send_signal(15)
+        rc = proc.wait(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = log.read_text()
+    assert rc == 143, out[-6000:]
+    marker = json.loads((out_dir / "preempted.json").read_text())
+    stopped = marker["step"]
+    assert marker["signal"] == "SIGTERM" and 0 < stopped < 8, marker
+    again = sh(command, tione_ddp_env(root))
+    out = again.stdout + again.stderr
+    assert again.returncode == 0, out[-6000:]
+    assert f"resumed from {out_dir}/checkpoints/step_{stopped:08d}.pt at step {stopped}" in out, out[-4000:]
+    assert losses(out_dir)[8] == straight[8]
+
+
+def test_output_dir_off_the_shared_storage_is_a_warning(tmp_path, data_dir):
+    project = render_mode(tmp_path, data_dir, "ddp", nodes=1, gpus_per_node=2)  # output_dir under tmp_path
+    env = {**tione_ddp_env(tmp_path / "elsewhere"), "DRY_RUN": "1"}
+    result = sh(["bash", str(project / "launch" / "tione" / "start-ddp.sh")], env)
+    assert result.returncode == 0, result.stderr
+    assert f"warning: output_dir {tmp_path / 'runs'} is not under the shared storage {tmp_path / 'elsewhere'}" \
+        in result.stderr
