@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import os
 import re
 import types
 import typing
@@ -24,6 +25,12 @@ import yaml
 
 class ConfigError(ValueError):
     """A configuration mistake the user can fix; printed as one or two lines, no traceback."""
+
+
+def debug_requested(cfg: "Config | None" = None) -> bool:
+    """run.debug in the config or TRAIN_DEBUG=1 in the environment (the launchers set it)."""
+    env = os.environ.get("TRAIN_DEBUG", "").lower() in ("1", "true", "yes", "on")
+    return env or bool(cfg is not None and cfg.run.debug)
 
 
 @dataclass

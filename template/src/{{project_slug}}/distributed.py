@@ -14,7 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .config import ConfigError
+from .config import ConfigError, debug_requested
 
 
 @dataclass(frozen=True)
@@ -57,12 +57,6 @@ def process_ranks(env=os.environ) -> tuple[int, int, int]:
     if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
         return int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", "0")), int(env["SLURM_NTASKS"])
     return 0, 0, 1
-
-
-def debug_requested(cfg=None) -> bool:
-    """run.debug in the config or TRAIN_DEBUG=1 in the environment (the launchers set it)."""
-    env = os.environ.get("TRAIN_DEBUG", "").lower() in ("1", "true", "yes", "on")
-    return env or bool(cfg is not None and cfg.run.debug)
 
 
 def collective_timeout(cfg) -> timedelta:

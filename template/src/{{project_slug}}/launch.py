@@ -18,7 +18,7 @@ from argparse import ArgumentParser, Namespace
 
 from . import launch_deepspeed
 from .config import Config, ConfigError
-from .node import exec_torchrun, project_root, train_entry
+from .node import project_root, run_torchrun, train_entry
 from .topology import Topology, default_nproc
 
 PLATFORMS = {
@@ -79,7 +79,7 @@ def launch(args: Namespace, cfg: Config, package: str) -> int:
     topo = devmachine_topology(args, cfg)
     if args.debug:
         os.environ["TRAIN_DEBUG"] = "1"
-    return exec_torchrun(topo, train_entry(package, args.config, args.overrides), args.dry_run, args.wait_timeout)
+    return run_torchrun(topo, cfg, train_entry(package, args.config, args.overrides), args.dry_run, args.wait_timeout)
 
 
 def run_launch(args: Namespace, cfg: Config, package: str) -> int:

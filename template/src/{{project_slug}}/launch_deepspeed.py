@@ -35,8 +35,8 @@ from argparse import ArgumentParser, Namespace
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import Config, ConfigError
-from .node import apply_nccl_env, debug_enabled, project_root, read_env_file, train_entry
+from .config import Config, ConfigError, debug_requested
+from .node import apply_nccl_env, project_root, read_env_file, train_entry
 from .topology import default_nproc, wait_for_master
 
 INSTALL = "DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed"
@@ -173,7 +173,7 @@ def remote_env(plan: Plan) -> dict[str, str]:
     Before apply_nccl_env (a dry run) the files' values stand in for the applied ones."""
     root = project_root() / "config"
     files = read_env_file(root / "nccl.env")
-    if debug_enabled():
+    if debug_requested():
         files.update(read_env_file(root / "nccl-debug.env"))
     values = {name: os.environ.get(name, value) for name, value in files.items()}
     if "TRAIN_DEBUG" in os.environ:

@@ -6,7 +6,8 @@ srun one-task-per-GPU jobs, in each rank).
 
 It reads the platform's variables (topology.py), prints one table, applies config/nccl.env
 without overriding what the platform set, waits for the master's port on non-master nodes, and
-replaces itself with torchrun. Ranks started by mpirun/srun run `train` directly.
+runs torchrun under supervise.py (restarts, stop signals, the preempted exit code). Ranks
+started by mpirun/srun run `train` directly.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import socket
 import sys
 from pathlib import Path
 
-from .config import Config
+from .config import Config, debug_requested
+from .supervise import run_supervised
 from .topology import Topology, TopologyError, default_nproc, detect, torchrun_command, wait_for_master
 
 
@@ -48,10 +50,6 @@ def interface_matches(spec: str, names: list[str]) -> bool:
     return any(n == i if exact else n.startswith(i) for n in names for i in items if i)
 
 
-def debug_enabled() -> bool:
-    return os.environ.get("TRAIN_DEBUG", "").lower() in ("1", "true", "yes", "on")
-
-
 def apply_nccl_env(log=print, values: dict[str, str] | None = None) -> None:
     """Fabric settings from config/nccl.env (or `values` read from it elsewhere); a value the
     platform already injected wins (TI-ONE's HCC machines, for one, set their own NCCL_IB_*
@@ -70,7 +68,7 @@ def apply_nccl_env(log=print, values: dict[str, str] | None = None) -> None:
             missing.append(f"{key}={value}")
             continue
         os.environ[key] = value
-    if debug_enabled():
+    if debug_requested():
         debug = read_env_file(project_root() / "config" / "nccl-debug.env")
         os.environ.update(debug)
         dump_dir = os.path.dirname(debug.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "")) or "."
@@ -92,8 +90,13 @@ def train_entry(package: str, config: str | None, overrides: list[str]) -> list[
     return entry + overrides
 
 
-def exec_torchrun(topo: Topology, entry: list[str], dry_run: bool, wait_timeout: float) -> int:
-    cmd = torchrun_command(topo, entry)
+def run_torchrun(topo: Topology, cfg: Config, entry: list[str], dry_run: bool, wait_timeout: float) -> int:
+    if cfg.run.debug:
+        os.environ["TRAIN_DEBUG"] = "1"  # the ranks and apply_nccl_env read it
+    # An elastic PyTorchJob names its own restart budget (elasticPolicy.maxRestarts).
+    restarts = int(os.environ.get("PET_MAX_RESTARTS") or cfg.cluster.max_restarts)
+    log_dir = str(Path(cfg.run.output_dir) / "logs" / socket.gethostname()) if debug_requested() else None
+    cmd = torchrun_command(topo, entry, restarts, cfg.cluster.stop_grace_seconds, log_dir)
     print(topo.table(), flush=True)
     print("$ " + shlex.join(cmd), flush=True)
     if dry_run:
@@ -101,9 +104,14 @@ def exec_torchrun(topo: Topology, entry: list[str], dry_run: bool, wait_timeout:
     apply_nccl_env()
     if topo.nnodes > 1 and topo.node_rank != 0:
         wait_for_master(topo.master_addr, topo.master_port, wait_timeout, log=lambda m: print(m, flush=True))
-    # exec, not a child: the platform's SIGTERM (pod deletion, scancel) reaches torchrun directly.
-    os.execv(cmd[0], cmd)
-    return 1  # not reached
+    # Restarted ranks must not share the agent's rendezvous store: its keys outlive an attempt and
+    # the new ranks would read the dead ranks' addresses (pytorch/pytorch#135712: "Connection
+    # refused" after a restart). Each attempt then gets a fresh store of its own.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    if log_dir:
+        print(f"TRAIN_DEBUG=1: every rank's output also goes to {log_dir}/<run>/attempt_<n>/<local rank>/", flush=True)
+    return run_supervised(cmd, cfg.run.output_dir, forward_signals=topo.platform != "slurm",
+                          log=lambda m: print(m, flush=True))
 
 
 def run_node(cfg: Config, config: str | None, overrides: list[str], package: str, dry_run: bool,
@@ -122,7 +130,7 @@ def run_node(cfg: Config, config: str | None, overrides: list[str], package: str
               "role, so there is nothing to run here; the worker tasks train. Exiting 0.", flush=True)
         return 0
     if not topo.per_process:
-        return exec_torchrun(topo, train_entry(package, config, overrides), dry_run, wait_timeout)
+        return run_torchrun(topo, cfg, train_entry(package, config, overrides), dry_run, wait_timeout)
     # One process per rank, started by mpirun or srun: only the master needs to be named.
     if int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("SLURM_PROCID", "0"))) == 0:
         print(topo.table(), flush=True)

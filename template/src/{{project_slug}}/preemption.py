@@ -20,9 +20,6 @@ import threading
 import time
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-
 EXIT_PREEMPTED = 143
 """128 + SIGTERM: what Kubernetes and Slurm show for a job stopped by a signal, and a code
 training-operator's `restartPolicy: ExitCode` retries. preempted.json says a checkpoint was saved."""
@@ -33,7 +30,7 @@ MARKER = "preempted.json"
 class StopRequest:
     """Catches STOP_SIGNALS in this process; `agreed()` tells every rank whether any rank got one."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device):
         self.device = device
         self.signal_name: str | None = None
         if threading.current_thread() is threading.main_thread():  # Ray Train runs us in a worker thread
@@ -45,6 +42,9 @@ class StopRequest:
 
     def agreed(self) -> bool:
         """Collective: True on every rank when any rank caught a stop signal."""
+        import torch  # here, not at the top: the launchers read the marker without torch
+        import torch.distributed as dist
+
         flag = torch.tensor([1.0 if self.signal_name else 0.0], device=self.device)
         if dist.is_initialized():
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)

@@ -335,11 +335,25 @@ def detect(env: Mapping[str, str], nproc_default: int, nnodes_default: int = 1) 
     return next(iter(found.values())).read(env, nproc_default, nnodes_default)
 
 
-def torchrun_command(topo: Topology, entry: list[str]) -> list[str]:
-    """torchrun arguments for this node; `entry` is the module and its arguments."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(topo.nproc_per_node)]
+STOP_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+"""Signals torchrun forwards to the ranks: its defaults plus SIGUSR1 (Slurm's --signal warning)."""
+
+
+def torchrun_command(topo: Topology, entry: list[str], max_restarts: int = 0, grace_seconds: int = 30,
+                     log_dir: str | None = None) -> list[str]:
+    """torchrun arguments for this node; `entry` is the module and its arguments.
+
+    max_restarts: torchrun restarts all of this node's ranks after one fails (and the other nodes'
+    agents follow through the rendezvous); they resume from the latest checkpoint.
+    grace_seconds: after a stop signal, how long the ranks may take to save before SIGKILL.
+    log_dir: every rank's output also goes to a file there (per attempt and local rank)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(topo.nproc_per_node),
+           "--max-restarts", str(max_restarts), "--signals-to-handle", STOP_SIGNALS,
+           "--shutdown-timeout", str(grace_seconds)]
+    if log_dir:
+        cmd += ["--log-dir", log_dir, "--redirects", "3", "--tee", "3"]
     if topo.nnodes == 1 and not topo.min_nnodes:
-        # Standalone picks a free port and needs no master: nothing to collide with on a shared box.
+        # Standalone: c10d on a free local port, nothing to collide with on a shared box.
         return cmd + ["--standalone"] + entry
     if topo.min_nnodes:
         # Elastic: c10d rendezvous hosted at the master, any node count between min and max.
@@ -348,13 +362,14 @@ def torchrun_command(topo: Topology, entry: list[str]) -> list[str]:
             "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"{topo.master_addr}:{topo.master_port}",
         ] + entry
-    # Static rendezvous: node ranks are the ones given, so global rank 0 (which logs and
-    # checkpoints) runs on node 0 at master_addr; the other nodes retry until its store is up.
+    # c10d rendezvous (not static): after a failure every node's agent re-joins the next round, so
+    # restarts work across nodes. Node 0's agent hosts the store at master_addr:master_port. Global
+    # ranks follow the sorted host names, so rank 0 (logs, checkpoints) need not be on node 0.
     return cmd + [
         "--nnodes", str(topo.nnodes),
-        "--node-rank", str(topo.node_rank),
-        "--master-addr", topo.master_addr,
-        "--master-port", str(topo.master_port),
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"{topo.master_addr}:{topo.master_port}",
+        "--rdzv-conf", f"is_host={'true' if topo.node_rank == 0 else 'false'}",
     ] + entry
 
 

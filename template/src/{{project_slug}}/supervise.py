@@ -1,0 +1,61 @@
+"""Runs torchrun as a child of `node` / `launch devmachine`, so a preemption ends with a clear
+exit code and message instead of torchrun's traceback.
+
+Stop signals (SIGTERM, SIGUSR1, SIGINT, SIGHUP) are passed to torchrun, which passes them to the
+ranks (topology.STOP_SIGNALS) and gives them cluster.stop_grace_seconds to save. Kubernetes and a
+shell's `kill` signal only this process, hence the forwarding. Slurm signals every process of a
+step itself; forwarding there would hand torchrun a second signal while it shuts down, which
+breaks its grace period, so under Slurm this process only ignores them.
+
+Afterwards: preempted.json written during this run (preemption.py) -> exit 143 and a line that
+says the checkpoint is saved; otherwise torchrun's own status.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import subprocess
+import time
+
+from .preemption import EXIT_PREEMPTED, read_marker
+
+FORWARDED = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
+_PR_SET_PDEATHSIG = 1
+
+
+def _stop_with_parent() -> None:
+    """In the child: SIGTERM when this supervisor dies (even by SIGKILL), so the ranks still save."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass  # not Linux: no parent-death signal, nothing else changes
+
+
+def run_supervised(cmd: list[str], output_dir: str, forward_signals: bool, log=print) -> int:
+    started = time.time()
+    # A new session keeps a terminal's Ctrl-C (sent to the whole foreground group) from reaching
+    # torchrun twice: once from the terminal, once forwarded.
+    child = subprocess.Popen(cmd, start_new_session=forward_signals, preexec_fn=_stop_with_parent)
+
+    def on_signal(signum, frame):
+        if forward_signals and child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in FORWARDED}
+    try:
+        while True:
+            try:
+                code = child.wait()
+                break
+            except InterruptedError:
+                continue
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    record = read_marker(output_dir, since=started)
+    if record is not None:
+        log(f"preempted by {record['signal']} at step {record['step']}: checkpoint {record['checkpoint']} is saved; "
+            f"run the same command again to resume (exit code {EXIT_PREEMPTED})")
+        return EXIT_PREEMPTED
+    return code if code >= 0 else 128 - code  # killed by a signal: the shell's 128 + number
