@@ -1,0 +1,194 @@
+"""Faults on CPU with real processes: a rank killed with SIGKILL and brought back by torchrun, a
+stop signal (preemption), a crash in the middle of a checkpoint save, a resume on another world
+size. Each interrupted run must end with the metrics of the uninterrupted run_2proc / run_1proc
+(same seed, same data, CPU: bitwise equal)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from conftest import TRAIN_OVERRIDES
+
+# Slow steps give the test time to act in the middle of a run (faults.py).
+SLOW = {"TRAIN_FAULT_STEP_SECONDS": "0.3"}
+COMPARED = ("loss", "grad_norm", "lr", "tokens", "val_loss", "val_bpb")
+
+
+def same_numbers(records: list[dict]) -> dict:
+    """step -> the values an interrupted run must reproduce exactly (timings left out)."""
+    out: dict = {}
+    for r in records:
+        out.setdefault(r["step"], {}).update({k: r[k] for k in COMPARED if k in r})
+    return out
+
+
+def assert_same_run(metrics, got: Path, reference: Path) -> None:
+    train, val = metrics(got)
+    ref_train, ref_val = metrics(reference)
+    steps = [r["step"] for r in train]
+    assert steps == sorted(set(steps)), f"a step was logged twice: {steps}"
+    assert same_numbers(train) == same_numbers(ref_train)
+    # Validation at the reference's steps (a run stopped on purpose at max_steps also evaluated there).
+    got_val = same_numbers(val)
+    assert {step: got_val.get(step) for step in same_numbers(ref_val)} == same_numbers(ref_val)
+
+
+def wait_for(predicate, what: str, proc, log: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc.poll() is not None:
+            raise AssertionError(f"exited ({proc.returncode}) before {what}:\n{log.read_text()[-4000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {timeout} s:\n{log.read_text()[-4000:]}")
+        time.sleep(0.2)
+
+
+def rank_pids(output_dir: Path) -> dict[int, int]:
+    """Global rank -> pid of the training processes writing to output_dir."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"train" in cmdline and f"run.output_dir={output_dir}".encode() in cmdline:
+            env = dict(item.split(b"=", 1) for item in environ if b"=" in item)
+            if b"RANK" in env:
+                found[int(env[b"RANK"])] = int(entry.name)
+    return found
+
+
+def launch_args(demo_data: Path, out: Path, nproc: int, *extra: str) -> list[str]:
+    return ["launch", "devmachine", "--nproc-per-node", str(nproc), *TRAIN_OVERRIDES, f"data.dir={demo_data}",
+            f"run.output_dir={out}", *extra]
+
+
+def test_a_killed_rank_is_restarted_and_the_run_ends_as_if_never_killed(cli, demo_data, run_2proc, metrics, tmp_path):
+    out = tmp_path / "run"
+    log = tmp_path / "log"
+    proc = cli.start(*launch_args(demo_data, out, 2), log=log, env=SLOW)
+    try:
+        wait_for(lambda: (out / "checkpoints" / "step_00000010.pt").exists() and len(rank_pids(out)) == 2,
+                 "checkpoint of step 10", proc, log)
+        victim = rank_pids(out)[1]
+        os.kill(victim, signal.SIGKILL)
+        assert proc.wait(timeout=240) == 0, log.read_text()[-4000:]
+    finally:
+        cli.stop(proc)
+    text = log.read_text()
+    assert "resumed from" in text and "--max-restarts 3" in text
+    assert victim not in rank_pids(out)
+    assert_same_run(metrics, out, run_2proc[0])
+
+
+def test_sigterm_to_the_launcher_saves_at_the_next_step_and_exits_preempted(cli, demo_data, run_2proc, metrics,
+                                                                             tmp_path, pkg):
+    out = tmp_path / "run"
+    log = tmp_path / "log"
+    proc = cli.start(*launch_args(demo_data, out, 2), log=log, env=SLOW)
+    try:
+        wait_for(lambda: "step     10/30" in log.read_text(), "step 10", proc, log)
+        proc.send_signal(signal.SIGTERM)  # the launcher only, as Kubernetes signals a pod's first process
+        code = proc.wait(timeout=120)
+    finally:
+        cli.stop(proc)
+    text = log.read_text()
+    assert code == pkg.preemption.EXIT_PREEMPTED, text[-4000:]
+    record = pkg.preemption.read_marker(out, since=0)
+    step = record["step"]
+    assert 10 < step < 30 and record["signal"] == "SIGTERM", record
+    saved = out / "checkpoints" / f"step_{step:08d}.pt"
+    assert saved.is_file() and pkg.checkpoint.find_latest(out / "checkpoints") == saved
+    assert f"preempted by SIGTERM at step {step}: checkpoint {saved} is saved" in text
+
+    again = cli(*launch_args(demo_data, out, 2))
+    assert f"resumed from {saved} at step {step}" in again.stdout
+    assert not (out / "preempted.json").exists()  # a finished run leaves no stale marker
+    assert_same_run(metrics, out, run_2proc[0])
+
+
+def test_sigusr1_stops_a_single_process_run_with_a_checkpoint(cli, demo_data, run_1proc, metrics, tmp_path, pkg):
+    """No torchrun (mpirun, srun and TI-ONE's MPI mode start ranks this way): `train` itself exits 143."""
+    out = tmp_path / "run"
+    log = tmp_path / "log"
+    args = ["train", *TRAIN_OVERRIDES, f"data.dir={demo_data}", f"run.output_dir={out}"]
+    proc = cli.start(*args, log=log, env=SLOW)
+    try:
+        wait_for(lambda: "step      5/30" in log.read_text(), "step 5", proc, log)
+        proc.send_signal(signal.SIGUSR1)  # Slurm's --signal=USR1@N warning before the time limit
+        code = proc.wait(timeout=120)
+    finally:
+        cli.stop(proc)
+    assert code == pkg.preemption.EXIT_PREEMPTED, log.read_text()[-4000:]
+    assert "preempted (SIGUSR1)" in log.read_text()
+    cli(*args)
+    assert_same_run(metrics, out, run_1proc[0])
+
+
+def test_a_crash_during_a_save_leaves_the_previous_checkpoint(cli, demo_data, run_1proc, metrics, tmp_path, pkg):
+    out = tmp_path / "run"
+    ckpt = out / "checkpoints"
+    args = ["train", *TRAIN_OVERRIDES, f"data.dir={demo_data}", f"run.output_dir={out}"]
+    cli(*args, "schedule.max_steps=10")  # constant lr after warmup: the first 10 steps of the 30-step run
+    log = tmp_path / "log"
+    proc = cli.start(*args, log=log, env={"TRAIN_FAULT_PAUSE_BEFORE_COMMIT": "600"})
+    try:
+        wait_for(lambda: "pausing" in log.read_text(), "the pause before the rename", proc, log)
+        partial = [p.name for p in ckpt.iterdir() if p.name.startswith(".step_00000020.pt.tmp")]
+        assert partial, sorted(p.name for p in ckpt.iterdir())
+        os.killpg(proc.pid, signal.SIGKILL)  # the machine dies between write and rename
+        proc.wait()
+    finally:
+        cli.stop(proc)
+    # The half-made save is invisible: listing, `latest` and loading all give step 10.
+    assert [p.name for p in pkg.checkpoint.list_checkpoints(ckpt)] == ["step_00000010.pt"]
+    latest = pkg.checkpoint.find_latest(ckpt)
+    assert latest == ckpt / "step_00000010.pt" and pkg.checkpoint.load(latest)["step"] == 10
+
+    again = cli(*args)
+    assert f"resumed from {ckpt / 'step_00000010.pt'} at step 10" in again.stdout
+    assert_same_run(metrics, out, run_1proc[0])
+
+
+def test_another_world_size_is_refused_unless_resharding_is_asked_for(cli, demo_data, run_2proc, tmp_path, metrics):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(run_2proc[0] / "checkpoints", out / "checkpoints")
+    args = ["train", *TRAIN_OVERRIDES, f"data.dir={demo_data}", f"run.output_dir={out}", "schedule.max_steps=35"]
+    refused = cli(*args, expect=None)
+    assert refused.returncode != 0
+    assert "written by 2 processes; this run has 1" in refused.stderr and "checkpoint.reshard=true" in refused.stderr
+
+    resharded = cli(*args, "checkpoint.reshard=true")
+    assert "resharded from 2 to 1 processes" in resharded.stdout
+    assert "schedule.max_steps 30 -> 35" in resharded.stdout  # a changed setting is reported, not refused
+    train, _ = metrics(out)
+    assert train[-1]["step"] == 35
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_hung_rank_times_out_sooner_under_debug(cli, demo_data, tmp_path, debug):
+    """Rank 1 stops before step 3; rank 0 waits in the gradient all-reduce until the collective
+    timeout. Under debug the timeout is run.debug_timeout_minutes (here 0.1 = 6 s)."""
+    out = tmp_path / "run"
+    extra = ["run.debug_timeout_minutes=0.1", "run.collective_timeout_minutes=0.25", "cluster.max_restarts=0",
+             "cluster.stop_grace_seconds=3"]  # the hung rank ignores SIGTERM: killed 3 s later
+    env = {"TRAIN_FAULT_HANG": "1:3", "TRAIN_DEBUG": "1" if debug else None}
+    proc = cli(*launch_args(demo_data, out, 2, *extra), env=env, expect=None, timeout=240)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "rank 1 hangs before step 3" in text
+    # Gloo names the timeout it waited: the process group got the one for this mode.
+    assert f"Timed out waiting {6000 if debug else 15000}ms" in text, text[-3000:]
+    if debug:  # every rank's output also lands in its own file
+        logs = list((out / "logs").rglob("stderr.log"))
+        assert len(logs) >= 2 and any("hangs before step 3" in p.read_text() for p in logs), logs
+    else:
+        assert not (out / "logs").exists()
