@@ -505,27 +505,33 @@ def job_state(job_id: str, env: dict) -> str:
     return run(["squeue", "-h", "-j", job_id, "-o", "%T"], env=env).stdout.strip()
 
 
-def interrupted_job(project: Path, out: Path, env: dict, interrupt) -> tuple[str, str, str, int]:
+def interrupted_job(project: Path, out: Path, env: dict, interrupt, launcher: tuple[str, ...] = ()
+                    ) -> tuple[str, str, str, int]:
     """`launch slurm --wait` in the background with slow steps (TRAIN_FAULT_STEP_SECONDS reaches the
     ranks: sbatch exports the submitter's environment); once the first checkpoint exists,
     interrupt(job_id). The requeued job waits for its BeginTime (cred_expire + 1 = 121 s on a default
-    slurm.conf) before it may start again: `scontrol update StartTime=now` skips that wait here.
+    slurm.conf) before it may start again: `scontrol update StartTime=now` shortens that wait here, a
+    little after the job is pending again.
     Returns job id, the wait's stdout, the job's .out log, the wait's exit status."""
     stdout, stderr = out.parent / f"{out.name}-launch.out", out.parent / f"{out.name}-launch.err"
     slug = next(p.name for p in (project / "src").iterdir() if (p / "__main__.py").is_file())
     full_env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(project / "src"),
                 "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TRAIN_FAULT_STEP_SECONDS": "0.5", **env}
     with stdout.open("w") as o, stderr.open("w") as e:
-        proc = subprocess.Popen([sys.executable, "-m", slug, "launch", "slurm", "--wait", *CPU_CLUSTER, *FAULT_RUN,
+        proc = subprocess.Popen([sys.executable, "-m", slug, "launch", "slurm", *launcher, "--wait", *CPU_CLUSTER, *FAULT_RUN,
                                  f"run.output_dir={out}"], cwd=project, env=full_env, stdout=o, stderr=e, text=True)
     job_id = None
     try:
         job_id = wait_until(lambda: (m := re.search(r"^submitted job (\d+)$", stdout.read_text(), re.MULTILINE))
                             and m.group(1), 60, "the job id")
-        wait_until(lambda: (out / "checkpoints" / "step_00000005.pt").is_file(), 180, "the first checkpoint")
+        # DDP saves step_00000005.pt, DeepSpeed a folder step_00000005 (renamed into place when complete).
+        wait_until(lambda: list((out / "checkpoints").glob("step_00000005*")), 180, "the first checkpoint")
         interrupt(job_id)
         # Requeued: pending again (after its processes ended), with one restart counted.
         wait_until(lambda: job_state(job_id, env) == "PENDING", 90, f"job {job_id} back in the queue")
+        # Not within the second its old processes were killed: slurmd refuses a credential issued in the
+        # same second as the revocation ("Job credential revoked", the job FAILS), hence Slurm's wait.
+        time.sleep(2)
         update = run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env)
         assert update.returncode == 0, update.stderr
         code = proc.wait(timeout=300)
@@ -534,7 +540,7 @@ def interrupted_job(project: Path, out: Path, env: dict, interrupt) -> tuple[str
             proc.kill()
             if job_id:
                 run(["scancel", job_id], env=env)
-    log = (out / "slurm" / f"slurmci-{job_id}.out").read_text()
+    log = next((out / "slurm").glob(f"*-{job_id}.out")).read_text()
     return job_id, stdout.read_text() + stderr.read_text(), log, code
 
 
@@ -588,3 +594,24 @@ def test_usr1_saves_requeues_and_resumes(slurm_cluster, slurm_project, slurm_dat
     assert re.search(r"preempted by SIGUSR1 at step \d+: checkpoint .* is saved", log), log  # the node supervisor
     assert f"job {job_id}: checkpoint saved; requeued (1 of 10)" in log, log
     assert_resumed_exactly(job_id, wait_output, log, code, out, reference_run)
+
+
+def test_deepspeed_job_saves_on_usr1_and_requeues(slurm_cluster, ds_project):
+    """The same warning under train-deepspeed.sbatch: SIGUSR1 reaches the ranks (srun tasks), not
+    DeepSpeed's runner nor the batch shell; the ranks save, the runner passes srun's 143 on, the script
+    requeues; the job resumes and ends with an uninterrupted DeepSpeed run's loss."""
+    reference = ds_project.parent / "ds-reference"
+    result = cli(ds_project, "launch", "slurm", "--launcher", "deepspeed", "--wait", *CPU_CLUSTER, *FAULT_RUN,
+                 f"run.output_dir={reference}", env=slurm_cluster, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = ds_project.parent / "ds-usr1"
+
+    def warn(job_id):
+        result = run(["scancel", "--signal=USR1", job_id], env=slurm_cluster)
+        assert result.returncode == 0, result.stderr
+
+    job_id, wait_output, log, code = interrupted_job(ds_project, out, slurm_cluster, warn, ("--launcher", "deepspeed"))
+    assert "preempted (SIGUSR1)" in log, log
+    assert f"job {job_id}: checkpoint saved; requeued (1 of 10)" in log, log
+    assert re.findall(rf"^job {job_id}: 2 node\(s\) .*restart (\d)$", log, re.MULTILINE) == ["0", "1"], log
+    assert_resumed_exactly(job_id, wait_output, log, code, out, final_loss(reference)[1])
