@@ -286,13 +286,26 @@ def flag(cmd: list[str], name: str) -> str:
     return cmd[cmd.index(name) + 1]
 
 
-def test_torchrun_static_multi_node(topology):
-    cmd = topology.torchrun_command(topology.detect(TIONE_DDP, 8, 1), ENTRY)
-    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
-    assert flag(cmd, "--nproc-per-node") == "1" and flag(cmd, "--nnodes") == "2" and flag(cmd, "--node-rank") == "1"
-    assert flag(cmd, "--master-addr") == "10.35.110.11" and flag(cmd, "--master-port") == "23456"
-    assert "--standalone" not in cmd and not any(a.startswith("--rdzv") for a in cmd)
-    assert cmd[-len(ENTRY):] == ENTRY
+def test_torchrun_multi_node_uses_c10d_hosted_on_node_0(topology):
+    """c10d, not static: after a failure every node's agent joins the next round (restarts)."""
+    worker = topology.torchrun_command(topology.detect(TIONE_DDP, 8, 1), ENTRY, max_restarts=3, grace_seconds=90)
+    assert worker[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert flag(worker, "--nproc-per-node") == "1" and flag(worker, "--nnodes") == "2"
+    assert flag(worker, "--rdzv-backend") == "c10d" and flag(worker, "--rdzv-endpoint") == "10.35.110.11:23456"
+    assert flag(worker, "--rdzv-conf") == "is_host=false"  # TIONE_DDP is node 1
+    assert flag(worker, "--max-restarts") == "3" and flag(worker, "--shutdown-timeout") == "90"
+    assert "SIGUSR1" in flag(worker, "--signals-to-handle").split(",")
+    assert "--standalone" not in worker and "--node-rank" not in worker and "--master-addr" not in worker
+    assert worker[-len(ENTRY):] == ENTRY
+    master = topology.torchrun_command(topology.detect({**TIONE_DDP, "RANK": "0", "INDEX": "0"}, 8, 1), ENTRY)
+    assert flag(master, "--rdzv-conf") == "is_host=true"
+
+
+def test_per_rank_log_files_only_when_asked(topology):
+    topo = topology.detect(TIONE_DDP, 8, 1)
+    assert "--log-dir" not in topology.torchrun_command(topo, ENTRY)
+    cmd = topology.torchrun_command(topo, ENTRY, log_dir="/mnt/shared/runs/logs/node-a")
+    assert flag(cmd, "--log-dir") == "/mnt/shared/runs/logs/node-a" and flag(cmd, "--tee") == "3"
 
 
 def test_torchrun_one_node_is_standalone(topology):

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from .config import Config, debug_requested
 from .supervise import run_supervised
-from .topology import Topology, TopologyError, default_nproc, detect, torchrun_command, wait_for_master
+from .topology import (Topology, TopologyError, address_towards, default_nproc, detect, torchrun_command,
+                       wait_for_master)
 
 
 def project_root() -> Path:
@@ -96,7 +97,8 @@ def run_torchrun(topo: Topology, cfg: Config, entry: list[str], dry_run: bool, w
     # An elastic PyTorchJob names its own restart budget (elasticPolicy.maxRestarts).
     restarts = int(os.environ.get("PET_MAX_RESTARTS") or cfg.cluster.max_restarts)
     log_dir = str(Path(cfg.run.output_dir) / "logs" / socket.gethostname()) if debug_requested() else None
-    cmd = torchrun_command(topo, entry, restarts, cfg.cluster.stop_grace_seconds, log_dir)
+    local_addr = address_towards(topo.master_addr) if topo.nnodes > 1 else None
+    cmd = torchrun_command(topo, entry, restarts, cfg.cluster.stop_grace_seconds, log_dir, local_addr)
     print(topo.table(), flush=True)
     print("$ " + shlex.join(cmd), flush=True)
     if dry_run:

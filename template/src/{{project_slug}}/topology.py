@@ -339,14 +339,27 @@ STOP_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 """Signals torchrun forwards to the ranks: its defaults plus SIGUSR1 (Slurm's --signal warning)."""
 
 
+def address_towards(host: str) -> str | None:
+    """This machine's address on the route to host (no packet is sent), or None if host does not resolve."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, 9))
+            return probe.getsockname()[0]
+    except OSError:
+        return None
+
+
 def torchrun_command(topo: Topology, entry: list[str], max_restarts: int = 0, grace_seconds: int = 30,
-                     log_dir: str | None = None) -> list[str]:
+                     log_dir: str | None = None, local_addr: str | None = None) -> list[str]:
     """torchrun arguments for this node; `entry` is the module and its arguments.
 
     max_restarts: torchrun restarts all of this node's ranks after one fails (and the other nodes'
     agents follow through the rendezvous); they resume from the latest checkpoint.
     grace_seconds: after a stop signal, how long the ranks may take to save before SIGKILL.
-    log_dir: every rank's output also goes to a file there (per attempt and local rank)."""
+    log_dir: every rank's output also goes to a file there (per attempt and local rank).
+    local_addr: how the other nodes reach this one (multi-node): the node that gets global rank 0
+    hands it to every rank as MASTER_ADDR; without it torchrun uses the host name, which other
+    machines often cannot resolve."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(topo.nproc_per_node),
            "--max-restarts", str(max_restarts), "--signals-to-handle", STOP_SIGNALS,
            "--shutdown-timeout", str(grace_seconds)]
@@ -355,6 +368,8 @@ def torchrun_command(topo: Topology, entry: list[str], max_restarts: int = 0, gr
     if topo.nnodes == 1 and not topo.min_nnodes:
         # Standalone: c10d on a free local port, nothing to collide with on a shared box.
         return cmd + ["--standalone"] + entry
+    if local_addr:
+        cmd += ["--local-addr", local_addr]
     if topo.min_nnodes:
         # Elastic: c10d rendezvous hosted at the master, any node count between min and max.
         return cmd + [
