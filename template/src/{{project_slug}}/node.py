@@ -91,6 +91,16 @@ def train_entry(package: str, config: str | None, overrides: list[str]) -> list[
     return entry + overrides
 
 
+def check_before_start(cfg: Config, world_size: int | None) -> None:
+    """Mistakes every rank would hit at once, reported before torchrun starts: under
+    --max-restarts torchrun would otherwise restart the ranks into the same error several times."""
+    from .data import read_meta
+    from .rules import require_valid
+
+    require_valid(cfg, world_size)
+    read_meta(Path(cfg.data.dir))
+
+
 def run_torchrun(topo: Topology, cfg: Config, entry: list[str], dry_run: bool, wait_timeout: float) -> int:
     if cfg.run.debug:
         os.environ["TRAIN_DEBUG"] = "1"  # the ranks and apply_nccl_env read it
@@ -103,6 +113,7 @@ def run_torchrun(topo: Topology, cfg: Config, entry: list[str], dry_run: bool, w
     print("$ " + shlex.join(cmd), flush=True)
     if dry_run:
         return 0
+    check_before_start(cfg, None if topo.min_nnodes else topo.nnodes * topo.nproc_per_node)
     apply_nccl_env()
     if topo.nnodes > 1 and topo.node_rank != 0:
         wait_for_master(topo.master_addr, topo.master_port, wait_timeout, log=lambda m: print(m, flush=True))
