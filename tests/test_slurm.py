@@ -4,6 +4,9 @@ on 2 nodes (Gloo on CPU). Projects generated with strategy deepspeed also get
 launch/slurm/train-deepspeed.sbatch: `launch slurm --launcher deepspeed` trains a DeepSpeed ZeRO-2
 job through `deepspeed --launcher slurm` (one srun task per rank) on the same cluster. Also the
 scripts' #SBATCH lines for given answers, --dry-run, and the message when sbatch is missing.
+Preemption: `scontrol requeue` of a running job and SIGUSR1 to its steps (`scancel --signal=USR1`,
+what `--signal=USR1@N` sends) both end in a resumed job with the uninterrupted run's final loss; a
+real 2-minute time limit delivers the USR1 warning to the ranks and not to the batch shell.
 
     python -m pytest -q tests/test_slurm.py      # as root; installs slurm-wlm and munge with apt when missing
 
@@ -615,3 +618,31 @@ def test_deepspeed_job_saves_on_usr1_and_requeues(slurm_cluster, ds_project):
     assert f"job {job_id}: checkpoint saved; requeued (1 of 10)" in log, log
     assert re.findall(rf"^job {job_id}: 2 node\(s\) .*restart (\d)$", log, re.MULTILINE) == ["0", "1"], log
     assert_resumed_exactly(job_id, wait_output, log, code, out, final_loss(reference)[1])
+
+
+def test_time_limit_warning_reaches_the_ranks(slurm_cluster, slurm_project, slurm_data):
+    """The real --signal=USR1@N before a real time limit: a 2-minute job (`launch slurm --time` sets
+    USR1@30) that would train far longer. Slurm signals the steps 30-90 s after the start (its timer
+    may be up to 60 s early); the ranks save and exit 143 before the limit, and the batch shell, not
+    signalled, takes the requeue branch: with MAX_REQUEUES=0 it says so and ends with 143 (a requeued
+    run would wait its BeginTime and meet the same limit; the tests above cover the resume)."""
+    out = slurm_project.parent / "time-limit"
+    long_run = [a for a in FAULT_RUN if not a.startswith("schedule.max_steps=")] + ["schedule.max_steps=1000"]
+    started = time.monotonic()
+    result = cli(slurm_project, "launch", "slurm", "--wait", "--time", "00:02:00", *CPU_CLUSTER, *long_run,
+                 f"run.output_dir={out}", env={**slurm_cluster, "TRAIN_FAULT_STEP_SECONDS": "0.5", "MAX_REQUEUES": "0"},
+                 timeout=240)
+    elapsed = time.monotonic() - started
+    job_id = submitted_job(result.stdout)
+    log = (out / "slurm" / f"slurmci-{job_id}.out").read_text()
+    assert result.returncode == 143, result.stdout + result.stderr + log
+    assert "--signal=USR1@30" in result.stdout  # the warning follows the shorter limit
+    assert "preempted (SIGUSR1)" in log, log
+    errors = (out / "slurm" / f"slurmci-{job_id}.err").read_text()
+    assert f"job {job_id}: checkpoint saved; not requeued, it already ran 1 time(s) (MAX_REQUEUES=0)" in errors, errors
+    marker = json.loads((out / "preempted.json").read_text())
+    assert marker["signal"] == "SIGUSR1" and 0 < marker["step"] < 1000, marker
+    assert Path(marker["checkpoint"]).exists(), marker
+    record = job_record(job_id)
+    assert record["JobState"] == "FAILED" and record["ExitCode"].startswith("143"), record  # not TIMEOUT
+    assert elapsed < 120 + 30, elapsed  # ended before the time limit (plus submit and polling)
