@@ -160,6 +160,8 @@ class DeepSpeedStrategy:
             if final.exists():  # the same step saved by an attempt that died before `latest` moved
                 shutil.rmtree(final)
             os.replace(staging / tag, final)
+            for script in (p for p in staging.iterdir() if p.is_file()):
+                os.replace(script, ckpt_dir / script.name)  # zero_to_fp32.py: run next to `latest`
             checkpoint.fsync_tree(final)
             checkpoint.write_latest(ckpt_dir, tag)
             for old in _checkpoint_dirs(ckpt_dir)[:-self.cfg.checkpoint.keep_last]:
