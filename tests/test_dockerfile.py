@@ -161,6 +161,18 @@ def test_instructions_in_layer_order(project):
     assert ("ARG", f"EXTRAS={extras}") in steps
 
 
+def test_py_spy_is_a_dependency_and_checked_in_the_image(project):
+    """`debug-dump` needs py-spy wherever the ranks run: a dependency (so the dependency layer and the
+    project's CI install it) and run once at the end of the build (a wheel missing for the image's
+    platform fails the build, not the first hang)."""
+    import tomllib
+
+    dependencies = tomllib.loads((project.path / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert any(re.match(r"py-spy\b", d) for d in dependencies), dependencies
+    code = [args for word, args in instructions(project.dockerfile) if word == "RUN"][-1]
+    assert code.rstrip().endswith("&& py-spy --version"), code
+
+
 def test_no_secrets_and_ascii(project):
     for name in ("Dockerfile", ".dockerignore"):
         text = (project.path / name).read_text()

@@ -1,4 +1,4 @@
-"""Command-line interface: prepare-data · train · eval · sample · check · launch · node · image · doctor.
+"""Command-line interface: prepare-data · train · eval · sample · check · launch · node · image · doctor · debug-dump.
 
 Every command reads config/train.yaml (or --config) and accepts overrides as `section.key=value`
 arguments or `--set section.key=value`. A user mistake prints one message and exits 1.
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="TRAIN_DEBUG=1: NCCL INFO logs, flight recorder dumps")
     _add_config_args(p)
 
-    from . import doctor, image, plan
+    from . import debug_dump, doctor, image, plan
 
     p = sub.add_parser("plan", help="memory per GPU, whether it fits, and time to train for 1-8 nodes")
     plan.add_arguments(p)
@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("doctor", help="check this node: GPUs, RDMA, /dev/shm, memlock, which transport NCCL uses")
     doctor.add_arguments(p)
+    _add_config_args(p)
+
+    p = sub.add_parser("debug-dump", help="Python stacks of every training rank on this machine (py-spy), for a hung job")
+    debug_dump.add_arguments(p)
     _add_config_args(p)
 
     p = sub.add_parser("ray-train", help="train on a running Ray cluster with Ray Train (TI-ONE Ray mode)")
@@ -132,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             from .node import run_node
 
             return run_node(cfg, args.config, args.overrides, PACKAGE, args.dry_run, args.wait_timeout, args.debug)
-        if args.command in ("image", "doctor", "plan"):
-            module = importlib.import_module(f".{args.command}", __package__)
+        if args.command in ("image", "doctor", "plan", "debug-dump"):
+            module = importlib.import_module(f".{args.command.replace('-', '_')}", __package__)
             return module.run(cfg, args)
         if args.command == "ray-train":
             from .ray_train import run as run_ray_train
