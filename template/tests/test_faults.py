@@ -88,6 +88,44 @@ def test_a_killed_rank_is_restarted_and_the_run_ends_as_if_never_killed(cli, dem
     assert_same_run(metrics, out, run_2proc[0])
 
 
+def test_a_killed_rank_on_another_node_restarts_both_nodes(cli, demo_data, run_2proc, metrics, tmp_path, port):
+    """Two torchrun agents on loopback, one rank each (c10d rendezvous at node 0). SIGKILL of the
+    rank on node 1: its agent restarts it, node 0's agent sees the new round and restarts its rank
+    too; both resume from the latest checkpoint."""
+    out = tmp_path / "run"
+    nodes, logs = [], [tmp_path / "node0.log", tmp_path / "node1.log"]
+    try:
+        for rank in (0, 1):
+            nodes.append(cli.start("launch", "devmachine", "--nnodes", "2", "--node-rank", str(rank),
+                                   "--master-addr", "127.0.0.1", "--master-port", str(port), "--nproc-per-node", "1",
+                                   *TRAIN_OVERRIDES, f"data.dir={demo_data}", f"run.output_dir={out}",
+                                   log=logs[rank], env=SLOW))
+        wait_for(lambda: (out / "checkpoints" / "step_00000010.pt").exists() and len(rank_pids(out)) == 2,
+                 "checkpoint of step 10", nodes[0], logs[0])
+        node1_rank = next(pid for pid in rank_pids(out).values() if _launched_by(pid, nodes[1].pid))
+        os.kill(node1_rank, signal.SIGKILL)
+        codes = [node.wait(timeout=300) for node in nodes]
+    finally:
+        for node in nodes:
+            cli.stop(node)
+    text = "".join(log.read_text() for log in logs)
+    assert codes == [0, 0], text[-6000:]
+    assert "resumed from" in text
+    assert_same_run(metrics, out, run_2proc[0])
+
+
+def _launched_by(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # field 4: the parent pid
+    return False
+
+
 def test_sigterm_to_the_launcher_saves_at_the_next_step_and_exits_preempted(cli, demo_data, run_2proc, metrics,
                                                                              tmp_path, pkg):
     out = tmp_path / "run"

@@ -138,9 +138,9 @@ def test_two_nodes_on_loopback_form_one_job(cli, demo_data, train_overrides, run
             cli.stop(node)
     logs = [(tmp_path / f"node{rank}.log").read_text() for rank in (0, 1)]
     assert codes == [0, 0], "\n\n".join(logs)
-    # Static rendezvous keeps the node ranks: global rank 0, which logs, runs on node 0.
-    assert "2 process(es) on cpu" in logs[0] and "micro 4 x accum 2 x 2 data-parallel ranks" in logs[0]
-    assert "process(es) on cpu" not in logs[1]
+    # One global rank 0 logs; c10d places it on the node its rendezvous sorts first.
+    assert sum("2 process(es) on cpu" in log for log in logs) == 1
+    assert "micro 4 x accum 2 x 2 data-parallel ranks" in "".join(logs)
     train, _ = metrics(out)
     assert [r["step"] for r in train] == [5, 10]
     # Two processes on two "nodes" compute what two processes on one node compute.
