@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
@@ -138,3 +139,57 @@ def test_rng_state_survives_a_file(pkg, tmp_path):
     torch.manual_seed(8)
     ck.restore_rng(ck.load(ck.find_latest(tmp_path))["rng"])
     assert torch.equal(torch.rand(4), expected)
+
+
+def test_each_rank_restores_its_own_random_state(pkg):
+    """Checkpoints hold one state per rank; rank r takes entry r, a rank the checkpoint did not
+    have (a resharded resume) starts from run.seed + rank, and an old single state still loads."""
+    ck = pkg.checkpoint
+    states = []
+    for seed in (10, 11):
+        torch.manual_seed(seed)
+        states.append(ck.rng_state())
+    torch.manual_seed(11)
+    rank1_next = torch.rand(3)
+    torch.manual_seed(99)
+    ck.restore_rank_rng(states, rank=1, seed=1337)
+    assert torch.equal(torch.rand(3), rank1_next)
+
+    ck.restore_rank_rng(states, rank=2, seed=1337)
+    torch.manual_seed(1337 + 2)
+    expected = torch.rand(3)
+    ck.restore_rank_rng(states, rank=2, seed=1337)
+    assert torch.equal(torch.rand(3), expected)
+
+    torch.manual_seed(10)
+    rank0_next = torch.rand(3)
+    ck.restore_rank_rng(states[0], rank=5, seed=0)  # one dict: written before per-rank states
+    assert torch.equal(torch.rand(3), rank0_next)
+
+
+def test_compatibility_refusals_name_the_setting_and_the_way_out(pkg, cfg_with):
+    ck, ConfigError = pkg.checkpoint, pkg.config.ConfigError
+    cfg = cfg_with("model.size=tiny", "batch.global_batch_size=16")
+    state = {"fingerprint": cfg.model_fingerprint(), "world_size": 4, "config": cfg.to_dict()}
+    assert ck.check_compatible(state, cfg, 4, "ckpt", can_reshard=False) == []
+
+    with pytest.raises(ConfigError, match=r"written by 4 processes; this run has 2.*checkpoint.reshard=true"):
+        ck.check_compatible(state, cfg, 2, "ckpt", can_reshard=True)
+    with pytest.raises(ConfigError, match=r"sharded per rank: run with 4 processes"):
+        ck.check_compatible(state, cfg_with("model.size=tiny", "batch.global_batch_size=16",
+                                            "checkpoint.reshard=true"), 2, "ckpt", can_reshard=False)
+    resharded = cfg_with("model.size=tiny", "batch.global_batch_size=16", "checkpoint.reshard=true", "optim.lr=0.01")
+    notes = ck.check_compatible(state, resharded, 2, "ckpt", can_reshard=True)
+    assert notes[0] == "resharded from 4 to 2 processes (checkpoint.reshard=true)"
+    assert "optim.lr" in notes[1] and "-> 0.01" in notes[1]
+
+    with pytest.raises(ConfigError, match="different model, global batch"):
+        ck.check_compatible(state, cfg_with("model.size=tiny", "batch.global_batch_size=32"), 4, "ckpt", False)
+
+
+def test_metrics_of_a_dead_attempt_are_dropped_on_resume(pkg, tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    lines = [json.dumps({"step": s, "loss": 1.0 / s}) for s in (5, 10, 15)] + ['{"step": 20, "lo']  # torn last line
+    path.write_text("\n".join(lines) + "\n")
+    pkg.metrics.drop_records_after(path, 10)
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [5, 10]

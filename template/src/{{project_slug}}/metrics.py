@@ -87,22 +87,23 @@ class MetricsLogger:
 
 
 def drop_records_after(path: Path, step: int) -> None:
-    """Rewrite metrics.jsonl without records past `step` (atomically: rename over the old file)."""
+    """Rewrite metrics.jsonl without records past `step`, nor a line torn by a kill (atomically:
+    the new file is renamed over the old one)."""
     if not path.is_file():
         return
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    kept = [line for line in lines if not line.strip() or _record_step(line) <= step]
+    kept = [line for line in lines if (_record_step(line) or step + 1) <= step]
     if len(kept) != len(lines):
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text("".join(kept), encoding="utf-8")
         os.replace(tmp, path)
 
 
-def _record_step(line: str) -> int:
+def _record_step(line: str) -> int | None:
     try:
-        return int(json.loads(line).get("step", 0))
-    except (ValueError, AttributeError):
-        return 0  # a torn last line of a killed run counts as old and stays readable as text
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def format_step(record: dict, max_steps: int) -> str:
