@@ -135,7 +135,9 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
             # Ray's own records go beside the run on the shared storage every node mounts.
             run_config=RunConfig(storage_path=os.path.join(cfg.run.output_dir, "ray"),
                                  name=time.strftime("train-%Y%m%d-%H%M%S"),
-                                 failure_config=FailureConfig(max_failures=0)),
+                                 # A failed worker group is started again (cluster.max_restarts); its
+                                 # workers resume from the latest checkpoint in run.output_dir.
+                                 failure_config=FailureConfig(max_failures=cfg.cluster.max_restarts)),
         )
         try:
             trainer.fit()
