@@ -5,7 +5,8 @@ Each hook reads one environment variable and does nothing when it is unset.
                                          renaming them into place (kill the job then: the previous
                                          checkpoint must still be the one that loads)
     TRAIN_FAULT_HANG=RANK:STEP           that global rank stops forever before optimizer step STEP,
-                                         so the others wait in a collective (try `debug-dump`)
+                                         so the others wait in their next collective (DDP's buffer
+                                         broadcast before the forward; try `debug-dump`)
     TRAIN_FAULT_STEP_SECONDS=0.5         every step sleeps this long (a slow job to signal or kill)
 """
 
