@@ -199,6 +199,12 @@ def find_latest(folder: Path, listing=list_checkpoints) -> Path | None:
     return found[-1] if found else None
 
 
+def named_by_latest(folder: Path) -> Path | None:
+    """What the `latest` pointer names (a DDP file or a DeepSpeed folder), or None."""
+    pointer = folder / LATEST
+    return folder / pointer.read_text().strip() if pointer.is_file() else None
+
+
 def load(path: Path, map_location="cpu") -> dict:
     # Our own files hold optimizer state and RNG tuples, which the weights-only loader rejects.
     return torch.load(path, map_location=map_location, weights_only=False)

@@ -166,7 +166,7 @@ def _train(cfg: Config, info: DistInfo) -> int:
             if not saved:
                 save(done)
             if info.is_main:
-                preemption.write_marker(out, done, stop.signal_name, str(checkpoint.find_latest(ckpt_dir)))
+                preemption.write_marker(out, done, stop.signal_name, str(checkpoint.named_by_latest(ckpt_dir)))
             print0(f"preempted ({stop.signal_name or 'signal on another rank'}): checkpoint of step {done} saved; "
                    f"the same command resumes from it (exit code {preemption.EXIT_PREEMPTED})")
             logger.close()
