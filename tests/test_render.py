@@ -60,7 +60,8 @@ def test_answer_set_renders(tmp_path, name):
         assert result.returncode == 0, f"{path}: {result.stderr}"
     cfg = yaml.safe_load((project / "config/train.yaml").read_text())
     assert cfg["cluster"] == {"nodes": answers.get("nodes", 1), "gpus_per_node": answers.get("gpus_per_node", 8),
-                              "gpu_type": answers.get("gpu_type", "h100-80gb")}
+                              "gpu_type": answers.get("gpu_type", "h100-80gb"), "max_restarts": 3,
+                              "stop_grace_seconds": 120}
     assert cfg["data"]["dir"] == answers.get("data_dir", f"/mnt/shared/{slug}/data")
     # The generated project's own check agrees with its config for nodes x GPUs.
     result = run([str(BIN / "python"), "-m", slug, "check"], cwd=project, env={"PYTHONPATH": str(project / "src")})
