@@ -68,7 +68,7 @@ def _agree_worker(rank: int, port: int, calls: int, src: str, slug: str, result_
 
     preemption = importlib.import_module(f"{slug}.preemption")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    stop = preemption.StopRequest(torch.device("cpu"))
+    stop = preemption.StopRequest()
     for _ in range(20):
         stop.agreed()
     times = []

@@ -6,7 +6,8 @@ when a task is stopped, torchrun when it is told to stop (it forwards the signal
 kills them `cluster.stop_grace_seconds` later).
 
 A signal may reach only some ranks, so every rank sets a local flag and the ranks agree at each
-step boundary (one all-reduce of one number): all of them save the same step and leave together.
+step boundary (one all-reduce of one number on a CPU group): all of them save the same step and
+leave together.
 Rank 0 then records output_dir/preempted.json, which the node supervisor reads to exit with
 EXIT_PREEMPTED instead of torchrun's generic failure.
 """
@@ -30,9 +31,16 @@ MARKER = "preempted.json"
 class StopRequest:
     """Catches STOP_SIGNALS in this process; `agreed()` tells every rank whether any rank got one."""
 
-    def __init__(self, device):
-        self.device = device
+    def __init__(self):
+        """Collective when a process group exists (every rank constructs it at the same point)."""
+        import torch.distributed as dist
+
         self.signal_name: str | None = None
+        # The flag travels over a CPU (Gloo) group: an all-reduce on the GPU would need .item() every
+        # step, a host sync that stops the CPU from queueing the next step's kernels ahead.
+        self.group = None
+        if dist.is_initialized() and dist.get_backend() != "gloo":
+            self.group = dist.new_group(backend="gloo")
         if threading.current_thread() is threading.main_thread():  # Ray Train runs us in a worker thread
             for sig in STOP_SIGNALS:
                 signal.signal(sig, self._on_signal)
@@ -45,9 +53,9 @@ class StopRequest:
         import torch  # here, not at the top: the launchers read the marker without torch
         import torch.distributed as dist
 
-        flag = torch.tensor([1.0 if self.signal_name else 0.0], device=self.device)
+        flag = torch.tensor([1.0 if self.signal_name else 0.0])
         if dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         return bool(flag.item())
 
 

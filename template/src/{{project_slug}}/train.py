@@ -80,7 +80,7 @@ def _train(cfg: Config, info: DistInfo) -> int:
     strategy = build_strategy(cfg, info, meta["vocab_size"], accum)
     num_params, flops_per_token, peak = strategy.num_params, strategy.flops_per_token, peak_flops(device)
     start_step = strategy.resume(ckpt_dir)
-    stop = preemption.StopRequest(device)
+    stop = preemption.StopRequest()
     if info.is_main:
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / "config.yaml")
