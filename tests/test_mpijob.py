@@ -20,6 +20,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,34 @@ def test_one_worker_two_slots(tmp_path):
     assert logged_in == ["127.0.0.2"], logged_in
     assert re.search(r"^processes per node\s+2$", output, re.MULTILINE), output
     assert_trained(project, output)
+
+
+def test_worker_prestop_makes_the_ranks_save_before_the_pod_goes(tmp_path):
+    """The Worker's preStop hook, exactly as rendered, run here against a real training process:
+    it finds the rank by its command line, sends SIGUSR1, and returns only once the rank has saved
+    and exited 143 (the preemption code)."""
+    project = ds_project(tmp_path, nodes=2, gpus_per_node=1)
+    job = yaml.safe_load((project / "launch" / "kubeflow" / "mpijob.yaml").read_text())
+    (worker,) = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+    hook = worker["lifecycle"]["preStop"]["exec"]["command"]
+    assert re.search(r"-m mpijob (nod[e]|trai[n])( |$)", "python -u -m mpijob node model.size=tiny")  # mpirun's rank
+    env = {**os.environ, "PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "TRAIN_FAULT_STEP_SECONDS": "0.2"}
+    log = tmp_path / "rank.log"
+    with open(log, "w") as out:
+        rank = subprocess.Popen([str(BIN / "python"), "-u", "-m", "mpijob", "train", *TINY, "schedule.max_steps=500",
+                                 "logging.every_steps=1", "run.strategy=ddp"], cwd=project, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "step      3/" not in log.read_text():
+            assert rank.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        hook_run = subprocess.run(hook, capture_output=True, text=True, timeout=120)
+        assert hook_run.returncode == 0, hook_run.stderr
+        assert rank.poll() == 143, log.read_text()[-3000:]  # already gone when the hook returned
+    finally:
+        if rank.poll() is None:
+            os.killpg(rank.pid, signal.SIGKILL)
+    record = json.loads((tmp_path / "runs" / "preempted.json").read_text())
+    assert record["signal"] == "SIGUSR1" and (tmp_path / "runs" / "checkpoints" / f"step_{record['step']:08d}.pt").is_file()
