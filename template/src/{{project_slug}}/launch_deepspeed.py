@@ -37,6 +37,7 @@ from pathlib import Path
 
 from .config import Config, ConfigError, debug_requested
 from .node import apply_nccl_env, project_root, read_env_file, train_entry
+from .supervise import run_supervised
 from .topology import default_nproc, wait_for_master
 
 INSTALL = "DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed"
@@ -219,6 +220,8 @@ def launch(args: Namespace, cfg: Config, package: str) -> int:
         os.environ["DS_ENV_FILE"] = str(write_remote_env(cfg, applied))
     if plan.mode == "no-ssh" and plan.node_rank != 0:
         wait_for_master(plan.master_addr, plan.master_port, args.wait_timeout, log=lambda m: print(m, flush=True))
-    # exec: Ctrl-C and a SIGTERM reach DeepSpeed's runner, which stops its ranks.
-    os.execv(sys.executable, cmd)
-    return 1  # not reached
+    # DeepSpeed's single-node runner dies on SIGTERM and leaves its ranks running: the supervisor
+    # signals the runner's whole process group instead (ranks included; they save at the next step,
+    # within the 30 s DeepSpeed's launch.py gives them) and waits for all of it.
+    return run_supervised(cmd, cfg.run.output_dir, forward_signals=True, log=lambda m: print(m, flush=True),
+                          whole_group_seconds=cfg.cluster.stop_grace_seconds)

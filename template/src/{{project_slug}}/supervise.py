@@ -14,6 +14,7 @@ says the checkpoint is saved; otherwise torchrun's own status.
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
 import subprocess
 import time
@@ -32,15 +33,41 @@ def _stop_with_parent() -> None:
         pass  # not Linux: no parent-death signal, nothing else changes
 
 
-def run_supervised(cmd: list[str], output_dir: str, forward_signals: bool, log=print) -> int:
+def _wait_for_group(pgid: int, seconds: float) -> None:
+    """Until no process of the group is left (the ranks finishing their save), at most `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            pass
+        time.sleep(0.2)
+
+
+def run_supervised(cmd: list[str], output_dir: str, forward_signals: bool, log=print,
+                   whole_group_seconds: float | None = None) -> int:
+    """Run cmd, pass stop signals on, return its status (EXIT_PREEMPTED after a preemption save).
+
+    whole_group_seconds: send the signals to cmd's whole process group, and after cmd exits wait
+    up to this long for the rest of the group. For launchers that do not pass signals on
+    themselves (DeepSpeed's single-node runner dies on SIGTERM and leaves its ranks running)."""
     started = time.time()
     # A new session keeps a terminal's Ctrl-C (sent to the whole foreground group) from reaching
     # torchrun twice: once from the terminal, once forwarded.
     child = subprocess.Popen(cmd, start_new_session=forward_signals, preexec_fn=_stop_with_parent)
 
     def on_signal(signum, frame):
-        if forward_signals and child.poll() is None:
-            child.send_signal(signum)
+        if not forward_signals:
+            return
+        try:
+            if whole_group_seconds is not None:
+                os.killpg(child.pid, signum)
+            elif child.poll() is None:
+                child.send_signal(signum)
+        except ProcessLookupError:
+            pass
 
     previous = {sig: signal.signal(sig, on_signal) for sig in FORWARDED}
     try:
@@ -50,6 +77,8 @@ def run_supervised(cmd: list[str], output_dir: str, forward_signals: bool, log=p
                 break
             except InterruptedError:
                 continue
+        if whole_group_seconds is not None and forward_signals:
+            _wait_for_group(child.pid, whole_group_seconds)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
