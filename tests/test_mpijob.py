@@ -152,7 +152,7 @@ def test_worker_prestop_makes_the_ranks_save_before_the_pod_goes(tmp_path):
     job = yaml.safe_load((project / "launch" / "kubeflow" / "mpijob.yaml").read_text())
     (worker,) = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
     hook = worker["lifecycle"]["preStop"]["exec"]["command"]
-    assert re.search(r"-m mpijob (nod[e]|trai[n])( |$)", "python -u -m mpijob node model.size=tiny")  # mpirun's rank
+    assert "-m mpijob trai[n]( |$)" in hook[-1]
     env = {**os.environ, "PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
            "TRAIN_FAULT_STEP_SECONDS": "0.2"}
     log = tmp_path / "rank.log"

@@ -7,7 +7,7 @@ srun one-task-per-GPU jobs, in each rank).
 It reads the platform's variables (topology.py), prints one table, applies config/nccl.env
 without overriding what the platform set, waits for the master's port on non-master nodes, and
 runs torchrun under supervise.py (restarts, stop signals, the preempted exit code). Ranks
-started by mpirun/srun run `train` directly.
+started by mpirun/srun one per GPU become `train` (exec) directly.
 """
 
 from __future__ import annotations
@@ -151,6 +151,8 @@ def run_node(cfg: Config, config: str | None, overrides: list[str], package: str
         return 0
     apply_nccl_env(log=lambda m: None)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = topo.master_addr, str(topo.master_port)
-    from .train import run_training
-
-    return run_training(cfg)
+    # exec `train`: the rank keeps its pid (mpirun and srun watch it and signal it) and shows as
+    # `-m <package> train`, which debug-dump and the MPIJob preStop hook look for.
+    cmd = [sys.executable, "-u", *train_entry(package, config, overrides)]  # -u: lines reach mpirun as printed
+    os.execv(cmd[0], cmd)
+    return 1  # not reached
