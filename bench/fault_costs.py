@@ -63,7 +63,6 @@ def _agree_worker(rank: int, port: int, calls: int, src: str, slug: str, result_
     sys.path.insert(0, src)
     import importlib
 
-    import torch
     import torch.distributed as dist
 
     preemption = importlib.import_module(f"{slug}.preemption")
