@@ -11,7 +11,6 @@ import importlib
 import sys
 
 from .config import ConfigError, load_config
-from .launch import PLATFORMS, platform_module
 
 PACKAGE = __package__
 
@@ -82,13 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_ray_arguments(p)
     _add_config_args(p)
 
-    p = sub.add_parser("launch", help="start training on a platform (see launch/<platform>/)")
-    platforms = p.add_subparsers(dest="platform", required=True)
-    for name in PLATFORMS:
-        q = platforms.add_parser(name, help=f"launch on {name}")
-        platform_module(name).add_arguments(q)
-        q.add_argument("--dry-run", action="store_true", help="print what would run or be submitted, do nothing")
-        _add_config_args(q)
+    from . import launch
+
+    p = sub.add_parser("launch", help="submit to a platform, or its job's status, logs, cancel (launch/<platform>/)")
+    launch.add_arguments(p, _add_config_args)
     return parser
 
 
@@ -144,9 +140,9 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_ray_train(cfg, args)
         if args.command == "launch":
-            from .launch import run_launch
+            from .launch import run as run_launch
 
-            return run_launch(args, cfg, PACKAGE)
+            return run_launch(cfg, args, PACKAGE)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

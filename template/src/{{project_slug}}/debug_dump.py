@@ -269,7 +269,8 @@ def flight_recorder_dumps(ranks: list[RankProcess]) -> tuple[str | None, list[Pa
     temp_file = next((p.env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] for p in ranks
                       if p.env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")), None)
     if temp_file is None:
-        from .node import project_root, read_env_file
+        from .env_files import read_env_file
+        from .project import project_root
 
         temp_file = read_env_file(project_root() / "config" / "nccl-debug.env").get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
     if not temp_file:

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from .config import ConfigError, debug_requested
+from .topology import process_ranks
 
 
 @dataclass(frozen=True)
@@ -44,21 +45,6 @@ def autocast_context(device: torch.device, dtype: str):
     return torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
 
 
-def process_ranks(env=os.environ) -> tuple[int, int, int]:
-    """(rank, local_rank, world_size) of this process, from whoever started it: torchrun (and Ray
-    Train) set RANK/LOCAL_RANK/WORLD_SIZE; mpirun sets OMPI_COMM_WORLD_*; srun sets SLURM_PROCID,
-    SLURM_LOCALID and SLURM_NTASKS. RANK without LOCAL_RANK is not trusted: TI-ONE's DDP mode
-    injects RANK and WORLD_SIZE counting nodes, not processes."""
-    if "LOCAL_RANK" in env and "RANK" in env:
-        return int(env["RANK"]), int(env["LOCAL_RANK"]), int(env.get("WORLD_SIZE", "1"))
-    if "OMPI_COMM_WORLD_RANK" in env:
-        return (int(env["OMPI_COMM_WORLD_RANK"]), int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")),
-                int(env["OMPI_COMM_WORLD_SIZE"]))
-    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
-        return int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", "0")), int(env["SLURM_NTASKS"])
-    return 0, 0, 1
-
-
 def collective_timeout(cfg) -> timedelta:
     """How long a collective waits before the group aborts (and, with TORCH_NCCL_DUMP_ON_TIMEOUT,
     dumps its flight recorder): shorter under debug so a hang shows itself in minutes."""
@@ -68,7 +54,7 @@ def collective_timeout(cfg) -> timedelta:
 
 def init_distributed(device_preference: str = "auto", timeout: timedelta | None = None) -> DistInfo:
     """Join the process group when launched with several processes; no-op for one process."""
-    rank, local_rank, world_size = process_ranks()
+    rank, local_rank, world_size = process_ranks(os.environ)
     if world_size > 1:
         # Libraries that read the variables themselves (DeepSpeed: LOCAL_RANK picks its device and is
         # checked against OMPI_COMM_WORLD_LOCAL_RANK) see the ranks mpirun or srun gave this process.

@@ -37,7 +37,9 @@ from pathlib import Path
 from .config import Config, ConfigError
 from .nccl_log import FAIL, NA, OK, WARN, Check, Expectation, LogError, assess, connection_table, merge, parse, \
     read_logs
-from .node import apply_nccl_env, interface_matches, project_root, read_env_file
+from .env_files import read_env_file
+from .nccl_env import apply_nccl_env, interface_matches
+from .project import project_root
 
 GIB = 1 << 30
 MIB = 1 << 20

@@ -1,9 +1,9 @@
 """Train on a running Ray cluster with Ray Train's TorchTrainer: one worker per GPU, each running
 the project's own training loop (train.run_training) in a process group Ray sets up.
 
-    python -m <package>.ray_train [--config FILE] [key=value ...]   # on the Ray head (TI-ONE Ray mode)
-    RAY_NUM_NODES=3 python -m <package>.ray_train                    # wait for 3 nodes (a head without GPUs + 2)
-    python -m <package>.ray_train --num-workers 4 --dry-run          # print the plan, connect to nothing
+    <package> ray-train [--config FILE] [key=value ...]   # on the Ray head (TI-ONE Ray mode)
+    RAY_NUM_NODES=3 <package> ray-train                    # wait for 3 nodes (a head without GPUs + 2)
+    <package> ray-train --num-workers 4 --dry-run          # print the plan, connect to nothing
 
 `bash launch/tione/start-ray.sh` runs it on the head. It connects to the cluster (RAY_ADDRESS,
 default: the one running on this machine), waits until cluster.nodes nodes have joined, then
@@ -18,23 +18,14 @@ import sys
 import time
 from pathlib import Path
 
-from .config import Config, ConfigError, load_config
-from .node import apply_nccl_env, project_root, read_env_file
-
-PACKAGE = __package__
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"python -m {PACKAGE}.ray_train", description=__doc__.splitlines()[0])
-    p.add_argument("--config", help="YAML config (default: config/train.yaml)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one config value; a bare KEY=VALUE argument works too")
-    add_arguments(p)
-    return p
+from .config import Config, ConfigError
+from .env_files import read_env_file
+from .nccl_env import apply_nccl_env
+from .project import project_root
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The Ray options (also for a `ray-train` subcommand of the CLI, which adds --config/--set)."""
+    """The Ray options of `ray-train` (the CLI adds --config/--set)."""
     p.add_argument("--address", default=os.environ.get("RAY_ADDRESS", "auto"),
                    help="Ray cluster to join (default: $RAY_ADDRESS, else the one running on this machine)")
     p.add_argument("--num-nodes", type=int,
@@ -148,19 +139,3 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
         return 0
     finally:
         ray.shutdown()
-
-
-def main(argv: list[str] | None = None) -> int:
-    from .cli import parse_with_overrides
-
-    args = parse_with_overrides(build_parser(), argv)
-    try:
-        cfg = load_config(args.config, args.overrides)
-        return run(cfg, args)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,5 +1,6 @@
 """Node-level topology: which platform started this node, how many nodes, which one this is,
-processes per node, and where the master is; then the torchrun command for this node.
+processes per node, and where the master is. The one place platform variables are read
+(torchrun.py turns a Topology into the torchrun command).
 
 Every platform describes a node in its own words. One table (PLATFORMS) maps each platform's
 variables to one Topology; adding a platform is one reader function and one row:
@@ -25,8 +26,6 @@ import os
 import re
 import socket
 import subprocess
-import sys
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -335,80 +334,31 @@ def detect(env: Mapping[str, str], nproc_default: int, nnodes_default: int = 1) 
     return next(iter(found.values())).read(env, nproc_default, nnodes_default)
 
 
-STOP_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
-"""Signals torchrun forwards to the ranks: its defaults plus SIGUSR1 (Slurm's --signal warning)."""
+# ---------------------------------------------------------------------------------------------
+# Process level and platform settings: the rest of what platforms inject, read here too
 
 
-def address_towards(host: str) -> str | None:
-    """This machine's address on the route to host (no packet is sent), or None if host does not resolve."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((host, 9))
-            return probe.getsockname()[0]
-    except OSError:
-        return None
+def process_ranks(env: Mapping[str, str]) -> tuple[int, int, int]:
+    """(rank, local_rank, world_size) of this process, from whoever started it: torchrun (and Ray
+    Train) set RANK/LOCAL_RANK/WORLD_SIZE; mpirun sets OMPI_COMM_WORLD_*; srun sets SLURM_PROCID,
+    SLURM_LOCALID and SLURM_NTASKS. RANK without LOCAL_RANK is not trusted: TI-ONE's DDP mode
+    injects RANK and WORLD_SIZE counting nodes, not processes."""
+    if "LOCAL_RANK" in env and "RANK" in env:
+        return int(env["RANK"]), int(env["LOCAL_RANK"]), int(env.get("WORLD_SIZE", "1"))
+    if "OMPI_COMM_WORLD_RANK" in env:
+        return (int(env["OMPI_COMM_WORLD_RANK"]), int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")),
+                int(env["OMPI_COMM_WORLD_SIZE"]))
+    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
+        return int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", "0")), int(env["SLURM_NTASKS"])
+    return 0, 0, 1
 
 
-def torchrun_command(topo: Topology, entry: list[str], max_restarts: int = 0, grace_seconds: int = 30,
-                     log_dir: str | None = None, local_addr: str | None = None) -> list[str]:
-    """torchrun arguments for this node; `entry` is the module and its arguments.
-
-    max_restarts: torchrun restarts all of this node's ranks after one fails (and the other nodes'
-    agents follow through the rendezvous); they resume from the latest checkpoint.
-    grace_seconds: after a stop signal, how long the ranks may take to save before SIGKILL.
-    log_dir: every rank's output also goes to a file there (per attempt and local rank).
-    local_addr: how the other nodes reach this one (multi-node): the node that gets global rank 0
-    hands it to every rank as MASTER_ADDR; without it torchrun uses the host name, which other
-    machines often cannot resolve."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(topo.nproc_per_node),
-           "--max-restarts", str(max_restarts), "--signals-to-handle", STOP_SIGNALS,
-           "--shutdown-timeout", str(grace_seconds)]
-    if log_dir:
-        cmd += ["--log-dir", log_dir, "--redirects", "3", "--tee", "3"]
-    if topo.nnodes == 1 and not topo.min_nnodes:
-        # Standalone: c10d on a free local port, nothing to collide with on a shared box.
-        return cmd + ["--standalone"] + entry
-    if local_addr:
-        cmd += ["--local-addr", local_addr]
-    if topo.min_nnodes:
-        # Elastic: c10d rendezvous hosted at the master, any node count between min and max.
-        return cmd + [
-            "--nnodes", f"{topo.min_nnodes}:{topo.nnodes}",
-            "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"{topo.master_addr}:{topo.master_port}",
-        ] + entry
-    # c10d rendezvous (not static): after a failure every node's agent re-joins the next round, so
-    # restarts work across nodes. Node 0's agent hosts the store at master_addr:master_port. Global
-    # ranks follow the sorted host names, so rank 0 (logs, checkpoints) need not be on node 0.
-    return cmd + [
-        "--nnodes", str(topo.nnodes),
-        "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", f"{topo.master_addr}:{topo.master_port}",
-        "--rdzv-conf", f"is_host={'true' if topo.node_rank == 0 else 'false'}",
-    ] + entry
+def platform_max_restarts(env: Mapping[str, str]) -> int | None:
+    """The restart budget a platform names itself (an elastic PyTorchJob's elasticPolicy.maxRestarts
+    arrives as PET_MAX_RESTARTS), else None: cluster.max_restarts applies."""
+    return _int(env, "PET_MAX_RESTARTS") if env.get("PET_MAX_RESTARTS") else None
 
 
-def wait_for_master(addr: str, port: int, timeout: float, log=print) -> None:
-    """Block until addr:port accepts a TCP connection, backing off from 1 s to 15 s.
-    Workers often start before the master (a Kubeflow classic): waiting here turns that race
-    into a clear message instead of a rendezvous timeout deep inside torchrun."""
-    deadline, delay, tries = time.monotonic() + timeout, 1.0, 0
-    while True:
-        tries += 1
-        try:
-            with socket.create_connection((addr, port), timeout=5):
-                if tries > 1:
-                    log(f"master {addr}:{port} is up after {tries} tries")
-                return
-        except OSError as exc:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TopologyError(
-                    f"master {addr}:{port} did not accept connections within {timeout:.0f} s ({exc}); check that "
-                    f"node 0 started (its log), that {addr} resolves and is reachable from {socket.gethostname()}, "
-                    f"and that port {port} is open between the nodes"
-                ) from None
-            if tries == 1:
-                log(f"waiting for master {addr}:{port} ...")
-            time.sleep(min(delay, remaining))
-            delay = min(delay * 2, 15.0)
+def tione_variables(env: Mapping[str, str]) -> list[str]:
+    """The TI-ONE variables set here (non-empty when running inside a TI-ONE task)."""
+    return sorted({v for p in PLATFORMS if p.name.startswith("tione") and p.matches(env) for v in p.signature})

@@ -35,10 +35,14 @@ from argparse import ArgumentParser, Namespace
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import Config, ConfigError, debug_requested
-from .node import apply_nccl_env, project_root, read_env_file, train_entry
-from .supervise import run_supervised
-from .topology import default_nproc, wait_for_master
+from ..config import Config, ConfigError, debug_requested
+from ..env_files import read_env_file
+from ..nccl_env import apply_nccl_env
+from ..network import wait_for_master
+from ..project import project_root, under_root
+from ..supervise import run_supervised
+from ..topology import default_nproc
+from ..torchrun import train_entry
 
 INSTALL = "DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed"
 HOSTFILE = Path("launch") / "devmachine" / "hostfile"
@@ -184,8 +188,7 @@ def remote_env(plan: Plan) -> dict[str, str]:
 
 def write_remote_env(cfg: Config, values: dict[str, str]) -> Path:
     """KEY=VALUE lines for DS_ENV_FILE (DeepSpeed splits each line at its first '=', no comments)."""
-    out = Path(cfg.run.output_dir)
-    path = (out if out.is_absolute() else project_root() / out) / "deepspeed_env"
+    path = under_root(cfg.run.output_dir) / "deepspeed_env"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(f"{key}={value}\n" for key, value in values.items()))
@@ -194,14 +197,12 @@ def write_remote_env(cfg: Config, values: dict[str, str]) -> Path:
     return path
 
 
-def launch(args: Namespace, cfg: Config, package: str) -> int:
-    plan = plan_launch(args, cfg)
+def launch(plan: Plan, args: Namespace, cfg: Config, package: str, dry_run: bool) -> int:
+    """Run DeepSpeed's runner for the plan (plan_launch) under the supervisor; dry_run: print it only."""
     cmd = runner_command(plan, args, package)
     print(plan.describe(), flush=True)
     print("$ " + shlex.join(cmd), flush=True)
-    if args.debug:
-        os.environ["TRAIN_DEBUG"] = "1"
-    if args.dry_run:
+    if dry_run:
         if plan.mode == "ssh":
             print("passed to every node (DS_ENV_FILE): " + " ".join(f"{k}={v}" for k, v in remote_env(plan).items()))
         return 0

@@ -6,11 +6,13 @@
     <package> launch kubeflow --manifest mpijob              # MPIJob: DeepSpeed's launcher (strategy deepspeed)
     <package> launch kubeflow schedule.max_steps=500         # overrides reach `node` -> train in every pod
     <package> launch kubeflow --action status                # conditions, replica counts, restarts of every pod
-    <package> launch kubeflow --action logs [--node-rank 1]  # stream a node's log (default: the master)
+    <package> launch kubeflow --action logs [--node-rank 1] [--follow]   # a node's log (default: the master)
     <package> launch kubeflow --action cancel                # delete the job; its pods go with it
+    <package> launch kubeflow --action status --id ml/other-run   # a job not submitted from here
 
 The manifest is the file copier rendered from the answers (image, namespace, nodes, GPUs, PVC,
-RDMA resource, NCCL settings); `--namespace` and `--name` change it for one submission. Talking to
+RDMA resource, NCCL settings); `--namespace` and `--name` change it for one submission. The actions
+find the last job this project submitted (launch/jobs.py), or the one --id namespace/name names. Talking to
 the cluster uses the `kubernetes` Python client (`pip install kubernetes`, or the project's
 `[kubeflow]` extra) with your kubeconfig (KUBECONFIG, --kubeconfig, --context), or the pod's
 service account when run inside the cluster. Nothing here needs kubectl.
@@ -23,18 +25,20 @@ import logging
 import re
 import sys
 import time
-from argparse import ArgumentParser, BooleanOptionalAction, Namespace
+from argparse import ArgumentParser, Namespace
 from pathlib import Path
 
 import yaml
 
-from .config import Config, ConfigError
-from .launch_kubeflow_restarts import check_grace, read_restarts
-from .node import project_root
+from ..config import ConfigError
+from ..project import project_root
+from . import jobs
+from .base import Platform
+from .jobs import Job
+from .kubeflow_restarts import check_grace, read_restarts
 
 MANIFESTS = ("pytorchjob", "trainjob", "mpijob")
 KINDS = ("PyTorchJob", "TrainJob", "MPIJob")
-ACTIONS = ("submit", "status", "logs", "cancel")
 REQUEST_TIMEOUT = 30  # seconds for one API call (not for streaming logs)
 POLL_SECONDS = 5
 
@@ -43,18 +47,15 @@ NAME_PATTERN = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 
 
 def add_arguments(p: ArgumentParser) -> None:
+    """Kubeflow's own options (the verbs and --name/--id/--follow/--dry-run are common to every platform)."""
     p.add_argument("--manifest", "--kind", default="pytorchjob", metavar="pytorchjob|trainjob|mpijob|FILE",
                    help="launch/kubeflow/pytorchjob.yaml (training-operator, default), launch/kubeflow/trainjob.yaml "
                         "(Kubeflow Trainer v2), launch/kubeflow/mpijob.yaml (MPI Operator v2, DeepSpeed's launcher; "
                         "projects generated with strategy deepspeed), or a manifest file of your own")
-    p.add_argument("--action", choices=ACTIONS, default="submit",
-                   help="submit the job (default), print its status, stream its logs, or cancel (delete) it")
     p.add_argument("--namespace", help="namespace to use instead of the manifest's")
-    p.add_argument("--name", help="job name to use instead of the manifest's (e.g. a second run next to the first)")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then in-cluster)")
     p.add_argument("--context", help="kubeconfig context (default: the current context)")
     p.add_argument("--node-rank", type=int, default=0, help="logs: the node whose pod to read (0 = master)")
-    p.add_argument("--follow", action=BooleanOptionalAction, default=True, help="logs: keep streaming (default) or not")
     p.add_argument("--wait", type=float, default=600,
                    help="logs: seconds to wait for the pod to exist and start (default 600)")
 
@@ -315,24 +316,7 @@ class Cluster:
             response.release_conn()
 
 
-# --- Actions --------------------------------------------------------------------------------------
-
-def hint(args: Namespace, action: str) -> str:
-    flags = [f"--manifest {args.manifest}"] if args.manifest != "pytorchjob" else []
-    flags += [f"--namespace {args.namespace}"] if args.namespace else []
-    flags += [f"--name {args.name}"] if args.name else []
-    return " ".join([f"launch kubeflow --action {action}", *flags])
-
-
-def submit(cluster: Cluster, args: Namespace, package: str) -> int:
-    created = cluster.submit()
-    nodes, nproc = node_count(cluster.manifest)
-    print(f"submitted {cluster.kind} {cluster.namespace}/{created['metadata']['name']}: "
-          f"{nodes} node(s) x {nproc} process(es), to {cluster.host}")
-    for action in ("status", "logs", "cancel"):
-        print(f"  {action + ':':<8} {package} {hint(args, action)}")
-    return 0
-
+# --- Actions ---------------------------------------------------------------------------------------
 
 def status(cluster: Cluster) -> int:
     job = cluster.get()
@@ -371,8 +355,9 @@ def logs(cluster: Cluster, args: Namespace) -> int:
             break
         if time.monotonic() > deadline:
             raise ConfigError(f"node {args.node_rank}'s pod is {'not created' if pod is None else phase} after "
-                              f"{args.wait:.0f} s: `{hint(args, 'status')}`, and `kubectl describe pod -l {selector} "
-                              f"-n {cluster.namespace}` for scheduling events")
+                              f"{args.wait:.0f} s: `launch kubeflow --action status --id {cluster.namespace}/"
+                              f"{cluster.name}`, and `kubectl describe pod -l {selector} -n {cluster.namespace}` "
+                              "for scheduling events")
         if phase != said:
             where = f"{pod.metadata.name} {phase}" if pod else "not created yet"
             print(f"waiting for node {args.node_rank}'s pod ({where})", file=sys.stderr, flush=True)
@@ -392,23 +377,63 @@ def cancel(cluster: Cluster) -> int:
     return 0
 
 
-def launch(args: Namespace, cfg: Config, package: str) -> int:
-    manifest = prepared_manifest(args)
-    if args.action == "submit":
-        check_grace(manifest, cfg.cluster.stop_grace_seconds)
-    if args.dry_run:
-        if args.action == "submit":
-            sys.stdout.write(yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False))
-        else:
-            group, version, plural = resource(manifest)
-            meta = manifest["metadata"]
-            print(f"would {args.action} {plural}.{group}/{version} {meta['namespace']}/{meta['name']}")
+def first_image(manifest: dict) -> str:
+    containers = training_containers(manifest)
+    return containers[0].get("image", "") if containers else ""
+
+
+class Kubeflow(Platform):
+    name = "kubeflow"
+    add_arguments = staticmethod(add_arguments)
+
+    def dry_run(self) -> int:
+        manifest = prepared_manifest(self.args)
+        check_grace(manifest, self.cfg.cluster.stop_grace_seconds)
+        sys.stdout.write(yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False))
         return 0
-    cluster = Cluster(args, manifest)
-    if args.action == "submit":
-        return submit(cluster, args, package)
-    if args.action == "status":
-        return status(cluster)
-    if args.action == "logs":
-        return logs(cluster, args)
-    return cancel(cluster)
+
+    def submit(self) -> int:
+        manifest = prepared_manifest(self.args)
+        check_grace(manifest, self.cfg.cluster.stop_grace_seconds)
+        cluster = Cluster(self.args, manifest)
+        created = cluster.submit()
+        name = created["metadata"]["name"]
+        job = jobs.new_job(self.name, f"{cluster.namespace}/{name}", name=name, where=cluster.host,
+                           image=first_image(manifest), command=[*self.args.overrides],
+                           extra={"manifest": self.args.manifest, "kind": cluster.kind, "namespace": cluster.namespace})
+        jobs.record(job)
+        nodes, nproc = node_count(manifest)
+        print(f"submitted {cluster.kind} {cluster.namespace}/{name}: {nodes} node(s) x {nproc} process(es), "
+              f"to {cluster.host}")
+        print(self.hint(job))
+        return 0
+
+    def job_named(self, job_id: str | None, name: str | None) -> Job | None:
+        namespace, _, short = (job_id or "").rpartition("/")
+        name = short or name
+        namespace = namespace or self.args.namespace or ""
+        return Job(self.name, f"{namespace}/{name}", name=name, extra={"namespace": namespace}) if name else None
+
+    def _cluster(self, job: Job) -> Cluster:
+        """The cluster and the job's manifest: its kind from the record (or --manifest), its name and namespace."""
+        args = Namespace(**vars(self.args))
+        if args.manifest == "pytorchjob" and job.extra.get("manifest"):
+            args.manifest = job.extra["manifest"]
+        args.namespace = job.extra.get("namespace") or args.namespace
+        args.name = job.name or job.id.rpartition("/")[2]
+        args.overrides, args.config = [], None
+        return Cluster(args, prepared_manifest(args))
+
+    def status(self, job: Job) -> int:
+        if job.submitted:
+            print(job.describe())
+        return status(self._cluster(job))
+
+    def logs(self, job: Job) -> int:
+        return logs(self._cluster(job), self.args)
+
+    def cancel(self, job: Job) -> int:
+        return cancel(self._cluster(job))
+
+
+PLATFORM = Kubeflow

@@ -1,0 +1,135 @@
+"""The interface every platform module implements, and the options all of them share.
+
+    <package> launch <platform> [--dry-run] [key=value ...]          # submit (--dry-run: the exact request)
+    <package> launch <platform> --action status|logs|cancel [--id ID | --name NAME] [--follow]
+
+A platform is a subclass of Platform in launch/<platform>.py: `submit` starts the job and records it
+(jobs.py), `dry_run` prints what submit would send and nothing else, `status`, `logs` and `cancel`
+act on a Job (the newest record by default). `job_named` turns --id/--name into a Job when no record
+matches: a job submitted elsewhere can be watched too. Adding a platform is one module, one entry in
+launch/__init__.py's PLATFORMS and one test.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from argparse import ArgumentParser, BooleanOptionalAction, Namespace
+from collections.abc import Callable
+from pathlib import Path
+from typing import ClassVar
+
+from ..config import Config, ConfigError
+from . import jobs
+from .jobs import Job
+
+ACTIONS = ("submit", "status", "logs", "cancel")
+
+
+def add_common_arguments(p: ArgumentParser) -> None:
+    p.add_argument("--action", choices=ACTIONS, default="submit",
+                   help="submit the job (default), or print its status, show its logs, cancel it")
+    p.add_argument("--id", dest="job_id", metavar="ID",
+                   help="status/logs/cancel: the job to act on (default: the last one this project submitted)")
+    p.add_argument("--name", help="submit: the new job's name; status/logs/cancel: pick the job by name")
+    p.add_argument("--follow", action=BooleanOptionalAction, default=False,
+                   help="logs: keep printing new lines until the job ends (Ctrl-C stops watching, not the job)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the exact request (command line, manifest or API request) and submit nothing")
+
+
+class Platform:
+    """One platform's verbs. Subclasses set `name` and override what they support."""
+
+    name: ClassVar[str]
+
+    def __init__(self, cfg: Config, args: Namespace, package: str):
+        self.cfg, self.args, self.package = cfg, args, package
+
+    @staticmethod
+    def add_arguments(p: ArgumentParser) -> None:
+        """The platform's own options (the common ones come from add_common_arguments)."""
+
+    # --- the verbs -------------------------------------------------------------------------------
+    def dry_run(self) -> int:
+        raise NotImplementedError
+
+    def submit(self) -> int:
+        raise NotImplementedError
+
+    def status(self, job: Job) -> int:
+        raise NotImplementedError
+
+    def logs(self, job: Job) -> int:
+        raise NotImplementedError
+
+    def cancel(self, job: Job) -> int:
+        raise NotImplementedError
+
+    # --- finding the job -------------------------------------------------------------------------
+    def job_named(self, job_id: str | None, name: str | None) -> Job | None:
+        """A Job for --id/--name when no record matches (None: the platform cannot find it by that)."""
+        return Job(self.name, job_id) if job_id else None
+
+    def pick_job(self) -> Job:
+        job_id, name = self.args.job_id, self.args.name
+        job = jobs.find(self.name, job_id, name)
+        if job is None and (job_id or name):
+            job = self.job_named(job_id, name)
+        if job is None:
+            given = " ".join(f"{flag} {value}" for flag, value in (("--id", job_id), ("--name", name)) if value)
+            if given:
+                raise ConfigError(f"no {self.name} job {given} recorded in {jobs.records_path(self.name)}; "
+                                  f"pass the id the platform gave it (--id)")
+            raise ConfigError(f"no {self.name} job submitted from this project yet (none recorded in "
+                              f"{jobs.records_path(self.name)}): submit one with `{self.package} launch {self.name}`, "
+                              "or pass --id of a job submitted elsewhere")
+        return job
+
+    def hint(self, job: Job) -> str:
+        """The three follow-up commands, printed after a submission."""
+        pick = f" --id {job.id}" if jobs.find(self.name) != job else ""
+        return "\n".join(f"  {action + ':':<8} {self.package} launch {self.name} --action {action}{pick}"
+                         + (" --follow" if action == "logs" else "") for action in ("status", "logs", "cancel"))
+
+
+def run(platform: Platform) -> int:
+    """Carry out args.action on the platform."""
+    action = platform.args.action
+    if action == "submit":
+        return platform.dry_run() if platform.args.dry_run else platform.submit()
+    job = platform.pick_job()
+    if platform.args.dry_run:
+        print(f"would {action} {job.describe()}")
+        return 0
+    return getattr(platform, action)(job)
+
+
+# --- shared by the platforms whose logs are files -------------------------------------------------
+
+def tail_lines(path: Path, count: int) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-count:])
+    except OSError:
+        return ""
+
+
+def print_file(path: Path, follow: bool, running: Callable[[], bool], poll_seconds: float = 2.0) -> None:
+    """Print a log file; with follow, keep printing what is appended while running() says so (and
+    once more after it ends, for the last lines). A file that does not exist yet is waited for."""
+    offset = 0
+    while True:
+        alive = running() if follow else False
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+                offset += len(chunk)
+        except FileNotFoundError:
+            chunk = b""
+        if chunk:
+            sys.stdout.write(chunk.decode("utf-8", errors="replace"))
+            sys.stdout.flush()
+        if not alive:
+            return
+        time.sleep(poll_seconds)

@@ -1,0 +1,206 @@
+"""`launch devmachine`: torchrun on this machine (or on several, started by hand), in the foreground.
+
+    <package> launch devmachine                                   # one node, all its GPUs
+    <package> launch devmachine --nnodes 2 --node-rank 0 --master-addr 10.0.0.1   # on node 0
+    <package> launch devmachine --nnodes 2 --node-rank 1 --master-addr 10.0.0.1   # on node 1
+    <package> launch devmachine --launcher deepspeed              # DeepSpeed's own launcher (launch/deepspeed.py)
+    <package> launch devmachine --action status                   # from another shell: step, loss, tok/s, alive?
+    <package> launch devmachine --action logs [--rank 1] [--follow]   # a rank's own log file
+    <package> launch devmachine --action cancel                   # SIGTERM: the ranks save, then stop
+
+The run is the job: it is recorded (jobs.py) as <host>:<pid of this launcher> with its output_dir.
+torchrun writes every rank's output to <output_dir>/logs/<host>/<run id>/attempt_<n>/<local rank>/
+as well as to the terminal (lines there start with [default<local rank>]:).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+from argparse import ArgumentParser, Namespace
+from pathlib import Path
+
+from ..config import Config, ConfigError
+from ..project import under_root
+from ..topology import Topology, default_nproc
+from ..torchrun import run_torchrun, train_entry
+from . import deepspeed, jobs
+from .base import Platform, print_file
+from .jobs import Job
+
+
+def devmachine_topology(args: Namespace, cfg: Config) -> Topology:
+    nnodes = args.nnodes or 1  # several dev machines are always named explicitly
+    if nnodes > 1 and args.node_rank is None:
+        raise ConfigError(f"--nnodes {nnodes}: pass --node-rank (0 on the master node, 1..{nnodes - 1} on the others)")
+    if nnodes > 1 and not args.master_addr:
+        raise ConfigError("--nnodes > 1: pass --master-addr with the address of node 0 (`hostname -i` there)")
+    node_rank = args.node_rank or 0
+    if not 0 <= node_rank < nnodes:
+        raise ConfigError(f"--node-rank {node_rank} must be between 0 and {nnodes - 1} for --nnodes {nnodes}")
+    return Topology(
+        platform="devmachine",
+        nnodes=nnodes,
+        node_rank=node_rank,
+        nproc_per_node=args.nproc_per_node or default_nproc(cfg.cluster.gpus_per_node),
+        master_addr=args.master_addr or "127.0.0.1",
+        master_port=args.master_port,
+    )
+
+
+def rank_logs_dir(output_dir: str | Path, host: str | None = None) -> Path:
+    """Where torchrun writes this machine's per-rank logs."""
+    return under_root(output_dir) / "logs" / (host or socket.gethostname())
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def last_metrics(output_dir: Path) -> tuple[dict | None, dict | None]:
+    """(latest training record, latest validation record) of metrics.jsonl; a torn last line is skipped."""
+    train = val = None
+    try:
+        lines = (output_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return None, None
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if "loss" in record:
+            train = record
+        if "val_loss" in record:
+            val = record
+    return train, val
+
+
+class DevMachine(Platform):
+    name = "devmachine"
+
+    @staticmethod
+    def add_arguments(p: ArgumentParser) -> None:
+        p.add_argument("--nnodes", type=int, help="nodes in the job (default: 1)")
+        p.add_argument("--node-rank", type=int, help="this node's rank, 0 on the master")
+        p.add_argument("--master-addr", help="address of node 0 (multi-node only)")
+        p.add_argument("--master-port", type=int, default=29500)
+        p.add_argument("--nproc-per-node", type=int, help="processes on this node (default: GPUs, or CPU cores)")
+        p.add_argument("--wait-timeout", type=float, default=900, help="seconds a worker node waits for the master")
+        p.add_argument("--debug", action="store_true", help="TRAIN_DEBUG=1: NCCL INFO logs, flight recorder dumps")
+        p.add_argument("--rank", type=int, default=0, help="logs: the local rank whose log to show (default 0)")
+        deepspeed.add_arguments(p)  # --launcher torchrun|deepspeed, --hostfile, --ds-launcher, --no-ssh
+
+    def dry_run(self) -> int:
+        return self._start(dry_run=True)
+
+    def submit(self) -> int:
+        return self._start(dry_run=False)
+
+    def _start(self, dry_run: bool) -> int:
+        args, cfg = self.args, self.cfg
+        if args.debug:
+            os.environ["TRAIN_DEBUG"] = "1"
+        if args.launcher == "deepspeed":
+            plan = deepspeed.plan_launch(args, cfg)
+            if not dry_run:
+                self._record(f"deepspeed launcher, {plan.describe()}")
+            return deepspeed.launch(plan, args, cfg, self.package, dry_run)
+        deepspeed.refuse_deepspeed_options(args)
+        topo = devmachine_topology(args, cfg)
+        if not dry_run:
+            self._record(f"torchrun, {topo.nnodes} node(s) x {topo.nproc_per_node} process(es), node {topo.node_rank}")
+        return run_torchrun(topo, cfg, train_entry(self.package, args.config, args.overrides), dry_run,
+                            args.wait_timeout, log_dir=str(rank_logs_dir(cfg.run.output_dir)))
+
+    def _record(self, how: str) -> None:
+        host = socket.gethostname()
+        jobs.record(jobs.new_job(self.name, f"{host}:{os.getpid()}", name=host, where=host,
+                                 command=[*self.args.overrides],
+                                 extra={"output_dir": str(under_root(self.cfg.run.output_dir)), "how": how,
+                                        "max_steps": self.cfg.schedule.max_steps}))
+
+    # --- status, logs, cancel: the run's own files and processes ----------------------------------
+    def job_named(self, job_id: str | None, name: str | None) -> Job | None:
+        return None  # a run is found by its record only
+
+    def _pid_here(self, job: Job) -> int | None:
+        """The launcher's pid when the job ran on this machine, else None."""
+        host, _, pid = job.id.rpartition(":")
+        return int(pid) if host == socket.gethostname() and pid.isdigit() else None
+
+    def _running(self, job: Job) -> bool:
+        pid = self._pid_here(job)
+        return pid is not None and process_alive(pid)
+
+    def status(self, job: Job) -> int:
+        from ..debug_dump import find_ranks
+        from ..metrics import format_step
+
+        output_dir = Path(job.extra.get("output_dir") or under_root(self.cfg.run.output_dir))
+        print(job.describe())
+        pid = self._pid_here(job)
+        if pid is None:
+            print(f"  process: on {job.id.rpartition(':')[0]}, not this machine: run this there to see it")
+        elif process_alive(pid):
+            ranks = find_ranks(self.package)
+            print(f"  process: running (launcher pid {pid}; {len(ranks)} training process(es) on this machine)")
+        else:
+            print(f"  process: not running (launcher pid {pid} has exited)")
+        train, val = last_metrics(output_dir)
+        max_steps = job.extra.get("max_steps") or self.cfg.schedule.max_steps
+        print(f"  latest: {format_step(train, max_steps)}" if train else f"  latest: no step logged yet in {output_dir}/metrics.jsonl")
+        if val:
+            print(f"  validation: step {val['step']}, loss {val['val_loss']:.4f}")
+        latest = output_dir / "checkpoints" / "latest"
+        if latest.is_file():
+            print(f"  checkpoint: {output_dir / 'checkpoints' / latest.read_text().strip()}")
+        marker = output_dir / "preempted.json"
+        if marker.is_file():
+            try:
+                stop = json.loads(marker.read_text())
+                print(f"  stopped by {stop.get('signal')} at step {stop.get('step')} (saved; run again to resume)")
+            except ValueError:
+                pass
+        return 0
+
+    def logs(self, job: Job) -> int:
+        output_dir = job.extra.get("output_dir") or self.cfg.run.output_dir
+        host = job.id.rpartition(":")[0]
+        root = rank_logs_dir(output_dir, host)
+        attempts = sorted(root.glob("*/attempt_*"), key=lambda p: p.stat().st_mtime)
+        if not attempts:
+            raise ConfigError(f"no per-rank logs under {root}: the run has not started its ranks yet, ran on "
+                              "another machine, or used --launcher deepspeed (its output is the terminal's)")
+        folder = attempts[-1] / str(self.args.rank)
+        if not folder.is_dir():
+            ranks = sorted(p.name for p in attempts[-1].iterdir())
+            raise ConfigError(f"--rank {self.args.rank}: {attempts[-1]} holds local ranks {', '.join(ranks)}")
+        for stream in ("stderr", "stdout"):
+            path = folder / f"{stream}.log"
+            print(f"--- {path}", flush=True)
+            print_file(path, self.args.follow and stream == "stdout", lambda: self._running(job))
+        return 0
+
+    def cancel(self, job: Job) -> int:
+        pid = self._pid_here(job)
+        if pid is None:
+            raise ConfigError(f"{job.id} ran on another machine: run this there, or press Ctrl-C in its terminal")
+        if not process_alive(pid):
+            print(f"{job.id} is not running; nothing to cancel")
+            return 0
+        os.kill(pid, signal.SIGTERM)
+        print(f"sent SIGTERM to {job.id}: the ranks save a checkpoint at the next step and exit 143; "
+              "the same launch command resumes from it")
+        return 0
+
+
+PLATFORM = DevMachine

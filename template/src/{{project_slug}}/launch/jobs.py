@@ -1,0 +1,120 @@
+"""Job records: what `launch <platform>` submitted, when, from where, with which image and code.
+
+    <project>/.jobs/<platform>.jsonl          one JSON object per submission, newest last
+
+`launch <platform> --action status|logs|cancel` without --id/--name acts on the newest record of
+that platform; with them, on the newest record that matches (or, with none, on the job named).
+The project folder, not run.output_dir, holds them: a Kubeflow or TI-ONE output_dir lies on
+storage the submitting machine usually does not mount. `git status` ignores .jobs/ (.gitignore).
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..project import project_root
+
+FOLDER = ".jobs"
+
+
+@dataclass
+class Job:
+    platform: str
+    id: str
+    """What the platform calls it: a Slurm job id, namespace/name on Kubeflow, a TI-ONE task id,
+    host:pid of a dev-machine launch."""
+    name: str = ""
+    submitted: str = ""
+    """UTC, ISO 8601."""
+    by: str = ""
+    """user@host that submitted it."""
+    where: str = ""
+    """The cluster: API server, Slurm cluster, TI-ONE region, or the dev machine."""
+    image: str = ""
+    commit: str = ""
+    """git commit of the project when submitted ('-dirty': with uncommitted changes), '' outside git."""
+    command: list[str] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+    """What the platform needs to find the job again (Kubeflow kind and namespace, Slurm log paths, ...)."""
+
+    def describe(self) -> str:
+        parts = [f"{self.platform} job {self.id}" + (f" ({self.name})" if self.name and self.name != self.id else "")]
+        if self.submitted:
+            parts.append(f"submitted {self.submitted} by {self.by or '?'} to {self.where or '?'}")
+        if self.image:
+            parts.append(f"image {self.image}")
+        if self.commit:
+            parts.append(f"code {self.commit}")
+        return "; ".join(parts)
+
+
+def code_version(root: Path | None = None) -> str:
+    """HEAD of the project's git checkout, '-dirty' when files differ from it; '' outside git."""
+    root = root or project_root()
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=10)
+        if head.returncode != 0:
+            return ""
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def new_job(platform: str, job_id: str, **fields) -> Job:
+    """A Job stamped with now, this user and host, and the project's commit."""
+    return Job(platform=platform, id=str(job_id), submitted=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               by=f"{getpass.getuser()}@{socket.gethostname()}", commit=code_version(), **fields)
+
+
+def records_path(platform: str) -> Path:
+    return project_root() / FOLDER / f"{platform}.jsonl"
+
+
+def record(job: Job) -> Path | None:
+    """Append the job to its platform's records; a read-only project only loses the record (said)."""
+    path = records_path(job.platform)
+    try:
+        path.parent.mkdir(exist_ok=True)
+        with open(path, "a") as f:
+            f.write(json.dumps(asdict(job)) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        print(f"note: job not recorded in {path} ({exc.strerror}); pass --id {job.id} to the other actions")
+        return None
+    return path
+
+
+def read_records(platform: str) -> list[Job]:
+    """Every record of the platform, oldest first; a line that is not a job (a torn write) is skipped."""
+    jobs = []
+    try:
+        lines = records_path(platform).read_text().splitlines()
+    except OSError:
+        return []
+    known = set(Job.__dataclass_fields__)
+    for line in lines:
+        try:
+            data = json.loads(line)
+            jobs.append(Job(**{k: v for k, v in data.items() if k in known}))
+        except (ValueError, TypeError):
+            continue
+    return jobs
+
+
+def find(platform: str, job_id: str | None = None, name: str | None = None) -> Job | None:
+    """The newest record with this id and/or name (both None: the newest of all)."""
+    for job in reversed(read_records(platform)):
+        if (job_id is None or job.id == job_id) and (name is None or job.name == name):
+            return job
+    return None

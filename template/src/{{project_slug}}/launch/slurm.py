@@ -1,0 +1,332 @@
+"""`launch slurm`: submit launch/slurm/train.sbatch with sbatch; status, logs and cancel of the job.
+
+    <package> launch slurm                                    # submit; prints the job id and its log files
+    <package> launch slurm --wait schedule.max_steps=100      # block until the job ends, exit with its status
+    <package> launch slurm --partition gpu --sbatch-arg=--nodes=4 --sbatch-arg=--qos=high
+    <package> launch slurm --sbatch-arg=--gpus-per-node=0 --sbatch-arg=--cpus-per-task=1 run.device=cpu
+    <package> launch slurm --dry-run                          # print the sbatch command and the script
+    <package> launch slurm --launcher deepspeed               # launch/slurm/train-deepspeed.sbatch instead
+    <package> launch slurm --action status                    # state, nodes, elapsed, requeues, exit code
+    <package> launch slurm --action logs --follow             # the job's output file, as it grows
+    <package> launch slurm --action cancel [--signal USR1]    # scancel; USR1: save, requeue, continue later
+
+Config overrides (key=value) and --config become the script's arguments; train.sbatch hands them to
+`<package> node` on every node (srun, one task per node), which starts torchrun. train-deepspeed.sbatch
+(projects generated with strategy deepspeed) runs `deepspeed --launcher slurm`, one srun task per GPU
+running `train`. Options given here
+override the script's #SBATCH lines. Logs go to <run.output_dir>/slurm/<job name>-<job id>.out
+and .err; the folder is created here because Slurm does not create it and a job without it fails
+before its first line.
+
+Preemption: both scripts carry --requeue and --signal=USR1@300 (the ranks save before the time limit
+and the script requeues the job; launch/slurm/README.md). `--wait` waits for the job to end for good:
+sbatch --wait (Slurm 22.05, measured) keeps waiting while a requeued job is pending or runs again,
+and returns the final run's exit status; the end line counts the restarts.
+
+Status reads `scontrol show job` (Slurm keeps a job there MinJobAge seconds, 300 by default, after it
+ends), then `sacct` where the cluster keeps accounting.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+from argparse import ArgumentParser, Namespace
+from pathlib import Path
+
+from ..config import Config, ConfigError
+from ..project import project_root, under_root
+from . import jobs
+from .base import Platform, print_file, tail_lines
+from .jobs import Job
+
+SCRIPTS = {
+    "torchrun": Path("launch") / "slurm" / "train.sbatch",
+    "deepspeed": Path("launch") / "slurm" / "train-deepspeed.sbatch",
+}
+SCRIPT = SCRIPTS["torchrun"]
+
+
+def add_arguments(p: ArgumentParser) -> None:
+    """Slurm's own options (the verbs and --name/--id/--follow/--dry-run are common to every platform)."""
+    p.add_argument("--launcher", choices=sorted(SCRIPTS), default="torchrun",
+                   help="torchrun: launch/slurm/train.sbatch, torchrun on every node (default); deepspeed: "
+                        "launch/slurm/train-deepspeed.sbatch, `deepspeed --launcher slurm` with one task per GPU")
+    p.add_argument("--wait", action="store_true",
+                   help="wait for the job to end for good (sbatch --wait; requeues included) and exit with its "
+                        "exit status")
+    p.add_argument("--partition", help="Slurm partition (default: the script's, else the cluster's default)")
+    p.add_argument("--account", help="account to charge (default: the script's, else yours)")
+    p.add_argument("--time", help="time limit, HH:MM:SS or D-HH:MM:SS (default: the script's)")
+    p.add_argument("--sbatch-arg", dest="sbatch_args", action="append", default=[], metavar="OPTION",
+                   help="one more sbatch option, written with '=': --sbatch-arg=--nodes=4 (repeatable)")
+    p.add_argument("--signal", metavar="SIGNAL",
+                   help="cancel: send this signal instead of ending the job: USR1 saves, requeues and continues "
+                        "later (the scripts' preemption path); TERM saves and stops")
+
+
+def log_dir(cfg: Config) -> Path:
+    return under_root(cfg.run.output_dir) / "slurm"
+
+
+SIGNAL_LEAD_SECONDS = 300  # the scripts' --signal=USR1@N for long jobs: see launch/slurm/README.md
+
+
+def time_limit_seconds(text: str) -> int | None:
+    """Slurm's time formats (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) in seconds; None if not one."""
+    days, _, rest = text.rpartition("-") if "-" in text else ("0", "", text)
+    try:
+        parts = [int(x) for x in rest.split(":")]
+        day_seconds = int(days) * 86400
+    except ValueError:
+        return None
+    if "-" in text:  # D-HH[:MM[:SS]]
+        parts += [0] * (3 - len(parts))
+    elif len(parts) == 1:  # MM
+        parts = [0, parts[0], 0]
+    elif len(parts) == 2:  # MM:SS
+        parts = [0, *parts]
+    if len(parts) != 3:
+        return None
+    return day_seconds + parts[0] * 3600 + parts[1] * 60 + parts[2]
+
+
+def signal_option(time_limit: str | None, sbatch_args: list[str]) -> list[str]:
+    """A time limit given here replaces the script's: the USR1 warning then follows it (a quarter of a
+    limit under 20 min, as the script does for the answered one), unless --signal is given too."""
+    seconds = time_limit_seconds(time_limit) if time_limit else None
+    if seconds is None or any(a.startswith("--signal") for a in sbatch_args):
+        return []
+    return [f"--signal=USR1@{min(SIGNAL_LEAD_SECONDS, seconds // 4)}"]
+
+
+def sbatch_command(args: Namespace, cfg: Config, script: Path) -> list[str]:
+    logs = log_dir(cfg)
+    # --parsable: the first line of stdout is the job id, printed at once even with --wait.
+    cmd = ["sbatch", "--parsable", f"--output={logs}/%x-%j.out", f"--error={logs}/%x-%j.err"]
+    for flag in ("partition", "account", "time"):
+        if getattr(args, flag):
+            cmd.append(f"--{flag}={getattr(args, flag)}")
+    if args.name:
+        cmd.append(f"--job-name={args.name}")
+    time_arg = next((a.partition("=")[2] for a in reversed(args.sbatch_args) if a.startswith("--time=")), args.time)
+    cmd += signal_option(time_arg, args.sbatch_args)
+    if args.wait:
+        cmd.append("--wait")
+    cmd += args.sbatch_args  # last: the user's options win over ours
+    script_args = (["--config", args.config] if args.config else []) + list(args.overrides)
+    return cmd + [str(script)] + script_args
+
+
+def job_fields(job_id: str) -> dict[str, str]:
+    """`scontrol show job` as a dict (JobState, Restarts, NumNodes, NodeList, RunTime, ExitCode, Reason,
+    StdOut and StdErr with %x and %j expanded, ...); empty where scontrol does not know the job."""
+    try:
+        out = subprocess.run(["scontrol", "show", "job", job_id], check=False, capture_output=True, text=True,
+                             timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    fields = {}
+    for word in out.stdout.split():
+        key, sep, value = word.partition("=")
+        if sep and key not in fields:
+            fields[key] = value
+    for line in out.stdout.splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep and key in ("StdOut", "StdErr"):  # alone on their lines, so a path may hold spaces
+            fields[key] = value
+    return fields
+
+
+def script_path(launcher: str) -> Path:
+    """The batch script for the launcher, relative to the project root; ConfigError naming the fix."""
+    relative = SCRIPTS[launcher]
+    if not (project_root() / relative).is_file():
+        if launcher == "deepspeed":
+            raise ConfigError(
+                f"{relative} is missing: it is generated for projects with strategy deepspeed. Fixes: 1) `copier "
+                "update --data strategy=deepspeed` generates it; 2) `launch slurm` (torchrun on every node) trains "
+                "with any strategy, run.strategy=deepspeed included"
+            )
+        raise ConfigError(f"{relative} is missing: restore it with `copier update` (or `git checkout {relative}`)")
+    return relative
+
+
+ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING",
+          "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT"}
+"""Job states in which a job may still write to its log."""
+
+
+def accounting_fields(job_id: str) -> dict[str, str]:
+    """The job's line in `sacct` (clusters with accounting keep jobs after scontrol forgets them); {} without."""
+    columns = ("JobID", "JobName", "State", "NNodes", "NodeList", "Elapsed", "ExitCode")
+    try:
+        out = subprocess.run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", ",".join(columns)], check=False,
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    lines = [line for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+    return dict(zip(columns, lines[-1].split("|"))) if lines else {}
+
+
+def require_slurm(program: str) -> None:
+    if shutil.which(program) is None:
+        raise ConfigError(
+            f"{program} is not on PATH: run this on a Slurm login node (or `module load slurm` there); "
+            "`launch slurm --dry-run` prints what would be submitted"
+        )
+
+
+def cluster_name() -> str:
+    """ClusterName of `scontrol show config`, else this login node's host name."""
+    try:
+        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    found = re.search(r"^ClusterName\s*=\s*(\S+)", out, re.M)
+    return found.group(1) if found else socket.gethostname()
+
+
+class Slurm(Platform):
+    name = "slurm"
+    add_arguments = staticmethod(add_arguments)
+
+    def _command(self) -> tuple[Path, list[str]]:
+        relative = script_path(getattr(self.args, "launcher", "torchrun"))
+        return relative, sbatch_command(self.args, self.cfg, relative)
+
+    def dry_run(self) -> int:
+        relative, cmd = self._command()
+        print(f"$ cd {shlex.quote(str(project_root()))} && {shlex.join(cmd)}")
+        print(f"--- {relative}")
+        print((project_root() / relative).read_text(), end="")
+        return 0
+
+    def submit(self) -> int:
+        args, cfg, root = self.args, self.cfg, project_root()
+        relative, cmd = self._command()
+        require_slurm("sbatch")
+        logs = log_dir(cfg)
+        try:
+            logs.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create the log folder {logs} ({exc.strerror}); run.output_dir must lie on "
+                              "storage this node can write and every compute node can reach") from None
+        print("$ " + shlex.join(cmd), flush=True)
+        # From the project root: the job's SLURM_SUBMIT_DIR, where the script finds config/ and src/.
+        proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        first = proc.stdout.readline().strip()
+        job_id = first.split(";")[0]
+        if not job_id.isdigit():
+            code = proc.wait()  # sbatch's own error went to stderr already
+            if code == 0:
+                print(f"sbatch printed no job id: {first!r}", file=sys.stderr)
+            return code or 1
+        fields = job_fields(job_id)
+        stdout = fields.get("StdOut") or str(logs / f"<job name>-{job_id}.out")
+        stderr = fields.get("StdErr") or str(logs / f"<job name>-{job_id}.err")
+        job = jobs.new_job(self.name, job_id, name=fields.get("JobName", args.name or ""), where=cluster_name(),
+                           command=[*args.overrides],
+                           extra={"script": str(relative), "stdout": stdout, "stderr": stderr})
+        jobs.record(job)
+        print(f"submitted job {job_id}\n  log:    {stdout}\n  errors: {stderr}", flush=True)
+        if not args.wait:
+            print(self.hint(job))
+            print(f"  save now and continue later: {self.package} launch slurm --action cancel --signal USR1")
+            return proc.wait()
+        try:
+            code = proc.wait()
+        except KeyboardInterrupt:
+            proc.terminate()
+            print(f"\nstopped waiting; job {job_id} goes on (`{self.package} launch slurm --action cancel` ends it)",
+                  file=sys.stderr)
+            return 130
+        end = job_fields(job_id)
+        state, restarts = end.get("JobState", ""), int(end.get("Restarts", "0") or 0)
+        print(f"job {job_id} ended: exit {code}" + (f", {state}" if state else "")
+              + (f", after {restarts} requeue(s)" if restarts else ""), flush=True)
+        if code != 0:
+            print(f"--- last lines of {stderr}\n{tail_lines(Path(stderr), 20)}", file=sys.stderr)
+        return code
+
+    def job_named(self, job_id: str | None, name: str | None) -> Job | None:
+        if job_id:
+            return Job(self.name, job_id)
+        if name:  # the newest of this user's jobs with that name
+            out = subprocess.run(["squeue", "--me", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True,
+                                 timeout=30).stdout.split()
+            return Job(self.name, out[-1], name=name) if out else None
+        return None
+
+    def _state(self, job: Job) -> dict[str, str]:
+        """What Slurm says of the job now, in scontrol's field names; {} when it has forgotten it."""
+        fields = job_fields(job.id)
+        if fields.get("JobId") == job.id:
+            return fields
+        account = accounting_fields(job.id)
+        if not account:
+            return {}
+        return {"JobId": job.id, "JobName": account["JobName"], "JobState": account["State"].split()[0],
+                "NumNodes": account["NNodes"], "NodeList": account["NodeList"], "RunTime": account["Elapsed"],
+                "ExitCode": account["ExitCode"], "Restarts": "?"}
+
+    def status(self, job: Job) -> int:
+        require_slurm("scontrol")
+        if job.submitted:
+            print(job.describe())
+        state = self._state(job)
+        if not state:
+            print(f"  Slurm no longer knows job {job.id} (it ended more than MinJobAge ago and the cluster keeps no "
+                  f"accounting); its log: {job.extra.get('stdout', '?')}")
+            return 1
+        reason = state.get("Reason", "None")
+        print(f"  state:    {state.get('JobState')}" + (f" ({reason})" if reason not in ("None", "") else ""))
+        print(f"  nodes:    {state.get('NumNodes', '?')} {state.get('NodeList', '')}".rstrip())
+        print(f"  elapsed:  {state.get('RunTime', '?')}" + (f" of {state['TimeLimit']}" if state.get("TimeLimit") else ""))
+        print(f"  requeued: {state.get('Restarts', '0')} time(s)")
+        if state.get("JobState") not in ACTIVE:
+            print(f"  exit:     {state.get('ExitCode', '?')} (code:signal)")
+        print(f"  log:      {state.get('StdOut') or job.extra.get('stdout', '?')}")
+        return 0
+
+    def logs(self, job: Job) -> int:
+        state = self._state(job)
+        out = state.get("StdOut") or job.extra.get("stdout")
+        err = state.get("StdErr") or job.extra.get("stderr")
+        if not out:
+            raise ConfigError(f"job {job.id}: Slurm no longer knows it and this project has no record of its log "
+                              f"files; look in {log_dir(self.cfg)}")
+
+        def running() -> bool:
+            return self._state(job).get("JobState") in ACTIVE
+
+        print(f"--- {out}", file=sys.stderr, flush=True)
+        try:
+            print_file(Path(out), self.args.follow, running)
+        except KeyboardInterrupt:
+            return 130
+        if err and err != out and Path(err).is_file() and Path(err).stat().st_size:
+            print(f"--- {err}", file=sys.stderr, flush=True)
+            print_file(Path(err), False, running)
+        return 0
+
+    def cancel(self, job: Job) -> int:
+        require_slurm("scancel")
+        cmd = ["scancel", *([f"--signal={self.args.signal}"] if self.args.signal else []), job.id]
+        print("$ " + shlex.join(cmd), flush=True)
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        if result.returncode != 0:
+            raise ConfigError(f"scancel {job.id} failed: {result.stderr.strip() or result.stdout.strip()}")
+        if self.args.signal:
+            print(f"sent SIG{self.args.signal.upper().removeprefix('SIG')} to job {job.id}'s steps")
+        else:
+            print(f"cancelled job {job.id}: its ranks get SIGTERM, save at the next step, and the job ends CANCELLED")
+        return 0
+
+
+PLATFORM = Slurm

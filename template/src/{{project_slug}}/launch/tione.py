@@ -1,0 +1,357 @@
+"""`launch tione`: TI-ONE task-based training through Tencent Cloud's API (CreateTrainingTask,
+DescribeTrainingTask, DescribeLogs, StopTrainingTask; API version 2021-11-11, the official SDK).
+
+    <package> launch tione                                   # create the task from launch/tione/task.yaml
+    <package> launch tione --dry-run                         # the CreateTrainingTask request as JSON, nothing else
+    <package> launch tione schedule.max_steps=100            # overrides ride on the start command
+    <package> launch tione --action status                   # state, instances, runtime, failure reason
+    <package> launch tione --action logs [--follow]          # the task's log lines (DescribeLogs, paged)
+    <package> launch tione --action cancel                   # StopTrainingTask: SIGTERM, the ranks save
+    <package> launch tione --console                         # no API access: what to type into the console
+
+launch/tione/task.yaml holds the request copier rendered from the answers (mode, image, instances,
+CFS/GooseFSx mount, VPC, logs), field names as the API spells them; each submission completes it with
+a unique Name and the start command (launch/tione/start-<mode>.sh in the image, with the overrides),
+and checks every field against the SDK's request models before anything is sent. The Ray mode has no
+API equivalent: `launch tione` prints the console settings for it instead.
+
+Credentials come from the SDK's usual places, never from the project: TENCENTCLOUD_SECRET_ID and
+TENCENTCLOUD_SECRET_KEY (and TENCENTCLOUD_SESSION_TOKEN for temporary keys), else the [default]
+profile of ~/.tencentcloud/credentials. `pip install tencentcloud-sdk-python-tione` (or the project's
+`[tione]` extra) installs the SDK.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import sys
+import time
+import warnings
+from argparse import ArgumentParser
+from copy import deepcopy
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import yaml
+
+from ..config import ConfigError
+from ..project import project_root
+from ..topology import tione_variables
+from . import jobs
+from .base import Platform
+from .jobs import Job
+from .tione_console import print_console_settings, start_script
+
+TASK_FILE = Path("launch") / "tione" / "task.yaml"
+INSTALL = "pip install tencentcloud-sdk-python-tione"
+# TI-ONE's task states (DescribeTrainingTask Status) and what they mean here.
+STATES = {
+    "SUBMITTING": "queued", "STARTING": "starting", "RUNNING": "running", "STOPPING": "stopping",
+    "STOPPED": "stopped", "FAILED": "failed", "SUCCEED": "succeeded", "SUBMIT_FAILED": "submission failed",
+}
+ACTIVE = {"SUBMITTING", "STARTING", "RUNNING", "STOPPING"}
+NAME_PATTERN = re.compile(r"[\w\u4e00-\u9fff][\w\u4e00-\u9fff-]{0,59}")  # the API's rule: 60 characters at most
+POLL_SECONDS = 5
+
+
+def add_arguments(p: ArgumentParser) -> None:
+    """TI-ONE's own options (the verbs and --name/--id/--follow/--dry-run are common to every platform)."""
+    p.add_argument("--console", action="store_true",
+                   help="print the console settings instead of calling the API (no API access, or to compare)")
+    p.add_argument("--endpoint", default=os.environ.get("TENCENTCLOUD_TIONE_ENDPOINT"),
+                   help="API endpoint, e.g. tione.internal.tencentcloudapi.com inside a VPC (default: the task "
+                        "file's, else the public one; http://HOST:PORT for a local test endpoint)")
+    p.add_argument("--pod", help="logs: only this pod's lines (default: every pod of the task)")
+
+
+# --- The request ------------------------------------------------------------------------------------
+
+def load_task(path: Path) -> dict:
+    """task.yaml: {region, request, [endpoint, code_dir]}; ConfigError naming the file and the fix."""
+    try:
+        task = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path} cannot be read ({exc.strerror}); re-render it with `copier update`") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(task, dict) or not isinstance(task.get("request"), dict):
+        raise ConfigError(f"{path} must hold `region:` and a `request:` mapping (the CreateTrainingTask fields); "
+                          "re-render it with `copier update`")
+    if not task.get("region"):
+        raise ConfigError(f"{path}: `region` is empty: set it (e.g. ap-guangzhou), or `copier update --data "
+                          "tione_region=ap-shanghai`")
+    return task
+
+
+def unknown_fields(model_name: str, request: dict) -> list[str]:
+    """Fields the SDK's model (and the models nested in it) does not know: the SDK warns about them
+    ('X fileds are useless.') and would drop them silently."""
+    from tencentcloud.tione.v20211111 import models
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        getattr(models, model_name)()._deserialize(request)
+    found = []
+    for warning in caught:
+        text = str(warning.message)
+        if text.endswith("fileds are useless."):
+            found += text.removesuffix(" fileds are useless.").split(",")
+    return sorted(found)
+
+
+def request_problems(request: dict) -> tuple[list[str], list[str]]:
+    """(mistakes, values still to fill in) of a request: the first are refused always, the second only
+    when submitting (a dry run prints the request with a note)."""
+    mistakes = [f"unknown field(s) {', '.join(names)}" for names in [unknown_fields("CreateTrainingTaskRequest",
+                                                                                      request)] if names]
+    if not NAME_PATTERN.fullmatch(str(request.get("Name", ""))):
+        mistakes.append(f"Name {request.get('Name')!r} must be 1-60 letters, digits, '_' or '-', starting with a "
+                        "letter or digit (--name)")
+    if not request.get("ResourceConfigInfos"):
+        mistakes.append("ResourceConfigInfos is empty: the task needs instances")
+    missing = []
+    for info in request.get("ResourceConfigInfos") or []:
+        if not request.get("ResourceGroupId") and not info.get("InstanceType"):
+            missing.append(f"{info.get('Role', 'WORKER')} instances have no InstanceType and the task no "
+                           "ResourceGroupId: `copier update --data tione_instance_type=<spec>` (pay as you go) or "
+                           "--data tione_resource_group=<id> (a prepaid resource group)")
+    for config in request.get("DataConfigs") or []:
+        source = config.get("CFSSource") or config.get("GooseFSSource") or {}
+        if not source.get("Id"):
+            missing.append(f"the {config.get('DataSourceType', '')} mount at {config.get('MappingPath')} has no Id: "
+                           "`copier update --data tione_storage_id=<cfs-... or the GooseFSx id>`")
+    if (request.get("ImageInfo") or {}).get("ImageType") == "TCR" and not request["ImageInfo"].get("RegistryId"):
+        missing.append("ImageInfo.RegistryId is empty: the TCR instance id (tcr-...) of the image's registry")
+    return mistakes, missing
+
+
+def build_request(task: dict, mode: str | None, script: Path, name: str | None, extra_args: list[str]) -> dict:
+    """The CreateTrainingTask request: task.yaml's, a unique Name and the start command with the overrides."""
+    request = deepcopy(task["request"])
+    request["Name"] = name or f"{request.get('Name') or 'train'}-{time.strftime('%Y%m%d-%H%M%S')}"
+    code_dir = str(task.get("code_dir") or project_root()).rstrip("/")
+    start = shlex.join(["bash", f"{code_dir}/launch/tione/{script.name}", *extra_args])
+    request["StartCmdInfo"] = ({"PsStartCmd": start, "WorkerStartCmd": start} if mode == "PS_WORKER"
+                               else {"StartCmd": start})
+    if mode:
+        request["TrainingMode"] = mode
+    return request
+
+
+# --- The API ------------------------------------------------------------------------------------------
+
+def credentials():
+    """The SDK's credentials from the environment, else from the profile file; ConfigError naming both."""
+    try:
+        from tencentcloud.common import credential
+    except ImportError:
+        raise ConfigError(f"TI-ONE's SDK is missing: `{INSTALL}` (or pip install -e '.[tione]'); without API "
+                          "access, `launch tione --console` prints the console settings") from None
+    for source in (credential.EnvironmentVariableCredential(), credential.ProfileCredential()):
+        found = source.get_credential()
+        if found is not None:
+            token = os.environ.get("TENCENTCLOUD_SESSION_TOKEN")
+            return credential.Credential(found.secret_id, found.secret_key, token) if token else found
+    raise ConfigError(
+        "no Tencent Cloud credentials: export TENCENTCLOUD_SECRET_ID and TENCENTCLOUD_SECRET_KEY (an API key of "
+        "the CAM console, with TI-ONE permissions), or write them to ~/.tencentcloud/credentials ([default] "
+        "secret_id = ..., secret_key = ...). Never into the project or the image"
+    )
+
+
+def api_client(region: str, endpoint: str | None):
+    from tencentcloud.common.profile.client_profile import ClientProfile
+    from tencentcloud.common.profile.http_profile import HttpProfile
+    from tencentcloud.tione.v20211111 import tione_client
+
+    http = HttpProfile(reqTimeout=30)
+    if endpoint:
+        scheme, sep, host = endpoint.partition("://")
+        http.protocol, http.endpoint = (scheme, host) if sep else ("https", endpoint)
+    return tione_client.TioneClient(credentials(), region, ClientProfile(httpProfile=http))
+
+
+class Api:
+    """TI-ONE's four calls; an API error becomes one line with its code, message and request id."""
+
+    def __init__(self, region: str, endpoint: str | None):
+        self.region, self.client = region, api_client(region, endpoint)
+
+    def call(self, action: str, fields: dict):
+        from tencentcloud.common.exception.tencent_cloud_sdk_exception import TencentCloudSDKException
+        from tencentcloud.tione.v20211111 import models
+
+        request = getattr(models, f"{action}Request")()
+        request._deserialize(fields)
+        try:
+            return getattr(self.client, action)(request)
+        except TencentCloudSDKException as exc:
+            code, message, request_id = exc.get_code(), exc.get_message(), exc.get_request_id()
+            if code == "ClientNetworkError":
+                raise ConfigError(f"cannot reach TI-ONE's API in {self.region} to {action}: {message}; check the "
+                                  "network (or --endpoint)") from None
+            fix = " (the secret id/key are wrong or expired)" if code and code.startswith("AuthFailure") else ""
+            raise ConfigError(f"TI-ONE {action} failed: {code}: {message}{fix}"
+                              + (f" (request id {request_id})" if request_id else "")) from None
+
+
+def api_mode(script: Path) -> str | None:
+    """TrainingMode of the API for the generated start script; None for Ray, which the API lacks."""
+    return {"start-ddp.sh": "DDP", "start-mpi.sh": "MPI", "start-ps-worker.sh": "PS_WORKER"}.get(script.name)
+
+
+def rfc3339(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Tione(Platform):
+    name = "tione"
+    add_arguments = staticmethod(add_arguments)
+
+    @property
+    def launch_dir(self) -> Path:
+        return project_root() / "launch" / "tione"
+
+    def _request(self) -> tuple[dict, dict, Path]:
+        task_path = project_root() / TASK_FILE
+        task = load_task(task_path)
+        script = start_script(self.launch_dir)
+        extra = (["--config", self.args.config] if self.args.config else []) + list(self.args.overrides)
+        request = build_request(task, api_mode(script), script, self.args.name, extra)
+        mistakes, missing = request_problems(request)
+        if mistakes or (missing and not self.args.dry_run):
+            raise ConfigError(f"{task_path}: " + "; ".join(mistakes or missing)
+                              + " (field names as in TI-ONE's CreateTrainingTask)")
+        for line in missing:
+            print(f"note: not ready to submit: {line}", file=sys.stderr)
+        return task, request, script
+
+    def _refuse_inside_task(self, script: Path) -> None:
+        inside = tione_variables(os.environ)
+        if inside:
+            command = shlex.join(["bash", str(script), *self.args.overrides])
+            raise ConfigError(f"this is a TI-ONE task ({', '.join(inside)} set): here the start command runs, not "
+                              f"`launch tione`. Make the task's start command `{command}`")
+
+    def dry_run(self) -> int:
+        if self.args.console:
+            return self._console()
+        task, request, script = self._request()
+        if api_mode(script) is None:
+            print("TI-ONE's API has no Ray mode (TrainingMode: PS_WORKER, DDP, MPI, HOROVOD): this is the request "
+                  "without TrainingMode; `launch tione` prints the console settings for Ray instead", file=sys.stderr)
+        print(json.dumps(request, indent=2, ensure_ascii=False))
+        return 0
+
+    def _console(self) -> int:
+        script = start_script(self.launch_dir)
+        self._refuse_inside_task(script)
+        print_console_settings(self.launch_dir, script, self.args.overrides)
+        return 0
+
+    def submit(self) -> int:
+        script = start_script(self.launch_dir)
+        self._refuse_inside_task(script)
+        if self.args.console:
+            return self._console()
+        if api_mode(script) is None:
+            print("TI-ONE's API has no Ray mode (its TrainingMode takes PS_WORKER, DDP, MPI, HOROVOD): create the task "
+                  "in the console with these settings.\n", file=sys.stderr)
+            return self._console()
+        task, request, _ = self._request()
+        endpoint = self.args.endpoint or task.get("endpoint")
+        response = Api(task["region"], endpoint).call("CreateTrainingTask", request)
+        job = jobs.new_job(self.name, response.Id, name=request["Name"], where=task["region"],
+                           image=(request.get("ImageInfo") or {}).get("ImageUrl", ""), command=[*self.args.overrides],
+                           extra={"region": task["region"], "endpoint": endpoint or "",
+                                  "project": request.get("TiProjectId") or "", "mode": request.get("TrainingMode")})
+        jobs.record(job)
+        print(f"created TI-ONE task {response.Id} ({request['Name']}) in {task['region']}, mode "
+              f"{request.get('TrainingMode')}, request id {response.RequestId}")
+        print(self.hint(job))
+        return 0
+
+    # --- status, logs, cancel ---------------------------------------------------------------------
+    def _api(self, job: Job) -> tuple[Api, dict]:
+        task = load_task(project_root() / TASK_FILE) if not job.extra.get("region") else {}
+        region = job.extra.get("region") or task["region"]
+        endpoint = self.args.endpoint or job.extra.get("endpoint") or task.get("endpoint")
+        project = job.extra.get("project") or (task.get("request") or {}).get("TiProjectId")
+        return Api(region, endpoint), ({"TiProjectId": project} if project else {})
+
+    def _detail(self, api: Api, scope: dict, job: Job):
+        return api.call("DescribeTrainingTask", {"Id": job.id, **scope}).TrainingTaskDetail
+
+    def status(self, job: Job) -> int:
+        api, scope = self._api(job)
+        detail = self._detail(api, scope, job)
+        if job.submitted:
+            print(job.describe())
+        state = detail.Status or "?"
+        print(f"  task:     {detail.Id} {detail.Name} ({detail.TrainingMode or 'no mode'}) in {detail.Region or api.region}")
+        print(f"  state:    {state} ({STATES.get(state, 'unknown state')})")
+        for info in detail.ResourceConfigInfos or []:
+            what = info.InstanceType or f"{(info.Gpu or 0) / 100:g} GPU(s) {info.GpuType or ''}".rstrip()
+            print(f"  {(info.Role or 'WORKER').lower() + ':':<9} {info.InstanceNum} x {what}")
+        if detail.RuntimeInSeconds is not None:
+            print(f"  runtime:  {timedelta(seconds=int(detail.RuntimeInSeconds))}"
+                  + (f" (started {detail.StartTime})" if detail.StartTime else ""))
+        if detail.EndTime:
+            print(f"  ended:    {detail.EndTime}")
+        for label, text in (("reason", detail.FailureReason), ("message", detail.Message),
+                            ("billing", detail.BillingInfo)):
+            if text:
+                print(f"  {label + ':':<9} {text}")
+        return 0
+
+    def logs(self, job: Job) -> int:
+        api, scope = self._api(job)
+        detail = self._detail(api, scope, job)
+        if not detail.LatestInstanceId:
+            print(f"task {job.id} has no instance yet (state {detail.Status}): no logs", file=sys.stderr)
+            return 0
+        start = detail.StartTime or detail.CreateTime or rfc3339(datetime.now(timezone.utc) - timedelta(hours=1))
+        seen: set[str] = set()
+        try:
+            while True:
+                start = self._log_pages(api, scope, detail.LatestInstanceId, start, seen)
+                if not self.args.follow or detail.Status not in ACTIVE:
+                    return 0
+                time.sleep(POLL_SECONDS)
+                detail = self._detail(api, scope, job)
+        except KeyboardInterrupt:
+            return 130
+
+    def _log_pages(self, api: Api, scope: dict, instance: str, start: str, seen: set[str]) -> str:
+        """Print every log line from `start` to now, page by page (DescribeLogs' Context); returns the
+        newest timestamp printed, where the next poll starts (lines seen already are skipped)."""
+        fields = {"Service": "TRAIN", "ServiceId": instance, "StartTime": start,
+                  "EndTime": rfc3339(datetime.now(timezone.utc)), "Limit": 1000, "Order": "ASC", **scope}
+        if self.args.pod:
+            fields["PodName"] = self.args.pod
+        newest = start
+        while True:
+            page = api.call("DescribeLogs", fields)
+            for line in page.Content or []:
+                key = line.Id or f"{line.Timestamp}|{line.PodName}|{line.Message}"
+                if key in seen:
+                    continue
+                seen.add(key)
+                newest = max(newest, line.Timestamp or newest)
+                print(f"[{line.PodName}] {line.Message}" if line.PodName else line.Message, flush=True)
+            if not page.Content or not page.Context:
+                return newest
+            fields["Context"] = page.Context
+
+    def cancel(self, job: Job) -> int:
+        api, scope = self._api(job)
+        response = api.call("StopTrainingTask", {"Id": job.id, **scope})
+        print(f"stopping TI-ONE task {job.id} (request id {response.RequestId}): its instances get SIGTERM, the "
+              "ranks save at the next step; starting the task again resumes from that checkpoint")
+        return 0
+
+
+PLATFORM = Tione

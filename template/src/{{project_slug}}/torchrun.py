@@ -1,0 +1,111 @@
+"""torchrun on this node: the one place its command line is built and run (under supervise.py).
+
+    from .torchrun import run_torchrun, torchrun_command, train_entry
+    run_torchrun(topology, cfg, train_entry(package, None, ["schedule.max_steps=100"]), dry_run=False,
+                 wait_timeout=900)
+
+Used by `node` (every platform's launch file) and `launch devmachine`.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import sys
+from pathlib import Path
+
+from .config import Config, debug_requested
+from .nccl_env import apply_nccl_env
+from .network import address_towards, wait_for_master
+from .supervise import run_supervised
+from .topology import Topology, platform_max_restarts
+
+STOP_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+"""Signals torchrun forwards to the ranks: its defaults plus SIGUSR1 (Slurm's --signal warning)."""
+
+
+def torchrun_command(topo: Topology, entry: list[str], max_restarts: int = 0, grace_seconds: int = 30,
+                     log_dir: str | None = None, local_addr: str | None = None) -> list[str]:
+    """torchrun arguments for this node; `entry` is the module and its arguments.
+
+    max_restarts: torchrun restarts all of this node's ranks after one fails (and the other nodes'
+    agents follow through the rendezvous); they resume from the latest checkpoint.
+    grace_seconds: after a stop signal, how long the ranks may take to save before SIGKILL.
+    log_dir: every rank's output also goes to a file there (per attempt and local rank).
+    local_addr: how the other nodes reach this one (multi-node): the node that gets global rank 0
+    hands it to every rank as MASTER_ADDR; without it torchrun uses the host name, which other
+    machines often cannot resolve."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(topo.nproc_per_node),
+           "--max-restarts", str(max_restarts), "--signals-to-handle", STOP_SIGNALS,
+           "--shutdown-timeout", str(grace_seconds)]
+    if log_dir:
+        cmd += ["--log-dir", log_dir, "--redirects", "3", "--tee", "3"]
+    if topo.nnodes == 1 and not topo.min_nnodes:
+        # Standalone: c10d on a free local port, nothing to collide with on a shared box.
+        return cmd + ["--standalone"] + entry
+    if local_addr:
+        cmd += ["--local-addr", local_addr]
+    if topo.min_nnodes:
+        # Elastic: c10d rendezvous hosted at the master, any node count between min and max.
+        return cmd + [
+            "--nnodes", f"{topo.min_nnodes}:{topo.nnodes}",
+            "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"{topo.master_addr}:{topo.master_port}",
+        ] + entry
+    # c10d rendezvous (not static): after a failure every node's agent re-joins the next round, so
+    # restarts work across nodes. Node 0's agent hosts the store at master_addr:master_port. Global
+    # ranks follow the sorted host names, so rank 0 (logs, checkpoints) need not be on node 0.
+    return cmd + [
+        "--nnodes", str(topo.nnodes),
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"{topo.master_addr}:{topo.master_port}",
+        "--rdzv-conf", f"is_host={'true' if topo.node_rank == 0 else 'false'}",
+    ] + entry
+
+
+def train_entry(package: str, config: str | None, overrides: list[str]) -> list[str]:
+    entry = ["-m", package, "train"]
+    if config:
+        entry += ["--config", config]
+    return entry + overrides
+
+
+def check_before_start(cfg: Config, world_size: int | None) -> None:
+    """Mistakes every rank would hit at once, reported before torchrun starts: under
+    --max-restarts torchrun would otherwise restart the ranks into the same error several times."""
+    from .data import read_meta
+    from .rules import require_valid
+
+    require_valid(cfg, world_size)
+    read_meta(Path(cfg.data.dir))
+
+
+def run_torchrun(topo: Topology, cfg: Config, entry: list[str], dry_run: bool, wait_timeout: float,
+                 log_dir: str | None = None) -> int:
+    """torchrun for this node under the supervisor. log_dir: every rank's output also goes to a file
+    there (always under TRAIN_DEBUG=1, at <output_dir>/logs/<host>)."""
+    if cfg.run.debug:
+        os.environ["TRAIN_DEBUG"] = "1"  # the ranks and apply_nccl_env read it
+    # An elastic PyTorchJob names its own restart budget (elasticPolicy.maxRestarts).
+    restarts = platform_max_restarts(os.environ) or cfg.cluster.max_restarts
+    if log_dir is None and debug_requested():
+        log_dir = str(Path(cfg.run.output_dir) / "logs" / socket.gethostname())
+    local_addr = address_towards(topo.master_addr) if topo.nnodes > 1 else None
+    cmd = torchrun_command(topo, entry, restarts, cfg.cluster.stop_grace_seconds, log_dir, local_addr)
+    print(topo.table(), flush=True)
+    print("$ " + shlex.join(cmd), flush=True)
+    if dry_run:
+        return 0
+    check_before_start(cfg, None if topo.min_nnodes else topo.nnodes * topo.nproc_per_node)
+    apply_nccl_env()
+    if topo.nnodes > 1 and topo.node_rank != 0:
+        wait_for_master(topo.master_addr, topo.master_port, wait_timeout, log=lambda m: print(m, flush=True))
+    # Restarted ranks must not share the agent's rendezvous store: its keys outlive an attempt and
+    # the new ranks would read the dead ranks' addresses (pytorch/pytorch#135712: "Connection
+    # refused" after a restart). Each attempt then gets a fresh store of its own.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    if log_dir:
+        print(f"every rank's output also goes to {log_dir}/<run>/attempt_<n>/<local rank>/", flush=True)
+    return run_supervised(cmd, cfg.run.output_dir, forward_signals=topo.platform != "slurm",
+                          log=lambda m: print(m, flush=True))
