@@ -274,3 +274,56 @@ def test_message_after_copy_and_generated_ci(tmp_path):
     assert copier(project, "check-update", "--help").returncode == 0
     syntax = run(["bash", "-n", "-c", workflow["jobs"]["template"]["steps"][-1]["run"]])
     assert syntax.returncode == 0, syntax.stderr
+
+
+# The last commit before the launch modules moved into the launch/ package (launch.py,
+# launch_kubeflow.py, launch_slurm.py, ... in the flat package; node.py holding project_root).
+BEFORE_LAUNCH_PACKAGE = "9e638b4"
+
+
+def template_at(commit: str, dst: Path) -> Path:
+    """The template as it was at `commit` of this repository, as a repository of its own."""
+    known = run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=TEMPLATE)
+    assert known.returncode == 0, (f"commit {commit} is not in {TEMPLATE}: this test needs the repository's history "
+                                   "(a full clone, not --depth 1)")
+    dst.mkdir(parents=True)
+    archive = run(["bash", "-c", f"git archive {commit} | tar -x -C {dst}"], cwd=TEMPLATE)
+    assert archive.returncode == 0, archive.stderr
+    git(dst, "init", "-q", "-b", "main")
+    return dst
+
+
+def test_update_across_the_launch_package_move_keeps_user_edits(tmp_path):
+    """A project made when the launch code was flat modules: `copier update` removes them, adds the
+    launch/ package, keeps a user edit beside them, and every launch entry point works after it."""
+    tpl = template_at(BEFORE_LAUNCH_PACKAGE, tmp_path / "template")
+    commit_all(tpl, "template before the move", tag="v0.1.0")
+    project = generate(tmp_path, tpl)
+    package = project / "src" / SLUG
+    assert (package / "launch_slurm.py").is_file() and not (package / "launch").exists()
+    # The user: a line in a module that stays beside the moved ones, and in a platform's launch file.
+    topology = package / "topology.py"
+    edit(topology, "DEFAULT_PORT = 29500\n", "DEFAULT_PORT = 29500\nUSER_MARK = 'kept across the move'\n")
+    edit(project / "launch/slurm/train.sbatch", "#SBATCH --requeue\n", "#SBATCH --requeue\n#SBATCH --comment=user\n")
+    commit_all(project, "user edits")
+
+    for child in tpl.iterdir():  # the template of today in the same repository, as its next release
+        if child.name != ".git":
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+    snapshot_template(tpl)
+    commit_all(tpl, "template after the move", tag="v0.2.0")
+
+    update = copier(project, "update", "--defaults", "--trust", "--conflict", "inline")
+    assert update.returncode == 0, update.stdout + update.stderr
+    assert "USER_MARK = 'kept across the move'" in topology.read_text()
+    assert "#SBATCH --comment=user" in (project / "launch/slurm/train.sbatch").read_text()
+    flat = sorted(p.name for p in package.glob("launch*.py"))
+    assert flat == [], f"moved modules left behind: {flat}"
+    assert {"__init__.py", "base.py", "jobs.py", "slurm.py", "tione.py"} <= {p.name for p in (package / "launch").iterdir()}
+    assert (project / "launch/tione/task.yaml").is_file()
+    assert not list(project.rglob("*.rej")) and "<<<<<<<" not in topology.read_text()
+    env = {"PYTHONPATH": str(project / "src")}
+    for platform in ("devmachine", "kubeflow", "slurm", "tione"):
+        proc = run([sys.executable, "-m", SLUG, "launch", platform, "--dry-run"], cwd=project, env=env)
+        assert proc.returncode == 0, f"launch {platform} --dry-run after the update:\n{proc.stdout}\n{proc.stderr}"
+    assert check(project).returncode == 0

@@ -1,8 +1,15 @@
-"""`launch devmachine`: the torchrun command for one node and for several, and its mistakes."""
+"""`launch devmachine`: the torchrun command for one node and for several, and its mistakes; the
+verbs every platform has (status, logs, cancel) against a real 2-process run, and the job records.
+
+    python -m pytest -q tests/test_launch.py       # about a minute on 2 cores
+"""
 
 from __future__ import annotations
 
+import json
 import shlex
+import socket
+import time
 from argparse import Namespace
 
 import pytest
@@ -64,7 +71,7 @@ def topology(pkg, tmp_path):
 
     def _topology(**kwargs):
         args = dict(nnodes=None, node_rank=None, master_addr=None, master_port=29500, nproc_per_node=None)
-        return pkg.launch.devmachine_topology(Namespace(**{**args, **kwargs}), cfg)
+        return pkg.module("launch.devmachine").devmachine_topology(Namespace(**{**args, **kwargs}), cfg)
 
     return _topology
 
@@ -92,3 +99,60 @@ def test_topology_defaults(topology):
     assert topology().nproc_per_node == (torch.cuda.device_count() if torch.cuda.is_available() else 1)
     two = topology(nnodes=2, node_rank=1, master_addr="h0", master_port=1234, nproc_per_node=4)
     assert (two.nnodes, two.node_rank, two.master_addr, two.master_port) == (2, 1, "h0", 1234)
+
+
+def wait_for(predicate, seconds: float, what: str):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {seconds:.0f} s waiting for {what}")
+
+
+def steps_logged(out) -> int:
+    try:
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return 0
+    return sum(1 for line in lines if '"loss"' in line)
+
+
+def test_status_logs_and_cancel_of_a_real_run(cli, demo_data, train_overrides, tmp_path):
+    out = tmp_path / "run"
+    launched = cli.start("launch", "devmachine", "--nproc-per-node", "2", *train_overrides, f"data.dir={demo_data}",
+                         f"run.output_dir={out}", "schedule.max_steps=100000", "logging.every_steps=1",
+                         log=tmp_path / "launch.log")
+    try:
+        wait_for(lambda: steps_logged(out) >= 3, 180, "three logged steps")
+        record = json.loads((cli.root / ".jobs" / "devmachine.jsonl").read_text().splitlines()[-1])
+        assert record["id"] == f"{socket.gethostname()}:{launched.pid}" and record["extra"]["output_dir"] == str(out)
+        status = cli("launch", "devmachine", "--action", "status").stdout
+        assert f"process: running (launcher pid {launched.pid}; 2 training process(es)" in status, status
+        assert "latest: step" in status and "/100000 | loss " in status and "tok/s" in status, status
+        # Rank 0's own log file, written by torchrun beside the terminal's copy.
+        logs = cli("launch", "devmachine", "--action", "logs").stdout
+        assert f"{out}/logs/{socket.gethostname()}/" in logs and "step" in logs and "loss" in logs, logs
+        assert "would cancel devmachine job" in cli("launch", "devmachine", "--action", "cancel", "--dry-run").stdout
+        assert launched.poll() is None
+        cancel = cli("launch", "devmachine", "--action", "cancel").stdout
+        assert "sent SIGTERM" in cancel
+        assert launched.wait(timeout=120) == 143  # saved, then stopped: the preempted exit code
+    finally:
+        cli.stop(launched)
+    marker = json.loads((out / "preempted.json").read_text())
+    after = cli("launch", "devmachine", "--action", "status").stdout
+    assert "process: not running" in after and f"stopped by SIGTERM at step {marker['step']}" in after, after
+    assert f"checkpoint: {out / 'checkpoints'}" in after
+    # Following the logs of a run that has ended prints them once and returns.
+    followed = cli("launch", "devmachine", "--action", "logs", "--follow", timeout=60).stdout
+    assert followed.count(f"step {marker['step']:>6}/100000") <= 1 and "loss" in followed
+    nothing = cli("launch", "devmachine", "--action", "cancel").stdout
+    assert "is not running; nothing to cancel" in nothing
+
+
+def test_verbs_without_a_recorded_run_say_how_to_start_one(cli, tmp_path):
+    proc = cli("launch", "devmachine", "--action", "status", "--id", "elsewhere:1", expect=1)
+    assert proc.stderr.startswith("error: no devmachine job --id elsewhere:1") and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

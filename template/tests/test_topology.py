@@ -1,4 +1,4 @@
-"""topology.py and distributed.process_ranks: every platform's documented variables -> one Topology
+"""topology.py: every platform's documented variables -> one Topology
 (and the torchrun command it yields), the platforms' contradictions as clear errors, the rank
 mapping inside the trainer, and the wait for the master's port.
 
@@ -107,6 +107,16 @@ ORDINARY = {"PATH": "/usr/bin:/bin", "HOME": "/root", "HOSTNAME": "gpt-job-maste
 @pytest.fixture(scope="session")
 def topology(pkg):
     return pkg.topology
+
+
+@pytest.fixture
+def torchrun(pkg):
+    return pkg.torchrun
+
+
+@pytest.fixture
+def network(pkg):
+    return pkg.network
 
 
 @pytest.fixture
@@ -286,9 +296,9 @@ def flag(cmd: list[str], name: str) -> str:
     return cmd[cmd.index(name) + 1]
 
 
-def test_torchrun_multi_node_uses_c10d_hosted_on_node_0(topology):
+def test_torchrun_multi_node_uses_c10d_hosted_on_node_0(topology, torchrun):
     """c10d, not static: after a failure every node's agent joins the next round (restarts)."""
-    worker = topology.torchrun_command(topology.detect(TIONE_DDP, 8, 1), ENTRY, max_restarts=3, grace_seconds=90)
+    worker = torchrun.torchrun_command(topology.detect(TIONE_DDP, 8, 1), ENTRY, max_restarts=3, grace_seconds=90)
     assert worker[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert flag(worker, "--nproc-per-node") == "1" and flag(worker, "--nnodes") == "2"
     assert flag(worker, "--rdzv-backend") == "c10d" and flag(worker, "--rdzv-endpoint") == "10.35.110.11:23456"
@@ -297,35 +307,35 @@ def test_torchrun_multi_node_uses_c10d_hosted_on_node_0(topology):
     assert "SIGUSR1" in flag(worker, "--signals-to-handle").split(",")
     assert "--standalone" not in worker and "--node-rank" not in worker and "--master-addr" not in worker
     assert worker[-len(ENTRY):] == ENTRY
-    master = topology.torchrun_command(topology.detect({**TIONE_DDP, "RANK": "0", "INDEX": "0"}, 8, 1), ENTRY)
+    master = torchrun.torchrun_command(topology.detect({**TIONE_DDP, "RANK": "0", "INDEX": "0"}, 8, 1), ENTRY)
     assert flag(master, "--rdzv-conf") == "is_host=true"
 
 
-def test_per_rank_log_files_only_when_asked(topology):
+def test_per_rank_log_files_only_when_asked(topology, torchrun):
     topo = topology.detect(TIONE_DDP, 8, 1)
-    assert "--log-dir" not in topology.torchrun_command(topo, ENTRY)
-    cmd = topology.torchrun_command(topo, ENTRY, log_dir="/mnt/shared/runs/logs/node-a")
+    assert "--log-dir" not in torchrun.torchrun_command(topo, ENTRY)
+    cmd = torchrun.torchrun_command(topo, ENTRY, log_dir="/mnt/shared/runs/logs/node-a")
     assert flag(cmd, "--log-dir") == "/mnt/shared/runs/logs/node-a" and flag(cmd, "--tee") == "3"
 
 
-def test_torchrun_one_node_is_standalone(topology):
+def test_torchrun_one_node_is_standalone(topology, torchrun):
     one = topology.detect({**KUBEFLOW_MASTER, "PET_NNODES": "1", "PET_NPROC_PER_NODE": "4"}, 8, 1)
-    cmd = topology.torchrun_command(one, ENTRY)
+    cmd = torchrun.torchrun_command(one, ENTRY)
     assert "--standalone" in cmd and flag(cmd, "--nproc-per-node") == "4"
     assert not any(a in cmd for a in ("--nnodes", "--node-rank", "--master-addr", "--rdzv-endpoint"))
     assert cmd[-len(ENTRY):] == ENTRY
 
 
-def test_torchrun_elastic_uses_c10d(topology):
+def test_torchrun_elastic_uses_c10d(topology, torchrun):
     topo = topology.detect(KUBEFLOW_ELASTIC, 8, 1)
-    cmd = topology.torchrun_command(topo, ENTRY)
+    cmd = torchrun.torchrun_command(topo, ENTRY)
     assert flag(cmd, "--nnodes") == "2:4" and flag(cmd, "--rdzv-backend") == "c10d"
     assert flag(cmd, "--rdzv-endpoint") == "gpt-job-master-0:23456"
     # Elastic ranks are assigned at rendezvous: no fixed node rank, no static master.
     assert "--node-rank" not in cmd and "--master-addr" not in cmd and "--standalone" not in cmd
     # An elastic job may shrink to a single node and still needs the rendezvous.
     one_to_two = topology.detect({**KUBEFLOW_ELASTIC, "PET_NNODES": "1:2"}, 8, 1)
-    assert flag(topology.torchrun_command(one_to_two, ENTRY), "--nnodes") == "1:2"
+    assert flag(torchrun.torchrun_command(one_to_two, ENTRY), "--nnodes") == "1:2"
 
 
 def test_table_names_what_was_found(topology):
@@ -367,7 +377,7 @@ RANKS = {
 @pytest.mark.parametrize("name", RANKS)
 def test_process_ranks(pkg, name):
     env, expected = RANKS[name]
-    assert pkg.distributed.process_ranks(env) == expected
+    assert pkg.topology.process_ranks(env) == expected
 
 
 # ---------------------------------------------------------------------------------------------
@@ -383,14 +393,14 @@ def closed_port():
     sock.close()
 
 
-def test_wait_for_master_returns_once_the_port_listens(topology, closed_port):
+def test_wait_for_master_returns_once_the_port_listens(topology, network, closed_port):
     port = closed_port.getsockname()[1]
     timer = threading.Timer(2.0, closed_port.listen)
     timer.start()
     logs: list[str] = []
     start = time.monotonic()
     try:
-        topology.wait_for_master("127.0.0.1", port, timeout=30, log=logs.append)
+        network.wait_for_master("127.0.0.1", port, timeout=30, log=logs.append)
     finally:
         timer.cancel()
     waited = time.monotonic() - start
@@ -399,18 +409,18 @@ def test_wait_for_master_returns_once_the_port_listens(topology, closed_port):
     assert logs[-1].startswith(f"master 127.0.0.1:{port} is up after")
 
 
-def test_wait_for_master_listening_now_returns_silently(topology, closed_port):
+def test_wait_for_master_listening_now_returns_silently(topology, network, closed_port):
     closed_port.listen()
     logs: list[str] = []
-    topology.wait_for_master("127.0.0.1", closed_port.getsockname()[1], timeout=5, log=logs.append)
+    network.wait_for_master("127.0.0.1", closed_port.getsockname()[1], timeout=5, log=logs.append)
     assert logs == []
 
 
-def test_wait_for_master_times_out_with_what_to_check(topology, closed_port):
+def test_wait_for_master_times_out_with_what_to_check(topology, network, closed_port):
     port = closed_port.getsockname()[1]
     start = time.monotonic()
     with pytest.raises(topology.TopologyError) as err:
-        topology.wait_for_master("127.0.0.1", port, timeout=2, log=lambda m: None)
+        network.wait_for_master("127.0.0.1", port, timeout=2, log=lambda m: None)
     assert time.monotonic() - start < 6
     message = str(err.value)
     assert f"127.0.0.1:{port}" in message and "within 2 s" in message
@@ -426,17 +436,17 @@ KUBEFLOW_ELASTIC_WORKERS = {
 }
 
 
-def test_kubeflow_elastic_worker_only_job(topology):
+def test_kubeflow_elastic_worker_only_job(topology, torchrun):
     topo = topology.detect({**ORDINARY, **KUBEFLOW_ELASTIC_WORKERS}, 8, 1)
     assert fields(topo) == expect("kubeflow", 4, 0, 1, "gpt-job-worker-0", 23456, min_nnodes=2)
-    cmd = topology.torchrun_command(topo, ENTRY)
+    cmd = torchrun.torchrun_command(topo, ENTRY)
     assert flag(cmd, "--nnodes") == "2:4" and flag(cmd, "--rdzv-endpoint") == "gpt-job-worker-0:23456"
 
 
-def test_kubeflow_elastic_fixed_size_still_uses_c10d(topology):
+def test_kubeflow_elastic_fixed_size_still_uses_c10d(topology, torchrun):
     # elasticPolicy without min/max: PET_NNODES is the worker count, ranks come from the rendezvous.
     topo = topology.detect({**KUBEFLOW_ELASTIC_WORKERS, "PET_NNODES": "2"}, 8, 1)
-    cmd = topology.torchrun_command(topo, ENTRY)
+    cmd = torchrun.torchrun_command(topo, ENTRY)
     assert flag(cmd, "--rdzv-backend") == "c10d" and flag(cmd, "--nnodes") == "2:2" and "--node-rank" not in cmd
 
 

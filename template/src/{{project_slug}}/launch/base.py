@@ -71,11 +71,17 @@ class Platform:
         """A Job for --id/--name when no record matches (None: the platform cannot find it by that)."""
         return Job(self.name, job_id) if job_id else None
 
+    def default_job(self) -> Job | None:
+        """The job to act on when none was recorded or named (Kubeflow: the manifest's); None: refuse."""
+        return None
+
     def pick_job(self) -> Job:
         job_id, name = self.args.job_id, self.args.name
         job = jobs.find(self.name, job_id, name)
         if job is None and (job_id or name):
             job = self.job_named(job_id, name)
+        if job is None and not (job_id or name):
+            job = self.default_job()
         if job is None:
             given = " ".join(f"{flag} {value}" for flag, value in (("--id", job_id), ("--name", name)) if value)
             if given:

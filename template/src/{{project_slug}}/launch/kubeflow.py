@@ -414,6 +414,12 @@ class Kubeflow(Platform):
         namespace = namespace or self.args.namespace or ""
         return Job(self.name, f"{namespace}/{name}", name=name, extra={"namespace": namespace}) if name else None
 
+    def default_job(self) -> Job | None:
+        """Nothing submitted from here: the job the manifest names (submitted with kubectl, say)."""
+        meta = prepared_manifest(self.args)["metadata"]
+        return Job(self.name, f"{meta['namespace']}/{meta['name']}", name=meta["name"],
+                   extra={"namespace": meta["namespace"], "manifest": self.args.manifest})
+
     def _cluster(self, job: Job) -> Cluster:
         """The cluster and the job's manifest: its kind from the record (or --manifest), its name and namespace."""
         args = Namespace(**vars(self.args))
