@@ -5,30 +5,33 @@
     <package> launch <platform> --action status | logs [--follow] | cancel          # the last job
     <package> launch <platform> --action status --id <job id>                        # another job
 
-One module per platform (launch/<platform>.py, beside the project's launch/<platform>/ files), each a
-base.Platform; config overrides (key=value) reach `train` on every node.
+One module per platform (launch/<platform>.py, beside the project's launch/<platform>/ files) whose
+PLATFORM is a base.Platform: the modules are found by that name, so a new platform is its module
+(plus its topology row and a test). Config overrides (key=value) reach `train` on every node.
 """
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
+import sys
 from argparse import ArgumentParser, Namespace
 
 from ..config import Config, ConfigError
 from ..project import project_root
 from .base import add_common_arguments, run as run_action
 
-PLATFORMS = {
-    "devmachine": "devmachine",
-    "kubeflow": "kubeflow",
-    "slurm": "slurm",
-    "tione": "tione",
-}
-"""platform -> module of this package; each module's PLATFORM is its base.Platform subclass."""
+def find_platforms() -> dict:
+    """{platform name: its base.Platform class} of every module here that defines PLATFORM."""
+    found = {}
+    for module in pkgutil.iter_modules(__path__):
+        platform = getattr(importlib.import_module(f"{__name__}.{module.name}"), "PLATFORM", None)
+        if platform is not None:
+            found[platform.name] = platform
+    return dict(sorted(found.items()))
 
 
-def platform_class(name: str):
-    return importlib.import_module(f"{__name__}.{PLATFORMS[name]}").PLATFORM
+PLATFORMS = find_platforms()
 
 
 def require_generated(platform: str) -> None:
@@ -44,14 +47,16 @@ def add_arguments(p: ArgumentParser, add_config_args=None) -> None:
     """`launch <platform>` subcommands with the common options, the platform's own, and the config's."""
     platforms = p.add_subparsers(dest="platform", required=True)
     for name in PLATFORMS:
-        q = platforms.add_parser(name, help=f"launch on {name}")
+        summary = (sys.modules[PLATFORMS[name].__module__].__doc__ or name).split("\n\n")[0].replace("\n", " ")
+        q = platforms.add_parser(name, help=summary, description=summary)
         add_common_arguments(q)
-        platform_class(name).add_arguments(q)
+        PLATFORMS[name].add_arguments(q)
         if add_config_args:
             add_config_args(q)
 
 
 def run(cfg: Config, args: Namespace, package: str) -> int:
-    if args.platform != "devmachine":
+    platform = PLATFORMS[args.platform]
+    if platform.needs_launch_files:
         require_generated(args.platform)
-    return run_action(platform_class(args.platform)(cfg, args, package))
+    return run_action(platform(cfg, args, package))

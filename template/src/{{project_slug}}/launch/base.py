@@ -6,8 +6,8 @@
 A platform is a subclass of Platform in launch/<platform>.py: `submit` starts the job and records it
 (jobs.py), `dry_run` prints what submit would send and nothing else, `status`, `logs` and `cancel`
 act on a Job (the newest record by default). `job_named` turns --id/--name into a Job when no record
-matches: a job submitted elsewhere can be watched too. Adding a platform is one module, one entry in
-launch/__init__.py's PLATFORMS and one test.
+matches: a job submitted elsewhere can be watched too. Adding a platform is one module (launch/__init__.py
+finds it by its PLATFORM), a row in topology.py for its variables, and a test.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ class Platform:
     """One platform's verbs. Subclasses set `name` and override what they support."""
 
     name: ClassVar[str]
+    needs_launch_files: ClassVar[bool] = True
+    """Whether the project must hold launch/<name>/ (generated only for the chosen platforms)."""
 
     def __init__(self, cfg: Config, args: Namespace, package: str):
         self.cfg, self.args, self.package = cfg, args, package

@@ -86,6 +86,7 @@ def last_metrics(output_dir: Path) -> tuple[dict | None, dict | None]:
 
 class DevMachine(Platform):
     name = "devmachine"
+    needs_launch_files = False  # torchrun needs nothing generated; launch/devmachine/ only holds scripts
 
     @staticmethod
     def add_arguments(p: ArgumentParser) -> None:
@@ -124,7 +125,6 @@ class DevMachine(Platform):
     def _record(self, how: str) -> None:
         host = socket.gethostname()
         jobs.record(jobs.new_job(self.name, f"{host}:{os.getpid()}", name=host, where=host,
-                                 command=[*self.args.overrides],
                                  extra={"output_dir": str(under_root(self.cfg.run.output_dir)), "how": how,
                                         "max_steps": self.cfg.schedule.max_steps}))
 

@@ -15,6 +15,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,6 +42,7 @@ class Job:
     commit: str = ""
     """git commit of the project when submitted ('-dirty': with uncommitted changes), '' outside git."""
     command: list[str] = field(default_factory=list)
+    """The launch command's arguments (options and config overrides)."""
     extra: dict = field(default_factory=dict)
     """What the platform needs to find the job again (Kubeflow kind and namespace, Slurm log paths, ...)."""
 
@@ -71,9 +73,10 @@ def code_version(root: Path | None = None) -> str:
 
 
 def new_job(platform: str, job_id: str, **fields) -> Job:
-    """A Job stamped with now, this user and host, and the project's commit."""
+    """A Job stamped with now, this user and host, the project's commit and this command's arguments."""
     return Job(platform=platform, id=str(job_id), submitted=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               by=f"{getpass.getuser()}@{socket.gethostname()}", commit=code_version(), **fields)
+               by=f"{getpass.getuser()}@{socket.gethostname()}", commit=code_version(), command=sys.argv[1:],
+               **fields)
 
 
 def records_path(platform: str) -> Path:

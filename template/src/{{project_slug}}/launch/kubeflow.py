@@ -399,7 +399,7 @@ class Kubeflow(Platform):
         created = cluster.submit()
         name = created["metadata"]["name"]
         job = jobs.new_job(self.name, f"{cluster.namespace}/{name}", name=name, where=cluster.host,
-                           image=first_image(manifest), command=[*self.args.overrides],
+                           image=first_image(manifest), 
                            extra={"manifest": self.args.manifest, "kind": cluster.kind, "namespace": cluster.namespace})
         jobs.record(job)
         nodes, nproc = node_count(manifest)

@@ -231,7 +231,6 @@ class Slurm(Platform):
         stdout = fields.get("StdOut") or str(logs / f"<job name>-{job_id}.out")
         stderr = fields.get("StdErr") or str(logs / f"<job name>-{job_id}.err")
         job = jobs.new_job(self.name, job_id, name=fields.get("JobName", args.name or ""), where=cluster_name(),
-                           command=[*args.overrides],
                            extra={"script": str(relative), "stdout": stdout, "stderr": stderr})
         jobs.record(job)
         print(f"submitted job {job_id}\n  log:    {stdout}\n  errors: {stderr}", flush=True)
