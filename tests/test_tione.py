@@ -11,16 +11,29 @@ nodes, once started by the test as TI-ONE's Ray mode does, once by the script's 
 RANK=1 invocations. DDP: a task that TI-ONE restarts (the start script run again on the same shared
 output_dir with a longer schedule) resumes from the checkpoint, and one stopped with SIGTERM saves
 first; both end bitwise equal to an uninterrupted run. PS-Worker runs with simulated variables elsewhere.
+
+`launch tione` talks to TI-ONE's API (CreateTrainingTask, DescribeTrainingTask, DescribeLogs,
+StopTrainingTask) through the official SDK; here it talks to a local endpoint on 127.0.0.1 that
+checks each request's TC3 signature and validates its body against the SDK's own request model (an
+unknown or misspelt field fails the test), and answers in the documented shapes.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
+import threading
 import time
+import warnings
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -121,32 +134,38 @@ def render_mode(tmp_path: Path, data_dir: Path, mode: str, nodes: int, gpus_per_
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_one_start_script_per_mode_and_launch_prints_the_readme_settings(tmp_path, mode):
+def test_one_start_script_per_mode_and_launch_console_prints_the_readme_settings(tmp_path, mode):
     project = render(tmp_path / "p", project_name="Console", platforms="[devmachine, tione]", tione_mode=mode,
                      nodes=2, gpus_per_node=8, image="ccr.ccs.tencentyun.com/team/console:v3")
-    assert sorted(p.name for p in (project / "launch" / "tione").iterdir()) == sorted(["README.md", MODES[mode]])
+    assert sorted(p.name for p in (project / "launch" / "tione").iterdir()) == sorted(
+        ["README.md", "task.yaml", MODES[mode]])
     cli = ["python", "-m", slug_of(project), "launch", "tione"]
-    env = clean_env(PYTHONPATH=str(project / "src"))
-    shown, dry = sh(cli, env, cwd=project), sh(cli + ["--dry-run"], env, cwd=project)
-    assert shown.returncode == 0 and dry.returncode == 0, shown.stderr + dry.stderr
-    assert shown.stdout == dry.stdout
+    env = api_env(project, tmp_path / "home", credentials=False)
+    shown = sh(cli + ["--console"], env, cwd=project)
+    assert shown.returncode == 0, shown.stderr
     readme = (project / "launch" / "tione" / "README.md").read_text()
     block = readme.split("<!-- console-settings:start -->\n")[1].split("<!-- console-settings:end -->")[0]
     assert shown.stdout == block
     assert f"bash /opt/ml/code/launch/tione/{MODES[mode]}" in shown.stdout
     assert "ccr.ccs.tencentyun.com/team/console:v3" in shown.stdout and "NCCL_IB_HCA" in shown.stdout
+    # --dry-run is the API request now, not the console text.
+    dry = sh(cli + ["--dry-run"], env, cwd=project)
+    assert dry.returncode == 0 and json.loads(dry.stdout)["ImageInfo"]["ImageUrl"] == \
+        "ccr.ccs.tencentyun.com/team/console:v3", dry.stdout + dry.stderr
     script = (project / "launch" / "tione" / MODES[mode]).read_text()
     # Restarts resume from the shared output_dir: the script names it and never deletes anything.
     assert "training resumes from <output_dir>/checkpoints/latest" in script.replace("\n# ", " ")
     assert not re.search(r"(^|[;&|]\s*)\s*rm\s", script, re.MULTILINE), "a start script must not delete files"
     assert f"{project_answers(project)['output_dir']}" in script and "SHARED_MOUNT" in script
-    readme_text = (project / "launch" / "tione" / "README.md").read_text()
-    assert f"resumes from\n`{project_answers(project)['output_dir']}/checkpoints/latest`" in readme_text
-    with_overrides = sh(cli + ["schedule.max_steps=7"], env, cwd=project)
+    assert f"resumes from\n`{project_answers(project)['output_dir']}/checkpoints/latest`" in readme
+    with_overrides = sh(cli + ["--console", "schedule.max_steps=7"], env, cwd=project)
+    assert with_overrides.returncode == 0, with_overrides.stderr
+    assert with_overrides.stdout.startswith(block.rstrip() + "\n")
     assert f"{MODES[mode]} schedule.max_steps=7" in with_overrides.stdout
-    # Inside a TI-ONE task the start script is what must run: say so, exit 1.
+    # Inside a TI-ONE task the start script is what must run: say so, exit 1 (before any credentials).
     inside = sh(cli, {**env, "HEAD_ADDR": "head-0", "HEAD_PORT": "6379"}, cwd=project)
     assert inside.returncode == 1 and f"bash {project}/launch/tione/{MODES[mode]}" in inside.stderr, inside.stderr
+    assert "Traceback" not in inside.stderr and len(inside.stderr.strip().splitlines()) == 1, inside.stderr
 
 
 def test_mpi_role_follows_index_then_the_first_host(tmp_path):
@@ -407,3 +426,531 @@ def test_output_dir_off_the_shared_storage_is_a_warning(tmp_path, data_dir):
     assert result.returncode == 0, result.stderr
     assert f"warning: output_dir {tmp_path / 'runs'} is not under the shared storage {tmp_path / 'elsewhere'}" \
         in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# `launch tione` through TI-ONE's API, against a local endpoint
+
+IMAGE = "ccr.ccs.tencentyun.com/team/api:v1"
+STORAGE_ID, INSTANCE_TYPE, SHARED = "cfs-3f9a1c2e", "TI.GN7.20XLARGE320.POST", "/mnt/cfs"
+REGION, PROJECT_ID, NODES = "ap-guangzhou", "proj-42", 2
+SECRET_ID, SECRET_KEY = "AKIDlocaltest0123", "local-test-secret-key"
+API_MODES = {"ddp": "DDP", "mpi": "MPI", "ps-worker": "PS_WORKER", "ray": None}
+T0 = datetime(2024, 5, 1, 8, 0, 0, tzinfo=timezone.utc)  # the tasks' StartTime; log lines follow it
+PROXIES = {"http_proxy", "https_proxy", "all_proxy", "no_proxy"}
+_MODEL_LOCK = threading.Lock()
+
+
+def sdk_models():
+    try:
+        from tencentcloud.tione.v20211111 import models
+    except ImportError:
+        pytest.fail("the TI-ONE SDK is not installed for the tests: pip install tencentcloud-sdk-python-tione "
+                    "(./dev test installs requirements-platforms.txt)")
+    return models
+
+
+def sdk_unknown_fields(model: str, data: dict) -> list[str]:
+    """Names the SDK's model (or a model nested in it) does not know: it warns 'X fileds are useless.'"""
+    models = sdk_models()
+    with _MODEL_LOCK, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        getattr(models, model)()._deserialize(data)
+    suffix = " fileds are useless."
+    return sorted(name.strip() for w in caught if str(w.message).endswith(suffix)
+                  for name in str(w.message).removesuffix(suffix).split(","))
+
+
+def rfc3339(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def tc3_signature(secret_key: str, headers, raw: bytes, service: str = "tione") -> str:
+    """TC3-HMAC-SHA256 of a POST with a JSON body, as Tencent Cloud's API documents it."""
+    timestamp = headers["X-TC-Timestamp"]
+    date = datetime.fromtimestamp(int(timestamp), timezone.utc).strftime("%Y-%m-%d")
+    canonical = "\n".join(["POST", "/", "", f"content-type:{headers['Content-Type']}\nhost:{headers['Host']}\n",
+                           "content-type;host", hashlib.sha256(raw).hexdigest()])
+    scope = f"{date}/{service}/tc3_request"
+    string = "\n".join(["TC3-HMAC-SHA256", timestamp, scope, hashlib.sha256(canonical.encode()).hexdigest()])
+    key = ("TC3" + secret_key).encode()
+    for part in (date, service, "tc3_request"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    return hmac.new(key, string.encode(), hashlib.sha256).hexdigest()
+
+
+class ApiError(Exception):
+    def __init__(self, code: str, message: str):
+        super().__init__(code, message)
+        self.code, self.message = code, message
+
+
+class LocalTione:
+    """TI-ONE's API 2021-11-11 on 127.0.0.1, for the four calls `launch tione` makes. It records every
+    request, checks its signature (secret keys in `keys`), validates the body against the SDK's request
+    model and its own answers against the response models (any mismatch lands in `problems`), and keeps
+    tasks (`tasks`, TrainingTaskDetail fields) and log lines per instance (`logs`, LogIdentity fields).
+    `errors[action] = (code, message)` makes an action fail; `on_describe[task id]` are functions of the
+    task run one per DescribeTrainingTask of it, to change it between polls."""
+
+    PAGE = 3  # lines per DescribeLogs page, whatever Limit asks: the logs come in several pages
+    REQUIRED = {"CreateTrainingTask": ("Name", "ChargeType", "ResourceConfigInfos"), "DescribeTrainingTask": ("Id",),
+                "DescribeLogs": ("Service",), "StopTrainingTask": ("Id",)}
+
+    def __init__(self):
+        self.keys = {SECRET_ID: SECRET_KEY}
+        self.calls: list[dict] = []
+        self.problems: list[str] = []
+        self.tasks: dict[str, dict] = {}
+        self.logs: dict[str, list[dict]] = {}
+        self.errors: dict[str, tuple[str, str]] = {}
+        self.on_describe: dict[str, list[Callable[[dict], None]]] = {}
+        self.lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _TioneHandler)
+        self.server.daemon_threads = True
+        self.server.endpoint = self
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+
+    def bodies(self, action: str) -> list[dict]:
+        return [call["body"] for call in self.calls if call["action"] == action]
+
+    def actions(self) -> list[str]:
+        return [call["action"] for call in self.calls]
+
+    def answer(self, headers, raw: bytes) -> dict:
+        action = headers.get("X-TC-Action", "")
+        with self.lock:
+            request_id = f"req-{len(self.calls) + 1:04d}-local"
+            try:
+                body = json.loads(raw or b"{}")
+            except ValueError:
+                body = None
+            self.calls.append({"action": action, "headers": dict(headers.items()), "body": body})
+            try:
+                answer = self._answer(action, headers, raw, body)
+            except ApiError as exc:
+                return {"Response": {"Error": {"Code": exc.code, "Message": exc.message}, "RequestId": request_id}}
+            answer["RequestId"] = request_id
+            unknown = sdk_unknown_fields(f"{action}Response", answer)
+            if unknown:
+                self.problems.append(f"the local endpoint's {action} answer has fields the SDK lacks: {unknown}")
+            return {"Response": answer}
+
+    def _answer(self, action: str, headers, raw: bytes, body) -> dict:
+        handler = getattr(self, f"_{action}", None)
+        if handler is None or not isinstance(body, dict):
+            self.problems.append(f"unexpected request: action {action!r}, body {raw[:200]!r}")
+            raise ApiError("InvalidAction", f"the local endpoint does not serve {action!r}")
+        for name, want in (("Content-Type", "application/json"), ("X-TC-Version", "2021-11-11"),
+                           ("X-TC-Region", REGION)):
+            if headers.get(name) != want:
+                self.problems.append(f"{action}: header {name} is {headers.get(name)!r}, not {want!r}")
+        auth = re.fullmatch(r"TC3-HMAC-SHA256 Credential=([^/]+)/(\d{4}-\d\d-\d\d)/tione/tc3_request, "
+                            r"SignedHeaders=content-type;host, Signature=([0-9a-f]{64})",
+                            headers.get("Authorization", ""))
+        if not auth or auth.group(1) not in self.keys:
+            raise ApiError("AuthFailure.SecretIdNotFound", "the SecretId is unknown")
+        if not hmac.compare_digest(auth.group(3), tc3_signature(self.keys[auth.group(1)], headers, raw)):
+            raise ApiError("AuthFailure.SignatureFailure", "the signature does not match")
+        unknown = sdk_unknown_fields(f"{action}Request", body)
+        if unknown:
+            self.problems.append(f"{action} request has fields the SDK's model lacks: {unknown}")
+        missing = [name for name in self.REQUIRED[action] if body.get(name) in (None, "", [])]
+        if missing:
+            self.problems.append(f"{action} request misses {missing}")
+            raise ApiError("MissingParameter", f"{', '.join(missing)} missing")
+        if action in self.errors:
+            raise ApiError(*self.errors[action])
+        return handler(body, headers)
+
+    def _task(self, task_id: str) -> dict:
+        if task_id not in self.tasks:
+            raise ApiError("ResourceNotFound", f"task {task_id} does not exist")
+        return self.tasks[task_id]
+
+    def _CreateTrainingTask(self, body: dict, headers) -> dict:
+        task_id = f"train-{51200 + len(self.tasks)}"
+        self.tasks[task_id] = {
+            "Id": task_id, "Name": body["Name"], "Region": headers.get("X-TC-Region"),
+            "TrainingMode": body.get("TrainingMode"), "ChargeType": body["ChargeType"],
+            "ResourceConfigInfos": body["ResourceConfigInfos"], "ImageInfo": body.get("ImageInfo"),
+            "StartCmdInfo": body.get("StartCmdInfo"), "Status": "SUBMITTING", "CreateTime": rfc3339(T0),
+        }
+        return {"Id": task_id}
+
+    def _DescribeTrainingTask(self, body: dict, headers) -> dict:
+        task = self._task(body["Id"])
+        hooks = self.on_describe.get(body["Id"])
+        if hooks:
+            hooks.pop(0)(task)
+        return {"TrainingTaskDetail": {k: v for k, v in task.items() if v is not None}}
+
+    def _DescribeLogs(self, body: dict, headers) -> dict:
+        start = parse_time(body.get("StartTime") or rfc3339(datetime.now(timezone.utc) - timedelta(hours=1)))
+        end = parse_time(body.get("EndTime") or rfc3339(datetime.now(timezone.utc)))
+        lines = [line for line in self.logs.get(body.get("ServiceId", ""), [])
+                 if start <= parse_time(line["Timestamp"]) <= end
+                 and (not body.get("PodName") or line["PodName"] == body["PodName"])]
+        lines.sort(key=lambda line: parse_time(line["Timestamp"]), reverse=body.get("Order", "DESC") != "ASC")
+        context = body.get("Context") or "ctx-0"
+        if not re.fullmatch(r"ctx-\d+", context):
+            raise ApiError("InvalidParameterValue", f"Context {context!r} is not one this API returned")
+        offset = int(context.removeprefix("ctx-"))
+        page = lines[offset:offset + min(int(body.get("Limit") or 100), self.PAGE)]
+        return {"Content": page, "Context": f"ctx-{offset + len(page)}" if page else ""}
+
+    def _StopTrainingTask(self, body: dict, headers) -> dict:
+        self._task(body["Id"])["Status"] = "STOPPING"
+        return {}
+
+
+class _TioneHandler(BaseHTTPRequestHandler):
+    timeout = 20
+
+    def do_POST(self):
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        data = json.dumps(self.server.endpoint.answer(self.headers, raw)).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self.server.endpoint.problems.append(f"GET {self.path}: the SDK POSTs")
+        self.send_error(405)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def endpoint():
+    api = LocalTione()
+    api.thread.start()
+    try:
+        yield api
+    finally:
+        api.server.shutdown()
+        api.server.server_close()
+        api.thread.join(timeout=10)
+    assert not api.problems, api.problems
+
+
+@pytest.fixture(scope="module")
+def api_projects(tmp_path_factory) -> dict[str, Path]:
+    """One project per tione_mode, ready to submit (storage id and instance type answered); the DDP one
+    in a TI-ONE workspace (TiProjectId). Tests that write to a project work on a copy (fresh_project)."""
+    root = tmp_path_factory.mktemp("tione-api")
+    return {mode: render(root / mode, project_name=f"Api {mode.replace('-', ' ')}", platforms="[tione]",
+                         tione_mode=mode, nodes=NODES, gpus_per_node=8, image=IMAGE, shared_mount=SHARED,
+                         tione_storage_id=STORAGE_ID, tione_instance_type=INSTANCE_TYPE,
+                         tione_project_id=PROJECT_ID if mode == "ddp" else "")
+            for mode in API_MODES}
+
+
+def fresh_project(api_projects: dict[str, Path], mode: str, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(api_projects[mode], tmp_path / mode, ignore=shutil.ignore_patterns(".jobs")))
+
+
+def api_env(project: Path, home: Path, credentials: bool = True, **extra: str) -> dict[str, str]:
+    """The environment of a developer's shell without anything of theirs: HOME is empty (no
+    ~/.tencentcloud/credentials leaks in), no TENCENTCLOUD_* but the test's key, no proxy."""
+    home.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in clean_env(PYTHONPATH=str(project / "src")).items()
+           if not k.startswith("TENCENTCLOUD_") and k.lower() not in PROXIES}
+    env.update(HOME=str(home), NO_PROXY="127.0.0.1,localhost")
+    if credentials:
+        env.update(TENCENTCLOUD_SECRET_ID=SECRET_ID, TENCENTCLOUD_SECRET_KEY=SECRET_KEY)
+    return {**env, **extra}
+
+
+def tione(project: Path, env: dict[str, str], *args: str, timeout: int = 60) -> subprocess.CompletedProcess:
+    """`<package> launch tione ARGS` in the project, which never raises. (The SDK silences its own
+    'fileds are useless' warnings once its client is imported: a field it drops is caught by what the
+    endpoint receives, not by stderr.)"""
+    result = sh(["python", "-m", slug_of(project), "launch", "tione", *args], env, cwd=project, timeout=timeout)
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+def one_line_error(result: subprocess.CompletedProcess) -> str:
+    """A mistake: exit 1, one line `error: ...` on stderr, no traceback; returns the line."""
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def recorded(project: Path) -> list[dict]:
+    path = project / ".jobs" / "tione.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def submit(project: Path, env: dict[str, str], endpoint: LocalTione, *args: str) -> str:
+    """Create a task through the endpoint; its id."""
+    result = tione(project, env, "--endpoint", endpoint.url, *args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    task_id = re.search(r"created TI-ONE task (\S+) ", result.stdout).group(1)
+    assert recorded(project)[-1]["id"] == task_id
+    return task_id
+
+
+def log_line(instance: str, seconds: int, pod: str, message: str) -> dict:
+    return {"Id": hashlib.sha1(f"{instance}|{seconds}|{pod}|{message}".encode()).hexdigest()[:20], "Message": message,
+            "PodName": pod, "Timestamp": rfc3339(T0 + timedelta(seconds=seconds))}
+
+
+def shown(lines: list[dict]) -> list[str]:
+    return [f"[{line['PodName']}] {line['Message']}" for line in lines]
+
+
+@pytest.mark.parametrize("mode", API_MODES)
+def test_dry_run_prints_only_the_create_request_the_sdk_accepts(api_projects, endpoint, tmp_path, mode):
+    project = api_projects[mode]
+    env = api_env(project, tmp_path / "home", TENCENTCLOUD_TIONE_ENDPOINT=endpoint.url)
+    result = tione(project, env, "--dry-run", "schedule.max_steps=7")
+    assert result.returncode == 0, result.stderr
+    request = json.loads(result.stdout)  # stdout is the JSON and nothing else
+    assert sdk_unknown_fields("CreateTrainingTaskRequest", request) == []
+    assert re.fullmatch(rf"{slug_of(project)}-\d{{8}}-\d{{6}}", request["Name"]), request["Name"]
+    start = f"bash /workspace/{slug_of(project)}/launch/tione/{MODES[mode]} schedule.max_steps=7"
+    if API_MODES[mode]:
+        assert request["TrainingMode"] == API_MODES[mode] and result.stderr == ""
+    else:
+        assert "TrainingMode" not in request and "no Ray mode" in result.stderr
+    assert request["StartCmdInfo"] == ({"PsStartCmd": start, "WorkerStartCmd": start} if mode == "ps-worker"
+                                       else {"StartCmd": start})
+    assert request["ImageInfo"] == {"ImageType": "CCR", "ImageUrl": IMAGE}
+    roles = {info["Role"]: info for info in request["ResourceConfigInfos"]}
+    assert sorted(roles) == (["PS", "WORKER"] if mode == "ps-worker" else ["WORKER"])
+    assert roles["WORKER"]["InstanceNum"] == NODES and roles["WORKER"]["InstanceType"] == INSTANCE_TYPE
+    assert [c["MappingPath"] for c in request["DataConfigs"]] == [SHARED]
+    assert request["DataConfigs"][0]["CFSSource"]["Id"] == STORAGE_ID and request["DataSource"] == "CFS"
+    assert request.get("TiProjectId") == (PROJECT_ID if mode == "ddp" else None)
+    assert endpoint.calls == []  # credentials and an endpoint at hand: a dry run still sends nothing
+
+
+@pytest.mark.parametrize("mode", ["ddp", "mpi", "ps-worker"])
+def test_submit_sends_the_dry_run_request_and_records_the_task(api_projects, endpoint, tmp_path, mode):
+    project = fresh_project(api_projects, mode, tmp_path)
+    env = api_env(project, tmp_path / "home")
+    dry = tione(project, env, "--dry-run", "--name", "nightly-7", "schedule.max_steps=7")
+    assert dry.returncode == 0, dry.stderr
+    result = tione(project, env, "--endpoint", endpoint.url, "--name", "nightly-7", "schedule.max_steps=7")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert endpoint.actions() == ["CreateTrainingTask"]
+    assert endpoint.bodies("CreateTrainingTask") == [json.loads(dry.stdout)]
+    task_id = next(iter(endpoint.tasks))
+    assert f"created TI-ONE task {task_id} (nightly-7) in {REGION}, mode {API_MODES[mode]}" in result.stdout
+    assert "launch tione --action logs --follow" in result.stdout
+    [job] = recorded(project)
+    assert (job["platform"], job["id"], job["name"], job["where"], job["image"]) == \
+        ("tione", task_id, "nightly-7", REGION, IMAGE)
+    assert "schedule.max_steps=7" in job["command"] and job["extra"]["endpoint"] == endpoint.url
+    assert job["extra"]["mode"] == API_MODES[mode]
+    assert job["extra"]["project"] == (PROJECT_ID if mode == "ddp" else "")
+
+
+def test_ray_submit_prints_the_console_settings_and_sends_nothing(api_projects, endpoint, tmp_path):
+    project = fresh_project(api_projects, "ray", tmp_path)
+    env = api_env(project, tmp_path / "home", TENCENTCLOUD_TIONE_ENDPOINT=endpoint.url)
+    result = tione(project, env, "schedule.max_steps=7")
+    console = tione(project, env, "--console", "schedule.max_steps=7")
+    assert result.returncode == 0 and console.returncode == 0, result.stderr + console.stderr
+    assert result.stdout == console.stdout and "start-ray.sh schedule.max_steps=7" in result.stdout
+    assert "no Ray mode" in result.stderr
+    assert endpoint.calls == [] and recorded(project) == []
+
+
+def test_status_maps_each_state_of_the_last_task_or_the_one_named(api_projects, endpoint, tmp_path):
+    project = fresh_project(api_projects, "ddp", tmp_path)
+    env = api_env(project, tmp_path / "home")
+    first, last = submit(project, env, endpoint), submit(project, env, endpoint)
+    base = {**endpoint.tasks[last], "LatestInstanceId": f"{last}-1", "StartTime": rfc3339(T0), "RuntimeInSeconds": 125}
+    cases = {
+        "RUNNING": ({}, "running"),
+        "FAILED": ({"FailureReason": "NCCL timeout on worker-1", "EndTime": rfc3339(T0 + timedelta(hours=1))},
+                   "failed"),
+        "SUCCEED": ({"EndTime": rfc3339(T0 + timedelta(hours=2))}, "succeeded"),
+        "SUBMITTING": ({"LatestInstanceId": None, "StartTime": None, "RuntimeInSeconds": None}, "queued"),
+    }
+    for state, (fields, meaning) in cases.items():
+        endpoint.tasks[last] = {**base, **fields, "Status": state}
+        result = tione(project, env, "--action", "status")  # the endpoint comes from the job record
+        assert result.returncode == 0, result.stderr
+        out = result.stdout
+        assert f"  state:    {state} ({meaning})\n" in out, out
+        assert out.startswith(f"tione job {last} (") and f"  task:     {last} " in out, out
+        assert f"  worker:   {NODES} x {INSTANCE_TYPE}\n" in out, out
+        assert ("  reason:   NCCL timeout on worker-1\n" in out) == (state == "FAILED"), out
+        if state == "RUNNING":
+            assert f"  runtime:  0:02:05 (started {rfc3339(T0)})\n" in out, out
+        if state in ("FAILED", "SUCCEED"):
+            assert f"  ended:    {fields['EndTime']}\n" in out, out
+        if state == "SUBMITTING":
+            assert "runtime:" not in out, out
+    endpoint.tasks[first]["Status"] = "STOPPED"
+    picked = tione(project, env, "--action", "status", "--id", first)
+    assert picked.returncode == 0 and "  state:    STOPPED (stopped)\n" in picked.stdout, picked.stdout
+    describes = endpoint.bodies("DescribeTrainingTask")
+    assert describes == [{"Id": last, "TiProjectId": PROJECT_ID}] * len(cases) + [
+        {"Id": first, "TiProjectId": PROJECT_ID}]
+    # A task this project did not submit: --id and the endpoint find it all the same.
+    endpoint.tasks["train-elsewhere"] = {"Id": "train-elsewhere", "Name": "other", "Status": "STARTING"}
+    other = tione(project, env, "--action", "status", "--id", "train-elsewhere", "--endpoint", endpoint.url)
+    assert other.returncode == 0 and "  state:    STARTING (starting)\n" in other.stdout, other.stdout + other.stderr
+
+
+def test_logs_prints_every_page_once_in_order(api_projects, endpoint, tmp_path):
+    project = fresh_project(api_projects, "mpi", tmp_path)
+    env = api_env(project, tmp_path / "home")
+    task_id = submit(project, env, endpoint)
+    instance = f"{task_id}-run1"
+    endpoint.tasks[task_id].update(Status="SUCCEED", LatestInstanceId=instance, StartTime=rfc3339(T0))
+    lines = [log_line(instance, i, f"{task_id}-{'launcher' if i % 2 else 'worker'}-0", f"step {i} loss {9 - i * 0.5}")
+             for i in range(1, 9)]
+    endpoint.logs[instance] = lines[::-1]  # the endpoint sorts: ASC is asked for
+    endpoint.logs["train-other-run1"] = [log_line("train-other-run1", 3, "other-worker-0", "not this task's")]
+    result = tione(project, env, "--action", "logs")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == shown(lines)
+    pages = endpoint.bodies("DescribeLogs")
+    assert [page.get("Context") for page in pages] == [None, "ctx-3", "ctx-6", "ctx-8"]  # 3 + 3 + 2, then none
+    assert all(page["Service"] == "TRAIN" and page["ServiceId"] == instance and page["Order"] == "ASC"
+               and page["StartTime"] == rfc3339(T0) and page["EndTime"] == pages[0]["EndTime"]
+               and set(page) - {"Context"} == {"Service", "ServiceId", "StartTime", "EndTime", "Limit", "Order"}
+               for page in pages), pages  # no TiProjectId: this project is in the default workspace
+    # --pod: one pod's lines.
+    pod = f"{task_id}-worker-0"
+    one_pod = tione(project, env, "--action", "logs", "--pod", pod)
+    assert one_pod.returncode == 0 and one_pod.stdout.splitlines() == shown(
+        [line for line in lines if line["PodName"] == pod]), one_pod.stdout
+    # No instance yet: said, not an error.
+    endpoint.tasks[task_id].update(Status="SUBMITTING", LatestInstanceId=None)
+    queued = tione(project, env, "--action", "logs")
+    assert queued.returncode == 0 and queued.stdout == "" and "no instance yet" in queued.stderr, queued.stderr
+
+
+def test_logs_follow_prints_new_lines_once_until_the_task_ends(api_projects, endpoint, tmp_path):
+    project = fresh_project(api_projects, "ddp", tmp_path)
+    env = api_env(project, tmp_path / "home")
+    task_id = submit(project, env, endpoint)
+    instance, pod = f"{task_id}-run1", f"{task_id}-worker-0"
+    endpoint.tasks[task_id].update(Status="RUNNING", LatestInstanceId=instance, StartTime=rfc3339(T0))
+    before = [log_line(instance, i, pod, f"step {i}") for i in range(1, 5)]
+    # Between two polls, lines arrive (one stamped with the same second as the last line printed) and
+    # the task ends.
+    after = [log_line(instance, 4, pod, "step 4 checkpoint saved"), log_line(instance, 5, pod, "step 5"),
+             log_line(instance, 6, pod, "training done")]
+    endpoint.logs[instance] = list(before)
+
+    def finish(task: dict) -> None:
+        endpoint.logs[instance] += after
+        task.update(Status="SUCCEED", EndTime=rfc3339(T0 + timedelta(seconds=7)))
+
+    endpoint.on_describe[task_id] = [lambda task: None, finish]
+    started = time.monotonic()
+    result = tione(project, env, "--action", "logs", "--follow", timeout=40)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == shown(before + after)
+    assert elapsed < 20, f"--follow took {elapsed:.0f} s"
+    assert endpoint.bodies("DescribeTrainingTask") == [{"Id": task_id, "TiProjectId": PROJECT_ID}] * 2
+    starts = [page["StartTime"] for page in endpoint.bodies("DescribeLogs") if "Context" not in page]
+    assert starts == [rfc3339(T0), before[-1]["Timestamp"]]  # the second poll starts at the newest line printed
+    assert all(page["TiProjectId"] == PROJECT_ID for page in endpoint.bodies("DescribeLogs"))
+
+
+@pytest.mark.parametrize("mode", ["ddp", "mpi"])
+def test_cancel_stops_the_recorded_task(api_projects, endpoint, tmp_path, mode):
+    project = fresh_project(api_projects, mode, tmp_path)
+    env = api_env(project, tmp_path / "home")
+    task_id = submit(project, env, endpoint)
+    result = tione(project, env, "--action", "cancel")
+    assert result.returncode == 0, result.stderr
+    assert endpoint.bodies("StopTrainingTask") == [{"Id": task_id, **({"TiProjectId": PROJECT_ID} if mode == "ddp"
+                                                                      else {})}]
+    assert f"stopping TI-ONE task {task_id} (request id req-0002-local)" in result.stdout
+    assert endpoint.tasks[task_id]["Status"] == "STOPPING"
+
+
+def test_missing_credentials_are_one_line_and_the_profile_file_is_read(api_projects, endpoint, tmp_path):
+    project = fresh_project(api_projects, "ddp", tmp_path)
+    home = tmp_path / "home"
+    env = api_env(project, home, credentials=False)
+    line = one_line_error(tione(project, env, "--endpoint", endpoint.url))
+    assert "TENCENTCLOUD_SECRET_ID" in line and "~/.tencentcloud/credentials" in line
+    assert endpoint.calls == [] and recorded(project) == []
+    # A profile file the SDK cannot read (no [default] section, no section at all): one line too.
+    (home / ".tencentcloud").mkdir()
+    for text in ("[prod]\nsecret_id = a\nsecret_key = b\n", "secret_id = a\n"):
+        (home / ".tencentcloud" / "credentials").write_text(text)
+        line = one_line_error(tione(project, env, "--endpoint", endpoint.url))
+        assert "~/.tencentcloud/credentials cannot be used" in line and "[default]" in line, line
+    assert endpoint.calls == []
+    # The SDK's profile file in HOME: the request is signed with its key.
+    (home / ".tencentcloud" / "credentials").write_text("[default]\nsecret_id = AKIDprofile0001\n"
+                                                        "secret_key = profile-secret\n")
+    endpoint.keys["AKIDprofile0001"] = "profile-secret"
+    submit(project, env, endpoint)
+    assert "Credential=AKIDprofile0001/" in endpoint.calls[-1]["headers"]["Authorization"]
+
+
+def test_api_error_is_one_line_with_code_message_and_request_id(api_projects, endpoint, tmp_path):
+    project = fresh_project(api_projects, "ddp", tmp_path)
+    env = api_env(project, tmp_path / "home")
+    endpoint.errors["CreateTrainingTask"] = ("InvalidParameterValue", f"InstanceType {INSTANCE_TYPE} is sold out")
+    line = one_line_error(tione(project, env, "--endpoint", endpoint.url))
+    assert "InvalidParameterValue" in line and f"InstanceType {INSTANCE_TYPE} is sold out" in line, line
+    assert "req-0001-local" in line and recorded(project) == []
+    # A wrong key: the signature check fails, and the line says what to fix.
+    env["TENCENTCLOUD_SECRET_KEY"] = "not-the-key"
+    line = one_line_error(tione(project, env, "--endpoint", endpoint.url))
+    assert "AuthFailure.SignatureFailure" in line and "wrong or expired" in line, line
+
+
+@pytest.mark.parametrize("edit, name", [
+    (lambda text: text.replace("  ResourceConfigInfos:", "  ResourceConfigInfo:\n    - {Role: WORKER, InstanceNum: 4}\n"
+                               "  ResourceConfigInfos:"), "ResourceConfigInfo"),
+    (lambda text: text.replace('Path: "/"}', 'Pth: "/"}'), "Pth"),
+], ids=["top-level", "nested"])
+def test_misspelt_field_in_task_yaml_is_refused_before_sending(api_projects, endpoint, tmp_path, edit, name):
+    project = fresh_project(api_projects, "ddp", tmp_path)
+    task = project / "launch" / "tione" / "task.yaml"
+    edited = edit(task.read_text())
+    assert edited != task.read_text()
+    task.write_text(edited)
+    env = api_env(project, tmp_path / "home")
+    for args in (["--endpoint", endpoint.url], ["--dry-run"]):
+        result = tione(project, env, *args)
+        line = one_line_error(result)
+        assert f"unknown field(s) {name}" in line and "task.yaml" in line, line
+        assert result.stdout == ""
+    assert endpoint.calls == [] and recorded(project) == []
+
+
+def test_submit_without_storage_id_is_refused_naming_the_answer(endpoint, tmp_path):
+    project = render(tmp_path / "p", project_name="No Storage", platforms="[tione]", tione_mode="ddp",
+                     image=IMAGE, tione_instance_type=INSTANCE_TYPE)
+    env = api_env(project, tmp_path / "home")
+    line = one_line_error(tione(project, env, "--endpoint", endpoint.url))
+    assert "tione_storage_id" in line, line
+    assert endpoint.calls == [] and recorded(project) == []
+    dry = tione(project, env, "--dry-run")  # the dry run shows the request anyway, with a note
+    assert dry.returncode == 0 and json.loads(dry.stdout)["DataConfigs"][0]["CFSSource"]["Id"] == ""
+    assert "note: not ready to submit" in dry.stderr and "tione_storage_id" in dry.stderr
+
+
+def test_status_logs_cancel_without_a_recorded_task_are_one_line(api_projects, endpoint, tmp_path):
+    project = fresh_project(api_projects, "ddp", tmp_path)
+    env = api_env(project, tmp_path / "home")
+    for action in ("status", "logs", "cancel"):
+        line = one_line_error(tione(project, env, "--action", action, "--endpoint", endpoint.url))
+        assert "no tione job submitted from this project yet" in line and "--id" in line, line
+    assert endpoint.calls == []

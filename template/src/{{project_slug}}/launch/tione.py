@@ -23,6 +23,7 @@ profile of ~/.tencentcloud/credentials. `pip install tencentcloud-sdk-python-tio
 
 from __future__ import annotations
 
+import configparser
 import json
 import os
 import re
@@ -151,7 +152,13 @@ def credentials():
         raise ConfigError(f"TI-ONE's SDK is missing: `{INSTALL}` (or pip install -e '.[tione]'); without API "
                           "access, `launch tione --console` prints the console settings") from None
     for source in (credential.EnvironmentVariableCredential(), credential.ProfileCredential()):
-        found = source.get_credential()
+        try:
+            found = source.get_credential()
+        except (AttributeError, KeyError, ValueError, configparser.Error) as exc:  # a profile file it cannot read
+            reason = str(exc).splitlines()[0].rstrip(".")
+            raise ConfigError(f"~/.tencentcloud/credentials cannot be used ({type(exc).__name__}: {reason}): it needs a "
+                              "[default] section with secret_id = ... and secret_key = ..., or export "
+                              "TENCENTCLOUD_SECRET_ID and TENCENTCLOUD_SECRET_KEY") from None
         if found is not None:
             token = os.environ.get("TENCENTCLOUD_SESSION_TOKEN")
             return credential.Credential(found.secret_id, found.secret_key, token) if token else found
@@ -170,7 +177,7 @@ def api_client(region: str, endpoint: str | None):
     http = HttpProfile(reqTimeout=30)
     if endpoint:
         scheme, sep, host = endpoint.partition("://")
-        http.protocol, http.endpoint = (scheme, host) if sep else ("https", endpoint)
+        http.scheme, http.endpoint = (scheme, host) if sep else ("https", endpoint)
     return tione_client.TioneClient(credentials(), region, ClientProfile(httpProfile=http))
 
 
@@ -184,6 +191,7 @@ class Api:
         from tencentcloud.common.exception.tencent_cloud_sdk_exception import TencentCloudSDKException
         from tencentcloud.tione.v20211111 import models
 
+        assert not unknown_fields(f"{action}Request", fields), (action, fields)  # ours: the SDK would drop them
         request = getattr(models, f"{action}Request")()
         request._deserialize(fields)
         try:
@@ -201,6 +209,12 @@ class Api:
 def api_mode(script: Path) -> str | None:
     """TrainingMode of the API for the generated start script; None for Ray, which the API lacks."""
     return {"start-ddp.sh": "DDP", "start-mpi.sh": "MPI", "start-ps-worker.sh": "PS_WORKER"}.get(script.name)
+
+
+def instant(timestamp: str) -> datetime:
+    """An RFC 3339 time stamp of the API (Z or an offset) as an aware datetime, to compare them."""
+    moment = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
 def rfc3339(moment: datetime) -> str:
@@ -265,7 +279,7 @@ class Tione(Platform):
         endpoint = self.args.endpoint or task.get("endpoint")
         response = Api(task["region"], endpoint).call("CreateTrainingTask", request)
         job = jobs.new_job(self.name, response.Id, name=request["Name"], where=task["region"],
-                           image=(request.get("ImageInfo") or {}).get("ImageUrl", ""), command=[*self.args.overrides],
+                           image=(request.get("ImageInfo") or {}).get("ImageUrl", ""),
                            extra={"region": task["region"], "endpoint": endpoint or "",
                                   "project": request.get("TiProjectId") or "", "mode": request.get("TrainingMode")})
         jobs.record(job)
@@ -310,9 +324,20 @@ class Tione(Platform):
     def logs(self, job: Job) -> int:
         api, scope = self._api(job)
         detail = self._detail(api, scope, job)
-        if not detail.LatestInstanceId:
-            print(f"task {job.id} has no instance yet (state {detail.Status}): no logs", file=sys.stderr)
-            return 0
+        said = None
+        try:
+            while not detail.LatestInstanceId:  # queued: with --follow, wait for the first instance
+                if not self.args.follow or detail.Status not in ACTIVE:
+                    print(f"task {job.id} has no instance yet (state {detail.Status}): no logs", file=sys.stderr)
+                    return 0
+                if detail.Status != said:
+                    print(f"task {job.id} is {STATES.get(detail.Status, detail.Status)}; waiting for its first instance",
+                          file=sys.stderr, flush=True)
+                    said = detail.Status
+                time.sleep(POLL_SECONDS)
+                detail = self._detail(api, scope, job)
+        except KeyboardInterrupt:
+            return 130
         start = detail.StartTime or detail.CreateTime or rfc3339(datetime.now(timezone.utc) - timedelta(hours=1))
         seen: set[str] = set()
         try:
@@ -340,7 +365,7 @@ class Tione(Platform):
                 if key in seen:
                     continue
                 seen.add(key)
-                newest = max(newest, line.Timestamp or newest)
+                newest = max(newest, line.Timestamp or newest, key=instant)
                 print(f"[{line.PodName}] {line.Message}" if line.PodName else line.Message, flush=True)
             if not page.Content or not page.Context:
                 return newest
