@@ -867,6 +867,26 @@ def test_logs_follow_prints_new_lines_once_until_the_task_ends(api_projects, end
     assert all(page["TiProjectId"] == PROJECT_ID for page in endpoint.bodies("DescribeLogs"))
 
 
+def test_logs_follow_right_after_submit_waits_for_the_first_instance(api_projects, endpoint, tmp_path):
+    """The command submit suggests: the task is still queued (no instance) when it starts."""
+    project = fresh_project(api_projects, "ddp", tmp_path)
+    env = api_env(project, tmp_path / "home")
+    task_id = submit(project, env, endpoint)
+    instance, pod = f"{task_id}-run1", f"{task_id}-worker-0"
+    endpoint.tasks[task_id].update(Status="SUBMITTING")
+    lines = [log_line(instance, i, pod, f"step {i}") for i in range(1, 3)]
+
+    def start(task: dict) -> None:
+        endpoint.logs[instance] = list(lines)
+        task.update(Status="SUCCEED", LatestInstanceId=instance, StartTime=rfc3339(T0))
+
+    endpoint.on_describe[task_id] = [lambda task: None, start]
+    result = tione(project, env, "--action", "logs", "--follow", timeout=40)
+    assert result.returncode == 0, result.stderr
+    assert "queued; waiting for its first instance" in result.stderr
+    assert result.stdout.splitlines() == shown(lines)
+
+
 @pytest.mark.parametrize("mode", ["ddp", "mpi"])
 def test_cancel_stops_the_recorded_task(api_projects, endpoint, tmp_path, mode):
     project = fresh_project(api_projects, mode, tmp_path)
