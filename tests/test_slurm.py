@@ -7,6 +7,8 @@ scripts' #SBATCH lines for given answers, --dry-run, and the message when sbatch
 Preemption: `scontrol requeue` of a running job and SIGUSR1 to its steps (`scancel --signal=USR1`,
 what `--signal=USR1@N` sends) both end in a resumed job with the uninterrupted run's final loss; a
 real 2-minute time limit delivers the USR1 warning to the ranks and not to the batch shell.
+The job's life from the login node: `launch slurm` without --wait records the job, and
+`--action status`, `logs [--follow]` and `cancel` act on it while it runs.
 
     python -m pytest -q tests/test_slurm.py      # as root; installs slurm-wlm and munge with apt when missing
 
@@ -646,3 +648,148 @@ def test_time_limit_warning_reaches_the_ranks(slurm_cluster, slurm_project, slur
     record = job_record(job_id)
     assert record["JobState"] == "FAILED" and record["ExitCode"].startswith("143"), record  # not TIMEOUT
     assert elapsed < 120 + 30, elapsed  # ended before the time limit (plus submit and polling)
+
+
+# --- The job's life from the login node: --action status | logs [--follow] | cancel ------------------
+
+WATCH_RUN = [a for a in TINY_RUN if not a.startswith(("schedule.max_steps=", "logging.every_steps="))] + [
+    "schedule.max_steps=1000", "logging.every_steps=1"]
+
+
+def read_or_empty(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
+
+
+def test_status_logs_follow_and_cancel_a_running_job(slurm_cluster, slurm_project, slurm_data):
+    """`launch slurm` without --wait submits, records the job in .jobs/slurm.jsonl and prints the
+    follow-up commands. Those act on the recorded job while it runs (TRAIN_FAULT_STEP_SECONDS: a step
+    every 0.5 s, far from its 1000): status says RUNNING on both nodes, never requeued; logs prints the
+    training lines so far; logs --follow, started in the background, prints lines as they come and
+    ends by itself once the job has ended, having printed the whole log; cancel (scancel) gives the
+    ranks SIGTERM, they save and exit 143; status then says CANCELLED with the batch script's exit code."""
+    out = slurm_project.parent / "watched"
+    env = {**slurm_cluster, "TRAIN_FAULT_STEP_SECONDS": "0.5"}  # sbatch exports it to the ranks
+    submit = cli(slurm_project, "launch", "slurm", *CPU_CLUSTER, *WATCH_RUN, f"run.output_dir={out}", env=env,
+                 timeout=60)
+    assert submit.returncode == 0, submit.stdout + submit.stderr
+    job_id = submitted_job(submit.stdout)
+    log_path, err_path = out / "slurm" / f"slurmci-{job_id}.out", out / "slurm" / f"slurmci-{job_id}.err"
+    assert submit.stdout.splitlines()[-4:] == [
+        "  status:  slurmci launch slurm --action status",
+        "  logs:    slurmci launch slurm --action logs --follow",
+        "  cancel:  slurmci launch slurm --action cancel",
+        "  save now and continue later: slurmci launch slurm --action cancel --signal USR1",
+    ], submit.stdout
+    assert "tail -f" not in submit.stdout and "squeue" not in submit.stdout
+    record = json.loads((slurm_project / ".jobs" / "slurm.jsonl").read_text().splitlines()[-1])
+    assert (record["id"], record["name"], record["where"]) == (job_id, "slurmci", "dtt"), record
+    assert record["extra"]["stdout"] == str(log_path) and record["extra"]["stderr"] == str(err_path), record
+
+    def action(*args: str):
+        return cli(slurm_project, "launch", "slurm", "--action", *args, env=slurm_cluster, timeout=60)
+
+    follow = None
+    try:
+        step = wait_until(lambda: re.search(r"^step +\d+/1000 \| loss .*$", read_or_empty(log_path), re.MULTILINE),
+                          120, "a training step in the log").group(0)
+
+        status = action("status")
+        assert status.returncode == 0, status.stdout + status.stderr
+        lines = status.stdout.splitlines()
+        assert lines[0].startswith(f"slurm job {job_id} (slurmci); submitted "), lines
+        assert lines[1:4] == ["  state:    RUNNING", "  nodes:    2 node[1-2]", lines[3]], lines
+        assert re.fullmatch(r"  elapsed:  \d\d:\d\d:\d\d of 00:10:00", lines[3]), lines  # the answer's slurm_time
+        assert lines[4:] == ["  requeued: 0 time(s)", f"  log:      {log_path}"], lines  # no exit line yet
+
+        logs = action("logs")
+        assert logs.returncode == 0, logs.stdout + logs.stderr
+        assert logs.stdout.startswith(f"job {job_id}: 2 node(s) node[1-2], project {slurm_project}"), logs.stdout
+        assert step in logs.stdout, logs.stdout
+        assert f"--- {log_path}" in logs.stderr.splitlines(), logs.stderr
+
+        follow_env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+                      "PYTHONPATH": str(slurm_project / "src"), "PYTHONUNBUFFERED": "1", **slurm_cluster}
+        followed, follow_err = out / "follow.out", out / "follow.err"
+        with followed.open("w") as o, follow_err.open("w") as e:
+            follow = subprocess.Popen([sys.executable, "-m", "slurmci", "launch", "slurm", "--action", "logs",
+                                       "--follow"], cwd=slurm_project, env=follow_env, stdout=o, stderr=e)
+        wait_until(lambda: step in followed.read_text(), 30, "the followed log to reach the step seen")
+
+        cancel = action("cancel")
+        assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+        assert cancel.stdout.splitlines() == [
+            f"$ scancel {job_id}",
+            f"cancelled job {job_id}: its ranks get SIGTERM, save at the next step, and the job ends CANCELLED"]
+
+        # COMPLETING while the ranks save (no exit line yet), then the final state, which scontrol keeps
+        # MinJobAge (5 s in tests/infra/slurm.sh) and this cluster has no accounting: poll closely.
+        def ended():
+            result = action("status")
+            return result if result.returncode != 0 or "  exit:" in result.stdout else None
+
+        final = wait_until(ended, 60, f"job {job_id} to end")
+        assert final.returncode == 0, final.stdout + final.stderr
+        lines = final.stdout.splitlines()
+        assert "  state:    CANCELLED" in lines, lines
+        assert "  nodes:    2 node[1-2]" in lines and "  requeued: 0 time(s)" in lines, lines
+        # The batch shell noted the SIGTERM, waited for srun and passed the ranks' 143 on.
+        assert "  exit:     143:0 (code:signal)" in lines, lines
+
+        assert follow.wait(timeout=30) == 0, follow_err.read_text()
+    finally:
+        if follow is not None and follow.poll() is None:
+            follow.kill()
+        run(["scancel", job_id], env=slurm_cluster)  # a failed check leaves no job behind (a no-op once ended)
+    log, errors = log_path.read_text(), read_or_empty(err_path)
+    # The follower printed the whole .out, its last line included, then the .err.
+    assert followed.read_text() == log + errors, (followed.read_text()[-2000:], log[-2000:])
+    assert follow_err.read_text().splitlines() == [f"--- {log_path}"] + ([f"--- {err_path}"] if errors else [])
+    saved = re.search(r"^preempted \(SIGTERM\): checkpoint of step (\d+) saved", log, re.MULTILINE)
+    assert saved, log + errors
+    assert (out / "checkpoints" / f"step_{int(saved.group(1)):08d}.pt").is_file()
+    assert json.loads((out / "preempted.json").read_text())["signal"] == "SIGTERM"
+    assert "requeued (" not in log  # scancel ends the job: the script does not requeue it
+
+
+def test_status_without_a_recorded_job_names_the_records(tmp_path):
+    """A project that never submitted: the error names .jobs/slurm.jsonl and how to go on (no Slurm needed)."""
+    fresh = render(tmp_path / "p", project_name="Slurm Fresh", platforms="[slurm]", data_dir=str(tmp_path / "data"),
+                   output_dir=str(tmp_path / "runs"))
+    for action in ("status", "logs", "cancel"):
+        result = cli(fresh, "launch", "slurm", "--action", action, env={"PATH": str(BIN)})
+        assert result.returncode == 1 and result.stdout == "", result.stdout + result.stderr
+        assert result.stderr.splitlines() == [
+            f"error: no slurm job submitted from this project yet (none recorded in {fresh}/.jobs/slurm.jsonl): "
+            "submit one with `slurmfresh launch slurm`, or pass --id of a job submitted elsewhere"], result.stderr
+    assert not (fresh / ".jobs").exists()
+
+
+UNKNOWN_JOB = "999999"  # never reached by a test cluster's job ids
+
+
+def unknown_job_action(project: Path, env: dict, action: str):
+    """`launch slurm --action ACTION --id UNKNOWN_JOB`, which must end with 1 and no traceback."""
+    result = cli(project, "launch", "slurm", "--action", action, "--id", UNKNOWN_JOB, env=env, timeout=60)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+def test_unknown_job_id_is_said_plainly(slurm_cluster, slurm_project):
+    """--id of a job Slurm never had: status and logs say so in a line and exit 1, without a traceback."""
+    status = unknown_job_action(slurm_project, slurm_cluster, "status")
+    lines = status.stdout.splitlines()
+    assert len(lines) == 1 and f"Slurm does not know job {UNKNOWN_JOB}: a mistyped id" in lines[0], status.stdout
+    logs = unknown_job_action(slurm_project, slurm_cluster, "logs")
+    lines = logs.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: job {UNKNOWN_JOB}: Slurm does not know it"), lines
+    assert lines[0].endswith(f"look in {slurm_project.parent / 'runs' / 'slurm'}"), lines  # where logs go
+
+
+def test_cancel_of_an_unknown_job_id_fails(slurm_cluster, slurm_project):
+    cancel = unknown_job_action(slurm_project, slurm_cluster, "cancel")
+    assert f"job {UNKNOWN_JOB}" in cancel.stderr and "cancelled job" not in cancel.stdout, cancel.stdout + cancel.stderr
+    assert cancel.stderr.startswith(f"error: Slurm does not know job {UNKNOWN_JOB}") and len(cancel.stderr.splitlines()) == 1

@@ -280,8 +280,9 @@ class Slurm(Platform):
             print(job.describe())
         state = self._state(job)
         if not state:
-            print(f"  Slurm no longer knows job {job.id} (it ended more than MinJobAge ago and the cluster keeps no "
-                  f"accounting); its log: {job.extra.get('stdout', '?')}")
+            log = job.extra.get("stdout")
+            print(f"  Slurm does not know job {job.id}: a mistyped id, or it ended more than MinJobAge ago on a cluster "
+                  "without accounting (`squeue --me` lists your jobs)" + (f"; its log: {log}" if log else ""))
             return 1
         reason = state.get("Reason", "None")
         print(f"  state:    {state.get('JobState')}" + (f" ({reason})" if reason not in ("None", "") else ""))
@@ -298,7 +299,7 @@ class Slurm(Platform):
         out = state.get("StdOut") or job.extra.get("stdout")
         err = state.get("StdErr") or job.extra.get("stderr")
         if not out:
-            raise ConfigError(f"job {job.id}: Slurm no longer knows it and this project has no record of its log "
+            raise ConfigError(f"job {job.id}: Slurm does not know it and this project has no record of its log "
                               f"files; look in {log_dir(self.cfg)}")
 
         def running() -> bool:
@@ -316,6 +317,13 @@ class Slurm(Platform):
 
     def cancel(self, job: Job) -> int:
         require_slurm("scancel")
+        state = self._state(job).get("JobState")
+        if state is None:  # plain scancel exits 0 for an id it does not know
+            raise ConfigError(f"Slurm does not know job {job.id}: check the id (`squeue --me` lists your jobs); a job "
+                              "that ended long ago needs no cancel")
+        if state not in ACTIVE:
+            print(f"job {job.id} has ended already ({state}); nothing to cancel")
+            return 0
         cmd = ["scancel", *([f"--signal={self.args.signal}"] if self.args.signal else []), job.id]
         print("$ " + shlex.join(cmd), flush=True)
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
