@@ -124,7 +124,7 @@ class DevMachine(Platform):
 
     def _record(self, how: str) -> None:
         host = socket.gethostname()
-        jobs.record(jobs.new_job(self.name, f"{host}:{os.getpid()}", name=host, where=host,
+        jobs.record(jobs.new_job(self.name, f"{host}:{os.getpid()}", name=self.args.name or host, where=host,
                                  extra={"output_dir": str(under_root(self.cfg.run.output_dir)), "how": how,
                                         "max_steps": self.cfg.schedule.max_steps}))
 
