@@ -85,7 +85,7 @@ def is_train_command(argv: list[str], package: str = PACKAGE) -> bool:
 
 def read_process(pid: int, package: str = PACKAGE) -> RankProcess | None:
     """The rank behind pid, or None when pid is not a training process (or is gone)."""
-    from .distributed import process_ranks
+    from .topology import process_ranks
 
     proc = Path("/proc") / str(pid)
     try:

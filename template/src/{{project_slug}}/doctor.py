@@ -571,9 +571,9 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
     if args.nccl_log:
         return analyse_logs(args, settings, expect)
 
-    from .distributed import process_ranks
+    from .topology import process_ranks
 
-    rank, local_rank, world = process_ranks()
+    rank, local_rank, world = process_ranks(os.environ)
     gpus, why = gpu_info()
     notes: list[str] = []
     checks = node_checks(cfg, settings, expect, args, gpus, why) if local_rank == 0 else []
