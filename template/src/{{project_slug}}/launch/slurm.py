@@ -48,7 +48,6 @@ SCRIPTS = {
     "torchrun": Path("launch") / "slurm" / "train.sbatch",
     "deepspeed": Path("launch") / "slurm" / "train-deepspeed.sbatch",
 }
-SCRIPT = SCRIPTS["torchrun"]
 
 
 def add_arguments(p: ArgumentParser) -> None:
