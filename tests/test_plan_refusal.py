@@ -2,7 +2,7 @@
 
     python -m pytest -q tests/test_plan_refusal.py -s     # -s prints plan's line per preset
 
-The post-generation task runs `python -m <slug>.check_project --quiet`, which after the rules runs
+The post-generation task runs `python -m <slug> check --quiet`, which after the rules runs
 plan's memory estimate for nodes x gpus_per_node of gpu_type. The presets are the seeds'
 Megatron-DeepSpeed layouts (A100 40GB; 80GB for 13B, copier.yml's gpu_type default) and the
 defaults of the other families (gpt d20 with DDP and bert large with ZeRO 3, both on H100).

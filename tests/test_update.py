@@ -55,7 +55,7 @@ def copier(project: Path, *args: str):
 
 def check(project: Path):
     """The generated project's `check`, from its source tree, as tests/conftest.py runs the package."""
-    return run([sys.executable, "-m", f"{SLUG}.check_project"], cwd=project, env={"PYTHONPATH": str(project / "src")})
+    return run([sys.executable, "-m", SLUG, "check"], cwd=project, env={"PYTHONPATH": str(project / "src")})
 
 
 def generate(tmp_path: Path, tpl: Path, **extra) -> Path:

@@ -405,7 +405,7 @@ def test_megatron_seed_times_give_one_plausible_mfu(pkg, cli, empty_config):
 # --- the post-generation check ---------------------------------------------------------------------
 
 def test_check_project_refuses_a_layout_that_does_not_fit(cli, tmp_path):
-    """check_project (copier's task) exits 1 with one line: the figures and the smallest change."""
+    """`check --quiet` (copier's task) exits 1 with one line: the figures and the smallest change."""
     cfg = yaml.safe_load((cli.root / "config" / "train.yaml").read_text())
     cfg["model"] = {"arch": "gpt3", "size": "13B", "sequence_len": 2048, "activation_checkpointing": False}
     cfg["cluster"] = {"nodes": 1, "gpus_per_node": 8, "gpu_type": "v100-16gb"}
@@ -416,7 +416,7 @@ def test_check_project_refuses_a_layout_that_does_not_fit(cli, tmp_path):
     cfg["deepspeed"] = {"zero_stage": 1, "offload_optimizer": False, "offload_params": False}
     path = tmp_path / "train.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    bad = cli("--quiet", "--config", path, module="check_project", expect=1)
+    bad = cli("check", "--quiet", "--config", path, expect=1)
     assert bad.stderr.startswith("does not fit: gpt3 13B on 1 x 8 v100-16gb") and "Traceback" not in bad.stderr
     assert "GiB usable of 16 GiB; smallest change: " in bad.stderr and "deepspeed.zero_stage=3" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
@@ -424,13 +424,13 @@ def test_check_project_refuses_a_layout_that_does_not_fit(cli, tmp_path):
     cfg["model"]["activation_checkpointing"] = True
     cfg["deepspeed"]["zero_stage"] = 3
     path.write_text(yaml.safe_dump(cfg))
-    assert cli("--quiet", "--config", path, module="check_project").stderr == ""
+    assert cli("check", "--quiet", "--config", path).stderr == ""
     assert "memory fits" in cli("check", "--config", path).stdout
 
 
 def test_check_project_needs_no_torch(cli):
     """The copier task may run where only copier and PyYAML are installed: with torch made
-    unimportable, check_project still checks the rules and the memory fit."""
-    code = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = ['check_project', '--quiet']; "
-            f"runpy.run_module('{cli.package}.check_project', run_name='__main__')")
+    unimportable, `check` still checks the rules and the memory fit."""
+    code = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = ['x', 'check', '--quiet']; "
+            f"runpy.run_module('{cli.package}', run_name='__main__')")
     cli.run([sys.executable, "-c", code])

@@ -115,8 +115,8 @@ def test_check_cli_passes_on_the_shipped_config(cli):
 
 
 def test_check_project_module_is_quiet(pkg, cli):
-    """The template runs `python -m <package>.check_project --quiet` right after generation."""
-    assert cli("--quiet", module="check_project").stdout == ""
+    """The template runs `python -m <package> check --quiet` right after generation."""
+    assert cli("check", "--quiet").stdout == ""
     too_many = pkg.config.load_config(cli.root / "config" / "train.yaml").batch.global_batch_size + 1
-    bad = cli("--quiet", "--world-size", too_many, module="check_project", expect=1)
+    bad = cli("check", "--quiet", "--world-size", too_many, expect=1)
     assert "config check failed" in bad.stderr

@@ -3,7 +3,7 @@
     <package> check                 # for nodes x gpus_per_node from the copier answers
     <package> check --world-size 2  # for another number of processes (the rules only)
 
-Also run by the template right after generation (python -m <package>.check_project --quiet), so
+Also run by the template right after generation (python -m <package> check --quiet), so
 that copier refuses answers that break a rule or whose layout does not fit the GPUs: after the
 rules pass, plan's memory estimate for the configured nodes x gpus_per_node must fit gpu_type,
 else it exits 1 with "does not fit: <figures>; smallest change: <what to change>". No torch here.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .config import Config, ConfigError, load_config
+from .config import Config
 from .plan import GIB, fit_problem, memory
 from .rules import check_config, model_shape, resolve_grad_accum
 
@@ -57,18 +57,10 @@ def run_check(cfg: Config, world_size: int | None = None, quiet: bool = False) -
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config")
-    parser.add_argument("--world-size", type=int)
-    parser.add_argument("--quiet", action="store_true")
-    args = parser.parse_args(argv)
-    try:
-        return run_check(load_config(args.config), args.world_size, args.quiet)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--world-size", type=int, help="processes to check for (default: nodes x gpus_per_node)")
+    p.add_argument("--quiet", action="store_true", help="print problems only (copier's post-generation check)")
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def run(cfg: Config, args: argparse.Namespace) -> int:
+    return run_check(cfg, args.world_size, args.quiet)

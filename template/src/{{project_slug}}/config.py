@@ -8,6 +8,7 @@ prints it without a traceback. This module imports no torch so `check` runs anyw
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import hashlib
@@ -230,6 +231,13 @@ def default_config_path() -> Path:
     if here.is_file():
         return here
     return Path(__file__).resolve().parents[2] / "config" / "train.yaml"
+
+
+def add_config_arguments(p: argparse.ArgumentParser) -> None:
+    """--config and --set of every command (load_config's path and overrides)."""
+    p.add_argument("--config", help="YAML config (default: config/train.yaml)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config value, e.g. --set optim.lr=1e-3; a bare KEY=VALUE argument works too")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:

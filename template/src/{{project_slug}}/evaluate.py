@@ -14,6 +14,7 @@ DeepSpeed checkpoints hold ZeRO shards; they are consolidated into one fp32 stat
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -152,3 +153,13 @@ def run_eval(cfg: Config, ckpt: str | None = None, num_batches: int | None = Non
         return result
     finally:
         shutdown()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", help="checkpoint file or folder (default: latest)")
+    p.add_argument("--batches", type=int, help="micro batches per rank (default: logging.eval_batches)")
+
+
+def run(cfg: Config, args: argparse.Namespace) -> int:
+    run_eval(cfg, args.checkpoint, args.batches)
+    return 0

@@ -12,6 +12,7 @@ started by mpirun/srun one per GPU become `train` (exec) directly.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -19,6 +20,8 @@ from .config import Config
 from .nccl_env import apply_nccl_env
 from .topology import TopologyError, default_nproc, detect, process_ranks
 from .torchrun import run_torchrun, train_entry
+
+PACKAGE = __package__
 
 
 def run_node(cfg: Config, config: str | None, overrides: list[str], package: str, dry_run: bool,
@@ -50,3 +53,13 @@ def run_node(cfg: Config, config: str | None, overrides: list[str], package: str
     cmd = [sys.executable, "-u", *train_entry(package, config, overrides)]  # -u: lines reach mpirun as printed
     os.execv(cmd[0], cmd)
     return 1  # not reached
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dry-run", action="store_true", help="print the topology and the command, do not run")
+    p.add_argument("--wait-timeout", type=float, default=900, help="seconds a worker node waits for the master")
+    p.add_argument("--debug", action="store_true", help="TRAIN_DEBUG=1: NCCL INFO logs, flight recorder dumps")
+
+
+def run(cfg: Config, args: argparse.Namespace) -> int:
+    return run_node(cfg, args.config, args.overrides, PACKAGE, args.dry_run, args.wait_timeout, args.debug)

@@ -15,6 +15,7 @@ Documents are shuffled in blocks with a fixed seed so training can read the shar
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import random
@@ -117,3 +118,12 @@ def _take_chars(docs, limit: int):
             return
         total += len(doc)
         yield doc
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--demo-corpus", action="store_true", help="first write a small corpus from Python's docstrings")
+
+
+def run(cfg: Config, args: argparse.Namespace) -> int:
+    prepare_data(cfg, demo_corpus=args.demo_corpus)
+    return 0

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import torch
@@ -16,6 +17,8 @@ from .distributed import autocast_context, pick_device
 from .evaluate import load_trained_model
 
 MASK = "[MASK]"
+# --top-k when not given: tokens sampled among (causal LMs), predictions listed per [MASK] (bert)
+DEFAULT_TOP_K = {"gpt": 50, "gpt3": 50, "bert": 5}
 
 
 def run_sample(cfg: Config, prompts: list[str], max_new_tokens: int, temperature: float, top_k: int | None,
@@ -27,7 +30,7 @@ def run_sample(cfg: Config, prompts: list[str], max_new_tokens: int, temperature
     tok = load_tokenizer(data_dir / read_meta(data_dir)["tokenizer"])
     print(f"sampling from {path} (step {step})", flush=True)
     if cfg.model.arch == "bert":
-        return [fill_mask(model, tok, prompt, top_k or 5, device, cfg.run.dtype) for prompt in prompts]
+        return [fill_mask(model, tok, prompt, top_k or DEFAULT_TOP_K["bert"], device, cfg.run.dtype) for prompt in prompts]
     generator = torch.Generator(device=device).manual_seed(seed)
     texts = []
     for prompt in prompts:
@@ -63,3 +66,20 @@ def fill_mask(model, tok, prompt: str, top_k: int, device: torch.device, dtype: 
     text = tok.decode(filled[1:-1])
     print(f"{text}\n", flush=True)
     return text
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompt", action="append", help="prompt text (repeatable; default: \"The\")")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, help=f"gpt/gpt3: sample among the k likeliest tokens (default "
+                   f"{DEFAULT_TOP_K['gpt']}, 0 = all); bert: predictions shown per {MASK} (default {DEFAULT_TOP_K['bert']})")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint", help="checkpoint file or folder (default: latest)")
+
+
+def run(cfg: Config, args: argparse.Namespace) -> int:
+    top_k = args.top_k if args.top_k is not None else DEFAULT_TOP_K.get(cfg.model.arch, DEFAULT_TOP_K["gpt"])
+    run_sample(cfg, args.prompt or ["The"], args.max_new_tokens, args.temperature, top_k or None, args.seed,
+               args.checkpoint)
+    return 0

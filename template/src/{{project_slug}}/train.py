@@ -17,6 +17,7 @@ resumes from the latest checkpoint.
 
 from __future__ import annotations
 
+import argparse
 import math
 import time
 from pathlib import Path
@@ -175,3 +176,11 @@ def _train(cfg: Config, info: DistInfo) -> int:
     logger.close()
     print0(f"done: metrics in {out / 'metrics.jsonl'}, checkpoints in {ckpt_dir}")
     return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`train` takes the config and its overrides only."""
+
+
+def run(cfg: Config, args: argparse.Namespace) -> int:
+    return run_training(cfg)

@@ -17,9 +17,12 @@ import pkgutil
 import sys
 from argparse import ArgumentParser, Namespace
 
-from ..config import Config, ConfigError
+from ..config import Config, ConfigError, add_config_arguments
 from ..project import project_root
 from .base import add_common_arguments, run as run_action
+
+PACKAGE = __package__.rpartition(".")[0]  # the project's package: what every node runs
+
 
 def find_platforms() -> dict:
     """{platform name: its base.Platform class} of every module here that defines PLATFORM."""
@@ -34,29 +37,33 @@ def find_platforms() -> dict:
 PLATFORMS = find_platforms()
 
 
+def generated(name: str) -> bool:
+    return not PLATFORMS[name].needs_launch_files or (project_root() / "launch" / name).is_dir()
+
+
 def require_generated(platform: str) -> None:
     """Launch files exist only for the platforms chosen at generation time."""
-    if not (project_root() / "launch" / platform).is_dir():
+    if not generated(platform):
         raise ConfigError(
             f"this project has no launch/{platform}/: add the platform with "
             f"`copier update --data 'platforms=[..., {platform}]'` (list every platform you want)"
         )
 
 
-def add_arguments(p: ArgumentParser, add_config_args=None) -> None:
-    """`launch <platform>` subcommands with the common options, the platform's own, and the config's."""
-    platforms = p.add_subparsers(dest="platform", required=True)
+def add_arguments(p: ArgumentParser) -> None:
+    """`launch <platform>` subcommands with the common options, the platform's own, and the config's.
+    Help lists the project's platforms; another one still parses, to say how to add it."""
+    shown = [name for name in PLATFORMS if generated(name)]
+    platforms = p.add_subparsers(dest="platform", required=True, metavar="{" + ",".join(shown) + "}")
     for name in PLATFORMS:
         summary = (sys.modules[PLATFORMS[name].__module__].__doc__ or name).split("\n\n")[0].replace("\n", " ")
-        q = platforms.add_parser(name, help=summary, description=summary)
+        q = platforms.add_parser(name, **({"help": summary} if name in shown else {}), description=summary)
         add_common_arguments(q)
         PLATFORMS[name].add_arguments(q)
-        if add_config_args:
-            add_config_args(q)
+        add_config_arguments(q)
 
 
-def run(cfg: Config, args: Namespace, package: str) -> int:
+def run(cfg: Config, args: Namespace) -> int:
     platform = PLATFORMS[args.platform]
-    if platform.needs_launch_files:
-        require_generated(args.platform)
-    return run_action(platform(cfg, args, package))
+    require_generated(args.platform)
+    return run_action(platform(cfg, args, PACKAGE))
