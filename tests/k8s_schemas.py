@@ -4,8 +4,8 @@ core kinds through kubernetes-validate.
     from k8s_schemas import crd_validator, validation_errors, core_errors
     errors = validation_errors(manifest)          # [] when the manifest is valid
 
-The CRDs come from a folder of YAML files (default: ../shared/schemas next to this repository,
-or the folder in $K8S_SCHEMA_DIR). Any file there holding a CustomResourceDefinition (or a List of
+The CRDs come from a folder of YAML files (default: tests/k8s-crds, the upstream CRDs kept in this
+repository, or the folder in $K8S_SCHEMA_DIR). Any file there holding a CustomResourceDefinition (or a List of
 them) is used, so the live schema of a cluster works too:
 
     kubectl get crd pytorchjobs.kubeflow.org trainjobs.trainer.kubeflow.org -o yaml > DIR/crds.yaml
@@ -31,7 +31,7 @@ import jsonschema
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_SCHEMA_DIR = REPO.parent / "shared" / "schemas"
+DEFAULT_SCHEMA_DIR = REPO / "tests" / "k8s-crds"  # upstream CRDs kept in the repository (see its README)
 # Core kinds (pod templates) are checked against this Kubernetes version's schemas.
 K8S_VERSION = "1.33"
 

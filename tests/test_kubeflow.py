@@ -6,7 +6,7 @@ without a cluster. tests/test_mpijob.py runs the MPIJob's Launcher command for r
     python -m pytest tests/test_kubeflow.py
     K8S_SCHEMA_DIR=/path/to/crds python -m pytest tests/test_kubeflow.py   # e.g. a live cluster's CRDs
 
-The CRD files default to ../shared/schemas (see k8s_schemas.py); no API server is needed.
+The CRD files default to tests/k8s-crds (see k8s_schemas.py); no API server is needed.
 """
 
 from __future__ import annotations
