@@ -254,7 +254,7 @@ def test_message_after_copy_and_generated_ci(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout + result.stderr
     assert "Next three commands (kubeflow, slurm;" in out, out
-    assert f"1. cd {project} && DS_BUILD_OPS=0 pip install --no-build-isolation -e '.[deepspeed,kubeflow]'" in out
+    assert f"1. cd {project} && bash scripts/install.sh" in out
     assert f"2. {SLUG} check && {SLUG} prepare-data" in out
     assert re.search(rf"3\. {SLUG} launch kubeflow .*\n\s+{SLUG} launch slurm\n", out), out
     assert "launch devmachine" not in out
@@ -265,7 +265,12 @@ def test_message_after_copy_and_generated_ci(tmp_path):
     tests = "\n".join(step.get("run", "") for step in workflow["jobs"]["tests"]["steps"])
     assert "--index-url https://download.pytorch.org/whl/cpu" in tests and "python -m pytest -q" in tests
     assert "apt-get install -y slurm-client" in tests
-    extras = re.search(r"-e '\.\[([a-z,]+)\]'", tests).group(1).split(",")
+    assert "bash scripts/install.sh test," in tests and "ruff check . && ruff format --check ." in tests
+    install = (project / "scripts/install.sh").read_text()
+    extras = re.search(r'^extras="([a-z,]+)', install, re.M).group(1).split(",")
+    extras += re.search(r"bash scripts/install.sh ([a-z,]+)", tests).group(1).split(",")
+    assert {"deepspeed", "kubeflow", "image", "test"} <= set(extras) and "tione" not in extras
+    assert "DS_BUILD_OPS=0" in install and "--no-build-isolation deepspeed" in install
     pyproject = (project / "pyproject.toml").read_text()
     for extra in extras:
         assert re.search(rf"^{extra} = \[", pyproject, re.M), f"extra {extra} is not in pyproject.toml"
