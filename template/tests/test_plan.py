@@ -402,6 +402,23 @@ def test_megatron_seed_times_give_one_plausible_mfu(pkg, cli, empty_config):
         assert r["fits"] and r["time"][0]["hours"] == pytest.approx(expected, rel=1e-3)
 
 
+def test_gpu_table(pkg):
+    """gpus.py: every answer's memory is the one its name says, and a device name as torch reports
+    it finds its own row before a shorter name it contains (H100 PCIe / H100, GH200 / H200 / H20,
+    A100 / A10, L40S / L40 / L4)."""
+    gpus = pkg.gpus
+    for answer in gpus.ANSWERS:
+        _, memory_gib = gpus.find_answer(answer)
+        assert answer.endswith(f"-{memory_gib}gb"), answer
+    assert gpus.find_answer("tpu-v5") is None
+    peaks = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 PCIe": 756e12, "NVIDIA H100 NVL": 835e12,
+             "NVIDIA GH200 480GB": 989e12, "NVIDIA H200": 989e12, "NVIDIA H20": 148e12,
+             "NVIDIA A100-SXM4-40GB": 312e12, "NVIDIA A10": 125e12, "NVIDIA L40S": 362e12, "NVIDIA L40": 181e12,
+             "NVIDIA L4": 121e12, "NVIDIA GeForce RTX 4090": 165e12, "Tesla V100-SXM2-32GB": 125e12}
+    assert {name: gpus.peak_for_device_name(name) for name in peaks} == peaks
+    assert gpus.peak_for_device_name("AMD Instinct MI300X") is None
+
+
 # --- the post-generation check ---------------------------------------------------------------------
 
 def test_check_project_refuses_a_layout_that_does_not_fit(cli, tmp_path):
@@ -433,4 +450,17 @@ def test_check_project_needs_no_torch(cli):
     unimportable, check_project still checks the rules and the memory fit."""
     code = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = ['check_project', '--quiet']; "
             f"runpy.run_module('{cli.package}.check_project', run_name='__main__')")
+    cli.run([sys.executable, "-c", code])
+
+
+def test_plan_needs_no_torch(cli):
+    """plan and everything it reads import no torch, the time table (peak FLOP/s) included: the
+    copier task and `plan` run where torch is not installed."""
+    code = ("import argparse, sys; from pathlib import Path\n"
+            f"from {cli.package} import config, plan\n"
+            "assert 'torch' not in sys.modules, 'import plan'\n"
+            "parser = argparse.ArgumentParser(); plan.add_arguments(parser)\n"
+            "report = plan.build(config.load_config(Path('config/train.yaml')), parser.parse_args([]))\n"
+            "assert report['time'][0]['hours'] > 0\n"
+            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))\n")
     cli.run([sys.executable, "-c", code])

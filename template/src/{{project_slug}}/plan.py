@@ -1,5 +1,5 @@
 """`plan`: parameters, memory per GPU, whether the run fits (and the smallest change that makes it
-fit), and how long it takes on 1, 2, 4 and 8 nodes. Torch-free except for the peak FLOP/s table.
+fit), and how long it takes on 1, 2, 4 and 8 nodes. Torch-free (the GPUs: gpus.py).
 
     <package> plan                                  # the project's config: model, strategy, layout, GPU
     <package> plan model.size=d26 batch.micro_batch_size=8
@@ -79,6 +79,7 @@ import json
 import sys
 
 from .config import Config, ConfigError
+from .gpus import ANSWERS, find_answer
 from .rules import parallel_problems, resolve_grad_accum
 from .sizes import model_shape
 
@@ -87,20 +88,6 @@ RESERVE = 0.10  # share of GPU memory kept free: CUDA context, NCCL buffers, fra
 BERT_POSITIONS, BERT_TOKEN_TYPES = 512, 2  # BertConfig defaults: position and segment embeddings
 BERT_MLM_SHARE = 0.15  # positions models/bert.py predicts (its MLM_PROBABILITY): the head runs on those only
 
-# gpu_type (copier answer) -> (memory GiB, key of metrics.PEAK_FLOPS, the device-name substring).
-GPUS = {
-    "h100-80gb": (80, "H100"),
-    "h800-80gb": (80, "H800"),
-    "h200-141gb": (141, "H200"),
-    "a100-40gb": (40, "A100"),
-    "a100-80gb": (80, "A100"),
-    "a800-40gb": (40, "A800"),
-    "a800-80gb": (80, "A800"),
-    "v100-16gb": (16, "V100"),
-    "v100-32gb": (32, "V100"),
-    "l40s-48gb": (48, "L40S"),
-    "rtx4090-24gb": (24, "RTX 4090"),
-}
 NODE_COUNTS = (1, 2, 4, 8)
 
 # Bytes per token per unit of width that one gpt block keeps for backward (measured, see above).
@@ -116,19 +103,18 @@ CHECKPOINT_BYTES = {("gpt3", "bf16"): 2, ("gpt3", "autocast"): 4, ("bert", "bf16
 LOGITS_BYTES = {"gpt3": 12, "bert": 12 * BERT_MLM_SHARE}
 
 
-def gpu_memory(gpu_type: str) -> float:
-    """Bytes of memory of a gpu_type answer (no torch: the copier task calls this)."""
-    if gpu_type not in GPUS:
-        raise ConfigError(f"cluster.gpu_type={gpu_type!r} is not known to plan; use one of {', '.join(GPUS)}")
-    return GPUS[gpu_type][0] * GIB
-
-
 def gpu_spec(gpu_type: str) -> tuple[float, float]:
     """(memory bytes, dense bf16 peak FLOP/s) of a gpu_type answer."""
-    memory_bytes = gpu_memory(gpu_type)
-    from .metrics import PEAK_FLOPS  # metrics imports torch: only the time table needs it
+    found = find_answer(gpu_type)
+    if found is None:
+        raise ConfigError(f"cluster.gpu_type={gpu_type!r} is not known to plan; use one of {', '.join(ANSWERS)}")
+    gpu, memory_gib = found
+    return memory_gib * GIB, gpu.peak_flops
 
-    return memory_bytes, dict(PEAK_FLOPS)[GPUS[gpu_type][1]]
+
+def gpu_memory(gpu_type: str) -> float:
+    """Bytes of memory of a gpu_type answer."""
+    return gpu_spec(gpu_type)[0]
 
 
 # --- parameters ----------------------------------------------------------------------------------
