@@ -1,44 +1,29 @@
-"""`doctor`: is this node ready for multi-node training, and does NCCL really use the RDMA network?
+"""The node checks of `doctor`, a verdict each (ok / warn / FAIL / n/a): the GPUs, the fabric that
+config/nccl.env describes (what the platform set wins, as in the node launcher), the RDMA ports
+(/sys/class/infiniband and `ibv_devinfo`), which of them NCCL_IB_HCA selects (NCCL's matching
+rules), the socket interfaces, /dev/shm and the memlock limit. Torch only to list the GPUs.
 
-    <package> doctor                          # on a node: a pod, a TI-ONE task, a Slurm allocation, a dev box
-    <package> doctor --net-loopback           # one node: P2P/SHM off, so the local GPUs talk through the NIC
-    srun --ntasks-per-node=<gpus> <package> doctor      # every rank of a Slurm job: inter-node transports
-    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 -m <package> doctor
-    <package> doctor --nccl-log runs/logs/    # only analyse the NCCL logs of an earlier job (TRAIN_DEBUG=1)
-
-One table, a verdict per line (ok / warn / FAIL / n/a), exit 1 on any FAIL: GPUs, the fabric that
-config/nccl.env describes (NCCL_IB_DISABLE=0: RDMA expected), RDMA devices (/sys/class/infiniband and
-`ibv_devinfo`), whether NCCL_IB_HCA selects any of them, the socket interfaces, /dev/shm, the memlock
-limit; then a short all-reduce: NCCL on GPUs with NCCL_DEBUG=INFO, whose log tells which transport NCCL
-chose (nccl_log.py reads it), or Gloo between two processes on CPU; both report the bus bandwidth as
-nccl-tests define it. The settings are those the node launcher applies: config/nccl.env, with what the
-environment (the platform) already set winning.
-
-The all-reduce workers are this module run as `python -m <package>.doctor --worker ...`.
+    from .node_checks import check_node, expectation, gpu_info, load_settings
+    settings = load_settings(Path("config/nccl.env"))   # the file, with the environment winning
+    expect = expectation(settings)                      # RDMA expected? InfiniBand or RoCE?
+    checks = check_node(cfg, settings, expect, None, *gpu_info())
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import resource
 import shutil
 import socket
 import subprocess
-import sys
-import tempfile
-import textwrap
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import Config, ConfigError
-from .nccl_log import FAIL, NA, OK, WARN, Check, Expectation, LogError, assess, connection_table, merge, parse, \
-    read_logs
+from .config import Config
 from .env_files import read_env_file
-from .nccl_env import apply_nccl_env, interface_matches
+from .nccl_env import interface_matches
+from .nccl_log import FAIL, NA, OK, WARN, Check, Expectation
 from .project import project_root
 
 GIB = 1 << 30
@@ -47,27 +32,6 @@ SYSFS_IB = Path("/sys/class/infiniband")
 # The settings doctor reads; a value in the environment wins over config/nccl.env, as in apply_nccl_env.
 SETTINGS = ("NCCL_IB_DISABLE", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_NET", "NCCL_SOCKET_IFNAME",
             "GLOO_SOCKET_IFNAME")
-RESULT_MARK = "DOCTOR_ALLREDUCE "
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nccl-log", action="append", default=[], metavar="FILE_OR_DIR",
-                   help="only analyse these NCCL logs of an earlier job (repeatable; a folder = every file in it)")
-    p.add_argument("--nccl-env", metavar="FILE",
-                   help="the fabric settings to check against (default: config/nccl.env of the project)")
-    p.add_argument("--fabric", choices=["infiniband", "roce", "tcp"],
-                   help="judge against this fabric instead of NCCL_IB_DISABLE (logs from another cluster)")
-    p.add_argument("--no-allreduce", action="store_true", help="only the node checks, no all-reduce")
-    p.add_argument("--size-mb", type=float,
-                   help="all-reduce message size in MiB (default: 256 on GPUs, 16 on CPU)")
-    p.add_argument("--iters", type=int, default=5, help="timed all-reduces after one warm-up (default: 5)")
-    p.add_argument("--nproc", type=int,
-                   help="local processes for the all-reduce (default: one per GPU; 2 on CPU)")
-    p.add_argument("--net-loopback", action="store_true",
-                   help="NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0: local GPUs exchange data "
-                        "through the network, so one node tests its RDMA path")
-    p.add_argument("--timeout", type=float, default=300, help="seconds the all-reduce may take (default: 300)")
-    p.add_argument("--log-dir", help="where the workers' NCCL logs are kept (default: a new temporary folder)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,7 +266,8 @@ def check_shm(local_gpus: int, path: str = "/dev/shm") -> Check:
     try:
         st = os.statvfs(path)
     except OSError as exc:
-        return Check("/dev/shm", WARN, f"cannot read {path}: {exc}; NCCL's SHM transport and DataLoader workers need it")
+        return Check("/dev/shm", WARN,
+                     f"cannot read {path}: {exc}; NCCL's SHM transport and DataLoader workers need it")
     size = st.f_frsize * st.f_blocks
     need = max(1, local_gpus) * GIB
     detail = f"{size / GIB:.1f} GiB"
@@ -348,201 +313,9 @@ def check_gpus(names: list[str], why: str, cfg: Config) -> Check:
     return Check("GPUs", OK, detail)
 
 
-# ---------------------------------------------------------------------------------------------
-# All-reduce
-
-
-def measure_allreduce(backend: str, nbytes: int, iters: int, local_rank: int, timeout: float) -> dict:
-    """Time `iters` all-reduces of nbytes after one warm-up (which also sets up NCCL's connections).
-    Joins the process group from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT unless already joined."""
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-
-    device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout),
-                                device_id=device if device.type == "cuda" else None)
-    world = dist.get_world_size()
-
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    x = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
-    dist.all_reduce(x)
-    sync()
-    correct = bool((x == world).all())
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(iters):
-        dist.all_reduce(x)
-    sync()
-    seconds = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64, device=device)
-    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace, as in nccl-tests
-    return {"backend": backend, "world": world, "bytes": x.numel() * 4, "iters": iters,
-            "seconds": seconds.item(), "correct": correct}
-
-
-def bandwidth(result: dict) -> tuple[float, float]:
-    """(algbw, busbw) in GB/s; busbw = algbw * 2(n-1)/n, the all-reduce bus bandwidth of nccl-tests."""
-    n = result["world"]
-    algbw = result["bytes"] / result["seconds"] / 1e9
-    return algbw, algbw * 2 * (n - 1) / n
-
-
-def describe_result(result: dict) -> Check:
-    algbw, busbw = bandwidth(result)
-    detail = (f"{result['backend']}, {result['world']} processes x {result['bytes'] / MIB:.0f} MiB, "
-              f"{result['iters']} iterations of {result['seconds'] * 1e3:.1f} ms: bus bandwidth {busbw:.2f} GB/s "
-              f"(algbw {algbw:.2f} GB/s)")
-    if not result["correct"]:
-        return Check("all-reduce", FAIL, f"{detail}; WRONG RESULT: the sum differs from the number of ranks")
-    return Check("all-reduce", OK, detail)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def local_allreduce(nproc: int, backend: str, nbytes: int, iters: int, timeout: float, env_extra: dict,
-                    log_dir: Path) -> tuple[dict | None, str, list[Path]]:
-    """Start `nproc` worker processes on this node; (rank 0's result or None, error, per-rank log files).
-    Each worker's stdout and stderr (NCCL's INFO lines among them) go to log_dir/rank<N>.log."""
-    port = _free_port()
-    src = str(Path(__file__).resolve().parents[1])
-    procs, logs = [], []
-    for rank in range(nproc):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
-                   LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **env_extra)
-        env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
-        env.pop("NCCL_DEBUG_FILE", None)  # NCCL's lines must land in the captured output
-        logs.append(log_dir / f"rank{rank}.log")
-        with open(logs[-1], "w") as out:
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", f"{__package__}.doctor", "--worker", backend, str(nbytes), str(iters),
-                 str(timeout)], stdout=out, stderr=subprocess.STDOUT, env=env))
-    deadline = time.monotonic() + timeout
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            break
-    hung = [rank for rank, p in enumerate(procs) if p.poll() is None]
-    for rank in hung:
-        procs[rank].kill()
-        procs[rank].wait()
-    if hung:
-        return None, (f"ranks {hung} did not finish within {timeout:.0f} s: a hang, often a port blocked between "
-                      f"the processes or a wrong NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME; logs in {log_dir}"), logs
-    failed = [(rank, p.returncode) for rank, p in enumerate(procs) if p.returncode != 0]
-    if failed:
-        rank, code = failed[0]
-        lines = [line.strip() for line in logs[rank].read_text(errors="replace").splitlines() if line.strip()]
-        errors = [line for line in lines if "Error" in line or "error" in line or "NCCL WARN" in line]
-        said = (errors or lines or ["no output"])[-1]
-        return None, f"rank {rank} exited {code}: {said} (log {logs[rank]})", logs
-    for line in logs[0].read_text(errors="replace").splitlines():
-        if line.startswith(RESULT_MARK):
-            return json.loads(line[len(RESULT_MARK):]), "", logs
-    return None, f"rank 0 printed no result (log {logs[0]})", logs
-
-
-def _worker(argv: list[str]) -> int:
-    """`python -m <package>.doctor --worker BACKEND BYTES ITERS TIMEOUT`: one rank of the local all-reduce."""
-    backend, nbytes, iters, timeout = argv[0], int(argv[1]), int(argv[2]), float(argv[3])
-    import torch.distributed as dist
-
-    result = measure_allreduce(backend, nbytes, iters, int(os.environ["LOCAL_RANK"]), timeout)
-    if int(os.environ["RANK"]) == 0:
-        print(RESULT_MARK + json.dumps(result), flush=True)
-    dist.destroy_process_group()
-    return 0
-
-
-def job_allreduce(backend: str, nbytes: int, iters: int, timeout: float, local_rank: int, rank: int,
-                  log_dir: Path) -> tuple[dict | None, str, list[tuple[str, str]]]:
-    """Inside a job (torchrun, srun, mpirun ranks): every rank joins; (result, error, [(rank name, NCCL
-    log text)] of ALL ranks, gathered so every rank can judge the job)."""
-    import torch.distributed as dist
-
-    nccl_file = log_dir / f"nccl.rank{rank}.log"
-    if backend == "nccl":
-        os.environ["NCCL_DEBUG_FILE"] = str(nccl_file)
-    try:
-        result = measure_allreduce(backend, nbytes, iters, local_rank, timeout)
-    except Exception as exc:  # a failed NCCL init is a finding, not a crash
-        text = nccl_file.read_text(errors="replace") if nccl_file.is_file() else ""
-        return None, f"rank {rank}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", \
-            [(f"rank {rank} on {socket.gethostname()}", text)]
-    text = nccl_file.read_text(errors="replace") if nccl_file.is_file() else ""
-    text = "\n".join(line for line in text.splitlines() if "NCCL" in line)
-    gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (f"rank {rank} on {socket.gethostname()}", text))
-    dist.destroy_process_group()
-    return result, "", gathered
-
-
-# ---------------------------------------------------------------------------------------------
-# The command
-
-
-def print_table(title: str, checks: list[Check], notes: list[str] = ()) -> None:
-    width = max((len(c.name) for c in checks), default=5)
-    print(title)
-    print(f"{'check':<{width}}  {'verdict':<7}  detail")
-    indent = " " * (width + 11)
-    for c in checks:
-        lines = textwrap.wrap(c.detail, width=max(60, 118 - len(indent)), break_on_hyphens=False) or [""]
-        print(f"{c.name:<{width}}  {c.verdict:<7}  {lines[0]}")
-        for line in lines[1:]:
-            print(indent + line)
-    for note in notes:
-        print(f"note: {note}")
-
-
-def final_verdict(checks: list[Check]) -> int:
-    failed = [c.name for c in checks if c.verdict == FAIL]
-    warned = [c.name for c in checks if c.verdict == WARN]
-    summary = f"{len(warned)} warning(s)" + (f" ({', '.join(warned)})" if warned else "")
-    if failed:
-        print(f"doctor: FAIL - {len(failed)} check(s) failed ({', '.join(failed)}); {summary}", flush=True)
-        return 1
-    print(f"doctor: {'warn' if warned else 'ok'} - no check failed; {summary}", flush=True)
-    return 0
-
-
-def nccl_env_path(args: argparse.Namespace) -> Path:
-    return Path(args.nccl_env) if args.nccl_env else project_root() / "config" / "nccl.env"
-
-
-def analyse_logs(args: argparse.Namespace, settings: Settings, expect: Expectation) -> int:
-    try:
-        logs = read_logs(args.nccl_log)
-    except LogError as exc:
-        raise ConfigError(str(exc)) from None
-    job = merge(logs)
-    checks = [check_fabric(settings, expect, args.fabric), *assess(job, expect)]
-    print_table(f"doctor: NCCL logs of an earlier job, judged against {expect.source or 'no fabric'}", checks)
-    if len(logs) > 1:
-        print("per file:")
-        for log in logs:
-            nets = ", ".join(sorted(log.networks)) or "no `Using network` line"
-            print(f"  {log.sources[0]}: {log.lines} NCCL lines, {nets}, {len(log.connections)} connections")
-    rows = connection_table(job)
-    if rows:
-        print("connections (sender -> receiver, direction, transport, channels):")
-        print("\n".join("  " + r for r in rows))
-    return final_verdict(checks)
-
-
-def node_checks(cfg: Config, settings: Settings, expect: Expectation, args: argparse.Namespace,
-                gpus: list[str], why: str) -> list[Check]:
+def check_node(cfg: Config, settings: Settings, expect: Expectation, fabric: str | None, gpus: list[str],
+               why: str) -> list[Check]:
+    """Every node check, in the table's order. RDMA ports: sysfs, and what ibv_devinfo adds to it."""
     sysfs = read_sysfs()
     installed, tool_ports, said = run_ibv_devinfo()
     known = {(p.device, p.port) for p in sysfs}
@@ -550,7 +323,7 @@ def node_checks(cfg: Config, settings: Settings, expect: Expectation, args: argp
     interfaces = [name for _, name in socket.if_nameindex()]
     return [
         check_gpus(gpus, why, cfg),
-        check_fabric(settings, expect, args.fabric),
+        check_fabric(settings, expect, fabric),
         check_rdma(ports, (installed, said), expect),
         check_hca(settings, ports, expect),
         check_interface(settings, "NCCL_SOCKET_IFNAME", interfaces),
@@ -558,91 +331,3 @@ def node_checks(cfg: Config, settings: Settings, expect: Expectation, args: argp
         check_shm(len(gpus)),
         check_memlock(expect),
     ]
-
-
-def nccl_checks(texts: list[tuple[str, str]], expect: Expectation) -> list[Check]:
-    checks = assess(merge([parse(text, name) for name, text in texts]), expect)
-    return [c for c in checks if c.name != "NCCL log" or c.verdict == FAIL]
-
-
-def run(cfg: Config, args: argparse.Namespace) -> int:
-    settings = load_settings(nccl_env_path(args))
-    expect = expectation(settings, args.fabric)
-    if args.nccl_log:
-        return analyse_logs(args, settings, expect)
-
-    from .topology import process_ranks
-
-    rank, local_rank, world = process_ranks(os.environ)
-    gpus, why = gpu_info()
-    notes: list[str] = []
-    checks = node_checks(cfg, settings, expect, args, gpus, why) if local_rank == 0 else []
-    try:  # as the node launcher does: config/nccl.env under what the platform set
-        apply_nccl_env(log=notes.append, values=settings.file)
-    except OSError as exc:
-        notes.append(f"config/nccl-debug.env not fully applied: {exc}")
-    title = (f"doctor on {socket.gethostname()}" + (f" (rank {rank} of {world})" if world > 1 else "")
-             + f"; fabric: {expect.source}")
-
-    if args.no_allreduce:
-        if local_rank != 0:  # one table per node
-            return 0
-        print_table(title, checks, notes)
-        return final_verdict(checks)
-
-    backend = "nccl" if gpus else "gloo"
-    nbytes = int((args.size_mb or (256 if gpus else 16)) * MIB)
-    extra = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"} if gpus else {}
-    if args.net_loopback and gpus:
-        extra.update(NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1", NCCL_NVLS_ENABLE="0")
-    elif args.net_loopback:
-        notes.append("--net-loopback ignored: it steers NCCL, and without GPUs the all-reduce runs on Gloo")
-    log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="doctor-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
-
-    if world > 1:
-        os.environ.update(extra)
-        _set_master(cfg)
-        result, error, texts = job_allreduce(backend, nbytes, args.iters, args.timeout, local_rank, rank, log_dir)
-    else:
-        nproc = args.nproc or (len(gpus) if gpus else 2)
-        if gpus and not 2 <= nproc <= len(gpus):
-            checks.append(Check("all-reduce", NA, (
-                f"{len(gpus)} GPU(s) here, {nproc} process(es) asked: an all-reduce needs 2 to {len(gpus)}; run "
-                "doctor under torchrun or srun across nodes instead")))
-            print_table(title, checks, notes)
-            return final_verdict(checks)
-        result, error, logs = local_allreduce(nproc, backend, nbytes, args.iters, args.timeout, extra, log_dir)
-        texts = [(str(p), p.read_text(errors="replace")) for p in logs]
-
-    checks.append(describe_result(result) if result else Check("all-reduce", FAIL, error))
-    if gpus:
-        checks += nccl_checks(texts, expect)
-        notes.append(f"NCCL logs in {log_dir} (read them again with --nccl-log {log_dir})")
-    else:
-        for name in ("NCCL version", "NCCL network", "NCCL transports", "GPUDirect RDMA"):
-            checks.append(Check(name, NA, "no GPU: the all-reduce ran on Gloo"))
-    if rank == 0 or local_rank == 0:
-        print_table(title, checks, notes)
-        return final_verdict(checks)
-    return 1 if any(c.verdict == FAIL for c in checks) else 0
-
-
-def _set_master(cfg: Config) -> None:
-    """MASTER_ADDR/PORT for srun and mpirun ranks, found as the node launcher finds them."""
-    if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
-        return
-    from .topology import default_nproc, detect
-
-    topo = detect(os.environ, default_nproc(cfg.cluster.gpus_per_node), cfg.cluster.nodes)
-    if topo is None:
-        raise ConfigError("doctor runs as one rank of several but MASTER_ADDR/MASTER_PORT are not set and no platform "
-                          "variables name a master; start it with torchrun, srun or mpirun")
-    os.environ.setdefault("MASTER_ADDR", topo.master_addr)
-    os.environ.setdefault("MASTER_PORT", str(topo.master_port))
-
-
-if __name__ == "__main__":
-    if sys.argv[1:2] != ["--worker"]:
-        sys.exit(f"this entry point is doctor's all-reduce worker; run `{__package__} doctor` instead")
-    sys.exit(_worker(sys.argv[2:]))
