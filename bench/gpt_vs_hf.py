@@ -365,7 +365,7 @@ def run(args, slug, gpt_mod, rules, metrics) -> int:
           f"{statistics.median(per_round_ratio):.3f}x, range {min(per_round_ratio):.3f}-{max(per_round_ratio):.3f}")
     print(f"loss = last step; random tokens cannot be learnt, ln(vocab) = {math.log(V):.3f}")
     if cuda and peak is None:
-        print(f"MFU n/a: no peak FLOP/s known for {torch.cuda.get_device_name(device)} in metrics.PEAK_FLOPS")
+        print(f"MFU n/a: no peak FLOP/s known for {torch.cuda.get_device_name(device)} in the project's gpus.py")
     print(NOTE)
     print(f"bench wall time (warmup + timed, both models): {wall:.1f} s")
     return 0

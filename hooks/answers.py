@@ -63,7 +63,7 @@ def package():
         module = importlib.util.module_from_spec(spec)
         sys.modules[PACKAGE] = module
         spec.loader.exec_module(module)
-    return {name: importlib.import_module(f"{PACKAGE}.{name}") for name in ("config", "rules", "plan", "sizes")}
+    return {name: importlib.import_module(f"{PACKAGE}.{name}") for name in ("config", "rules", "fit", "sizes")}
 
 
 def complete(answers: dict) -> dict:
@@ -137,7 +137,7 @@ def config_problems(a: dict, fit: bool = True) -> list[tuple[str, set[str], str]
     found = [(_field(p), _named(p), p) for p in pkg["rules"].check_config(cfg)]
     if not found and fit:
         try:
-            problem = pkg["plan"].fit_problem(cfg)
+            problem = pkg["fit"].fit_problem(cfg)
         except pkg["config"].ConfigError as exc:  # a GPU plan does not know
             problem = str(exc)
         if problem:  # blamed on the GPU, asked after everything that shapes the memory

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 
 import pytest
 import yaml
@@ -103,6 +104,19 @@ def test_copier_layout_table_equals_the_package_table():
     table = next(ast.literal_eval(node.value) for node in tree.body
                  if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "GPT3_LAYOUTS")
     assert in_copier == table
+
+
+def test_copier_gpu_types_are_the_package_gpus(monkeypatch):
+    """copier.yml's gpu_type choices are the answers gpus.py knows (plan refuses any other)."""
+    import importlib.util
+
+    questions = yaml.safe_load((TEMPLATE / "copier.yml").read_text())
+    spec = importlib.util.spec_from_file_location(
+        "gpus_under_test", TEMPLATE / "template" / "src" / "{{project_slug}}" / "gpus.py")
+    gpus = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, gpus)  # dataclasses look their module up there
+    spec.loader.exec_module(gpus)
+    assert sorted(questions["gpu_type"]["choices"].values()) == sorted(gpus.ANSWERS)
 
 
 @pytest.mark.parametrize("layout", ["1.3b-4dp-4pp", "13b-4dp-4pp-4tp"])

@@ -6,7 +6,7 @@ Each row of BAD_ANSWERS is a real `copier copy --defaults --data ...` into a fol
 exist: copier must exit non-zero, name the question ("Validation error for question '<field>'" or,
 for a value outside a question's choices, "Invalid choice for '<field>'"), give a one-line reason,
 and leave no destination behind. Cross-field rows go through hooks/copier_extension.py, which runs
-the generated package's rules.py and plan.py (hooks/answers.py); the last tests check that module
+the generated package's rules.py and fit.py (hooks/answers.py); the last tests check that module
 directly and that a refused copy into an existing folder leaves the user's file alone.
 """
 
@@ -169,7 +169,7 @@ def test_answers_module_uses_the_generated_packages_rules_not_a_copy():
     answers = _answers_module()
     package = answers.package()
     src = TEMPLATE / "template" / "src" / "{{project_slug}}"
-    for name in ("config", "rules", "plan", "sizes"):
+    for name in ("config", "rules", "fit", "sizes"):
         assert Path(package[name].__file__) == src / f"{name}.py"
     assert "def check_config" not in (TEMPLATE / "hooks" / "answers.py").read_text()
     # its train.yaml is the template's: the default answers give the file copier renders

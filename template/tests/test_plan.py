@@ -61,10 +61,10 @@ def test_gpt_count_and_flops_match_the_model(pkg, cfg_with, size, kv):
                    "model.sequence_len=128", "data.vocab_size=512")
     model = pkg.models.build_model(cfg, 512)
     shape = pkg.rules.model_shape(size, kv)
-    assert pkg.plan.num_params(shape, 512) == model.num_params()
-    assert pkg.plan.flops_per_token(shape, 512, 128) == model.flops_per_token()
+    assert pkg.estimates.num_params(shape, 512) == model.num_params()
+    assert pkg.estimates.flops_per_token(shape, 512, 128) == model.flops_per_token()
     biggest = max(p.numel() for p in model.parameters())
-    assert pkg.plan.largest_layer_params(shape, 512) == biggest
+    assert pkg.estimates.largest_layer_params(shape, 512) == biggest
 
 
 @pytest.mark.parametrize("size", ["tiny", "base", "large"])
@@ -79,13 +79,13 @@ def test_bert_count_and_flops_match_transformers(pkg, cfg_with, size):
         mlm = BertForMaskedLM(BertConfig(vocab_size=vocab, hidden_size=shape["n_embd"],
                                          num_hidden_layers=shape["n_layer"], num_attention_heads=shape["n_head"],
                                          intermediate_size=4 * shape["n_embd"]))
-    assert pkg.plan.num_params(shape, vocab, "bert") == mlm.num_parameters()
+    assert pkg.estimates.num_params(shape, vocab, "bert") == mlm.num_parameters()
     if size == "large":
         assert mlm.num_parameters() == 335_174_458
     ours = pkg.module("models.bert").BertMLM(mlm, 512)  # the project's wrapper: its flops_per_token
-    assert pkg.plan.flops_per_token(shape, vocab, 512, "bert") == ours.flops_per_token()
+    assert pkg.estimates.flops_per_token(shape, vocab, 512, "bert") == ours.flops_per_token()
     cfg = cfg_with("model.arch=bert", f"model.size={size}", "model.sequence_len=512", f"data.vocab_size={vocab}")
-    assert pkg.plan.memory(cfg)["params"] == mlm.num_parameters()
+    assert pkg.estimates.memory(cfg)["params"] == mlm.num_parameters()
 
 
 @pytest.mark.parametrize("size", ["tiny", "125M", "1.3B", "13B", "175B"])
@@ -99,8 +99,8 @@ def test_gpt3_count_and_flops_match_the_model(pkg, size):
     with torch.device("meta"):
         model = gpt3.GPT3(gpt3.GPT3Config(vocab_size=50304, sequence_len=2048, n_layer=shape["n_layer"],
                                           n_embd=shape["n_embd"], n_head=shape["n_head"]))
-    assert pkg.plan.num_params(shape, 50304, "gpt3", 2048) == model.num_params()
-    assert pkg.plan.flops_per_token(shape, 50304, 2048, "gpt3") == model.flops_per_token()
+    assert pkg.estimates.num_params(shape, 50304, "gpt3", 2048) == model.num_params()
+    assert pkg.estimates.flops_per_token(shape, 50304, 2048, "gpt3") == model.flops_per_token()
 
 
 def test_largest_layer_is_what_deepspeed_counts(pkg):
@@ -114,16 +114,16 @@ def test_largest_layer_is_what_deepspeed_counts(pkg):
     mlm = BertForMaskedLM(BertConfig(vocab_size=1000, hidden_size=shape["n_embd"], num_hidden_layers=shape["n_layer"],
                                      num_attention_heads=shape["n_head"], intermediate_size=4 * shape["n_embd"]))
     total, largest = stage3.model_to_params(mlm)
-    assert (total, largest) == (pkg.plan.num_params(shape, 1000, "bert"),
-                                pkg.plan.largest_layer_params(shape, 1000, "bert"))
+    assert (total, largest) == (pkg.estimates.num_params(shape, 1000, "bert"),
+                                pkg.estimates.largest_layer_params(shape, 1000, "bert"))
     gpt3 = pkg.module("models.gpt3")
     shape = pkg.sizes.model_shape("tiny", None, "gpt3")
     torch.manual_seed(0)
     model = gpt3.GPT3(gpt3.GPT3Config(vocab_size=1000, sequence_len=64, n_layer=shape["n_layer"],
                                       n_embd=shape["n_embd"], n_head=shape["n_head"]))
     total, largest = stage3.model_to_params(model)
-    assert (total, largest) == (pkg.plan.num_params(shape, 1000, "gpt3", 64),
-                                pkg.plan.largest_layer_params(shape, 1000, "gpt3"))
+    assert (total, largest) == (pkg.estimates.num_params(shape, 1000, "gpt3", 64),
+                                pkg.estimates.largest_layer_params(shape, 1000, "gpt3"))
 
 
 # --- tensor and pipeline splits --------------------------------------------------------------------
@@ -134,16 +134,16 @@ def test_tensor_and_pipeline_split_of_13b(pkg):
     stage the final norm and the tied word embedding; the stages add up to the model plus that copy."""
     shape, V, S = pkg.sizes.model_shape("13B", None, "gpt3"), 50304, 2048
     h, L = shape["n_embd"], shape["n_layer"]
-    total = pkg.plan.num_params(shape, V, "gpt3", S)
+    total = pkg.estimates.num_params(shape, V, "gpt3", S)
     assert total == V * h + S * h + L * (12 * h * h + 13 * h) + 2 * h == 12_853_626_880
-    stages = pkg.plan.stage_params(shape, V, "gpt3", S, tp=4, pp=4)
+    stages = pkg.estimates.stage_params(shape, V, "gpt3", S, tp=4, pp=4)
     split, replicated = L * (12 * h * h + 7 * h), L * 6 * h
     assert stages[0] == split // 16 + replicated // 4 + V * h + S * h
     assert stages[1] == stages[2] == split // 16 + replicated // 4
     assert stages[3] == split // 16 + replicated // 4 + 2 * h + V * h
     assert 1 / 16 < stages[0] / total < 1 / 16 + (V * h + S * h + replicated) / total + 1e-9
-    assert sum(pkg.plan.stage_params(shape, V, "gpt3", S, tp=1, pp=4)) == total + V * h
-    assert pkg.plan.stage_params(shape, V, "gpt3", S, tp=1, pp=1) == [total]
+    assert sum(pkg.estimates.stage_params(shape, V, "gpt3", S, tp=1, pp=4)) == total + V * h
+    assert pkg.estimates.stage_params(shape, V, "gpt3", S, tp=1, pp=1) == [total]
 
 
 def test_pipeline_memory_is_the_first_stage_with_p_micro_batches(pkg, cfg_with):
@@ -151,21 +151,21 @@ def test_pipeline_memory_is_the_first_stage_with_p_micro_batches(pkg, cfg_with):
     parameters; ZeRO 1 shards the optimizer over the data-parallel ranks of the stage."""
     cfg = gpt3_cfg(cfg_with, "13B", "parallel.pipeline=4", "cluster.nodes=2", "cluster.gpus_per_node=8",
                    "cluster.gpu_type=a100-80gb", "batch.micro_batch_size=1", "batch.global_batch_size=1024")
-    m = pkg.plan.memory(cfg)
+    m = pkg.estimates.memory(cfg)
     shape = pkg.sizes.model_shape("13B", None, "gpt3")
-    psi = pkg.plan.stage_params(shape, 50304, "gpt3", 2048, 1, 4)[0]
+    psi = pkg.estimates.stage_params(shape, 50304, "gpt3", 2048, 1, 4)[0]
     assert (m["pipeline_stage"], m["params_per_gpu"], m["data_parallel"], m["in_flight"]) == (0, psi, 4, 4)
     assert m["weights"] + m["grads"] + m["optimizer"] == pytest.approx(4 * psi + 12 * psi / 4)
-    layer = pkg.plan.layer_activations(shape, 2048, 1, "gpt3", 1, "bf16")  # the pipeline engine runs in bf16
+    layer = pkg.estimates.layer_activations(shape, 2048, 1, "gpt3", 1, "bf16")  # the pipeline engine runs in bf16
     assert layer == 2048 * 5120 * 32
     assert m["activations"] == pytest.approx(4 * 10 * layer)
-    few = pkg.plan.memory(pkg.plan.changed(cfg, **{"batch.global_batch_size": 8}))  # 2 micro batches a step
+    few = pkg.estimates.memory(pkg.fit.changed(cfg, **{"batch.global_batch_size": 8}))  # 2 micro batches a step
     assert few["in_flight"] == 2 and few["activations"] == pytest.approx(2 * 10 * layer)
 
 
 def test_tensor_parallel_splits_activations(pkg):
     shape = pkg.sizes.model_shape("13B", None, "gpt3")
-    one, four = (pkg.plan.layer_activations(shape, 2048, 1, "gpt3", t, "bf16") for t in (1, 4))
+    one, four = (pkg.estimates.layer_activations(shape, 2048, 1, "gpt3", t, "bf16") for t in (1, 4))
     sbh = 2048 * 5120
     assert one - four == pytest.approx(sbh * (24 - 6))  # only the 24/t part is split
 
@@ -180,7 +180,7 @@ def test_zero_formulas_match_deepspeed(pkg, psi, gpus, nodes):
     the largest layer plus 2 Psi/Nd (its 18 Psi/Nd against the paper's 16 Psi/Nd)."""
     zero2, zero3, _ = deepspeed_estimators()
     nd = gpus * nodes
-    states = lambda stage, **kw: pkg.plan.model_states(psi, stage, nd, **kw)  # noqa: E731
+    states = lambda stage, **kw: pkg.estimates.model_states(psi, stage, nd, **kw)  # noqa: E731
     gpu = lambda st: st["weights"] + st["grads"] + st["optimizer"]  # noqa: E731
     assert gpu(states(0)) == 16 * psi
     assert gpu(states(1)) == 4 * psi + 12 * psi / nd
@@ -210,7 +210,7 @@ def test_family_model_states_match_deepspeed(pkg, cfg_with, arch, size, vocab, s
     cfg = cfg_with(f"model.arch={arch}", f"model.size={size}", f"data.vocab_size={vocab}", f"model.sequence_len={seq}",
                    "run.strategy=deepspeed", f"deepspeed.zero_stage={stage}", "cluster.nodes=2",
                    "cluster.gpus_per_node=8", "batch.global_batch_size=256", "batch.micro_batch_size=4")
-    m = pkg.plan.memory(cfg)
+    m = pkg.estimates.memory(cfg)
     psi, nd = m["params"], 16
     ours = m["weights"] + m["grads"] + m["optimizer"]
     if stage == 2:
@@ -218,7 +218,7 @@ def test_family_model_states_match_deepspeed(pkg, cfg_with, arch, size, vocab, s
         assert abs(ds - (ours + 4 * psi / nd)) <= 1
     else:
         shape = pkg.sizes.model_shape(size, None, arch)
-        _, ds, largest_bytes = zero3(psi, pkg.plan.largest_layer_params(shape, vocab, arch), 8, 2,
+        _, ds, largest_bytes = zero3(psi, pkg.estimates.largest_layer_params(shape, vocab, arch), 8, 2,
                                      cpu_offload=False, cpu_offload_params=False)
         assert abs(ds - (ours + 2 * psi / nd) - largest_bytes) <= 1
     assert ds / ours < 1.5  # DeepSpeed's extras stay a fraction of the states
@@ -280,11 +280,11 @@ def test_more_pipeline_stages_when_zero_is_refused(pkg, cfg_with):
     cfg = gpt3_cfg(cfg_with, "13B", "parallel.pipeline=2", "cluster.gpu_type=v100-16gb", "batch.micro_batch_size=1",
                    "batch.global_batch_size=1024", "model.activation_checkpointing=true",
                    "deepspeed.offload_optimizer=true")
-    assert not pkg.plan.memory(cfg)["fits"] and pkg.plan.memory(cfg)["problems"] == []
+    assert not pkg.estimates.memory(cfg)["fits"] and pkg.estimates.memory(cfg)["problems"] == []
     for stage in (2, 3):
-        assert not pkg.plan.allowed(pkg.plan.with_strategy(cfg, stage))
-    assert pkg.plan.suggest(cfg) == "4 pipeline stages (parallel.pipeline=4; copier answer pipeline_parallel=4)"
-    assert pkg.plan.memory(pkg.plan.changed(cfg, **{"parallel.pipeline": 4}))["fits"]
+        assert not pkg.fit.allowed(pkg.fit.with_strategy(cfg, stage))
+    assert pkg.fit.suggest(cfg) == "4 pipeline stages (parallel.pipeline=4; copier answer pipeline_parallel=4)"
+    assert pkg.estimates.memory(pkg.fit.changed(cfg, **{"parallel.pipeline": 4}))["fits"]
 
 
 def test_refused_layouts(pkg, cli, empty_config, cfg_with):
@@ -296,7 +296,7 @@ def test_refused_layouts(pkg, cli, empty_config, cfg_with):
                            "batch.global_batch_size=512")
             shape = pkg.sizes.model_shape("1.3B", None, "gpt3")
             rules = pkg.rules.parallel_problems(cfg, shape, cfg.cluster.nodes * cfg.cluster.gpus_per_node)
-            m = pkg.plan.memory(cfg)
+            m = pkg.estimates.memory(cfg)
             assert rules and m["problems"] == rules and not m["fits"]
             assert f"deepspeed.zero_stage={stage}" in rules[0]
     out = cli("plan", "--config", empty_config, "model.arch=gpt3", "model.size=1.3B", "data.vocab_size=50304",
@@ -343,9 +343,9 @@ def test_time_scales_with_nodes(pkg, cli):
     cfg = pkg.config.load_config(cli.root / "config" / "train.yaml")
     shape = pkg.sizes.model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
     tokens = cfg.schedule.max_steps * cfg.batch.global_batch_size * cfg.model.sequence_len
-    flops = tokens * pkg.plan.flops_per_token(shape, cfg.data.vocab_size, cfg.model.sequence_len, cfg.model.arch)
+    flops = tokens * pkg.estimates.flops_per_token(shape, cfg.data.vocab_size, cfg.model.sequence_len, cfg.model.arch)
     gpus = cfg.cluster.gpus_per_node
-    _, peak = pkg.plan.gpu_spec(cfg.cluster.gpu_type)
+    _, peak = pkg.estimates.gpu_spec(cfg.cluster.gpu_type)
     assert r["tokens"] == tokens
     assert hours[0] == pytest.approx(flops / (gpus * peak * 0.5) / 3600)
     assert r["time"][3]["gpu_hours"] == pytest.approx(r["time"][0]["gpu_hours"])
@@ -364,8 +364,8 @@ def test_nanochat_seed_6_6_hours_on_8_gpus(pkg, cli, empty_config):
     r = json.loads(cli("plan", *args).stdout)
     assert r["memory"]["params"] == 560_988_160  # nanochat's d20
     shape = pkg.sizes.model_shape("d20", None, "gpt")
-    _, peak = pkg.plan.gpu_spec("a800-80gb")
-    seed_mfu = pkg.plan.flops_per_token(shape, 65536, 2048) * 256 * 2048 / (2.2 * 8 * peak)
+    _, peak = pkg.estimates.gpu_spec("a800-80gb")
+    seed_mfu = pkg.estimates.flops_per_token(shape, 65536, 2048) * 256 * 2048 / (2.2 * 8 * peak)
     hours = [t["hours"] for t in r["time"]]
     print(f"nanochat d20 on 8 A800: the seed's 2.2 s/step = MFU {seed_mfu:.3f}; plan at MFU {r['mfu']}: "
           + ", ".join(f"{t['gpus']} GPUs {t['hours']:.2f} h" for t in r["time"]))
@@ -388,8 +388,8 @@ def test_megatron_seed_times_give_one_plausible_mfu(pkg, cli, empty_config):
     mfus = {}
     for size, tokens, gpus, hours in (("125M", 2.5e9, 1, 8), ("1.3B", 26e9, 4, 8 * 24)):
         shape = pkg.sizes.model_shape(size, None, "gpt3")
-        flops = tokens * pkg.plan.flops_per_token(shape, 50304, 2048, "gpt3")
-        _, peak = pkg.plan.gpu_spec("a100-40gb")
+        flops = tokens * pkg.estimates.flops_per_token(shape, 50304, 2048, "gpt3")
+        _, peak = pkg.estimates.gpu_spec("a100-40gb")
         mfus[size] = flops / (gpus * peak * hours * 3600)
     print("MFU implied by the seed's times: " + ", ".join(f"{k} {v:.3f}" for k, v in mfus.items()))
     assert all(0.15 <= v <= 0.40 for v in mfus.values())
@@ -400,6 +400,23 @@ def test_megatron_seed_times_give_one_plausible_mfu(pkg, cli, empty_config):
     for gpus, expected in ((1, 8), (2, 4), (4, 2)):
         r = json.loads(cli("plan", *args, f"cluster.gpus_per_node={gpus}", "batch.global_batch_size=256").stdout)
         assert r["fits"] and r["time"][0]["hours"] == pytest.approx(expected, rel=1e-3)
+
+
+def test_gpu_table(pkg):
+    """gpus.py: every answer's memory is the one its name says, and a device name as torch reports
+    it finds its own row before a shorter name it contains (H100 PCIe / H100, GH200 / H200 / H20,
+    A100 / A10, L40S / L40 / L4)."""
+    gpus = pkg.gpus
+    for answer in gpus.ANSWERS:
+        _, memory_gib = gpus.find_answer(answer)
+        assert answer.endswith(f"-{memory_gib}gb"), answer
+    assert gpus.find_answer("tpu-v5") is None
+    peaks = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 PCIe": 756e12, "NVIDIA H100 NVL": 835e12,
+             "NVIDIA GH200 480GB": 989e12, "NVIDIA H200": 989e12, "NVIDIA H20": 148e12,
+             "NVIDIA A100-SXM4-40GB": 312e12, "NVIDIA A10": 125e12, "NVIDIA L40S": 362e12, "NVIDIA L40": 181e12,
+             "NVIDIA L4": 121e12, "NVIDIA GeForce RTX 4090": 165e12, "Tesla V100-SXM2-32GB": 125e12}
+    assert {name: gpus.peak_for_device_name(name) for name in peaks} == peaks
+    assert gpus.peak_for_device_name("AMD Instinct MI300X") is None
 
 
 # --- the post-generation check ---------------------------------------------------------------------
@@ -433,4 +450,17 @@ def test_check_project_needs_no_torch(cli):
     unimportable, `check` still checks the rules and the memory fit."""
     code = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = ['x', 'check', '--quiet']; "
             f"runpy.run_module('{cli.package}', run_name='__main__')")
+    cli.run([sys.executable, "-c", code])
+
+
+def test_plan_needs_no_torch(cli):
+    """plan and everything it reads import no torch, the time table (peak FLOP/s) included: the
+    copier task and `plan` run where torch is not installed."""
+    code = ("import argparse, sys; from pathlib import Path\n"
+            f"from {cli.package} import config, plan\n"
+            "assert 'torch' not in sys.modules, 'import plan'\n"
+            "parser = argparse.ArgumentParser(); plan.add_arguments(parser)\n"
+            "report = plan.build(config.load_config(Path('config/train.yaml')), parser.parse_args([]))\n"
+            "assert report['time'][0]['hours'] > 0\n"
+            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))\n")
     cli.run([sys.executable, "-c", code])

@@ -15,7 +15,8 @@ import argparse
 import sys
 
 from .config import Config
-from .plan import GIB, fit_problem, memory
+from .estimates import GIB, memory
+from .fit import fit_problem
 from .rules import check_config, model_shape, resolve_grad_accum
 
 

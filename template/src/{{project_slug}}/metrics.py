@@ -1,7 +1,8 @@
 """Throughput, model FLOPs utilisation and the metric sinks (console, metrics.jsonl, TensorBoard).
 
-MFU = achieved model FLOPs / peak dense bf16 FLOPs of all GPUs. Peaks are vendor figures without
-sparsity; an unknown device (CPU included) reports MFU as null rather than a made-up number.
+MFU = achieved model FLOPs / peak dense bf16 FLOPs of all GPUs. Peaks come from gpus.py (vendor
+figures without sparsity); an unknown device (CPU included) reports MFU as null rather than a made-up
+number.
 """
 
 from __future__ import annotations
@@ -12,34 +13,13 @@ from pathlib import Path
 
 import torch
 
-# Dense bf16 tensor-core peak per GPU, FLOP/s. First match of the device name wins, so the
-# more specific names come first.
-PEAK_FLOPS = [
-    ("H100 PCIe", 756e12),
-    ("H100 NVL", 835e12),
-    ("H100", 989e12),  # SXM
-    ("H200", 989e12),
-    ("H800", 989e12),
-    ("H20", 148e12),
-    ("GH200", 989e12),
-    ("B200", 2250e12),
-    ("A100", 312e12),
-    ("A800", 312e12),
-    ("A40", 150e12),
-    ("A10", 125e12),
-    ("L40S", 362e12),
-    ("L40", 181e12),
-    ("L4", 121e12),
-    ("RTX 4090", 165e12),
-    ("V100", 125e12),  # fp16: V100 has no bf16
-]
+from .gpus import peak_for_device_name
 
 
 def peak_flops(device: torch.device) -> float | None:
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    return next((peak for key, peak in PEAK_FLOPS if key in name), None)
+    return peak_for_device_name(torch.cuda.get_device_name(device))
 
 
 def mfu(flops_per_token: float, tokens_per_sec: float, num_gpus: int, peak: float | None) -> float | None:
