@@ -248,16 +248,6 @@ class TokenData:
         return rows[:, :-1], rows[:, 1:]
 
 
-def open_split(cfg, data_dir: Path, split: str):
-    """The training data of a split for the model family: next-token pairs for gpt/gpt3,
-    masked-LM pairs (inputs with [MASK], labels -100 where nothing is predicted) for bert."""
-    if cfg.model.arch == "bert":
-        from .mlm_data import MaskedTokenData
-
-        return MaskedTokenData.open(cfg, data_dir, split)
-    return TokenData.open(data_dir, split, cfg.model.sequence_len)
-
-
 def micro_batch_start(step: int, micro: int, rank: int, global_batch: int, micro_batch: int, accum: int) -> int:
     """Index of the first sequence of one micro batch: step blocks of the global batch, each split
     into contiguous per-rank slices. The order is the same for any world size, so one process with

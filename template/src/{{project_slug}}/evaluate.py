@@ -24,9 +24,10 @@ import torch
 
 from . import checkpoint
 from .config import Config, ConfigError, ModelConfig
-from .data import TokenData, load_tokenizer, open_split, read_meta, token_byte_lengths
+from .data import TokenData, load_tokenizer, read_meta, token_byte_lengths
 from .distributed import DistInfo, all_reduce_sum, autocast_context, init_distributed, print0, shutdown
 from .models import build_model
+from .splits import open_split
 from .strategies.pipeline import consolidated_weights
 
 

@@ -26,12 +26,13 @@ import torch
 
 from . import checkpoint, faults, preemption
 from .config import Config, save_config
-from .data import TokenData, load_tokenizer, open_split, micro_batch_start, read_meta, token_byte_lengths
+from .data import TokenData, load_tokenizer, micro_batch_start, read_meta, token_byte_lengths
 from .distributed import (DistInfo, all_reduce_mean, autocast_context, collective_timeout, finish, init_distributed,
                           print0, shutdown)
 from .evaluate import evaluate
 from .metrics import MetricsLogger, format_step, mfu, peak_flops
 from .rules import require_valid, resolve_grad_accum
+from .splits import open_split
 from .strategies import build_strategy
 
 
