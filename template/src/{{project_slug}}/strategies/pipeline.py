@@ -10,7 +10,7 @@ sits on the first stage and, tied, again on the last for the head (DeepSpeed all
 copies' gradients). The engine runs all micro batches of a step itself (1F1B schedule), so
 train.py hands it the step's micro batches at once (consumes_batches). ZeRO stage 0 or 1 only:
 DeepSpeed's pipeline engine refuses 2 and 3. Checkpoints, resume and the learning rate are the
-DeepSpeed strategy's (one folder per step, a file per layer and tensor rank); consolidated_weights
+DeepSpeed strategy's (one folder per step, a file per layer and tensor rank); read_checkpoint
 joins those files into the one-process model's weights for eval and sample.
 """
 
@@ -28,7 +28,7 @@ from ..distributed import DistInfo
 from ..models.gpt3 import GPT3, Block, Embedding, FinalNorm, gpt3_config, head_logits, lm_loss
 from ..sizes import model_shape
 from . import param_groups
-from .deepspeed import DeepSpeedStrategy, deepspeed_config, import_deepspeed
+from .deepspeed import DeepSpeedStrategy, deepspeed_config, import_deepspeed, load_model_states, trained_state
 from .tensor_parallel import join_shards, parallelize_block
 
 
@@ -36,14 +36,22 @@ def uses_pipeline_engine(cfg: Config) -> bool:
     return cfg.model.arch == "gpt3" and (cfg.parallel.tensor, cfg.parallel.pipeline) != (1, 1)
 
 
-def consolidated_weights(folder, model_cfg: dict) -> dict | None:
-    """The one-process GPT3 state dict of a checkpoint folder this strategy wrote (files per layer
-    and tensor rank: layer_XX-model_YY-model_states.pt; layer 0 the embedding, 1..n_layer the
-    blocks, n_layer+1 the final norm, n_layer+2 the head's tied copy of the embedding, skipped),
-    for eval and sample; None for any other checkpoint."""
-    if not any(Path(folder).glob("layer_*-model_states.pt")):
-        return None
-    n_layer = model_shape(model_cfg["size"], None, "gpt3")["n_layer"]
+def is_pipeline_checkpoint(folder: Path) -> bool:
+    return any(Path(folder).glob("layer_*-model_states.pt"))
+
+
+def read_checkpoint(folder: Path) -> dict:
+    """A checkpoint folder this strategy wrote, for one process (eval, sample): train.py's client
+    state with "model": the whole GPT3's weights in fp32."""
+    states = load_model_states(folder)
+    n_layer = model_shape(states["config"]["model"]["size"], None, "gpt3")["n_layer"]
+    return trained_state(states, consolidated_weights(folder, n_layer))
+
+
+def consolidated_weights(folder: Path, n_layer: int) -> dict:
+    """GPT3's state dict from the files DeepSpeed writes per layer and tensor rank
+    (layer_XX-model_YY-model_states.pt; layer 0 the embedding, 1..n_layer the blocks, n_layer+1
+    the final norm, n_layer+2 the head's tied copy of the embedding, skipped)."""
     state: dict = {}
     for index in range(n_layer + 2):
         shards = sorted(Path(folder).glob(f"layer_{index:02d}-model_*-model_states.pt"))
