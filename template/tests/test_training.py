@@ -184,7 +184,7 @@ def test_sample_prints_the_greedy_continuation(pkg, cli, run_2proc, demo_data):
     assert f"sampling from {out / 'checkpoints' / 'step_00000030.pt'} (step 30)" in proc.stdout
     # The same greedy decoding in this process, from the same checkpoint and tokenizer.
     cfg = pkg.config.load_config(None, [f"data.dir={demo_data}", f"run.output_dir={out}", "run.device=cpu"])
-    model, step, _, _ = pkg.evaluate.load_trained_model(cfg, None, torch.device("cpu"))
+    model, step, _, _ = pkg.trained_model.load_trained_model(cfg, None, torch.device("cpu"))
     tok = pkg.data.load_tokenizer(demo_data / "tokenizer.json")
     for prompt in prompts:
         ids = [pkg.data.bos_id(tok), *tok.encode(prompt, add_special_tokens=False).ids]

@@ -14,7 +14,7 @@ import torch
 from .config import Config
 from .data import bos_id, load_tokenizer, read_meta
 from .distributed import autocast_context, pick_device
-from .evaluate import load_trained_model
+from .trained_model import load_trained_model
 
 MASK = "[MASK]"
 # --top-k when not given: tokens sampled among (causal LMs), predictions listed per [MASK] (bert)

@@ -29,7 +29,7 @@ from .config import Config, save_config
 from .data import TokenData, load_tokenizer, micro_batch_start, read_meta, token_byte_lengths
 from .distributed import (DistInfo, all_reduce_mean, autocast_context, collective_timeout, finish, init_distributed,
                           print0, shutdown)
-from .evaluate import evaluate
+from .evaluate import evaluate, format_scores, val_scores
 from .metrics import MetricsLogger, format_step, mfu, peak_flops
 from .rules import require_valid, resolve_grad_accum
 from .splits import open_split
@@ -154,9 +154,9 @@ def _train(cfg: Config, info: DistInfo) -> int:
             else:
                 result = evaluate(strategy.module, val_data, token_bytes, info, b.micro_batch_size,
                                   cfg.logging.eval_batches, autocast)
-            scores = {k: v for k, v in result.items() if k.startswith("val_") and isinstance(v, float)}
+            scores = val_scores(result)
             logger.log({"step": done, **scores})
-            print0(f"step {done:>6}/{s.max_steps} | " + " | ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in scores.items()))
+            print0(f"step {done:>6}/{s.max_steps} | {format_scores(scores)}")
             window_start, window_steps = time.perf_counter(), 0
 
         saved = (cfg.checkpoint.every_steps and done % cfg.checkpoint.every_steps == 0) or last

@@ -2,8 +2,8 @@
 
 Rotary position embeddings, QK-norm, RMSNorm without learnable parameters, no biases, ReLU^2 MLP,
 untied input embedding and output head, grouped-query attention (n_kv_head < n_head) and
-F.scaled_dot_product_attention. The file knows nothing of distribution: wrapping for DDP happens
-in train.py.
+F.scaled_dot_product_attention. The file knows nothing of distribution: strategies/ wraps it for
+DDP or DeepSpeed.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""GPT-3 family (Brown et al. 2020) as a list of layers that DeepSpeed can pipeline.
+"""GPT-3 family (Brown et al. 2020) as a list of layers that can be pipelined.
 
 GPT-2/3 block: pre-LayerNorm with bias, causal self-attention, GELU MLP of 4x width, biases on
 every linear, learned position embeddings, the input embedding tied to the output head. Dense
@@ -7,19 +7,12 @@ keeps the banded ones).
 
 The model is a sequence of layers: Embedding, n_layer x Block, FinalNorm, Head (the embedding's
 weight again). Two ways to run it:
-- pipeline.pipeline_module(...) wraps the layer specs in DeepSpeed's PipelineModule (pipeline
-  and tensor parallel; see strategies/pipeline.py);
-- GPT3 (below) runs the same layers in one process (DDP, ZeRO 0-3, eval, sample).
+- strategies/pipeline.py hands the same layers to DeepSpeed's PipelineModule (pipeline and
+  tensor parallel; strategies/tensor_parallel.py shards each Block after it is built);
+- GPT3 (below) runs them in one process (DDP, ZeRO 0-3, eval, sample).
 Both seed layer i with run.seed + i before building it, so every layout starts from the same
-weights and losses can be compared across layouts.
-
-Tensor parallelism (parallel.tensor > 1) uses DeepSpeed's tensor-parallel linear layers
-(module_inject.layers.LinearLayer = column parallel, LinearAllreduce = row parallel, Megatron's
-split: qkv and fc by output columns, proj and fc2 by input rows, one all-reduce per sublayer in
-forward and one in backward). Why these and not torch.distributed.tensor: their weights are plain
-tensors, so DeepSpeed's pipeline engine, ZeRO 1-2 optimizer and checkpoints handle them unchanged;
-DTensor parameters are not understood by either. Embeddings and head stay replicated (no
-vocabulary-parallel split): simpler, at the cost of V x h weights on every tensor rank.
+weights and losses can be compared across layouts. Like models/gpt.py, this file knows nothing
+of distribution.
 """
 
 from __future__ import annotations
@@ -49,16 +42,6 @@ def init_linear(linear: nn.Linear, std: float) -> nn.Linear:
     return linear
 
 
-def tensor_parallel(linear: nn.Linear, group, kind: str) -> nn.Module:
-    """The full linear split over `group`: kind 'column' (outputs) or 'row' (inputs + all-reduce)."""
-    if group is None:
-        return linear
-    from deepspeed.module_inject.layers import LinearAllreduce, LinearLayer, set_autotp_mode
-
-    set_autotp_mode(training=True)  # all-reduces with autograd, not the inference shortcut
-    return LinearLayer(linear, mp_group=group) if kind == "column" else LinearAllreduce(linear, mp_group=group)
-
-
 class Embedding(nn.Module):
     """Token + position embedding. On the last pipeline stage the same class (tied) computes logits."""
 
@@ -80,27 +63,26 @@ def head_logits(embedding: Embedding, x: torch.Tensor) -> torch.Tensor:
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: GPT3Config, tp_group=None):
+    def __init__(self, cfg: GPT3Config):
         super().__init__()
         h = cfg.n_embd
-        tp = 1 if tp_group is None else torch.distributed.get_world_size(tp_group)
-        self.n_head = cfg.n_head // tp  # heads on this tensor-parallel rank
         self.head_dim = h // cfg.n_head
         residual_std = 0.02 / math.sqrt(2 * cfg.n_layer)  # GPT-2: scale the residual projections
         self.ln1 = nn.LayerNorm(h)
-        self.qkv = tensor_parallel(init_linear(nn.Linear(h, 3 * h), 0.02), tp_group, "column")
-        self.proj = tensor_parallel(init_linear(nn.Linear(h, h), residual_std), tp_group, "row")
+        self.qkv = init_linear(nn.Linear(h, 3 * h), 0.02)
+        self.proj = init_linear(nn.Linear(h, h), residual_std)
         self.ln2 = nn.LayerNorm(h)
-        self.fc = tensor_parallel(init_linear(nn.Linear(h, 4 * h), 0.02), tp_group, "column")
-        self.fc2 = tensor_parallel(init_linear(nn.Linear(4 * h, h), residual_std), tp_group, "row")
+        self.fc = init_linear(nn.Linear(h, 4 * h), 0.02)
+        self.fc2 = init_linear(nn.Linear(4 * h, h), residual_std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
-        # qkv's output rows are grouped per head ([q k v] of head 0, then head 1, ...), so the
-        # tensor-parallel split by contiguous rows hands every rank whole heads.
-        q, k, v = self.qkv(self.ln1(x)).view(B, T, self.n_head, 3, self.head_dim).unbind(3)
+        # qkv's output rows are grouped per head ([q k v] of head 0, then head 1, ...), so a split
+        # by contiguous rows keeps whole heads; the head count is what qkv returns (all heads in
+        # one process, its share on a tensor-parallel rank).
+        q, k, v = self.qkv(self.ln1(x)).view(B, T, -1, 3, self.head_dim).unbind(3)
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
+        x = x + self.proj(y.transpose(1, 2).reshape(B, T, -1))
         return x + self.fc2(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
 
@@ -122,11 +104,11 @@ def seeded(seed: int, build):
 class GPT3(nn.Module):
     """The layers in one process: forward(idx, targets) -> loss, like models.gpt.GPT."""
 
-    def __init__(self, cfg: GPT3Config, tp_group=None, checkpointing: bool = False):
+    def __init__(self, cfg: GPT3Config, checkpointing: bool = False):
         super().__init__()
         self.cfg, self.checkpointing = cfg, checkpointing
         self.embed = seeded(cfg.seed, lambda: Embedding(cfg))
-        self.blocks = nn.ModuleList(seeded(cfg.seed + 1 + i, lambda: Block(cfg, tp_group)) for i in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(seeded(cfg.seed + 1 + i, lambda: Block(cfg)) for i in range(cfg.n_layer))
         self.norm = seeded(cfg.seed + 1 + cfg.n_layer, lambda: FinalNorm(cfg.n_embd))
 
     def num_params(self) -> int:
@@ -175,34 +157,6 @@ class GPT3(nn.Module):
         return out
 
 
-# Tensor-parallel shards of a block: column-parallel tensors split their rows (dim 0), row-parallel
-# weights their columns (dim 1); everything else is replicated on every tensor rank.
-_COLUMN = {"qkv.weight", "qkv.bias", "fc.weight", "fc.bias"}
-_ROW = {"proj.weight", "fc2.weight"}
-
-
-def state_dict_from_pipeline(folder, n_layer: int) -> dict:
-    """GPT3's state dict from a pipeline checkpoint folder: DeepSpeed writes one file per layer and
-    tensor rank (layer_XX-model_YY-model_states.pt; layer 0 the embedding, 1..n_layer the blocks,
-    n_layer+1 the final norm, n_layer+2 the head's tied copy of the embedding, skipped)."""
-    from pathlib import Path
-
-    state: dict = {}
-    for index in range(n_layer + 2):
-        shards = sorted(Path(folder).glob(f"layer_{index:02d}-model_*-model_states.pt"))
-        if not shards:
-            raise FileNotFoundError(f"{folder} has no file for pipeline layer {index} (layer_{index:02d}-model_*)")
-        parts = [torch.load(f, map_location="cpu", weights_only=True) for f in shards]
-        prefix = "embed." if index == 0 else "norm." if index == n_layer + 1 else f"blocks.{index - 1}."
-        for key, value in parts[0].items():
-            if key in _COLUMN and index <= n_layer and index > 0:
-                value = torch.cat([p[key] for p in parts], dim=0)
-            elif key in _ROW and 0 < index <= n_layer:
-                value = torch.cat([p[key] for p in parts], dim=1)
-            state[prefix + key] = value
-    return state
-
-
 def gpt3_config(cfg, vocab_size: int) -> GPT3Config:
     from ..sizes import model_shape
 
@@ -211,5 +165,5 @@ def gpt3_config(cfg, vocab_size: int) -> GPT3Config:
                       n_embd=shape["n_embd"], n_head=shape["n_head"], seed=cfg.run.seed)
 
 
-def build_gpt3(cfg, vocab_size: int, tp_group=None) -> GPT3:
-    return GPT3(gpt3_config(cfg, vocab_size), tp_group, cfg.model.activation_checkpointing)
+def build_gpt3(cfg, vocab_size: int) -> GPT3:
+    return GPT3(gpt3_config(cfg, vocab_size), cfg.model.activation_checkpointing)

@@ -4,7 +4,9 @@
 
 A strategy owns what differs between the two: wrapping the model, building the optimizer,
 backward and the optimizer step (accumulation, clipping), setting the learning rate, and the
-checkpoint format. train.py keeps the loop, the data stream, logging and evaluation.
+checkpoint format: writing it, resuming from it, and reading it back for eval and sample
+(read_checkpoint, which trained_model.py picks by what is on disk). train.py keeps the loop, the
+data stream, logging and evaluation.
 """
 
 from __future__ import annotations

@@ -24,6 +24,12 @@ def build_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device) -
                              fused=device.type == "cuda")
 
 
+def read_checkpoint(path: Path) -> dict:
+    """A checkpoint file this strategy wrote, for one process (eval, sample): "model" is already the
+    unwrapped model's whole state dict, beside "step", "config" and the rest of the run state."""
+    return checkpoint.load(path)
+
+
 class DDPStrategy:
     name = "ddp"
     consumes_batches = False  # train.py runs the micro steps (see PipelineStrategy for the other case)

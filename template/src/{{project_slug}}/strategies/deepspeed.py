@@ -86,6 +86,45 @@ def find_latest(folder: Path) -> Path | None:
     return checkpoint.find_latest(folder, listing=_checkpoint_dirs)
 
 
+# What DeepSpeed itself stores beside train.py's client state in *model_states.pt.
+DEEPSPEED_KEYS = {"module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
+                  "frozen_param_fragments", "lr_scheduler", "data_sampler", "random_ltd", "sparse_tensor_module_names",
+                  "skipped_steps", "global_steps", "global_samples", "dp_world_size", "mp_world_size", "ds_config",
+                  "ds_version"}
+
+
+def load_model_states(folder: Path) -> dict:
+    """A checkpoint folder's model-states file: train.py's client state beside DeepSpeed's own keys
+    (and, for ZeRO 0, the module's weights)."""
+    # mp_rank_00_*: the data-parallel group's file (pipeline checkpoints add layer_* files beside it).
+    files = sorted(folder.glob("mp_rank_00_model_states.pt")) or sorted(folder.glob("*model_states.pt"))
+    if not files:
+        raise ConfigError(f"{folder} is neither a checkpoint file nor a DeepSpeed checkpoint folder "
+                          "(no *model_states.pt); pass --checkpoint with one of those")
+    return torch.load(files[0], map_location="cpu", weights_only=False)
+
+
+def trained_state(model_states: dict, weights: dict) -> dict:
+    """train.py's client state ("step", "config", ...) with "model": the whole model's weights in fp32."""
+    client = {k: v for k, v in model_states.items() if k not in DEEPSPEED_KEYS}
+    return {**client, "model": {k: v.float() if v.is_floating_point() else v for k, v in weights.items()}}
+
+
+def read_checkpoint(folder: Path) -> dict:
+    """A checkpoint folder this strategy wrote, for one process (eval, sample): see trained_state.
+    ZeRO 0 keeps the weights in the model-states file; ZeRO 1-3 weights are consolidated from the
+    fp32 partitions of the optimizer shards by DeepSpeed's zero_to_fp32 (on the CPU, any number
+    of shards, no process group)."""
+    states = load_model_states(folder)
+    sharded = any(folder.glob("*optim_states.pt"))  # ZeRO 1-3 write per-rank optimizer shards
+    if states.get("ds_config", {}).get("zero_optimization", {}).get("stage", int(sharded)) == 0:
+        return trained_state(states, states["module"])
+    import_deepspeed()  # sets DS_ACCELERATOR=cpu where there is no GPU, or says how to install
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    return trained_state(states, get_fp32_state_dict_from_zero_checkpoint(str(folder.parent), tag=folder.name))
+
+
 class DeepSpeedStrategy:
     name = "deepspeed"
     consumes_batches = False  # train.py runs the micro steps (see PipelineStrategy for the other case)

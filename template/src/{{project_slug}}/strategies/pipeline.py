@@ -4,18 +4,21 @@
 
 The world is a grid (DeepSpeed's PipeModelDataParallelTopology, axes pipe x data x model): ranks
 next to each other share a tensor-parallel group (keep it inside a node), then data, then pipeline
-stages. The layers (models/gpt3.py) are split over the stages by counting Blocks; the embedding
+stages. The layers (models/gpt3.py) are split over the stages by counting Blocks, each Block sharded
+over its tensor-parallel group as it is built (strategies/tensor_parallel.py); the embedding
 sits on the first stage and, tied, again on the last for the head (DeepSpeed all-reduces the two
 copies' gradients). The engine runs all micro batches of a step itself (1F1B schedule), so
 train.py hands it the step's micro batches at once (consumes_batches). ZeRO stage 0 or 1 only:
 DeepSpeed's pipeline engine refuses 2 and 3. Checkpoints, resume and the learning rate are the
-DeepSpeed strategy's (one folder per step, a file per layer and tensor rank).
+DeepSpeed strategy's (one folder per step, a file per layer and tensor rank); read_checkpoint
+joins those files into the one-process model's weights for eval and sample.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from pathlib import Path
 
 import torch
 import torch.utils.checkpoint
@@ -23,35 +26,60 @@ import torch.utils.checkpoint
 from ..config import Config
 from ..distributed import DistInfo
 from ..models.gpt3 import GPT3, Block, Embedding, FinalNorm, gpt3_config, head_logits, lm_loss
+from ..sizes import model_shape
 from . import param_groups
-from .deepspeed import DeepSpeedStrategy, deepspeed_config, import_deepspeed
+from .deepspeed import DeepSpeedStrategy, deepspeed_config, import_deepspeed, load_model_states, trained_state
+from .tensor_parallel import join_shards, parallelize_block
 
 
 def uses_pipeline_engine(cfg: Config) -> bool:
     return cfg.model.arch == "gpt3" and (cfg.parallel.tensor, cfg.parallel.pipeline) != (1, 1)
 
 
-def consolidated_weights(folder, model_cfg: dict) -> dict | None:
-    """The one-process GPT3 state dict of a checkpoint folder this strategy wrote (files per layer
-    and tensor rank), for eval and sample; None for any other checkpoint."""
-    from pathlib import Path
+def is_pipeline_checkpoint(folder: Path) -> bool:
+    return any(Path(folder).glob("layer_*-model_states.pt"))
 
-    from ..models.gpt3 import state_dict_from_pipeline
-    from ..sizes import model_shape
 
-    if not any(Path(folder).glob("layer_*-model_states.pt")):
-        return None
-    return state_dict_from_pipeline(folder, model_shape(model_cfg["size"], None, "gpt3")["n_layer"])
+def read_checkpoint(folder: Path) -> dict:
+    """A checkpoint folder this strategy wrote, for one process (eval, sample): train.py's client
+    state with "model": the whole GPT3's weights in fp32."""
+    states = load_model_states(folder)
+    n_layer = model_shape(states["config"]["model"]["size"], None, "gpt3")["n_layer"]
+    return trained_state(states, consolidated_weights(folder, n_layer))
+
+
+def consolidated_weights(folder: Path, n_layer: int) -> dict:
+    """GPT3's state dict from the files DeepSpeed writes per layer and tensor rank
+    (layer_XX-model_YY-model_states.pt; layer 0 the embedding, 1..n_layer the blocks, n_layer+1
+    the final norm, n_layer+2 the head's tied copy of the embedding, skipped)."""
+    state: dict = {}
+    for index in range(n_layer + 2):
+        shards = sorted(Path(folder).glob(f"layer_{index:02d}-model_*-model_states.pt"))
+        if not shards:
+            raise FileNotFoundError(f"{folder} has no file for pipeline layer {index} (layer_{index:02d}-model_*)")
+        parts = [torch.load(f, map_location="cpu", weights_only=True) for f in shards]
+        prefix = "embed." if index == 0 else "norm." if index == n_layer + 1 else f"blocks.{index - 1}."
+        for key, value in parts[0].items():
+            is_block = 0 < index <= n_layer  # only blocks are tensor-parallel
+            state[prefix + key] = join_shards(key, [p[key] for p in parts]) if is_block else value
+    return state
 
 
 def layer_specs(cfg: Config, vocab_size: int, tp_group):
     """Embedding, blocks, final norm, tied head: the order (and seeds) of models.gpt3.GPT3."""
     from deepspeed.pipe import LayerSpec, TiedLayerSpec
 
+    class ShardedBlockSpec(LayerSpec):
+        """A Block built whole under its layer's seed, then sharded over the tensor-parallel group.
+        Its type stays Block: partition_method and checkpointable_layers find it by that name."""
+
+        def build(self, log=False):
+            return parallelize_block(super().build(log), tp_group)
+
     c = gpt3_config(cfg, vocab_size)
     return [
         TiedLayerSpec("embed", Embedding, c, tied_weight_attr=["wte.weight"]),
-        *[LayerSpec(Block, c, tp_group) for _ in range(c.n_layer)],
+        *[ShardedBlockSpec(Block, c) for _ in range(c.n_layer)],
         LayerSpec(FinalNorm, c.n_embd),
         TiedLayerSpec("embed", Embedding, c, forward_fn=head_logits, tied_weight_attr=["wte.weight"]),
     ]
