@@ -38,15 +38,3 @@ def build_strategy(cfg: Config, info: DistInfo, vocab_size: int, accum: int):
         strategy = DDPStrategy(cfg, info, model, accum)
     strategy.num_params, strategy.flops_per_token = num_params, flops_per_token
     return strategy
-
-
-def param_groups(model, weight_decay: float) -> list[dict]:
-    """AdamW groups: weight decay shrinks matrices toward zero; on embedding tables it only hurts rare tokens."""
-    def decays(name, p):
-        return p.dim() >= 2 and not any(key in name for key in ("wte", "wpe", "embeddings"))
-
-    named = list(model.named_parameters())
-    return [
-        {"params": [p for n, p in named if decays(n, p)], "weight_decay": weight_decay},
-        {"params": [p for n, p in named if not decays(n, p)], "weight_decay": 0.0},
-    ]

@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from .. import checkpoint
 from ..config import Config, ConfigError
 from ..distributed import DistInfo, barrier, print0
-from . import param_groups
+from .param_groups import param_groups
 
 
 def build_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.optim.Optimizer:

@@ -28,7 +28,7 @@ import torch
 from .. import checkpoint, faults
 from ..config import Config, ConfigError
 from ..distributed import DistInfo, barrier, print0
-from . import param_groups
+from .param_groups import param_groups
 
 INSTALL = "DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed"
 _TAG = re.compile(r"step_(\d{8})")

@@ -27,7 +27,7 @@ from ..config import Config
 from ..distributed import DistInfo
 from ..models.gpt3 import GPT3, Block, Embedding, FinalNorm, gpt3_config, head_logits, lm_loss
 from ..sizes import model_shape
-from . import param_groups
+from .param_groups import param_groups
 from .deepspeed import DeepSpeedStrategy, deepspeed_config, import_deepspeed, load_model_states, trained_state
 from .tensor_parallel import join_shards, parallelize_block
 
