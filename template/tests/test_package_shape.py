@@ -1,5 +1,5 @@
 """The package's shape, read from its source (nothing is imported): import arrows point down the
-layers below, with no cycles; models/ use no parallel API; modules stay small.
+layers below, with no cycles; models/ use no parallel API; modules stay small; the README names them all.
 
     python -m pytest -q tests/test_package_shape.py
 
@@ -9,6 +9,7 @@ A new module goes into LAYERS at the lowest layer its imports allow; the test na
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE_DIR = next(p.parent for p in (Path(__file__).resolve().parents[1] / "src").glob("*/cli.py"))
@@ -126,3 +127,17 @@ def test_each_strategy_reads_the_checkpoints_it_writes(pkg):
     """trained_model only picks the reader; the format's knowledge stays with the strategy that saves it."""
     for name in ("ddp", "deepspeed", "pipeline"):
         assert callable(pkg.module(f"strategies.{name}").read_checkpoint), name
+
+
+def test_readme_lists_every_module():
+    """The generated README's file list names every module of the package, and only modules that exist."""
+    readme = (PACKAGE_DIR.parents[1] / "README.md").read_text()
+    files = readme[readme.index("\n## Files"):]
+    files = files[files.index(f"src/{PACKAGE_DIR.name}/"):files.index("\ntests/")]
+    named = set(re.findall(r"([\w/]+)\.py\b", files))
+    on_disk = {path.relative_to(PACKAGE_DIR).with_suffix("").as_posix() for path in PACKAGE_DIR.rglob("*.py")}
+    on_disk = {name for name in on_disk if not name.endswith(("__init__", "__main__"))}
+    missing = sorted(name for name in on_disk if name not in named and name.rpartition("/")[2] not in named)
+    assert not missing, f"README.md's Files section does not name: {missing}"
+    stale = sorted(name for name in named if name not in on_disk and not any(m.endswith("/" + name) for m in on_disk))
+    assert not stale, f"README.md's Files section names modules that do not exist: {stale}"
