@@ -36,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpt_vs_hf import import_project, render_project  # noqa: E402  (same folder)
 
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", default="tiny", help="gpt model.size of the saved state and the run (tiny, d4, ...)")
@@ -47,10 +48,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def train_overrides(size: str, data: Path, out: Path, steps: int) -> list[str]:
-    return [f"model.size={size}", "model.sequence_len=64", "batch.global_batch_size=16", "batch.micro_batch_size=4",
-            f"schedule.max_steps={steps}", "schedule.warmup_steps=2", "logging.every_steps=1",
-            "logging.eval_every_steps=0", "logging.tensorboard=false", "checkpoint.every_steps=5",
-            "run.device=cpu", "run.dtype=fp32", "run.strategy=ddp", f"data.dir={data}", f"run.output_dir={out}"]
+    return [
+        f"model.size={size}",
+        "model.sequence_len=64",
+        "batch.global_batch_size=16",
+        "batch.micro_batch_size=4",
+        f"schedule.max_steps={steps}",
+        "schedule.warmup_steps=2",
+        "logging.every_steps=1",
+        "logging.eval_every_steps=0",
+        "logging.tensorboard=false",
+        "checkpoint.every_steps=5",
+        "run.device=cpu",
+        "run.dtype=fp32",
+        "run.strategy=ddp",
+        f"data.dir={data}",
+        f"run.output_dir={out}",
+    ]
 
 
 def env_for(project: Path) -> dict:
@@ -139,8 +153,16 @@ def rank_pid(out: Path, rank: int) -> int | None:
 def recovery_seconds(project: Path, slug: str, data: Path, out: Path, size: str) -> tuple[float, float, float]:
     """(cold start to first step, kill to first step after resume, median step time)."""
     log = out.parent / "recovery.log"
-    cmd = [sys.executable, "-m", slug, "launch", "devmachine", "--nproc-per-node", "2",
-           *train_overrides(size, data, out, 40)]
+    cmd = [
+        sys.executable,
+        "-m",
+        slug,
+        "launch",
+        "devmachine",
+        "--nproc-per-node",
+        "2",
+        *train_overrides(size, data, out, 40),
+    ]
     started = time.monotonic()
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, cwd=project, env=env_for(project), stdout=f, stderr=subprocess.STDOUT)
@@ -181,15 +203,33 @@ def main(argv: list[str] | None = None) -> int:
             render_project(project, args.vcs_ref)
         slug = import_project(project)[0]
         data = work / "data"
-        subprocess.run([sys.executable, "-m", slug, "prepare-data", "--demo-corpus", f"data.dir={data}",
-                        "data.vocab_size=2048", "data.val_fraction=0.05"], cwd=project, env=env_for(project),
-                       check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                slug,
+                "prepare-data",
+                "--demo-corpus",
+                f"data.dir={data}",
+                "data.vocab_size=2048",
+                "data.val_fraction=0.05",
+            ],
+            cwd=project,
+            env=env_for(project),
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         cold, recovery, step = recovery_seconds(project, slug, data, work / "run", args.size)
         agree = agreement_seconds(project, slug, args.agree_calls)
         atomic, plain, mb = save_seconds(slug, args.size, args.saves, work / "saves")
         rows = [
             ("stop agreement per step", f"{agree * 1e6:.0f} us", f"step {step * 1e3:.1f} ms", agree / step),
-            (f"checkpoint save ({mb:.1f} MB)", f"{atomic * 1e3:.1f} ms", f"torch.save {plain * 1e3:.1f} ms", atomic / plain),
+            (
+                f"checkpoint save ({mb:.1f} MB)",
+                f"{atomic * 1e3:.1f} ms",
+                f"torch.save {plain * 1e3:.1f} ms",
+                atomic / plain,
+            ),
             ("recovery after SIGKILL of rank 1", f"{recovery:.1f} s", f"cold start {cold:.1f} s", recovery / cold),
         ]
         print(f"\nmodel.size={args.size}, 2 processes on CPU (Gloo)\n")

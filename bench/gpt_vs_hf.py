@@ -66,8 +66,11 @@ NOTE = (
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--size", help="size name resolved by the project's rules.model_shape: 'tiny' or 'd<depth>' "
-                   "(overrides --layers/--width/--heads; kv heads are set equal to heads, GPT-2 has no GQA)")
+    p.add_argument(
+        "--size",
+        help="size name resolved by the project's rules.model_shape: 'tiny' or 'd<depth>' "
+        "(overrides --layers/--width/--heads; kv heads are set equal to heads, GPT-2 has no GQA)",
+    )
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--heads", type=int, default=4)
@@ -75,8 +78,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seq", type=int, default=256, help="sequence length")
     p.add_argument("--batch", type=int, default=8, help="sequences per step")
     p.add_argument("--steps", type=int, default=20, help="timed steps per model (split into --rounds)")
-    p.add_argument("--rounds", type=int, default=10,
-                   help="timed rounds per model; the order alternates each round (more rounds = finer interleaving)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=10,
+        help="timed rounds per model; the order alternates each round (more rounds = finer interleaving)",
+    )
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per model before the rounds")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--weight-decay", type=float, default=0.1)
@@ -87,8 +94,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="torch.compile both models")
     p.add_argument("--verbose", action="store_true", help="also print ms/step of every round")
     p.add_argument("--project", type=Path, help="an already generated project (its src/<slug>/ is imported)")
-    p.add_argument("--vcs-ref", default="HEAD",
-                   help="template revision copier renders (default HEAD, uncommitted changes included)")
+    p.add_argument(
+        "--vcs-ref",
+        default="HEAD",
+        help="template revision copier renders (default HEAD, uncommitted changes included)",
+    )
     args = p.parse_args(argv)
     for name in ("layers", "width", "heads", "vocab", "seq", "batch", "steps", "rounds"):
         if getattr(args, name) < 1:
@@ -110,12 +120,26 @@ def render_project(dst: Path, vcs_ref: str) -> None:
         copier = [shutil.which("copier")]
     else:
         raise RuntimeError("copier is not installed (pip install copier), or pass --project PATH")
-    git = subprocess.run(["git", "-C", str(TEMPLATE_ROOT), "status", "--porcelain", "--", "copier.yml", "template"],
-                         capture_output=True, text=True)
+    git = subprocess.run(
+        ["git", "-C", str(TEMPLATE_ROOT), "status", "--porcelain", "--", "copier.yml", "template"],
+        capture_output=True,
+        text=True,
+    )
     if vcs_ref == "HEAD" and git.returncode == 0 and git.stdout.strip():
         print("note: the template has uncommitted changes; copier --vcs-ref HEAD renders them too")
-    cmd = [*copier, "copy", "--trust", "--defaults", "--quiet", "--vcs-ref", vcs_ref,
-           "--data", f"project_name={PROJECT_NAME}", str(TEMPLATE_ROOT), str(dst)]
+    cmd = [
+        *copier,
+        "copy",
+        "--trust",
+        "--defaults",
+        "--quiet",
+        "--vcs-ref",
+        vcs_ref,
+        "--data",
+        f"project_name={PROJECT_NAME}",
+        str(TEMPLATE_ROOT),
+        str(dst),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
@@ -128,8 +152,10 @@ def import_project(project: Path):
         raise RuntimeError(f"expected exactly one src/<package>/models/gpt.py under {project}, found {len(found)}")
     src, slug = found[0].parents[2], found[0].parents[1].name
     if slug in sys.modules:
-        raise RuntimeError(f"a module named {slug!r} is already imported ({sys.modules[slug]!r}); "
-                           "generate the project under another name")
+        raise RuntimeError(
+            f"a module named {slug!r} is already imported ({sys.modules[slug]!r}); "
+            "generate the project under another name"
+        )
     sys.path.insert(0, str(src))
     mods = [importlib.import_module(f"{slug}.{name}") for name in ("models.gpt", "rules", "metrics")]
     origin = Path(sys.modules[slug].__file__).resolve().parent
@@ -164,8 +190,17 @@ def build_hf(shape: dict, vocab: int, seq: int):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     cfg = GPT2Config(
-        vocab_size=vocab, n_positions=seq, n_embd=shape["n_embd"], n_layer=shape["n_layer"], n_head=shape["n_head"],
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False, bos_token_id=None, eos_token_id=None,
+        vocab_size=vocab,
+        n_positions=seq,
+        n_embd=shape["n_embd"],
+        n_layer=shape["n_layer"],
+        n_head=shape["n_head"],
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        use_cache=False,
+        bos_token_id=None,
+        eos_token_id=None,
         attn_implementation="sdpa",
     )
     model = GPT2LMHeadModel(cfg)
@@ -187,8 +222,13 @@ class Contender:
         model.to(device).train()
         self.runnable = torch.compile(model) if args.compile else model
         self.loss_fn = loss_fn
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95),
-                                           weight_decay=args.weight_decay, fused=device.type == "cuda")
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(),
+            lr=args.lr,
+            betas=(0.9, 0.95),
+            weight_decay=args.weight_decay,
+            fused=device.type == "cuda",
+        )
         self.grad_clip = args.grad_clip
         self.round_seconds: list[float] = []
         self.losses: list[float] = []
@@ -274,8 +314,10 @@ def run(args, slug, gpt_mod, rules, metrics) -> int:
         return 2
     head_dim = shape["n_embd"] // shape["n_head"]
     if shape["n_embd"] % shape["n_head"] or head_dim % 2:
-        print(f"error: width {shape['n_embd']} / {shape['n_head']} heads must be an even integer head dim",
-              file=sys.stderr)
+        print(
+            f"error: width {shape['n_embd']} / {shape['n_head']} heads must be an even integer head dim",
+            file=sys.stderr,
+        )
         return 2
 
     per_round = max(1, args.steps // args.rounds)
@@ -291,8 +333,9 @@ def run(args, slug, gpt_mod, rules, metrics) -> int:
         batches.append((buf[:, :-1].contiguous().to(device), buf[:, 1:].contiguous().to(device)))
 
     torch.manual_seed(args.seed)
-    ours = Contender(f"ours ({slug}.models.gpt.GPT)", *build_ours(gpt_mod, shape, V, T, args.softcap),
-                     ours_loss, args, device)
+    ours = Contender(
+        f"ours ({slug}.models.gpt.GPT)", *build_ours(gpt_mod, shape, V, T, args.softcap), ours_loss, args, device
+    )
     torch.manual_seed(args.seed)
     hf = Contender("HF GPT2LMHeadModel (sdpa)", *build_hf(shape, V, T), hf_loss, args, device)
     contenders = [ours, hf]
@@ -303,13 +346,19 @@ def run(args, slug, gpt_mod, rules, metrics) -> int:
         return torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
     threads = f" ({torch.get_num_threads()} threads)" if not cuda else f" ({torch.cuda.get_device_name(device)})"
-    print(f"device {device.type}{threads} | {'bf16 autocast' if bf16 else 'fp32'} | compile "
-          f"{'on' if args.compile else 'off'} | torch {torch.__version__} | transformers {transformers.__version__}")
+    print(
+        f"device {device.type}{threads} | {'bf16 autocast' if bf16 else 'fp32'} | compile "
+        f"{'on' if args.compile else 'off'} | torch {torch.__version__} | transformers {transformers.__version__}"
+    )
     size = f"size {args.size}: " if args.size else ""
-    print(f"{size}{shape['n_layer']} layers, width {shape['n_embd']}, {shape['n_head']} heads of {head_dim} "
-          f"| vocab {V} | seq {T} | batch {B} = {tokens_per_step:,} tokens/step")
-    print(f"AdamW lr {args.lr:g} wd {args.weight_decay:g} clip {args.grad_clip:g} | {args.warmup} warmup steps each, "
-          f"then {args.rounds} rounds x {per_round} timed steps each, order alternating")
+    print(
+        f"{size}{shape['n_layer']} layers, width {shape['n_embd']}, {shape['n_head']} heads of {head_dim} "
+        f"| vocab {V} | seq {T} | batch {B} = {tokens_per_step:,} tokens/step"
+    )
+    print(
+        f"AdamW lr {args.lr:g} wd {args.weight_decay:g} clip {args.grad_clip:g} | {args.warmup} warmup steps each, "
+        f"then {args.rounds} rounds x {per_round} timed steps each, order alternating"
+    )
 
     def sync():
         if cuda:
@@ -346,8 +395,10 @@ def run(args, slug, gpt_mod, rules, metrics) -> int:
         step_s = statistics.median(c.round_seconds) / per_round
         ms, tps[c.name] = 1000 * step_s, tokens_per_step / step_s
         achieved = c.flops_per_token * tps[c.name]
-        line = (f"{c.name:<34} {c.n_params:>12,} {c.flops_per_token / 1e6:>10.1f} {ms:>9.1f} {tps[c.name]:>11,.0f} "
-                f"{achieved / scale:>8.1f}")
+        line = (
+            f"{c.name:<34} {c.n_params:>12,} {c.flops_per_token / 1e6:>10.1f} {ms:>9.1f} {tps[c.name]:>11,.0f} "
+            f"{achieved / scale:>8.1f}"
+        )
         if cuda:
             m = metrics.mfu(c.flops_per_token, tps[c.name], 1, peak)
             line += f" {'n/a' if m is None else f'{100 * m:.1f}%':>6}"
@@ -361,8 +412,10 @@ def run(args, slug, gpt_mod, rules, metrics) -> int:
             print(f"{c.name:<34} ms/step per round: {per_step}")
     per_round_ratio = [h / o for o, h in zip(ours.round_seconds, hf.round_seconds)]
     print()
-    print(f"ratio ours/HF tokens/s: {tps[ours.name] / tps[hf.name]:.3f}x of the medians | paired rounds: median "
-          f"{statistics.median(per_round_ratio):.3f}x, range {min(per_round_ratio):.3f}-{max(per_round_ratio):.3f}")
+    print(
+        f"ratio ours/HF tokens/s: {tps[ours.name] / tps[hf.name]:.3f}x of the medians | paired rounds: median "
+        f"{statistics.median(per_round_ratio):.3f}x, range {min(per_round_ratio):.3f}-{max(per_round_ratio):.3f}"
+    )
     print(f"loss = last step; random tokens cannot be learnt, ln(vocab) = {math.log(V):.3f}")
     if cuda and peak is None:
         print(f"MFU n/a: no peak FLOP/s known for {torch.cuda.get_device_name(device)} in the project's gpus.py")

@@ -31,7 +31,11 @@ def _load(path: Path) -> dict:
 
 def _save(answers: dict) -> None:
     # The answers file opens with copier's "do not edit" comment; keep it.
-    header = "".join(line for line in ANSWERS.read_text().splitlines(keepends=True) if line.startswith("#")) if ANSWERS.is_file() else ""
+    header = (
+        "".join(line for line in ANSWERS.read_text().splitlines(keepends=True) if line.startswith("#"))
+        if ANSWERS.is_file()
+        else ""
+    )
     ANSWERS.write_text(header + yaml.safe_dump(answers, sort_keys=False, allow_unicode=False))
 
 
@@ -78,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     p_adopt.add_argument("--if", dest="condition")
     args = parser.parse_args(argv)
     if not ANSWERS.is_file():
-        print(f"migration: {ANSWERS} not found in {Path.cwd()}; run copier update from the project root", file=sys.stderr)
+        print(
+            f"migration: {ANSWERS} not found in {Path.cwd()}; run copier update from the project root", file=sys.stderr
+        )
         return 1
     if args.command == "rename":
         message = rename(args.old, args.new)

@@ -13,13 +13,17 @@ TEMPLATE = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-def run(cmd: list[str], cwd: Path | None = None, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+def run(
+    cmd: list[str], cwd: Path | None = None, env: dict | None = None, timeout: int = 600
+) -> subprocess.CompletedProcess:
     """Run a command, capture its output as text, never raise on a non-zero exit."""
     full_env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **(env or {})}
     return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
-def copier_copy(dst: Path, data: dict | None = None, src: str | Path = TEMPLATE, extra: list[str] = ()) -> subprocess.CompletedProcess:
+def copier_copy(
+    dst: Path, data: dict | None = None, src: str | Path = TEMPLATE, extra: list[str] = ()
+) -> subprocess.CompletedProcess:
     """`copier copy --trust --defaults` with --data answers; renders the working tree (HEAD plus
     uncommitted changes) of a local template."""
     cmd = [str(BIN / "copier"), "copy", "--trust", "--defaults", *extra]

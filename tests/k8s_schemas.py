@@ -52,7 +52,7 @@ def _load_yaml(path: Path):
         return [doc for doc in yaml.load_all(f, Loader=loader) if doc]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _crds(folder: str) -> dict[tuple[str, str, str], dict]:
     """(group, version, kind) -> openAPIV3Schema of every CRD found in the folder."""
     found = {}
@@ -102,7 +102,7 @@ def _convert(node) -> None:
             _convert(node[key])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _validator(folder: str, group: str, version: str, kind: str) -> jsonschema.Draft7Validator:
     crds = _crds(folder)
     if (group, version, kind) not in crds:

@@ -7,15 +7,20 @@
 from __future__ import annotations
 
 import tomllib
-
 import yaml
-
 from conftest import BIN, render, run
 
 
 def bert_project(tmp_path, name, **answers):
-    project = render(tmp_path / name, project_name=f"Bert {name}", model="bert", model_size="tiny",
-                     data_dir=str(tmp_path / "data"), output_dir=str(tmp_path / "runs"), **answers)
+    project = render(
+        tmp_path / name,
+        project_name=f"Bert {name}",
+        model="bert",
+        model_size="tiny",
+        data_dir=str(tmp_path / "data"),
+        output_dir=str(tmp_path / "runs"),
+        **answers,
+    )
     deps = tomllib.loads((project / "pyproject.toml").read_text())["project"]
     assert any(d.startswith("transformers>=") for d in deps["dependencies"]), deps["dependencies"]
     assert (project / "tests" / "test_bert.py").is_file()
@@ -23,8 +28,11 @@ def bert_project(tmp_path, name, **answers):
 
 
 def run_tests(project, *args):
-    result = run([str(BIN / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_bert.py", *args],
-                 cwd=project, timeout=1800)
+    result = run(
+        [str(BIN / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_bert.py", *args],
+        cwd=project,
+        timeout=1800,
+    )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert " passed" in result.stdout and " failed" not in result.stdout
     return result

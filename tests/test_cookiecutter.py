@@ -12,7 +12,6 @@ compared file by file (bytes and executable bits).
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -96,6 +95,7 @@ if __name__ == "__main__" and "--write" in sys.argv:
 
 # --- Tests ----------------------------------------------------------------------------------------
 
+
 def cookiecutter(out: Path, answers: dict, tmp: Path):
     """`cookiecutter --no-input <template> key=value ...` into `out`, with a private config (replay dir)."""
     assert (BIN / "cookiecutter").exists(), "cookiecutter is missing: pip install -r requirements-dev.txt"
@@ -107,8 +107,11 @@ def cookiecutter(out: Path, answers: dict, tmp: Path):
 
 def tree(root: Path) -> dict[str, tuple[bytes, bool]]:
     """Every file under root: (contents, executable) by relative path."""
-    return {p.relative_to(root).as_posix(): (p.read_bytes(), bool(p.stat().st_mode & 0o111))
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): (p.read_bytes(), bool(p.stat().st_mode & 0o111))
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 # name: (cookiecutter answers, the same answers for copier --data)
@@ -116,20 +119,25 @@ SAME_ANSWERS = {
     "defaults": ({}, {}),
     "kubeflow-slurm-2-nodes": (
         {"project_name": "Kube Slurm", "platforms": "kubeflow,slurm", "nodes": 2, "slurm_partition": "gpu"},
-        {"project_name": "Kube Slurm", "platforms": "[kubeflow, slurm]", "nodes": 2, "slurm_partition": "gpu"}),
+        {"project_name": "Kube Slurm", "platforms": "[kubeflow, slurm]", "nodes": 2, "slurm_partition": "gpu"},
+    ),
     # Quotes, backslash, $, ; and unicode pass through the hook's embedded JSON context intact.
-    "odd-name": ({"project_name": "\u00dcn\u00efcode \"q\" it's $HOME; a\\b"},
-                 {"project_name": "\u00dcn\u00efcode \"q\" it's $HOME; a\\b"}),
+    "odd-name": (
+        {"project_name": '\u00dcn\u00efcode "q" it\'s $HOME; a\\b'},
+        {"project_name": '\u00dcn\u00efcode "q" it\'s $HOME; a\\b'},
+    ),
     "gpt3-preset": (
         {"project_name": "G3 Pipe", "model": "gpt3", "gpt3_layout": "1.3b-4dp-4pp"},
-        {"project_name": "G3 Pipe", "model": "gpt3", "gpt3_layout": "1.3b-4dp-4pp"}),
+        {"project_name": "G3 Pipe", "model": "gpt3", "gpt3_layout": "1.3b-4dp-4pp"},
+    ),
 }
 
 
 def test_cookiecutter_json_is_derived_from_copier_yml():
     """Same questions, same defaults: cookiecutter.json is exactly what copier.yml derives."""
     assert json.loads(COOKIECUTTER_JSON.read_text()) == derive_cookiecutter_json(), (
-        "cookiecutter.json is out of date with copier.yml: run  python tests/test_cookiecutter.py --write")
+        "cookiecutter.json is out of date with copier.yml: run  python tests/test_cookiecutter.py --write"
+    )
     spec = yaml.safe_load((TEMPLATE / "copier.yml").read_text())
     asked = [k for k, v in spec.items() if not k.startswith("_") and v.get("when") is not False]
     cc = json.loads(COOKIECUTTER_JSON.read_text())
@@ -164,8 +172,18 @@ def test_cookiecutter_and_copier_make_the_same_project(tmp_path, name):
 
 BAD = [
     ({"project_name": "Bad Slug", "project_slug": "My-Run"}, "project_slug"),
-    ({"project_name": "Too Big", "model": "gpt3", "gpt3_layout": "custom", "model_size": "13B", "nodes": 1,
-      "gpus_per_node": 8, "gpu_type": "v100-16gb"}, "gpu_type"),
+    (
+        {
+            "project_name": "Too Big",
+            "model": "gpt3",
+            "gpt3_layout": "custom",
+            "model_size": "13B",
+            "nodes": 1,
+            "gpus_per_node": 8,
+            "gpu_type": "v100-16gb",
+        },
+        "gpu_type",
+    ),
     ({"platforms": "devmachine,aws"}, "platforms"),
     ({"nodes": "two"}, "nodes"),
 ]

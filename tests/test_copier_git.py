@@ -6,7 +6,6 @@ import shutil
 from pathlib import Path
 
 import yaml
-
 from conftest import BIN, TEMPLATE, copier_copy, run
 
 

@@ -22,30 +22,47 @@ import socket
 from pathlib import Path
 
 import pytest
-
 from conftest import BIN, render, run
 
 TINY = [
-    "model.size=tiny", "model.sequence_len=64", "batch.global_batch_size=8", "batch.micro_batch_size=4",
-    "batch.grad_accum_steps=null", "schedule.max_steps=10", "schedule.warmup_steps=2", "logging.every_steps=5",
-    "logging.eval_every_steps=0", "checkpoint.every_steps=10", "run.device=cpu", "run.compile=false",
+    "model.size=tiny",
+    "model.sequence_len=64",
+    "batch.global_batch_size=8",
+    "batch.micro_batch_size=4",
+    "batch.grad_accum_steps=null",
+    "schedule.max_steps=10",
+    "schedule.warmup_steps=2",
+    "logging.every_steps=5",
+    "logging.eval_every_steps=0",
+    "checkpoint.every_steps=10",
+    "run.device=cpu",
+    "run.compile=false",
 ]
-LOGIN = "exec env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=\"$HOME\" OMPI_MCA_orte_tmpdir_base={tmp}/$host " \
-        "/bin/sh -c \"$*\""
+LOGIN = (
+    'exec env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$HOME" OMPI_MCA_orte_tmpdir_base={tmp}/$host /bin/sh -c "$*"'
+)
 # pdsh runs `ssh [options] HOST COMMAND`; a new login has none of the caller's environment. Each host
 # gets its own temporary folder, as separate machines have.
-SSH = """#!/bin/sh
+SSH = (
+    """#!/bin/sh
 while [ $# -gt 0 ]; do case "$1" in -l|-p|-o|-i) shift 2;; -*) shift;; *) break;; esac; done
 host=$1; shift
 echo "$host" >> {log}
 mkdir -p {tmp}/$host
-""" + LOGIN + "\n"
+"""
+    + LOGIN
+    + "\n"
+)
 # mpirun's remote agent gets `HOST COMMAND`.
-AGENT = """#!/bin/sh
+AGENT = (
+    """#!/bin/sh
 host=$1; shift
 echo "$host" >> {log}
 mkdir -p {tmp}/$host
-""" + LOGIN + "\n"
+"""
+    + LOGIN
+    + "\n"
+)
 
 
 def require(program: str, package: str) -> None:
@@ -62,11 +79,32 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("ds-launcher")
-    project = render(root / "p", project_name="Ds Launch", platforms="[devmachine]", strategy="deepspeed",
-                     zero_stage=2, nodes=2, gpus_per_node=1, fabric="tcp", nccl_socket_ifname="lo",
-                     data_dir=str(root / "data"), output_dir=str(root / "runs"))
-    prep = run([str(BIN / "python"), "-m", "dslaunch", "prepare-data", "--demo-corpus", "data.vocab_size=2048",
-                "data.val_fraction=0.05"], cwd=project, env={"PYTHONPATH": str(project / "src")})
+    project = render(
+        root / "p",
+        project_name="Ds Launch",
+        platforms="[devmachine]",
+        strategy="deepspeed",
+        zero_stage=2,
+        nodes=2,
+        gpus_per_node=1,
+        fabric="tcp",
+        nccl_socket_ifname="lo",
+        data_dir=str(root / "data"),
+        output_dir=str(root / "runs"),
+    )
+    prep = run(
+        [
+            str(BIN / "python"),
+            "-m",
+            "dslaunch",
+            "prepare-data",
+            "--demo-corpus",
+            "data.vocab_size=2048",
+            "data.val_fraction=0.05",
+        ],
+        cwd=project,
+        env={"PYTHONPATH": str(project / "src")},
+    )
     assert prep.returncode == 0, prep.stdout[-3000:] + prep.stderr[-3000:]
     return project
 
@@ -75,12 +113,36 @@ def launch_two_nodes(project: Path, tmp: Path, backend: str, env: dict):
     hostfile = tmp / "hostfile"
     hostfile.write_text("127.0.0.2 slots=1\n127.0.0.3 slots=1\n")
     out = tmp / "runs"
-    base = {"PATH": os.pathsep.join([str(BIN), "/usr/local/bin", "/usr/bin", "/bin"]), "HOME": os.environ["HOME"],
-            "PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1"}
-    proc = run([str(BIN / "python"), "-m", "dslaunch", "launch", "devmachine", "--launcher", "deepspeed",
-                "--nnodes", "2", "--hostfile", str(hostfile), "--ds-launcher", backend,
-                "--master-port", str(free_port()), *TINY, f"run.output_dir={out}"],
-               cwd=project, env={**base, **env}, timeout=300)
+    base = {
+        "PATH": os.pathsep.join([str(BIN), "/usr/local/bin", "/usr/bin", "/bin"]),
+        "HOME": os.environ["HOME"],
+        "PYTHONPATH": str(project / "src"),
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = run(
+        [
+            str(BIN / "python"),
+            "-m",
+            "dslaunch",
+            "launch",
+            "devmachine",
+            "--launcher",
+            "deepspeed",
+            "--nnodes",
+            "2",
+            "--hostfile",
+            str(hostfile),
+            "--ds-launcher",
+            backend,
+            "--master-port",
+            str(free_port()),
+            *TINY,
+            f"run.output_dir={out}",
+        ],
+        cwd=project,
+        env={**base, **env},
+        timeout=300,
+    )
     return proc, out
 
 
@@ -128,14 +190,19 @@ def test_openmpi_starts_both_hosts(project, tmp_path):
     fake.mkdir()
     (fake / "ssh").write_text(SSH.format(log=tmp_path / "ssh.log", tmp=tmp_path / "hosts"))
     (fake / "ssh").chmod(0o755)
-    env = {"PATH": f"{fake}{os.pathsep}{BIN}:/usr/bin:/bin", "OMPI_MCA_plm_rsh_agent": str(agent),
-           "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    env = {
+        "PATH": f"{fake}{os.pathsep}{BIN}:/usr/bin:/bin",
+        "OMPI_MCA_plm_rsh_agent": str(agent),
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    }
     proc, out = launch_two_nodes(project, tmp_path, "openmpi", env)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-8000:]
     cmd = re.search(r"cmd = (mpirun .*)$", output, re.MULTILINE)
     assert cmd and cmd.group(1).startswith(f"mpirun -n 2 -hostfile {tmp_path / 'hostfile'} "), output[-4000:]
-    assert "-x MASTER_ADDR=127.0.0.2" in cmd.group(1) and cmd.group(1).endswith(" -u -m dslaunch train " + " ".join(TINY)
-                                                                               + f" run.output_dir={out}")
+    assert "-x MASTER_ADDR=127.0.0.2" in cmd.group(1) and cmd.group(1).endswith(
+        " -u -m dslaunch train " + " ".join(TINY) + f" run.output_dir={out}"
+    )
     assert sorted(log.read_text().split()) == ["127.0.0.2", "127.0.0.3"]
     assert_two_ranks_trained(out, output)

@@ -20,22 +20,47 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import BIN, render, run
 
 ALL = "[devmachine, kubeflow, tione, slurm]"
 ANSWER_SETS = {
-    "infiniband": {"project_name": "IB Run", "platforms": ALL, "fabric": "infiniband", "nodes": 2,
-                   "nccl_ib_hca": "mlx5_0:1,mlx5_1:1", "nccl_socket_ifname": "bond0"},
-    "roce": {"project_name": "Roce Run", "platforms": "[kubeflow, slurm]", "fabric": "roce", "nodes": 4,
-             "nccl_ib_gid_index": 5, "nccl_ib_tc": 160, "base_image": "nvcr.io/nvidia/pytorch:25.01-py3"},
-    "tcp": {"project_name": "Tcp Run", "platforms": "[devmachine, kubeflow, slurm]", "fabric": "tcp",
-            "nccl_socket_ifname": "^lo,docker", "base_image": "localhost/debian-torch:bookworm"},
-    "odd-name": {"project_name": '\u00dcn\u00efcode: "quotes" $HOME; run #2 & <tags> {braces}', "platforms": "[tione]",
-                 "tione_mode": "ray", "base_image": "registry.internal:5000/base/cuda-pytorch@sha256:" + "a" * 64},
+    "infiniband": {
+        "project_name": "IB Run",
+        "platforms": ALL,
+        "fabric": "infiniband",
+        "nodes": 2,
+        "nccl_ib_hca": "mlx5_0:1,mlx5_1:1",
+        "nccl_socket_ifname": "bond0",
+    },
+    "roce": {
+        "project_name": "Roce Run",
+        "platforms": "[kubeflow, slurm]",
+        "fabric": "roce",
+        "nodes": 4,
+        "nccl_ib_gid_index": 5,
+        "nccl_ib_tc": 160,
+        "base_image": "nvcr.io/nvidia/pytorch:25.01-py3",
+    },
+    "tcp": {
+        "project_name": "Tcp Run",
+        "platforms": "[devmachine, kubeflow, slurm]",
+        "fabric": "tcp",
+        "nccl_socket_ifname": "^lo,docker",
+        "base_image": "localhost/debian-torch:bookworm",
+    },
+    "odd-name": {
+        "project_name": '\u00dcn\u00efcode: "quotes" $HOME; run #2 & <tags> {braces}',
+        "platforms": "[tione]",
+        "tione_mode": "ray",
+        "base_image": "registry.internal:5000/base/cuda-pytorch@sha256:" + "a" * 64,
+    },
     "defaults": {"project_name": "Plain Defaults"},
-    "deepspeed-gpt3": {"project_name": "Pipe Run", "model": "gpt3", "gpt3_layout": "1.3b-4dp-4pp",
-                       "platforms": "[slurm, kubeflow]"},
+    "deepspeed-gpt3": {
+        "project_name": "Pipe Run",
+        "model": "gpt3",
+        "gpt3_layout": "1.3b-4dp-4pp",
+        "platforms": "[slurm, kubeflow]",
+    },
 }
 # Stand-in for the base image's Python: a venv that sees the test environment's packages (torch
 # among them) the way an image's interpreter sees what its base installed.
@@ -68,8 +93,12 @@ class Project:
 @pytest.fixture(scope="module", params=list(ANSWER_SETS))
 def project(request, tmp_path_factory) -> Project:
     root = tmp_path_factory.mktemp(request.param)
-    answers = {"shared_mount": str(root), "data_dir": str(root / "data"), "output_dir": str(root / "runs"),
-               **ANSWER_SETS[request.param]}
+    answers = {
+        "shared_mount": str(root),
+        "data_dir": str(root / "data"),
+        "output_dir": str(root / "runs"),
+        **ANSWER_SETS[request.param],
+    }
     return Project(render(root / "p", **answers), ANSWER_SETS[request.param])
 
 
@@ -103,6 +132,7 @@ def pip_installs(args: str) -> list[str]:
 
 
 # --- The Dockerfile ------------------------------------------------------------------------------
+
 
 def test_hadolint_passes(project):
     result = run([str(hadolint()), "--no-color", str(project.path / "Dockerfile")])
@@ -186,8 +216,11 @@ def test_no_secrets_and_ascii(project):
 
 
 def test_dockerignore_keeps_data_and_vcs_out_and_tests_in(project):
-    patterns = [line.strip() for line in (project.path / ".dockerignore").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
+    patterns = [
+        line.strip()
+        for line in (project.path / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     assert not any(p.startswith("!") for p in patterns)
 
     def excluded(path: str) -> bool:
@@ -202,9 +235,20 @@ def test_dockerignore_keeps_data_and_vcs_out_and_tests_in(project):
                 return True
         return False
 
-    for path in ("data/raw/a.txt", "runs/metrics.jsonl", "smoke/runs/x", ".git/HEAD", ".venv/bin/python",
-                 f"src/{project.slug}/__pycache__/cli.cpython-311.pyc", f"src/{project.slug}.egg-info/PKG-INFO",
-                 "build/lib/x.py", "dist/x.whl", ".env", "config/.env", "keys/id.pem"):
+    for path in (
+        "data/raw/a.txt",
+        "runs/metrics.jsonl",
+        "smoke/runs/x",
+        ".git/HEAD",
+        ".venv/bin/python",
+        f"src/{project.slug}/__pycache__/cli.cpython-311.pyc",
+        f"src/{project.slug}.egg-info/PKG-INFO",
+        "build/lib/x.py",
+        "dist/x.whl",
+        ".env",
+        "config/.env",
+        "keys/id.pem",
+    ):
         assert excluded(path), path
     # Everything the project itself is made of reaches the image, tests and config/nccl.env included.
     files = [p.relative_to(project.path).as_posix() for p in project.path.rglob("*") if p.is_file()]
@@ -213,6 +257,7 @@ def test_dockerignore_keeps_data_and_vcs_out_and_tests_in(project):
 
 
 # --- The dependency step, run -------------------------------------------------------------------
+
 
 def dependency_step(project: Project) -> str:
     steps = instructions(project.dockerfile)
@@ -226,10 +271,18 @@ def stand_in_base(tmp_path_factory) -> Path:
     pip list` there shows torch, installs go into the venv. Returns its bin folder."""
     venv = tmp_path_factory.mktemp("base") / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                          check=True, capture_output=True, text=True).stdout.strip()
-    ours = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    site = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    ours = subprocess.run(
+        [sys.executable, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     (Path(site) / STAND_IN_PTH).write_text(ours + "\n")
     return venv / "bin"
 
@@ -239,17 +292,31 @@ def run_step(project: Project, bin_dir: Path, tmp_path: Path, pyproject: str | N
     work.mkdir()
     (work / "pyproject.toml").write_text(pyproject or (project.path / "pyproject.toml").read_text())
     keep = re.search(r'^ARG KEEP_FROM_BASE="(.*)"$', project.dockerfile, re.MULTILINE).group(1)
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "BASE_IMAGE": project.answers["base_image"], "EXTRAS": extras,
-           "KEEP_FROM_BASE": keep, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INDEX": "1"}
-    return subprocess.run(["sh", "-c", dependency_step(project)], cwd=work, env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "BASE_IMAGE": project.answers["base_image"],
+        "EXTRAS": extras,
+        "KEEP_FROM_BASE": keep,
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "PIP_NO_INDEX": "1",
+    }
+    return subprocess.run(
+        ["sh", "-c", dependency_step(project)],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 @pytest.fixture(scope="module")
 def one(tmp_path_factory) -> Project:
     root = tmp_path_factory.mktemp("step")
-    return Project(render(root / "p", project_name="Step Run", data_dir=str(root / "d"), output_dir=str(root / "r")),
-                   {})
+    return Project(
+        render(root / "p", project_name="Step Run", data_dir=str(root / "d"), output_dir=str(root / "r")), {}
+    )
 
 
 def test_dependency_step_keeps_the_base_torch(one, stand_in_base, tmp_path):
@@ -288,6 +355,7 @@ def test_dependency_step_names_an_unknown_extra(one, stand_in_base, tmp_path):
 
 
 # --- Fabric settings everywhere ------------------------------------------------------------------
+
 
 def test_nccl_env_follows_the_fabric(project):
     fabric = project.answers["fabric"]
@@ -369,8 +437,10 @@ def test_tione_readme_says_the_platform_values_win(project):
 def test_node_launcher_keeps_injected_values_and_reads_train_debug(one):
     """What the README claims, run: config/nccl.env never overrides a platform's NCCL_IB_HCA, and
     TRAIN_DEBUG "0" adds nothing while "1" adds config/nccl-debug.env."""
-    code = (f"import json, os; from {one.slug}.nccl_env import apply_nccl_env; apply_nccl_env(log=lambda m: None); "
-            "print(json.dumps({k: v for k, v in os.environ.items() if k.startswith(('NCCL_', 'TORCH_NCCL_'))}))")
+    code = (
+        f"import json, os; from {one.slug}.nccl_env import apply_nccl_env; apply_nccl_env(log=lambda m: None); "
+        "print(json.dumps({k: v for k, v in os.environ.items() if k.startswith(('NCCL_', 'TORCH_NCCL_'))}))"
+    )
     base = {"PYTHONPATH": str(one.path / "src"), "NCCL_IB_HCA": "mlx5_bond", "NCCL_IB_GID_INDEX": "3"}
     seen = {}
     for debug in ("0", "1"):

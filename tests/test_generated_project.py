@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import yaml
-
 from conftest import BIN, render, run
 
 
@@ -20,29 +19,50 @@ def test_console_script_and_module_entry(default_project):
 
 
 def test_generated_project_own_tests_pass(default_project):
-    result = run([str(BIN / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=default_project, timeout=1800)
+    result = run(
+        [str(BIN / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=default_project, timeout=1800
+    )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert " passed" in result.stdout and " failed" not in result.stdout
 
 
 def test_deepspeed_project_own_tests_pass(tmp_path):
     """strategy=deepspeed renders its DeepSpeed tests (ZeRO 0-3 against DDP on CPU); they pass."""
-    project = render(tmp_path / "ds", project_name="Zero Run", strategy="deepspeed",
-                     data_dir=str(tmp_path / "data"), output_dir=str(tmp_path / "runs"))
+    project = render(
+        tmp_path / "ds",
+        project_name="Zero Run",
+        strategy="deepspeed",
+        data_dir=str(tmp_path / "data"),
+        output_dir=str(tmp_path / "runs"),
+    )
     assert yaml.safe_load((project / "config/train.yaml").read_text())["run"]["strategy"] == "deepspeed"
-    result = run([str(BIN / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_deepspeed.py"],
-                 cwd=project, timeout=1800)
+    result = run(
+        [str(BIN / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_deepspeed.py"],
+        cwd=project,
+        timeout=1800,
+    )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert " passed" in result.stdout and " failed" not in result.stdout
 
 
 def test_gpt3_project_layouts_match_one_process(tmp_path):
     """model=gpt3 renders its layout tests (pipeline 2 and tensor 2 against one process); they pass."""
-    project = render(tmp_path / "g3", project_name="Layouts", model="gpt3", gpt3_layout="custom", model_size="tiny",
-                     gpus_per_node=2, data_dir=str(tmp_path / "data"), output_dir=str(tmp_path / "runs"))
+    project = render(
+        tmp_path / "g3",
+        project_name="Layouts",
+        model="gpt3",
+        gpt3_layout="custom",
+        model_size="tiny",
+        gpus_per_node=2,
+        data_dir=str(tmp_path / "data"),
+        output_dir=str(tmp_path / "runs"),
+    )
     train_yaml = yaml.safe_load((project / "config/train.yaml").read_text())
     assert train_yaml["model"]["arch"] == "gpt3" and train_yaml["run"]["strategy"] == "deepspeed"
-    result = run([str(BIN / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpt3.py"],
-                 cwd=project, timeout=1800)
+    result = run(
+        [str(BIN / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpt3.py"],
+        cwd=project,
+        timeout=1800,
+    )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert " passed" in result.stdout and " failed" not in result.stdout

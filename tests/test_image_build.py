@@ -23,7 +23,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from conftest import TEMPLATE, render, run
 
 INFRA = TEMPLATE / "tests" / "infra" / "podman.sh"
@@ -42,7 +41,8 @@ def engine() -> dict[str, str]:
     proc = run(["bash", str(INFRA)], timeout=1800, env={"PYTHON": sys.executable})
     assert proc.returncode == 0, (
         f"tests/infra/podman.sh could not start the engine, the registry or the base image "
-        f"(install: bash tests/infra/install-system.sh; needs root):\n{proc.stdout}\n{proc.stderr}")
+        f"(install: bash tests/infra/install-system.sh; needs root):\n{proc.stdout}\n{proc.stderr}"
+    )
     host = re.findall(r"^DOCKER_HOST=(\S+)$", proc.stdout, re.M)
     assert host, f"podman.sh printed no DOCKER_HOST line:\n{proc.stdout}"
     print(f"\nengine + registry + base ready in {time.time() - start:.0f} s", file=sys.stderr)
@@ -65,8 +65,9 @@ class Project:
     def cli(self, *args: str, env: dict | None = None, stdin: str | None = None, timeout: int = 1200):
         cmd = [sys.executable, "-m", SLUG, "image", *args]
         full = {**os.environ, "PYTHONPATH": str(self.path / "src"), **(env or {})}
-        return subprocess.run(cmd, cwd=self.path, env=full, input=stdin, capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(
+            cmd, cwd=self.path, env=full, input=stdin, capture_output=True, text=True, timeout=timeout
+        )
 
     def git(self, *args: str) -> str:
         proc = run(["git", "-c", "user.name=Image Test", "-c", "user.email=image@test.invalid", *args], cwd=self.path)
@@ -82,8 +83,13 @@ class Project:
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Project:
     root = tmp_path_factory.mktemp("image")
-    render(root / "project", project_name="Image Build", image=f"{REPOSITORY}:{IMAGE_TAG}",
-           data_dir=str(root / "data"), output_dir=str(root / "runs"))
+    render(
+        root / "project",
+        project_name="Image Build",
+        image=f"{REPOSITORY}:{IMAGE_TAG}",
+        data_dir=str(root / "data"),
+        output_dir=str(root / "runs"),
+    )
     proj = Project(root / "project")
     proj.git("init", "-q")
     proj.commit("generated")
@@ -101,8 +107,7 @@ def timed(label: str, fn):
 def first_build(project, engine, docker_client):
     """`image build --push` of the freshly committed project: (output, commit, image id)."""
     commit = project.git("rev-parse", "HEAD")
-    proc = timed("image build --push (first)",
-                 lambda: project.cli("build", "--push", "--base-image", BASE, env=engine))
+    proc = timed("image build --push (first)", lambda: project.cli("build", "--push", "--base-image", BASE, env=engine))
     assert proc.returncode == 0, f"image build --push failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
     image_id = docker_client.images.get(f"{REPOSITORY}:{commit[:7]}").id
     yield proc.stdout, commit, image_id
@@ -148,6 +153,7 @@ def closed_port() -> int:
 
 # --- The build --------------------------------------------------------------------------------------
 
+
 def test_build_streams_progress_and_tags_version_commit_and_answer(first_build, docker_client):
     output, commit, image_id = first_build
     steps = build_steps(output)
@@ -175,10 +181,18 @@ def test_registry_lists_the_pushed_tags(first_build):
 def test_image_keeps_the_base_torch_and_holds_the_package(first_build, docker_client):
     _, _, image_id = first_build
     code = f"import torch, {SLUG}; print(torch.__version__, {SLUG}.__file__)"
-    base = docker_client.containers.run(BASE, ["python3", "-c", "import torch; print(torch.__version__)"],
-                                        remove=True, network_mode="none").decode().split()
-    ours = docker_client.containers.run(image_id, entrypoint=["python3", "-c", code], remove=True,
-                                        network_mode="none").decode().split()
+    base = (
+        docker_client.containers.run(
+            BASE, ["python3", "-c", "import torch; print(torch.__version__)"], remove=True, network_mode="none"
+        )
+        .decode()
+        .split()
+    )
+    ours = (
+        docker_client.containers.run(image_id, entrypoint=["python3", "-c", code], remove=True, network_mode="none")
+        .decode()
+        .split()
+    )
     assert base[0].startswith("2."), base
     assert ours[0] == base[0], f"the project image replaced the base's torch {base[0]} with {ours[0]}"
     assert ours[1].endswith(f"/{SLUG}/__init__.py"), ours
@@ -210,14 +224,23 @@ def test_code_change_rebuilds_only_the_code_layers(first_build, rebuild, docker_
 
 # --- Errors ------------------------------------------------------------------------------------------
 
+
 def test_dry_run_shows_tags_build_args_and_push_targets_without_an_engine(project):
     commit = project.git("rev-parse", "HEAD")
-    proc = project.cli("build", "--push", "--dry-run", "--base-image", BASE,
-                       env={"DOCKER_HOST": "unix:///nonexistent.sock"})
+    proc = project.cli(
+        "build", "--push", "--dry-run", "--base-image", BASE, env={"DOCKER_HOST": "unix:///nonexistent.sock"}
+    )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    for text in (f"{REPOSITORY}:0.1.0", f"{REPOSITORY}:{commit[:7]}", f"{REPOSITORY}:{IMAGE_TAG}",
-                 "VERSION=0.1.0", f"GIT_COMMIT={commit}", f"BASE_IMAGE={BASE}", f"push to:     {REGISTRY}"):
+    for text in (
+        f"{REPOSITORY}:0.1.0",
+        f"{REPOSITORY}:{commit[:7]}",
+        f"{REPOSITORY}:{IMAGE_TAG}",
+        "VERSION=0.1.0",
+        f"GIT_COMMIT={commit}",
+        f"BASE_IMAGE={BASE}",
+        f"push to:     {REGISTRY}",
+    ):
         assert text in out, f"{text!r} missing from the dry run:\n{out}"
 
 
@@ -244,8 +267,19 @@ def test_push_to_a_registry_that_is_not_running_fails_naming_it(project, engine,
     """Build (all layers cached) then push to a closed port: the SDK does not raise, the stream carries
     the error; the command exits 1 naming the registry. The password given on stdin never shows."""
     registry = f"127.0.0.1:{closed_port()}"
-    proc = project.cli("build", "--push", "--image", f"{registry}/{SLUG}:gone", "--base-image", BASE,
-                       "--username", "ci", "--password-stdin", env=engine, stdin=PASSWORD + "\n")
+    proc = project.cli(
+        "build",
+        "--push",
+        "--image",
+        f"{registry}/{SLUG}:gone",
+        "--base-image",
+        BASE,
+        "--username",
+        "ci",
+        "--password-stdin",
+        env=engine,
+        stdin=PASSWORD + "\n",
+    )
     try:
         assert proc.returncode == 1, f"push to a dead registry did not fail:\n{proc.stdout[-3000:]}\n{proc.stderr}"
         assert "built sha256:" in proc.stdout  # the build itself succeeded
@@ -262,8 +296,9 @@ def test_push_to_a_registry_that_is_not_running_fails_naming_it(project, engine,
                 docker_client.images.remove(tag)
 
 
-def test_push_over_https_to_a_plain_http_registry_names_the_insecure_setting(project, engine, first_build,
-                                                                           docker_client):
+def test_push_over_https_to_a_plain_http_registry_names_the_insecure_setting(
+    project, engine, first_build, docker_client
+):
     """The same registry as localhost:5000, which podman's registries.conf does not mark insecure: the
     engine speaks HTTPS, the registry answers HTTP, the stream carries the error."""
     registry = "localhost:" + REGISTRY.rsplit(":", 1)[1]

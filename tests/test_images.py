@@ -23,7 +23,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import TEMPLATE, run
 
 IMAGES = TEMPLATE / "images"
@@ -31,12 +30,21 @@ BASE = IMAGES / "cuda-pytorch"
 DOCKERFILE = BASE / "Dockerfile"
 PACKAGES = BASE / "packages.txt"
 HADOLINT = Path(sys.executable).parent / "hadolint"
-RELEASES = ("noble", "jammy", "bookworm")   # the columns packages.txt must have, in this order
+RELEASES = ("noble", "jammy", "bookworm")  # the columns packages.txt must have, in this order
 
 # What the issue asks the base image to carry, by their Debian 12 names.
 REQUIRED = {
-    "rdma": {"rdma-core", "libibverbs1", "ibverbs-providers", "librdmacm1", "libibumad3", "ibverbs-utils",
-             "infiniband-diags", "perftest", "rdmacm-utils"},
+    "rdma": {
+        "rdma-core",
+        "libibverbs1",
+        "ibverbs-providers",
+        "librdmacm1",
+        "libibumad3",
+        "ibverbs-utils",
+        "infiniband-diags",
+        "perftest",
+        "rdmacm-utils",
+    },
     "mpi": {"openmpi-bin", "libopenmpi-dev"},
     "ssh": {"openssh-client", "openssh-server"},
 }
@@ -79,7 +87,7 @@ def arg_defaults() -> dict[str, str]:
     for keyword, rest in dockerfile_instructions():
         if keyword == "ARG":
             for name, _, value in re.findall(r'([A-Za-z_][A-Za-z0-9_]*)(=("[^"]*"|\S*))?', rest):
-                if value or name not in defaults:   # `ARG X` after FROM re-declares, keeps the default
+                if value or name not in defaults:  # `ARG X` after FROM re-declares, keeps the default
                     defaults[name] = value.strip('"')
     return defaults
 
@@ -129,8 +137,9 @@ def test_package_table_has_what_the_image_needs():
             name, version = row[release]
             assert re.fullmatch(r"[a-z0-9][a-z0-9+.-]+", name), f"{release}: bad package name {name!r}"
             # A prefix pin: the * only at the end, and at least the upstream version before it.
-            assert re.fullmatch(r"(\d+:)?\d[A-Za-z0-9.+~]*(-[A-Za-z0-9.+~]*)?\*?", version), \
+            assert re.fullmatch(r"(\d+:)?\d[A-Za-z0-9.+~]*(-[A-Za-z0-9.+~]*)?\*?", version), (
                 f"{release}: {name}={version} is not a version or version prefix"
+            )
 
 
 def test_every_package_name_exists_in_debian(apt_cache):
@@ -148,8 +157,12 @@ def test_bookworm_pins_resolve_together(apt_cache):
     """Every bookworm version prefix matches an archive version, and the whole set is installable
     (apt-get -s simulates: nothing is installed)."""
     specs = [f"{name}={version}" for name, version in (row["bookworm"] for row in package_table())]
-    result = subprocess.run(["apt-get", "install", "-s", "-y", "--no-install-recommends", *specs],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        ["apt-get", "install", "-s", "-y", "--no-install-recommends", *specs],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, f"apt-get install -s {' '.join(specs)}:\n{result.stdout[-3000:]}\n{result.stderr}"
 
 
@@ -176,7 +189,9 @@ def test_dockerfile_pins_labels_and_keeps_secrets_out():
     text = DOCKERFILE.read_text()
 
     # The base: a pinned tag by default, FROM only through that ARG or a pinned literal.
-    assert image_is_pinned(defaults.get("BASE_IMAGE", "")), f"BASE_IMAGE default {defaults.get('BASE_IMAGE')!r} is not pinned"
+    assert image_is_pinned(defaults.get("BASE_IMAGE", "")), (
+        f"BASE_IMAGE default {defaults.get('BASE_IMAGE')!r} is not pinned"
+    )
     for keyword, rest in instructions:
         if keyword == "FROM":
             ref = rest.split()[0]
@@ -185,14 +200,18 @@ def test_dockerfile_pins_labels_and_keeps_secrets_out():
     documented = re.findall(r"BASE_IMAGE=(\S+)", text + (BASE / "README.md").read_text())
     assert documented and all(image_is_pinned(ref.strip("\"'`")) for ref in documented), documented
     # nccl-tests at a tag or a commit, never a moving branch.
-    assert re.fullmatch(r"v\d+\.\d+\.\d+|[0-9a-f]{40}", defaults.get("NCCL_TESTS_REF", "")), defaults.get("NCCL_TESTS_REF")
+    assert re.fullmatch(r"v\d+\.\d+\.\d+|[0-9a-f]{40}", defaults.get("NCCL_TESTS_REF", "")), defaults.get(
+        "NCCL_TESTS_REF"
+    )
 
     # No remote ADD (unverified downloads); no ARG/ENV that looks like a secret.
     for keyword, rest in instructions:
         assert not (keyword == "ADD" and "://" in rest), f"ADD of a remote URL: {rest}"
         if keyword in ("ARG", "ENV"):
             for name in re.findall(r"(?:^|\s)([A-Za-z_][A-Za-z0-9_]*)(?==|\s|$)", rest):
-                assert not re.search(r"PASSWORD|PASSWD|TOKEN|SECRET|API_KEY|PRIVATE_KEY", name, re.I), f"{keyword} {name}"
+                assert not re.search(r"PASSWORD|PASSWD|TOKEN|SECRET|API_KEY|PRIVATE_KEY", name, re.I), (
+                    f"{keyword} {name}"
+                )
                 # Runtime NCCL settings belong to the project's config/nccl.env (build args are
                 # gone at run time, so NCCL_TESTS_REF and NCCL_VERSION_LABEL are fine).
                 assert not (keyword == "ENV" and name.startswith("NCCL_")), f"ENV {name}: belongs to config/nccl.env"
@@ -205,8 +224,12 @@ def test_dockerfile_pins_labels_and_keeps_secrets_out():
         assert f"org.opencontainers.image.{key}=" in labels, f"no org.opencontainers.image.{key} label"
     # The version labels come from build args that record-versions.sh checks against the image.
     record = (BASE / "record-versions.sh").read_text()
-    for component, arg in (("cuda", "CUDA_VERSION_LABEL"), ("torch", "TORCH_VERSION_LABEL"),
-                           ("nccl", "NCCL_VERSION_LABEL"), ("rdma-core", "RDMA_CORE_VERSION_LABEL")):
+    for component, arg in (
+        ("cuda", "CUDA_VERSION_LABEL"),
+        ("torch", "TORCH_VERSION_LABEL"),
+        ("nccl", "NCCL_VERSION_LABEL"),
+        ("rdma-core", "RDMA_CORE_VERSION_LABEL"),
+    ):
         assert f'dist-train.{component}.version="${{{arg}}}"' in labels, f"no dist-train.{component}.version label"
         assert re.search(rf"^check .* {arg} ", record, re.M), f"record-versions.sh does not check {arg}"
         assert defaults.get(arg), f"{arg} has no default"
@@ -227,8 +250,10 @@ def install_packages(tmp_path: Path, codename: str, **env) -> subprocess.Complet
     """install-packages.sh in DRY_RUN mode as if on `codename`: prints the apt-get command only."""
     os_release = tmp_path / f"os-release-{codename or 'none'}"
     os_release.write_text(f'PRETTY_NAME="test {codename}"\nVERSION_CODENAME={codename}\n')
-    return run(["bash", str(BASE / "install-packages.sh"), str(PACKAGES)],
-               env={"OS_RELEASE": str(os_release), "DRY_RUN": "1", **env})
+    return run(
+        ["bash", str(BASE / "install-packages.sh"), str(PACKAGES)],
+        env={"OS_RELEASE": str(os_release), "DRY_RUN": "1", **env},
+    )
 
 
 def test_install_packages_picks_the_release_column(tmp_path):
@@ -253,26 +278,42 @@ def test_install_packages_picks_the_release_column(tmp_path):
 def test_record_versions_refuses_labels_that_do_not_match(tmp_path):
     """record-versions.sh with this machine's python (CPU torch, no NCCL) and no CUDA."""
     py = Path(sys.executable).parent
-    torch_version = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"],
-                                   capture_output=True, text=True).stdout.strip()
+    torch_version = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True
+    ).stdout.strip()
     rdma = subprocess.run(["dpkg-query", "-W", "-f=${Status} ${Version}", "rdma-core"], capture_output=True, text=True)
     rdma_version = rdma.stdout.split()[-1] if "ok installed" in rdma.stdout else "none"
-    env = {"PATH": f"{py}{os.pathsep}{os.environ['PATH']}", "OUT": str(tmp_path / "base-image.env"),
-           "CUDA_HOME": str(tmp_path / "no-cuda"), "BASE_IMAGE": "example/base:1",
-           "CUDA_VERSION_LABEL": "none", "TORCH_VERSION_LABEL": ".".join(torch_version.split(".")[:2]),
-           "NCCL_VERSION_LABEL": "none", "RDMA_CORE_VERSION_LABEL": rdma_version}
+    env = {
+        "PATH": f"{py}{os.pathsep}{os.environ['PATH']}",
+        "OUT": str(tmp_path / "base-image.env"),
+        "CUDA_HOME": str(tmp_path / "no-cuda"),
+        "BASE_IMAGE": "example/base:1",
+        "CUDA_VERSION_LABEL": "none",
+        "TORCH_VERSION_LABEL": ".".join(torch_version.split(".")[:2]),
+        "NCCL_VERSION_LABEL": "none",
+        "RDMA_CORE_VERSION_LABEL": rdma_version,
+    }
     ok = run(["bash", str(BASE / "record-versions.sh")], env=env)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     recorded = (tmp_path / "base-image.env").read_text()
-    assert f"TORCH='{torch_version}'" in recorded and "CUDA='none'" in recorded and "BASE_IMAGE='example/base:1'" in recorded
+    assert (
+        f"TORCH='{torch_version}'" in recorded
+        and "CUDA='none'" in recorded
+        and "BASE_IMAGE='example/base:1'" in recorded
+    )
     sourced = run(["bash", "-c", f'set -eu; . "{tmp_path / "base-image.env"}"; echo "$TORCH|$RDMA_STACK"'])
     assert sourced.returncode == 0 and sourced.stdout.startswith(torch_version + "|"), sourced.stderr
 
-    wrong = run(["bash", str(BASE / "record-versions.sh")], env={**env, "TORCH_VERSION_LABEL": "1.0", "NCCL_VERSION_LABEL": "2.25"})
+    wrong = run(
+        ["bash", str(BASE / "record-versions.sh")],
+        env={**env, "TORCH_VERSION_LABEL": "1.0", "NCCL_VERSION_LABEL": "2.25"},
+    )
     assert wrong.returncode == 1
     assert "TORCH_VERSION_LABEL" in wrong.stderr and "NCCL_VERSION_LABEL" in wrong.stderr and "2.25" in wrong.stderr
     # A declared version counts as a prefix only up to a dot, dash or plus: "2.1" is not 2.13.
-    cut = next((k for k in range(1, len(torch_version)) if torch_version[k - 1].isdigit() and torch_version[k].isdigit()), None)
+    cut = next(
+        (k for k in range(1, len(torch_version)) if torch_version[k - 1].isdigit() and torch_version[k].isdigit()), None
+    )
     assert cut, f"torch {torch_version} has no two-digit component to test prefixes with"
     prefix = run(["bash", str(BASE / "record-versions.sh")], env={**env, "TORCH_VERSION_LABEL": torch_version[:cut]})
     assert prefix.returncode == 1 and "TORCH_VERSION_LABEL" in prefix.stderr, prefix.stdout
@@ -284,13 +325,18 @@ def test_install_torch_and_nccl_tests_refuse_clearly(tmp_path):
     with_torch = {"PATH": f"{py}{os.pathsep}{os.environ['PATH']}"}
     kept = run(["bash", script], env={**with_torch, "TORCH_PIP_SPEC": ""})
     assert kept.returncode == 0 and "keeping the base image's torch" in kept.stdout, kept.stderr
-    twice = run(["bash", script], env={**with_torch, "TORCH_PIP_SPEC": "torch==2.7.1", "TORCH_INDEX_URL": "https://example.invalid"})
+    twice = run(
+        ["bash", script],
+        env={**with_torch, "TORCH_PIP_SPEC": "torch==2.7.1", "TORCH_INDEX_URL": "https://example.invalid"},
+    )
     assert twice.returncode == 1 and "already has torch" in twice.stderr
     # The system python (no torch): an unpinned spec is refused before anything is installed.
     no_torch = {"PATH": "/usr/bin:/bin", "VENV": str(tmp_path / "venv")}
     probe = run(["/usr/bin/python3", "-c", "import torch"], env=no_torch)
     assert probe.returncode != 0, "this test needs /usr/bin/python3 without torch (torch belongs in the venv)"
-    unpinned = run(["bash", script], env={**no_torch, "TORCH_PIP_SPEC": "torch", "TORCH_INDEX_URL": "https://example.invalid"})
+    unpinned = run(
+        ["bash", script], env={**no_torch, "TORCH_PIP_SPEC": "torch", "TORCH_INDEX_URL": "https://example.invalid"}
+    )
     assert unpinned.returncode == 1 and "pinned with ==" in unpinned.stderr, unpinned.stderr
     missing = run(["bash", script], env={**no_torch, "TORCH_PIP_SPEC": ""})
     assert missing.returncode == 1 and "has no torch" in missing.stderr and "TORCH_PIP_SPEC" in missing.stderr

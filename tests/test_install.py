@@ -27,9 +27,16 @@ def fresh_venv(path: Path, see_this_environment: bool) -> Path:
 
 
 def test_install_script_installs_the_chosen_extras(tmp_path):
-    project = render(tmp_path / "project", project_name="Inst", project_slug=SLUG, strategy="deepspeed",
-                     platforms="[devmachine,kubeflow]", shared_mount=str(tmp_path), data_dir=str(tmp_path / "data"),
-                     output_dir=str(tmp_path / "runs"))
+    project = render(
+        tmp_path / "project",
+        project_name="Inst",
+        project_slug=SLUG,
+        strategy="deepspeed",
+        platforms="[devmachine,kubeflow]",
+        shared_mount=str(tmp_path),
+        data_dir=str(tmp_path / "data"),
+        output_dir=str(tmp_path / "runs"),
+    )
     python = fresh_venv(tmp_path / "venv", see_this_environment=True)
     installed = run(["bash", "scripts/install.sh", "test"], cwd=project, env={"PYTHON": str(python)})
     assert installed.returncode == 0, installed.stdout + installed.stderr
@@ -37,18 +44,28 @@ def test_install_script_installs_the_chosen_extras(tmp_path):
     # The console script, and every extra's import, from outside the project folder.
     check = run([str(python.parent / SLUG), "check", "--config", str(project / "config/train.yaml")], cwd=tmp_path)
     assert check.returncode == 0 and check.stdout.startswith("config OK"), check.stdout + check.stderr
-    imports = run([str(python), "-c", f"import deepspeed, kubernetes, docker, pytest, {SLUG}; print({SLUG}.__file__)"],
-                  cwd=tmp_path)
+    imports = run(
+        [str(python), "-c", f"import deepspeed, kubernetes, docker, pytest, {SLUG}; print({SLUG}.__file__)"],
+        cwd=tmp_path,
+    )
     assert imports.returncode == 0, imports.stderr
     assert Path(imports.stdout.strip().splitlines()[-1]).is_relative_to(project / "src")  # editable: its source
 
 
 def test_install_script_without_torch_says_what_to_do(tmp_path):
-    project = render(tmp_path / "project", project_name="Inst", project_slug=SLUG,
-                     data_dir=str(tmp_path / "data"), output_dir=str(tmp_path / "runs"))
+    project = render(
+        tmp_path / "project",
+        project_name="Inst",
+        project_slug=SLUG,
+        data_dir=str(tmp_path / "data"),
+        output_dir=str(tmp_path / "runs"),
+    )
     python = fresh_venv(tmp_path / "venv", see_this_environment=False)
     refused = run(["bash", "scripts/install.sh"], cwd=project, env={"PYTHON": str(python)})
     assert refused.returncode == 1
-    assert refused.stderr.startswith("error: torch is not installed for ") and "install the build for your CUDA" in refused.stderr
+    assert (
+        refused.stderr.startswith("error: torch is not installed for ")
+        and "install the build for your CUDA" in refused.stderr
+    )
     listed = run([str(python), "-m", "pip", "list"]).stdout
     assert SLUG not in listed  # nothing half-installed

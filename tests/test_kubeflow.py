@@ -18,7 +18,6 @@ import sys
 
 import pytest
 import yaml
-
 from conftest import BIN, render, run
 from k8s_schemas import core_errors, pod_template, to_json_schema, validation_errors
 
@@ -27,21 +26,46 @@ PLATFORMS = "[devmachine, kubeflow]"
 # without a pull secret; the DDP sets check that it is absent there.
 ANSWER_SETS = {
     "one-node": {"project_name": "Solo Run", "nodes": 1, "gpus_per_node": 8, "strategy": "deepspeed"},
-    "four-nodes": {"project_name": "Four Nodes", "nodes": 4, "gpus_per_node": 8, "k8s_namespace": "ml-training",
-                   "strategy": "deepspeed"},
+    "four-nodes": {
+        "project_name": "Four Nodes",
+        "nodes": 4,
+        "gpus_per_node": 8,
+        "k8s_namespace": "ml-training",
+        "strategy": "deepspeed",
+    },
     "no-rdma": {"project_name": "Plain TCP", "nodes": 2, "gpus_per_node": 1, "rdma_resource": ""},
     "pull-secret": {
-        "project_name": "Private Image", "nodes": 3, "gpus_per_node": 4, "image": "registry.internal:5000/team/gpt:v1",
-        "image_pull_secret": "regcred", "pvc_name": "team.shared-data", "rdma_resource": "rdma/rdma_shared_device_a",
-        "shared_mount": "/data/shared", "strategy": "deepspeed",
+        "project_name": "Private Image",
+        "nodes": 3,
+        "gpus_per_node": 4,
+        "image": "registry.internal:5000/team/gpt:v1",
+        "image_pull_secret": "regcred",
+        "pvc_name": "team.shared-data",
+        "rdma_resource": "rdma/rdma_shared_device_a",
+        "shared_mount": "/data/shared",
+        "strategy": "deepspeed",
     },
-    "odd-name": {"project_name": '\u00dcn\u00efcode: "quotes" $HOME; run #2 & <tags> {braces}', "nodes": 2,
-                 "gpus_per_node": 8, "strategy": "deepspeed"},
+    "odd-name": {
+        "project_name": '\u00dcn\u00efcode: "quotes" $HOME; run #2 & <tags> {braces}',
+        "nodes": 2,
+        "gpus_per_node": 8,
+        "strategy": "deepspeed",
+    },
     # No RDMA on the fabric: no RDMA resource requested, whatever rdma_resource says.
-    "tcp-fabric": {"project_name": "Tcp Fabric", "nodes": 2, "gpus_per_node": 8, "fabric": "tcp",
-                   "strategy": "deepspeed"},
-    "roce-fabric": {"project_name": "Roce Fabric", "nodes": 2, "gpus_per_node": 8, "fabric": "roce",
-                    "strategy": "deepspeed"},
+    "tcp-fabric": {
+        "project_name": "Tcp Fabric",
+        "nodes": 2,
+        "gpus_per_node": 8,
+        "fabric": "tcp",
+        "strategy": "deepspeed",
+    },
+    "roce-fabric": {
+        "project_name": "Roce Fabric",
+        "nodes": 2,
+        "gpus_per_node": 8,
+        "fabric": "roce",
+        "strategy": "deepspeed",
+    },
     # The longest slug (40) with many nodes: pod and Service names must still fit 63 characters.
     "long-name": {"project_name": "x" * 60, "nodes": 16, "gpus_per_node": 8},
 }
@@ -62,14 +86,20 @@ class Project:
         return yaml.safe_load((self.path / "launch" / "kubeflow" / f"{name}.yaml").read_text())
 
     def nccl_env(self) -> dict[str, str]:
-        pairs = (line.split("=", 1) for line in (self.path / "config" / "nccl.env").read_text().splitlines()
-                 if line.strip() and not line.lstrip().startswith("#"))
+        pairs = (
+            line.split("=", 1)
+            for line in (self.path / "config" / "nccl.env").read_text().splitlines()
+            if line.strip() and not line.lstrip().startswith("#")
+        )
         return {key.strip(): value.strip() for key, value in pairs}
 
     def cli(self, *args, env: dict | None = None):
         """`python -m <slug> ARGS` from the project root, as a user runs it."""
-        return run([str(BIN / "python"), "-m", self.slug, *map(str, args)], cwd=self.path,
-                   env={"PYTHONPATH": str(self.path / "src"), "KUBERNETES_SERVICE_HOST": "", **(env or {})})
+        return run(
+            [str(BIN / "python"), "-m", self.slug, *map(str, args)],
+            cwd=self.path,
+            env={"PYTHONPATH": str(self.path / "src"), "KUBERNETES_SERVICE_HOST": "", **(env or {})},
+        )
 
 
 def render_kubeflow(dst, **answers) -> Project:
@@ -103,12 +133,14 @@ def runtime_pod(manifest: dict) -> dict:
     trainer = manifest["spec"]["trainer"]
     (container,) = template["spec"]["containers"]
     assert container["name"] == "node"  # the torch-distributed runtime's container
-    container.update(image=trainer["image"], command=trainer["command"], env=trainer["env"],
-                     resources=trainer["resourcesPerNode"])
+    container.update(
+        image=trainer["image"], command=trainer["command"], env=trainer["env"], resources=trainer["resourcesPerNode"]
+    )
     return template
 
 
 # --- Schemas -------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
 def test_manifest_passes_its_crd_schema(project, kind):
@@ -118,8 +150,11 @@ def test_manifest_passes_its_crd_schema(project, kind):
     # labels, and every name derived from the job stays within 63 characters.
     nodes = project.answers["nodes"]
     name = manifest["metadata"]["name"]
-    derived = ([f"{name}-master-0"] + [f"{name}-worker-{i}" for i in range(nodes - 1)] if kind == "pytorchjob"
-               else [f"{name}-node-0-{i}" for i in range(nodes)])
+    derived = (
+        [f"{name}-master-0"] + [f"{name}-worker-{i}" for i in range(nodes - 1)]
+        if kind == "pytorchjob"
+        else [f"{name}-node-0-{i}" for i in range(nodes)]
+    )
     for value in [name, *derived]:
         assert DNS1035.fullmatch(value) and len(value) <= 63, value
 
@@ -134,15 +169,19 @@ def test_validators_reject_what_a_strict_api_server_rejects(solo):
     job = solo.manifest("pytorchjob")
     master = lambda m: replica_specs(m)["Master"]["template"]["spec"]  # noqa: E731
     cases = {
-        "spec: Additional properties are not allowed ('nprocsPerNode'":
-            lambda m: m["spec"].update(nprocsPerNode=m["spec"].pop("nprocPerNode")),
-        "containers.0: Additional properties are not allowed ('volumeMount'":
-            lambda m: master(m)["containers"][0].update(volumeMount=[]),
+        "spec: Additional properties are not allowed ('nprocsPerNode'": lambda m: m["spec"].update(
+            nprocsPerNode=m["spec"].pop("nprocPerNode")
+        ),
+        "containers.0: Additional properties are not allowed ('volumeMount'": lambda m: master(m)["containers"][
+            0
+        ].update(volumeMount=[]),
         "spec.nprocPerNode: 8 is not of type 'string'": lambda m: m["spec"].update(nprocPerNode=8),
-        "spec.runPolicy: Additional properties are not allowed ('backofLimit'":
-            lambda m: m["spec"]["runPolicy"].update(backofLimit=3),
-        "limits.nvidia.com/gpu: '2 GPUs' does not match":
-            lambda m: master(m)["containers"][0]["resources"]["limits"].update({"nvidia.com/gpu": "2 GPUs"}),
+        "spec.runPolicy: Additional properties are not allowed ('backofLimit'": lambda m: m["spec"]["runPolicy"].update(
+            backofLimit=3
+        ),
+        "limits.nvidia.com/gpu: '2 GPUs' does not match": lambda m: master(m)["containers"][0]["resources"][
+            "limits"
+        ].update({"nvidia.com/gpu": "2 GPUs"}),
     }
     for expected, breaks in cases.items():
         broken = copy.deepcopy(job)
@@ -162,17 +201,22 @@ def test_validators_reject_what_a_strict_api_server_rejects(solo):
 
 
 def test_structural_schema_conversion():
-    schema = to_json_schema({
-        "type": "object",
-        "properties": {
-            "port": {"x-kubernetes-int-or-string": True},
-            "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
-                     "properties": {"a": {"type": "string"}}},
-            "maybe": {"type": "string", "nullable": True},
-            "nested": {"type": "object", "properties": {"b": {"type": "integer"}}},
-            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-        },
-    })
+    schema = to_json_schema(
+        {
+            "type": "object",
+            "properties": {
+                "port": {"x-kubernetes-int-or-string": True},
+                "free": {
+                    "type": "object",
+                    "x-kubernetes-preserve-unknown-fields": True,
+                    "properties": {"a": {"type": "string"}},
+                },
+                "maybe": {"type": "string", "nullable": True},
+                "nested": {"type": "object", "properties": {"b": {"type": "integer"}}},
+                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+            },
+        }
+    )
     import jsonschema
 
     ok = [{"port": 80}, {"port": "http"}, {"free": {"a": "x", "anything": 1}}, {"maybe": None}, {"labels": {"k": "v"}}]
@@ -202,12 +246,16 @@ def test_schema_folder_is_configurable(solo, tmp_path, monkeypatch):
 
 # --- Content -------------------------------------------------------------------------------------
 
+
 def test_pytorchjob_says_what_the_answers_say(project):
     a, job = project.answers, project.manifest("pytorchjob")
     nodes, gpus = a["nodes"], a["gpus_per_node"]
     assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v1", "PyTorchJob")
-    assert job["metadata"] == {"name": project.slug, "namespace": a["k8s_namespace"],
-                               "labels": {"app.kubernetes.io/name": project.slug}}
+    assert job["metadata"] == {
+        "name": project.slug,
+        "namespace": a["k8s_namespace"],
+        "labels": {"app.kubernetes.io/name": project.slug},
+    }
     assert job["spec"]["nprocPerNode"] == str(gpus)
     assert job["spec"]["runPolicy"]["backoffLimit"] == 3 and job["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
     specs = replica_specs(job)
@@ -230,8 +278,11 @@ def test_trainjob_says_what_the_answers_say(project):
     a, job = project.answers, project.manifest("trainjob")
     assert (job["apiVersion"], job["kind"]) == ("trainer.kubeflow.org/v1alpha1", "TrainJob")
     assert job["metadata"]["name"] == project.slug and job["metadata"]["namespace"] == a["k8s_namespace"]
-    assert job["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
-                                         "name": "torch-distributed"}
+    assert job["spec"]["runtimeRef"] == {
+        "apiGroup": "trainer.kubeflow.org",
+        "kind": "ClusterTrainingRuntime",
+        "name": "torch-distributed",
+    }
     trainer = job["spec"]["trainer"]
     assert trainer["numNodes"] == a["nodes"] and trainer["numProcPerNode"] == a["gpus_per_node"]
     assert trainer["image"] == a["image"] and trainer["command"] == [project.slug, "node"]
@@ -285,20 +336,36 @@ def test_no_kubeflow_files_without_the_platform(default_project):
 
 # --- launch kubeflow -----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
 def test_dry_run_prints_exactly_the_manifest(solo, kind):
     proc = solo.cli("launch", "kubeflow", "--manifest", kind, "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert yaml.safe_load(proc.stdout) == solo.manifest(kind)
     # Options change the submission, and only what they name; overrides reach every training command.
-    proc = solo.cli("launch", "kubeflow", "--manifest", kind, "--dry-run", "--namespace", "other", "--name", "run-2",
-                    "schedule.max_steps=5", "--set", "optim.lr=0.001")
+    proc = solo.cli(
+        "launch",
+        "kubeflow",
+        "--manifest",
+        kind,
+        "--dry-run",
+        "--namespace",
+        "other",
+        "--name",
+        "run-2",
+        "schedule.max_steps=5",
+        "--set",
+        "optim.lr=0.001",
+    )
     assert proc.returncode == 0, proc.stderr
     changed, original = yaml.safe_load(proc.stdout), solo.manifest(kind)
     assert validation_errors(changed) == []
     assert changed["metadata"] == {**original["metadata"], "namespace": "other", "name": "run-2"}
-    commands = ([r["template"]["spec"]["containers"][0]["command"] for r in replica_specs(changed).values()]
-                if kind == "pytorchjob" else [changed["spec"]["trainer"]["command"]])
+    commands = (
+        [r["template"]["spec"]["containers"][0]["command"] for r in replica_specs(changed).values()]
+        if kind == "pytorchjob"
+        else [changed["spec"]["trainer"]["command"]]
+    )
     assert len(commands) == (2 if kind == "pytorchjob" else 1)
     for command in commands:
         assert command == [solo.slug, "node", "optim.lr=0.001", "schedule.max_steps=5"]
@@ -326,12 +393,18 @@ def test_without_a_cluster_every_action_is_a_clear_error(solo, tmp_path, action)
     assert "KUBECONFIG" in proc.stderr and "--dry-run" in proc.stderr
     # A kubeconfig whose API server does not answer: a real connection is refused.
     unreachable = tmp_path / "unreachable-kubeconfig"
-    unreachable.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{closed_port()}"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-        "users": [{"name": "u", "user": {"token": "not-a-real-token"}}],
-    }))
+    unreachable.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{closed_port()}"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "users": [{"name": "u", "user": {"token": "not-a-real-token"}}],
+            }
+        )
+    )
     proc = solo.cli("launch", "kubeflow", "--action", action, "--kubeconfig", unreachable)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert proc.stderr.startswith("error: cannot reach the Kubernetes API server at https://127.0.0.1:")
@@ -341,16 +414,21 @@ def test_without_a_cluster_every_action_is_a_clear_error(solo, tmp_path, action)
 
 def test_missing_kubernetes_package_names_the_install(solo):
     # A None entry in sys.modules makes `import kubernetes` fail as if it were not installed.
-    code = ("import sys; sys.modules['kubernetes'] = None; from {0}.cli import main; "
-            "sys.exit(main(['launch', 'kubeflow']))").format(solo.slug)
+    code = (
+        f"import sys; sys.modules['kubernetes'] = None; from {solo.slug}.cli import main; "
+        "sys.exit(main(['launch', 'kubeflow']))"
+    )
     proc = run([sys.executable, "-c", code], cwd=solo.path, env={"PYTHONPATH": str(solo.path / "src")})
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("error: the `kubernetes` Python package is missing: `pip install kubernetes`")
 
 
 def test_generated_project_own_kubeflow_tests_pass(solo):
-    proc = run([str(BIN / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_launch_kubeflow.py"],
-               cwd=solo.path, timeout=600)
+    proc = run(
+        [str(BIN / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_launch_kubeflow.py"],
+        cwd=solo.path,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout
 
@@ -371,8 +449,9 @@ def mpi_container(job: dict, role: str) -> dict:
 
 @pytest.fixture(scope="module")
 def ds_solo(tmp_path_factory) -> Project:
-    return render_kubeflow(tmp_path_factory.mktemp("ds-solo") / "p", project_name="KF DS", nodes=2, gpus_per_node=2,
-                           strategy="deepspeed")
+    return render_kubeflow(
+        tmp_path_factory.mktemp("ds-solo") / "p", project_name="KF DS", nodes=2, gpus_per_node=2, strategy="deepspeed"
+    )
 
 
 def test_mpijob_exactly_for_deepspeed_projects(project):
@@ -400,8 +479,11 @@ def test_mpijob_says_what_the_answers_say(project):
     if project.answers["strategy"] != "deepspeed":
         return
     a, job = project.answers, project.manifest("mpijob")
-    assert job["metadata"] == {"name": project.slug, "namespace": a["k8s_namespace"],
-                               "labels": {"app.kubernetes.io/name": project.slug}}
+    assert job["metadata"] == {
+        "name": project.slug,
+        "namespace": a["k8s_namespace"],
+        "labels": {"app.kubernetes.io/name": project.slug},
+    }
     spec = job["spec"]
     assert spec["slotsPerWorker"] == a["gpus_per_node"] and spec["mpiImplementation"] == "OpenMPI"
     assert spec["sshAuthMountPath"] == "/root/.ssh" and spec["launcherCreationPolicy"] == "WaitForWorkersReady"
@@ -420,9 +502,9 @@ def test_mpijob_says_what_the_answers_say(project):
     command = launcher["command"]
     assert command[:2] == ["bash", "-c"] and command[3:] == [f"{project.slug}-launcher"]
     script = command[2]
-    assert 'HOSTFILE=${MPI_HOSTFILE:-/etc/mpi/hostfile}' in script
-    assert "python3 -m deepspeed.launcher.runner --hostfile \"$HOSTFILE\" --launcher openmpi" in script
-    assert "--force_multi --no_ssh_check" in script and f"--module {project.slug} node \"$@\"" in script
+    assert "HOSTFILE=${MPI_HOSTFILE:-/etc/mpi/hostfile}" in script
+    assert 'python3 -m deepspeed.launcher.runner --hostfile "$HOSTFILE" --launcher openmpi' in script
+    assert "--force_multi --no_ssh_check" in script and f'--module {project.slug} node "$@"' in script
     env = {e["name"]: e["value"] for e in launcher["env"]}
     nccl = project.nccl_env()
     assert env == {**nccl, "TRAIN_DEBUG": "0", **MPI_LAUNCHER_ENV}
@@ -444,14 +526,17 @@ def test_mpijob_says_what_the_answers_say(project):
 def test_mpijob_validators_reject_what_a_strict_api_server_rejects(ds_solo):
     job = ds_solo.manifest("mpijob")
     cases = {
-        "spec: Additional properties are not allowed ('slotPerWorker'":
-            lambda m: m["spec"].update(slotPerWorker=m["spec"].pop("slotsPerWorker")),
+        "spec: Additional properties are not allowed ('slotPerWorker'": lambda m: m["spec"].update(
+            slotPerWorker=m["spec"].pop("slotsPerWorker")
+        ),
         "spec.slotsPerWorker: '2' is not of type 'integer'": lambda m: m["spec"].update(slotsPerWorker="2"),
         "spec.mpiImplementation: 'openmpi' is not one of": lambda m: m["spec"].update(mpiImplementation="openmpi"),
-        "spec.runPolicy: Additional properties are not allowed ('cleanPodPolicies'":
-            lambda m: m["spec"]["runPolicy"].update(cleanPodPolicies="All"),
-        "containers.0: Additional properties are not allowed ('commands'":
-            lambda m: mpi_container(m, "Launcher").update(commands=[]),
+        "spec.runPolicy: Additional properties are not allowed ('cleanPodPolicies'": lambda m: m["spec"][
+            "runPolicy"
+        ].update(cleanPodPolicies="All"),
+        "containers.0: Additional properties are not allowed ('commands'": lambda m: mpi_container(
+            m, "Launcher"
+        ).update(commands=[]),
     }
     for expected, breaks in cases.items():
         broken = copy.deepcopy(job)
@@ -467,13 +552,15 @@ def test_mpijob_dry_run_and_overrides(ds_solo):
     proc = ds_solo.cli("launch", "kubeflow", "--kind", "mpijob", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert yaml.safe_load(proc.stdout) == ds_solo.manifest("mpijob")
-    proc = ds_solo.cli("launch", "kubeflow", "--manifest", "mpijob", "--dry-run", "--name", "run-2",
-                       "schedule.max_steps=5")
+    proc = ds_solo.cli(
+        "launch", "kubeflow", "--manifest", "mpijob", "--dry-run", "--name", "run-2", "schedule.max_steps=5"
+    )
     changed, original = yaml.safe_load(proc.stdout), ds_solo.manifest("mpijob")
     assert validation_errors(changed) == [] and changed["metadata"]["name"] == "run-2"
     # Overrides reach the Launcher's command (the script's "$@"); the Workers only run sshd.
     assert mpi_container(changed, "Launcher")["command"] == mpi_container(original, "Launcher")["command"] + [
-        "schedule.max_steps=5"]
+        "schedule.max_steps=5"
+    ]
     assert mpi_container(changed, "Worker") == mpi_container(original, "Worker")
     proc = ds_solo.cli("launch", "kubeflow", "--manifest", "mpijob", "--dry-run", "--name", "r" * 55)
     assert proc.returncode == 1 and f"'{'r' * 55}-launcher'" in proc.stderr  # the longest derived name
@@ -494,6 +581,7 @@ def test_mpijob_without_a_cluster_is_a_clear_error(ds_solo, tmp_path):
 
 # --- Faults: grace period and restarts --------------------------------------------------------------
 
+
 def test_pods_outlive_the_preemption_save(project):
     """Every pod of every manifest waits longer between SIGTERM and SIGKILL than the ranks may take to
     finish the step and save (cluster.stop_grace_seconds of the rendered config/train.yaml)."""
@@ -501,9 +589,14 @@ def test_pods_outlive_the_preemption_save(project):
     kinds = ["pytorchjob", "trainjob"] + (["mpijob"] if project.answers["strategy"] == "deepspeed" else [])
     for kind in kinds:
         job = project.manifest(kind)
-        pods = ([r["template"]["spec"] for r in (job["spec"].get("pytorchReplicaSpecs")
-                                                  or job["spec"].get("mpiReplicaSpecs")).values()]
-                if kind != "trainjob" else [runtime_pod(job)["spec"]])
+        pods = (
+            [
+                r["template"]["spec"]
+                for r in (job["spec"].get("pytorchReplicaSpecs") or job["spec"].get("mpiReplicaSpecs")).values()
+            ]
+            if kind != "trainjob"
+            else [runtime_pod(job)["spec"]]
+        )
         assert pods and all(pod["terminationGracePeriodSeconds"] > stop for pod in pods), kind
     readme = (project.path / "launch" / "kubeflow" / "README.md").read_text()
     assert f"resumes from `{project.answers['output_dir']}/checkpoints/latest`" in readme

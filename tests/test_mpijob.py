@@ -25,13 +25,21 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import BIN, render, run
 
 TINY = [
-    "model.size=tiny", "model.sequence_len=64", "batch.global_batch_size=8", "batch.micro_batch_size=4",
-    "batch.grad_accum_steps=null", "schedule.max_steps=10", "schedule.warmup_steps=2", "logging.every_steps=5",
-    "logging.eval_every_steps=0", "checkpoint.every_steps=10", "run.device=cpu", "run.compile=false",
+    "model.size=tiny",
+    "model.sequence_len=64",
+    "batch.global_batch_size=8",
+    "batch.micro_batch_size=4",
+    "batch.grad_accum_steps=null",
+    "schedule.max_steps=10",
+    "schedule.warmup_steps=2",
+    "logging.every_steps=5",
+    "logging.eval_every_steps=0",
+    "checkpoint.every_steps=10",
+    "run.device=cpu",
+    "run.compile=false",
 ]
 # Stand-in for `ssh HOST CMD` into a Worker: a new login has none of the caller's environment. Each
 # "host" gets its own temporary folder, as separate pods have: two of mpirun's daemons on one machine
@@ -58,11 +66,33 @@ def free_port() -> int:
 
 def ds_project(root: Path, nodes: int, gpus_per_node: int) -> Path:
     """A DeepSpeed ZeRO-2 project with Kubeflow, its shared mount here, data prepared on it."""
-    project = render(root / "p", project_name="Mpi Job", platforms="[devmachine,kubeflow]", strategy="deepspeed",
-                     zero_stage=2, nodes=nodes, gpus_per_node=gpus_per_node, fabric="tcp", nccl_socket_ifname="lo",
-                     shared_mount=str(root), data_dir=str(root / "data"), output_dir=str(root / "runs"))
-    prep = run([str(BIN / "python"), "-m", "mpijob", "prepare-data", "--demo-corpus", "data.vocab_size=2048",
-                "data.val_fraction=0.05"], cwd=project, env={"PYTHONPATH": str(project / "src")})
+    project = render(
+        root / "p",
+        project_name="Mpi Job",
+        platforms="[devmachine,kubeflow]",
+        strategy="deepspeed",
+        zero_stage=2,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        fabric="tcp",
+        nccl_socket_ifname="lo",
+        shared_mount=str(root),
+        data_dir=str(root / "data"),
+        output_dir=str(root / "runs"),
+    )
+    prep = run(
+        [
+            str(BIN / "python"),
+            "-m",
+            "mpijob",
+            "prepare-data",
+            "--demo-corpus",
+            "data.vocab_size=2048",
+            "data.val_fraction=0.05",
+        ],
+        cwd=project,
+        env={"PYTHONPATH": str(project / "src")},
+    )
     assert prep.returncode == 0, prep.stdout[-3000:] + prep.stderr[-3000:]
     return project
 
@@ -78,16 +108,27 @@ def run_launcher(project: Path, hostfile_text: str, tmp: Path, timeout: int = 24
     agent.chmod(0o755)
     env = {
         # What the image provides: python3 with the project (here: on PYTHONPATH) and DeepSpeed.
-        "PATH": os.pathsep.join([str(BIN), "/usr/local/bin", "/usr/bin", "/bin"]), "HOME": os.environ["HOME"],
-        "PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1",
+        "PATH": os.pathsep.join([str(BIN), "/usr/local/bin", "/usr/bin", "/bin"]),
+        "HOME": os.environ["HOME"],
+        "PYTHONPATH": str(project / "src"),
+        "OMP_NUM_THREADS": "1",
         **{e["name"]: e["value"] for e in container["env"]},
         # What the operator provides: the hostfile (at /etc/mpi/hostfile in a pod) and SSH to the Workers.
-        "MPI_HOSTFILE": str(hostfile), "OMPI_MCA_plm_rsh_agent": str(agent),
-        "MASTER_PORT": str(free_port()), "TRAIN_DEBUG": "1",
+        "MPI_HOSTFILE": str(hostfile),
+        "OMPI_MCA_plm_rsh_agent": str(agent),
+        "MASTER_PORT": str(free_port()),
+        "TRAIN_DEBUG": "1",
     }
     # Its own process group: on a timeout, mpirun and the ranks end with the runner.
-    proc = subprocess.Popen(container["command"] + TINY, cwd=project, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        container["command"] + TINY,
+        cwd=project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -153,13 +194,33 @@ def test_worker_prestop_makes_the_ranks_save_before_the_pod_goes(tmp_path):
     (worker,) = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
     hook = worker["lifecycle"]["preStop"]["exec"]["command"]
     assert "-m mpijob trai[n]( |$)" in hook[-1]
-    env = {**os.environ, "PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           "TRAIN_FAULT_STEP_SECONDS": "0.2"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(project / "src"),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "TRAIN_FAULT_STEP_SECONDS": "0.2",
+    }
     log = tmp_path / "rank.log"
     with open(log, "w") as out:
-        rank = subprocess.Popen([str(BIN / "python"), "-u", "-m", "mpijob", "train", *TINY, "schedule.max_steps=500",
-                                 "logging.every_steps=1", "run.strategy=ddp"], cwd=project, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        rank = subprocess.Popen(
+            [
+                str(BIN / "python"),
+                "-u",
+                "-m",
+                "mpijob",
+                "train",
+                *TINY,
+                "schedule.max_steps=500",
+                "logging.every_steps=1",
+                "run.strategy=ddp",
+            ],
+            cwd=project,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 120
         while "step      3/" not in log.read_text():
@@ -172,4 +233,7 @@ def test_worker_prestop_makes_the_ranks_save_before_the_pod_goes(tmp_path):
         if rank.poll() is None:
             os.killpg(rank.pid, signal.SIGKILL)
     record = json.loads((tmp_path / "runs" / "preempted.json").read_text())
-    assert record["signal"] == "SIGUSR1" and (tmp_path / "runs" / "checkpoints" / f"step_{record['step']:08d}.pt").is_file()
+    assert (
+        record["signal"] == "SIGUSR1"
+        and (tmp_path / "runs" / "checkpoints" / f"step_{record['step']:08d}.pt").is_file()
+    )

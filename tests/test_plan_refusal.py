@@ -14,15 +14,28 @@ import json
 
 import pytest
 import yaml
-
 from conftest import BIN, TEMPLATE, copier_copy, render, run
 
-PRESETS = ["125m-1gpu", "125m-2dp", "125m-4dp", "1.3b-4dp", "1.3b-8dp", "1.3b-4dp-4pp", "13b-4dp-4pp", "13b-4dp-8pp",
-           "13b-4dp-4pp-4tp"]
+PRESETS = [
+    "125m-1gpu",
+    "125m-2dp",
+    "125m-4dp",
+    "1.3b-4dp",
+    "1.3b-8dp",
+    "1.3b-4dp-4pp",
+    "13b-4dp-4pp",
+    "13b-4dp-8pp",
+    "13b-4dp-4pp-4tp",
+]
 
 
 def answers(tmp_path, **extra) -> dict:
-    return {"project_name": "Fit Run", "data_dir": str(tmp_path / "data"), "output_dir": str(tmp_path / "runs"), **extra}
+    return {
+        "project_name": "Fit Run",
+        "data_dir": str(tmp_path / "data"),
+        "output_dir": str(tmp_path / "runs"),
+        **extra,
+    }
 
 
 def test_presets_match_sizes():
@@ -36,8 +49,18 @@ def test_a_layout_that_does_not_fit_is_refused(tmp_path):
     split, ZeRO 1, micro batch 1): copier exits non-zero, prints plan's one line with the figures
     and the smallest change, shows no traceback from the check, and leaves no project behind."""
     dst = tmp_path / "big"
-    result = copier_copy(dst, answers(tmp_path, model="gpt3", gpt3_layout="custom", model_size="13B", nodes=1,
-                                      gpus_per_node=8, gpu_type="v100-16gb"))
+    result = copier_copy(
+        dst,
+        answers(
+            tmp_path,
+            model="gpt3",
+            gpt3_layout="custom",
+            model_size="13B",
+            nodes=1,
+            gpus_per_node=8,
+            gpu_type="v100-16gb",
+        ),
+    )
     out = result.stdout + result.stderr
     assert result.returncode != 0, out
     line = next((x for x in out.splitlines() if x.startswith("does not fit: ")), None)
@@ -48,15 +71,19 @@ def test_a_layout_that_does_not_fit_is_refused(tmp_path):
     assert "Traceback" not in out and not dst.exists()
 
 
-@pytest.mark.parametrize("name,data", [
-    *[(p, {"model": "gpt3", "gpt3_layout": p}) for p in PRESETS],
-    ("gpt-default", {}),
-    ("bert-default", {"model": "bert"}),
-])
+@pytest.mark.parametrize(
+    "name,data",
+    [
+        *[(p, {"model": "gpt3", "gpt3_layout": p}) for p in PRESETS],
+        ("gpt-default", {}),
+        ("bert-default", {"model": "bert"}),
+    ],
+)
 def test_presets_render_and_fit(tmp_path, name, data):
     project = render(tmp_path / "p", **answers(tmp_path, **data))
-    proc = run([str(BIN / "python"), "-m", "fitrun", "plan", "--json"], cwd=project,
-               env={"PYTHONPATH": str(project / "src")})
+    proc = run(
+        [str(BIN / "python"), "-m", "fitrun", "plan", "--json"], cwd=project, env={"PYTHONPATH": str(project / "src")}
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(proc.stdout)
     m, gib = r["memory"], 1024**3
@@ -65,7 +92,9 @@ def test_presets_render_and_fit(tmp_path, name, data):
         assert r["gpu_type"] == "a100-80gb"
     elif data.get("model") == "gpt3":
         assert r["gpu_type"] == "a100-40gb"
-    print(f"{name}: {r['arch']} {r['model']} on {r['nodes']} x {r['gpus_per_node']} {r['gpu_type']}, tensor "
-          f"{m['tensor']} x pipeline {m['pipeline']} x data {m['data_parallel']}, {r['strategy']}, micro "
-          f"{r['micro_batch_size']}: {m['total'] / gib:.1f} of {m['usable'] / gib:.0f} GiB; {r['tokens']:.3g} tokens "
-          f"at MFU {r['mfu']}: " + ", ".join(f"{t['nodes']} node(s) {t['hours']:.1f} h" for t in r["time"]))
+    print(
+        f"{name}: {r['arch']} {r['model']} on {r['nodes']} x {r['gpus_per_node']} {r['gpu_type']}, tensor "
+        f"{m['tensor']} x pipeline {m['pipeline']} x data {m['data_parallel']}, {r['strategy']}, micro "
+        f"{r['micro_batch_size']}: {m['total'] / gib:.1f} of {m['usable'] / gib:.0f} GiB; {r['tokens']:.3g} tokens "
+        f"at MFU {r['mfu']}: " + ", ".join(f"{t['nodes']} node(s) {t['hours']:.1f} h" for t in r["time"])
+    )

@@ -7,7 +7,6 @@ import sys
 
 import pytest
 import yaml
-
 from conftest import BIN, TEMPLATE, render, run
 
 ANSWER_SETS = {
@@ -16,19 +15,43 @@ ANSWER_SETS = {
     "one-gpu": {"project_name": "single", "gpus_per_node": 1},
     "big": {"project_name": "Big Cluster", "nodes": 16, "gpus_per_node": 8},
     "odd-world": {"project_name": "Odd", "nodes": 3, "gpus_per_node": 7},
-    "unicode-name": {"project_name": "Ünïcode: \"quotes\" $HOME; run 2", "data_dir": "/mnt/shared/my data"},
-    "all-platforms": {"project_name": "Everywhere", "nodes": 2, "gpus_per_node": 8,
-                      "platforms": "[devmachine, kubeflow, tione, slurm]"},
+    "unicode-name": {"project_name": 'Ünïcode: "quotes" $HOME; run 2', "data_dir": "/mnt/shared/my data"},
+    "all-platforms": {
+        "project_name": "Everywhere",
+        "nodes": 2,
+        "gpus_per_node": 8,
+        "platforms": "[devmachine, kubeflow, tione, slurm]",
+    },
     "tione-mpi": {"project_name": "Tione Mpi", "platforms": "[tione]", "tione_mode": "mpi"},
     "tione-ray": {"project_name": "Tione Ray", "platforms": "[tione]", "tione_mode": "ray", "nodes": 3},
     "tione-ps": {"project_name": "Tione PS", "platforms": "[tione]", "tione_mode": "ps-worker", "nodes": 2},
-    "slurm-full": {"project_name": "Slurm Full", "platforms": "[slurm]", "nodes": 4, "slurm_partition": "gpu",
-                   "slurm_account": "proj-1", "slurm_modules": "cuda/12.4 nccl", "slurm_time": "2-00:00:00"},
-    "gpt3-custom": {"project_name": "G3", "model": "gpt3", "gpt3_layout": "custom", "model_size": "350M",
-                    "nodes": 2, "gpus_per_node": 8, "tensor_parallel": 2, "pipeline_parallel": 4},
+    "slurm-full": {
+        "project_name": "Slurm Full",
+        "platforms": "[slurm]",
+        "nodes": 4,
+        "slurm_partition": "gpu",
+        "slurm_account": "proj-1",
+        "slurm_modules": "cuda/12.4 nccl",
+        "slurm_time": "2-00:00:00",
+    },
+    "gpt3-custom": {
+        "project_name": "G3",
+        "model": "gpt3",
+        "gpt3_layout": "custom",
+        "model_size": "350M",
+        "nodes": 2,
+        "gpus_per_node": 8,
+        "tensor_parallel": 2,
+        "pipeline_parallel": 4,
+    },
     "bert-base-ddp": {"project_name": "Bert Base", "model": "bert", "model_size": "base", "strategy": "ddp"},
-    "kubeflow-only": {"project_name": "Kube Only", "platforms": "[kubeflow]", "rdma_resource": "",
-                      "image_pull_secret": "regcred", "k8s_namespace": "ml-team"},
+    "kubeflow-only": {
+        "project_name": "Kube Only",
+        "platforms": "[kubeflow]",
+        "rdma_resource": "",
+        "image_pull_secret": "regcred",
+        "k8s_namespace": "ml-team",
+    },
 }
 
 
@@ -39,9 +62,16 @@ def test_answer_set_renders(tmp_path, name):
     files = {p.relative_to(project).as_posix() for p in project.rglob("*") if p.is_file()}
     answers_file = yaml.safe_load((project / ".copier-answers.yml").read_text())
     slug = answers_file["project_slug"]
-    for expected in ("README.md", "pyproject.toml", "config/train.yaml", "config/nccl.env",
-                     "scripts/cpu-smoke.sh", f"src/{slug}/cli.py", f"src/{slug}/models/gpt.py",
-                     "tests/conftest.py"):
+    for expected in (
+        "README.md",
+        "pyproject.toml",
+        "config/train.yaml",
+        "config/nccl.env",
+        "scripts/cpu-smoke.sh",
+        f"src/{slug}/cli.py",
+        f"src/{slug}/models/gpt.py",
+        "tests/conftest.py",
+    ):
         assert expected in files, f"{expected} missing from {sorted(files)}"
     # Launch files exist for the chosen platforms only.
     chosen = set(answers_file["platforms"])
@@ -60,9 +90,13 @@ def test_answer_set_renders(tmp_path, name):
         result = run(["bash", "-n", str(path)])
         assert result.returncode == 0, f"{path}: {result.stderr}"
     cfg = yaml.safe_load((project / "config/train.yaml").read_text())
-    assert cfg["cluster"] == {"nodes": answers.get("nodes", 1), "gpus_per_node": answers.get("gpus_per_node", 8),
-                              "gpu_type": answers.get("gpu_type", "h100-80gb"), "max_restarts": 3,
-                              "stop_grace_seconds": 120}
+    assert cfg["cluster"] == {
+        "nodes": answers.get("nodes", 1),
+        "gpus_per_node": answers.get("gpus_per_node", 8),
+        "gpu_type": answers.get("gpu_type", "h100-80gb"),
+        "max_restarts": 3,
+        "stop_grace_seconds": 120,
+    }
     assert cfg["data"]["dir"] == answers.get("data_dir", f"/mnt/shared/{slug}/data")
     # The generated project's own check agrees with its config for nodes x GPUs.
     result = run([str(BIN / "python"), "-m", slug, "check"], cwd=project, env={"PYTHONPATH": str(project / "src")})
@@ -73,8 +107,13 @@ def test_answer_set_renders(tmp_path, name):
 
 @pytest.mark.parametrize(
     "name, slug",
-    [("My Run", "myrun"), ("GPT-3 pretrain 2025", "gpt3pretrain2025"), ("42 Answers!", "answers"),
-     ("x" * 60, "x" * 40), ("Ünïcode", "ncode")],
+    [
+        ("My Run", "myrun"),
+        ("GPT-3 pretrain 2025", "gpt3pretrain2025"),
+        ("42 Answers!", "answers"),
+        ("x" * 60, "x" * 40),
+        ("Ünïcode", "ncode"),
+    ],
 )
 def test_slug_derived_from_name(tmp_path, name, slug):
     project = render(tmp_path / "p", project_name=name)
@@ -86,8 +125,19 @@ def test_slug_derived_from_name(tmp_path, name, slug):
 
 def test_answers_file_records_every_question(default_project):
     answers = yaml.safe_load((default_project / ".copier-answers.yml").read_text())
-    for key in ("project_name", "project_slug", "model", "strategy", "platforms", "nodes", "gpus_per_node",
-                "data_dir", "output_dir", "_src_path", "_commit"):
+    for key in (
+        "project_name",
+        "project_slug",
+        "model",
+        "strategy",
+        "platforms",
+        "nodes",
+        "gpus_per_node",
+        "data_dir",
+        "output_dir",
+        "_src_path",
+        "_commit",
+    ):
         assert key in answers
     assert answers["platforms"] == ["devmachine"]
 
@@ -97,12 +147,18 @@ def test_copier_layout_table_equals_the_package_table():
     import ast
 
     questions = yaml.safe_load((TEMPLATE / "copier.yml").read_text())
-    in_copier = {name: {k: (str(v) if k == "size" else v) for k, v in row.items()}
-                 for name, row in questions["gpt3_layouts"]["default"].items() if name != "custom"}
+    in_copier = {
+        name: {k: (str(v) if k == "size" else v) for k, v in row.items()}
+        for name, row in questions["gpt3_layouts"]["default"].items()
+        if name != "custom"
+    }
     source = (TEMPLATE / "template" / "src" / "{{project_slug}}" / "sizes.py").read_text()
     tree = ast.parse(source)
-    table = next(ast.literal_eval(node.value) for node in tree.body
-                 if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "GPT3_LAYOUTS")
+    table = next(
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "GPT3_LAYOUTS"
+    )
     assert in_copier == table
 
 
@@ -112,7 +168,8 @@ def test_copier_gpu_types_are_the_package_gpus(monkeypatch):
 
     questions = yaml.safe_load((TEMPLATE / "copier.yml").read_text())
     spec = importlib.util.spec_from_file_location(
-        "gpus_under_test", TEMPLATE / "template" / "src" / "{{project_slug}}" / "gpus.py")
+        "gpus_under_test", TEMPLATE / "template" / "src" / "{{project_slug}}" / "gpus.py"
+    )
     gpus = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, gpus)  # dataclasses look their module up there
     spec.loader.exec_module(gpus)
@@ -151,12 +208,21 @@ def _strings(node):
         yield node
 
 
-@pytest.mark.parametrize("strategy, tione_mode", [("deepspeed", "mpi"), ("ddp", "ddp"), ("deepspeed", "ray"),
-                                                  ("ddp", "ps-worker")])
+@pytest.mark.parametrize(
+    "strategy, tione_mode", [("deepspeed", "mpi"), ("ddp", "ddp"), ("deepspeed", "ray"), ("ddp", "ps-worker")]
+)
 def test_odd_answers_render_safely(tmp_path, strategy, tione_mode):
-    project = render(tmp_path / "p", project_name=ODD_NAME, data_dir=ODD_DATA, output_dir=ODD_RUNS,
-                     platforms="[devmachine, kubeflow, tione, slurm]", strategy=strategy, tione_mode=tione_mode,
-                     nodes=2, gpus_per_node=2)
+    project = render(
+        tmp_path / "p",
+        project_name=ODD_NAME,
+        data_dir=ODD_DATA,
+        output_dir=ODD_RUNS,
+        platforms="[devmachine, kubeflow, tione, slurm]",
+        strategy=strategy,
+        tione_mode=tione_mode,
+        nodes=2,
+        gpus_per_node=2,
+    )
     yamls = [p for p in project.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file()]
     assert len(yamls) >= 5
     for path in yamls:
@@ -180,21 +246,36 @@ def test_odd_answers_render_safely(tmp_path, strategy, tione_mode):
                 assert line.lstrip().startswith("#"), (path, line)
             if line.startswith("#SBATCH") and "my runs" in line:  # sbatch splits its directives like a shell
                 import shlex
-                option, value = shlex.split(line[len("#SBATCH"):])[0].split("=", 1)
+
+                option, value = shlex.split(line[len("#SBATCH") :])[0].split("=", 1)
                 assert value.startswith(ODD_RUNS + "/slurm/"), line
     # env files are read as data, never sourced: the sbatch reader keeps the path literal
     sbatch = project / "launch/slurm/train-deepspeed.sbatch"
     if sbatch.exists():
         text = sbatch.read_text(encoding="utf-8")
-        reader = text[text.index("apply_env_file() {"):text.index("\n}\n", text.index("apply_env_file() {")) + 3]
-        result = run(["bash", "-c", reader + 'apply_env_file "$1" override; printf %s "$TORCH_NCCL_DEBUG_INFO_TEMP_FILE"',
-                      "reader", str(project / "config/nccl-debug.env")])
+        reader = text[text.index("apply_env_file() {") : text.index("\n}\n", text.index("apply_env_file() {")) + 3]
+        result = run(
+            [
+                "bash",
+                "-c",
+                reader + 'apply_env_file "$1" override; printf %s "$TORCH_NCCL_DEBUG_INFO_TEMP_FILE"',
+                "reader",
+                str(project / "config/nccl-debug.env"),
+            ]
+        )
         assert result.returncode == 0 and result.stdout == ODD_RUNS + "/nccl-trace/rank_", result
 
 
-@pytest.mark.parametrize("field, value", [("data_dir", "/mnt/shared/a$b"), ("output_dir", '/mnt/shared/say "hi"'),
-                                          ("data_dir", "/mnt/shared/100%"), ("output_dir", "/mnt/shared/a#b"),
-                                          ("project_name", "two\nlines")])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("data_dir", "/mnt/shared/a$b"),
+        ("output_dir", '/mnt/shared/say "hi"'),
+        ("data_dir", "/mnt/shared/100%"),
+        ("output_dir", "/mnt/shared/a#b"),
+        ("project_name", "two\nlines"),
+    ],
+)
 def test_values_that_cannot_be_quoted_everywhere_are_refused(tmp_path, field, value):
     from conftest import copier_copy
 

@@ -28,16 +28,24 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import BIN, TEMPLATE, render, run
 
 SLURM_SH = TEMPLATE / "tests" / "infra" / "slurm.sh"
 SLURM_DIR = Path(os.environ.get("SLURM_TEST_DIR", "/tmp/dtt-slurm"))
 CPU_CLUSTER = ["--sbatch-arg=--gpus-per-node=0", "--sbatch-arg=--cpus-per-task=1"]
 TINY_RUN = [
-    "model.size=tiny", "model.sequence_len=64", "batch.global_batch_size=8", "batch.micro_batch_size=4",
-    "batch.grad_accum_steps=null", "schedule.max_steps=10", "schedule.warmup_steps=2", "logging.every_steps=5",
-    "logging.eval_every_steps=0", "checkpoint.every_steps=0", "run.device=cpu", "run.compile=false",
+    "model.size=tiny",
+    "model.sequence_len=64",
+    "batch.global_batch_size=8",
+    "batch.micro_batch_size=4",
+    "batch.grad_accum_steps=null",
+    "schedule.max_steps=10",
+    "schedule.warmup_steps=2",
+    "logging.every_steps=5",
+    "logging.eval_every_steps=0",
+    "checkpoint.every_steps=0",
+    "run.device=cpu",
+    "run.compile=false",
 ]
 SIGNAL_SECONDS = 300  # --signal=USR1@N: cluster.stop_grace_seconds (120) + Slurm's 60 s timer slack + margin
 
@@ -49,8 +57,10 @@ def slurm_cluster():
     env = {"SLURM_TEST_DIR": str(SLURM_DIR)}
     first = run(["bash", str(SLURM_SH)], env=env, timeout=300)
     if first.returncode != 0:
-        pytest.fail(f"tests/infra/slurm.sh could not start the Slurm test cluster (needs root, slurm-wlm, munge):\n"
-                    f"{first.stdout}\n{first.stderr}")
+        pytest.fail(
+            f"tests/infra/slurm.sh could not start the Slurm test cluster (needs root, slurm-wlm, munge):\n"
+            f"{first.stdout}\n{first.stderr}"
+        )
     again = run(["bash", str(SLURM_SH)], env=env, timeout=30)
     assert again.returncode == 0 and "running" in again.stderr, f"a second start is not idempotent:\n{again.stderr}"
     info = run(["sinfo", "-h", "-N", "-o", "%N %t"], env={"SLURM_CONF": str(SLURM_DIR / "slurm.conf")})
@@ -80,22 +90,43 @@ def cli(project: Path, *args: str, env: dict | None = None, timeout: int = 300):
 @pytest.fixture(scope="module")
 def slurm_project(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("slurm")
-    return render(root / "project", project_name="Slurm CI", platforms="[devmachine,slurm]", nodes=2, gpus_per_node=1,
-                  slurm_time="00:10:00", data_dir=str(root / "data"), output_dir=str(root / "runs"))
+    return render(
+        root / "project",
+        project_name="Slurm CI",
+        platforms="[devmachine,slurm]",
+        nodes=2,
+        gpus_per_node=1,
+        slurm_time="00:10:00",
+        data_dir=str(root / "data"),
+        output_dir=str(root / "runs"),
+    )
 
 
 ANSWER_SETS = {
     "defaults": dict(nodes=2, gpus_per_node=1),
-    "all-given": dict(nodes=4, gpus_per_node=8, slurm_cpus_per_gpu=6, slurm_time="2-00:00:00", slurm_partition="gpu",
-                      slurm_account="proj-1", slurm_modules="cuda/12.4 nccl/2.21"),
+    "all-given": dict(
+        nodes=4,
+        gpus_per_node=8,
+        slurm_cpus_per_gpu=6,
+        slurm_time="2-00:00:00",
+        slurm_partition="gpu",
+        slurm_account="proj-1",
+        slurm_modules="cuda/12.4 nccl/2.21",
+    ),
 }
 
 
 @pytest.mark.parametrize("name", list(ANSWER_SETS))
 def test_sbatch_lines_follow_the_answers(tmp_path, name):
     answers = ANSWER_SETS[name]
-    project = render(tmp_path / "p", project_name="Slurm Shape", platforms="[devmachine,slurm]",
-                     data_dir=str(tmp_path / "data"), output_dir=str(tmp_path / "runs"), **answers)
+    project = render(
+        tmp_path / "p",
+        project_name="Slurm Shape",
+        platforms="[devmachine,slurm]",
+        data_dir=str(tmp_path / "data"),
+        output_dir=str(tmp_path / "runs"),
+        **answers,
+    )
     path = project / "launch" / "slurm" / "train.sbatch"
     script = path.read_text()
     check = run(["bash", "-n", str(path)])
@@ -112,8 +143,9 @@ def test_sbatch_lines_follow_the_answers(tmp_path, name):
     assert opts["error"] == f'"{tmp_path}/runs/slurm/%x-%j.err"'
     for key in ("partition", "account"):
         assert opts.get(key) == answers.get(f"slurm_{key}"), key  # the line only when answered
-    modules = [line.strip() for line in script.splitlines()
-               if "module load" in line and not line.lstrip().startswith("#")]
+    modules = [
+        line.strip() for line in script.splitlines() if "module load" in line and not line.lstrip().startswith("#")
+    ]
     if "slurm_modules" in answers:
         assert modules == ["module load $MODULES"]
         assert f'MODULES=${{MODULES-"{answers["slurm_modules"]}"}}' in script
@@ -133,20 +165,35 @@ def test_memlock_and_train_debug_reach_srun(tmp_path, fabric):
     """Under a low hard memlock limit (a node whose slurmd runs with one) the script raises what it
     may, warns on an RDMA fabric, and srun inherits the limit and TRAIN_DEBUG. A stand-in srun
     records what it got; the real cluster run is test_two_node_training_job."""
-    project = render(tmp_path / "p", project_name="Slurm Limits", platforms="[slurm]", fabric=fabric,
-                     data_dir=str(tmp_path / "data"), output_dir=str(tmp_path / "runs"))
+    project = render(
+        tmp_path / "p",
+        project_name="Slurm Limits",
+        platforms="[slurm]",
+        fabric=fabric,
+        data_dir=str(tmp_path / "data"),
+        output_dir=str(tmp_path / "runs"),
+    )
     fake = tmp_path / "bin"
     fake.mkdir()
-    (fake / "srun").write_text('#!/bin/sh\necho "srun memlock=$(ulimit -l) hard=$(ulimit -H -l) TRAIN_DEBUG=$TRAIN_DEBUG"\n')
+    (fake / "srun").write_text(
+        '#!/bin/sh\necho "srun memlock=$(ulimit -l) hard=$(ulimit -H -l) TRAIN_DEBUG=$TRAIN_DEBUG"\n'
+    )
     (fake / "srun").chmod(0o755)
-    env = {"SLURM_JOB_ID": "7", "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "node1", "SLURM_CPUS_PER_TASK": "1",
-           "PATH": os.pathsep.join([str(fake), str(BIN), os.environ["PATH"]])}
+    env = {
+        "SLURM_JOB_ID": "7",
+        "SLURM_NNODES": "1",
+        "SLURM_JOB_NODELIST": "node1",
+        "SLURM_CPUS_PER_TASK": "1",
+        "PATH": os.pathsep.join([str(fake), str(BIN), os.environ["PATH"]]),
+    }
     script = str(project / "launch" / "slurm" / "train.sbatch")
     low = 'ulimit -S -l 64 && ulimit -H -l 128 && exec bash "$0" "$@"'  # hard 128 KiB, soft 64
     for debug in ("0", "1"):
         result = run(["bash", "-c", low, script], cwd=project, env={**env, "TRAIN_DEBUG": debug})
         assert result.returncode == 0, result.stderr
-        assert f"srun memlock=128 hard=128 TRAIN_DEBUG={debug}" in result.stdout, result.stdout  # raised to the hard limit
+        assert f"srun memlock=128 hard=128 TRAIN_DEBUG={debug}" in result.stdout, (
+            result.stdout
+        )  # raised to the hard limit
         assert ("warning: locked-memory limit is 128 KiB, not unlimited" in result.stderr) == (fabric != "tcp")
     # Unset: the default 0 is exported to srun.
     result = run(["bash", "-c", low, script], cwd=project, env={**env, "TRAIN_DEBUG": ""})
@@ -187,8 +234,14 @@ REQUEUE_CASES = {
 @pytest.fixture(scope="module")
 def both_scripts(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("slurm-requeue")
-    return render(root / "p", project_name="Slurm Requeue", platforms="[slurm]", strategy="deepspeed",
-                  data_dir=str(root / "data"), output_dir=str(root / "runs"))
+    return render(
+        root / "p",
+        project_name="Slurm Requeue",
+        platforms="[slurm]",
+        strategy="deepspeed",
+        data_dir=str(root / "data"),
+        output_dir=str(root / "runs"),
+    )
 
 
 @pytest.mark.parametrize("script", ["train.sbatch", "train-deepspeed.sbatch"])
@@ -210,13 +263,30 @@ def test_preempted_step_requeues_the_job(tmp_path, both_scripts, script, case):
     log, out = tmp_path / "calls.log", tmp_path / "out"
     out.mkdir()
     (out / "preempted.json").write_text('{"step": 1}\n')  # from an earlier run: removed before srun
-    env = {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "node1", "SLURM_CPUS_PER_TASK": "1",
-           "SLURM_NTASKS_PER_NODE": "1", "SLURM_RESTART_COUNT": restarts, "MAX_REQUEUES": "3",
-           "PYTHON": str(fake / "python"), "REAL_PYTHON": sys.executable, "PYTHONPATH": str(both_scripts / "src"),
-           "FAKE_END": end, "FAKE_SAVES": saves, "FAKE_MARKER": str(out / "preempted.json"), "FAKE_LOG": str(log),
-           "FAKE_REQUEUE_STATUS": requeue_status, "PATH": os.pathsep.join([str(fake), os.environ["PATH"]])}
-    result = run(["bash", str(both_scripts / "launch" / "slurm" / script), "schedule.max_steps=7",
-                  f"run.output_dir={out}"], cwd=both_scripts, env=env, timeout=60)
+    env = {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_NNODES": "1",
+        "SLURM_JOB_NODELIST": "node1",
+        "SLURM_CPUS_PER_TASK": "1",
+        "SLURM_NTASKS_PER_NODE": "1",
+        "SLURM_RESTART_COUNT": restarts,
+        "MAX_REQUEUES": "3",
+        "PYTHON": str(fake / "python"),
+        "REAL_PYTHON": sys.executable,
+        "PYTHONPATH": str(both_scripts / "src"),
+        "FAKE_END": end,
+        "FAKE_SAVES": saves,
+        "FAKE_MARKER": str(out / "preempted.json"),
+        "FAKE_LOG": str(log),
+        "FAKE_REQUEUE_STATUS": requeue_status,
+        "PATH": os.pathsep.join([str(fake), os.environ["PATH"]]),
+    }
+    result = run(
+        ["bash", str(both_scripts / "launch" / "slurm" / script), "schedule.max_steps=7", f"run.output_dir={out}"],
+        cwd=both_scripts,
+        env=env,
+        timeout=60,
+    )
     calls = log.read_text().splitlines()
     assert calls[0].startswith("launch ") and calls[0].endswith(f"run.output_dir={out}"), calls  # it ran the job
     assert re.search(rf"^job 4242: .*restart {restarts or 0}$", result.stdout, re.MULTILINE), result.stdout
@@ -237,15 +307,32 @@ def test_no_slurm_folder_without_the_platform(default_project):
 
 def test_dry_run_prints_the_sbatch_command_without_sbatch(slurm_project):
     # PATH holds only the interpreter's folder: --dry-run must not need sbatch.
-    result = cli(slurm_project, "launch", "slurm", "--dry-run", "--partition", "debug", "--sbatch-arg=--qos=high",
-                 "schedule.max_steps=7", env={"PATH": str(BIN)})
+    result = cli(
+        slurm_project,
+        "launch",
+        "slurm",
+        "--dry-run",
+        "--partition",
+        "debug",
+        "--sbatch-arg=--qos=high",
+        "schedule.max_steps=7",
+        env={"PATH": str(BIN)},
+    )
     assert result.returncode == 0, result.stderr
     first = result.stdout.splitlines()[0]
     assert first.startswith(f"$ cd {slurm_project} && sbatch "), first
     argv = shlex.split(first.split("&& ", 1)[1])
     runs = slurm_project.parent / "runs"
-    assert argv == ["sbatch", "--parsable", f"--output={runs}/slurm/%x-%j.out", f"--error={runs}/slurm/%x-%j.err",
-                    "--partition=debug", "--qos=high", "launch/slurm/train.sbatch", "schedule.max_steps=7"]
+    assert argv == [
+        "sbatch",
+        "--parsable",
+        f"--output={runs}/slurm/%x-%j.out",
+        f"--error={runs}/slurm/%x-%j.err",
+        "--partition=debug",
+        "--qos=high",
+        "launch/slurm/train.sbatch",
+        "schedule.max_steps=7",
+    ]
     assert "--- launch/slurm/train.sbatch" in result.stdout
     assert "#SBATCH --nodes=2" in result.stdout
     assert not (runs / "slurm").exists(), "a dry run creates nothing"
@@ -268,8 +355,11 @@ def slurm_data(slurm_project) -> Path:
 
 def job_record(job_id: str) -> dict[str, str]:
     """The job's line in jobcomp.txt (kept after scontrol forgets the job): field -> value."""
-    lines = [line for line in (SLURM_DIR / "log" / "jobcomp.txt").read_text().splitlines()
-             if line.startswith(f"JobId={job_id} ")]
+    lines = [
+        line
+        for line in (SLURM_DIR / "log" / "jobcomp.txt").read_text().splitlines()
+        if line.startswith(f"JobId={job_id} ")
+    ]
     assert lines, f"job {job_id} is not in {SLURM_DIR}/log/jobcomp.txt"
     return dict(f.split("=", 1) for f in lines[-1].split() if "=" in f)  # the newest, should ids start over
 
@@ -312,9 +402,16 @@ def test_two_node_training_job(slurm_cluster, slurm_project, slurm_data):
 def test_modules_load_before_srun_and_dry_run(slurm_cluster, tmp_path):
     """The answered modules are loaded in the job (a stand-in `module` command records the call),
     and DRY_RUN=1 makes every node print its topology and torchrun command without training."""
-    project = render(tmp_path / "p", project_name="Slurm Mod", platforms="[devmachine,slurm]", nodes=2,
-                     gpus_per_node=1, slurm_modules="cuda/12.4 nccl", data_dir=str(tmp_path / "data"),
-                     output_dir=str(tmp_path / "runs"))
+    project = render(
+        tmp_path / "p",
+        project_name="Slurm Mod",
+        platforms="[devmachine,slurm]",
+        nodes=2,
+        gpus_per_node=1,
+        slurm_modules="cuda/12.4 nccl",
+        data_dir=str(tmp_path / "data"),
+        output_dir=str(tmp_path / "runs"),
+    )
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "module").write_text('#!/bin/sh\necho "stand-in module: $*"\n')
@@ -326,8 +423,16 @@ def test_modules_load_before_srun_and_dry_run(slurm_cluster, tmp_path):
     assert log.startswith("stand-in module: load cuda/12.4 nccl\n"), log
     assert sorted(re.findall(r"^node rank\s+(\d)$", log, re.MULTILINE)) == ["0", "1"], log
     # Both nodes meet at the first host's c10d rendezvous (torchrun restarts a failed group from there).
-    assert len(re.findall(r"torch\.distributed\.run --nproc-per-node 1 .*--nnodes 2 --rdzv-backend c10d "
-                          r"--rdzv-endpoint node1:\d+ ", log)) == 2, log
+    assert (
+        len(
+            re.findall(
+                r"torch\.distributed\.run --nproc-per-node 1 .*--nnodes 2 --rdzv-backend c10d "
+                r"--rdzv-endpoint node1:\d+ ",
+                log,
+            )
+        )
+        == 2
+    ), log
     assert "process(es)" not in log and not (tmp_path / "runs" / "metrics.jsonl").exists()
 
 
@@ -335,8 +440,19 @@ def test_failing_job_returns_its_exit_status(slurm_cluster, slurm_project, tmp_p
     empty = tmp_path / "no-data"
     empty.mkdir()
     # cluster.max_restarts=0: one attempt; torchrun's restarts of a failed group are not this test's subject.
-    result = cli(slurm_project, "launch", "slurm", "--wait", *CPU_CLUSTER, *TINY_RUN, f"data.dir={empty}",
-                 f"run.output_dir={tmp_path / 'runs'}", "cluster.max_restarts=0", env=slurm_cluster, timeout=240)
+    result = cli(
+        slurm_project,
+        "launch",
+        "slurm",
+        "--wait",
+        *CPU_CLUSTER,
+        *TINY_RUN,
+        f"data.dir={empty}",
+        f"run.output_dir={tmp_path / 'runs'}",
+        "cluster.max_restarts=0",
+        env=slurm_cluster,
+        timeout=240,
+    )
     assert result.returncode != 0, result.stdout + result.stderr
     job_id = submitted_job(result.stdout)
     record = job_record(job_id)
@@ -357,8 +473,15 @@ DS_SCRIPT = Path("launch") / "slurm" / "train-deepspeed.sbatch"
 @pytest.mark.parametrize("name", list(ANSWER_SETS))
 def test_deepspeed_sbatch_lines_follow_the_answers(tmp_path, name):
     answers = ANSWER_SETS[name]
-    project = render(tmp_path / "p", project_name="Slurm Shape", platforms="[devmachine,slurm]", strategy="deepspeed",
-                     data_dir=str(tmp_path / "data"), output_dir=str(tmp_path / "runs"), **answers)
+    project = render(
+        tmp_path / "p",
+        project_name="Slurm Shape",
+        platforms="[devmachine,slurm]",
+        strategy="deepspeed",
+        data_dir=str(tmp_path / "data"),
+        output_dir=str(tmp_path / "runs"),
+        **answers,
+    )
     path = project / DS_SCRIPT
     script = path.read_text()
     check = run(["bash", "-n", str(path)])
@@ -387,8 +510,15 @@ def test_deepspeed_sbatch_lines_follow_the_answers(tmp_path, name):
 def test_usr1_lead_time_follows_a_short_time_limit(tmp_path, slurm_time, lead):
     """USR1@300 under a 5-minute limit would arrive at once: a limit under 20 min gets a quarter of it,
     in both scripts and the README."""
-    project = render(tmp_path / "p", project_name="Slurm Lead", platforms="[slurm]", strategy="deepspeed",
-                     slurm_time=slurm_time, data_dir=str(tmp_path / "data"), output_dir=str(tmp_path / "runs"))
+    project = render(
+        tmp_path / "p",
+        project_name="Slurm Lead",
+        platforms="[slurm]",
+        strategy="deepspeed",
+        slurm_time=slurm_time,
+        data_dir=str(tmp_path / "data"),
+        output_dir=str(tmp_path / "runs"),
+    )
     for script in ("train.sbatch", "train-deepspeed.sbatch"):
         text = (project / "launch" / "slurm" / script).read_text()
         assert text.startswith("#!/bin/bash\n# Train Slurm Lead on Slurm"), text[:80]
@@ -396,13 +526,16 @@ def test_usr1_lead_time_follows_a_short_time_limit(tmp_path, slurm_time, lead):
     assert f"`--signal=USR1@{lead}`" in (project / "launch" / "slurm" / "README.md").read_text()
 
 
-@pytest.mark.parametrize("given, signals", [
-    ([], []),                                                          # the script's own line applies
-    (["--time", "00:08:00"], ["--signal=USR1@120"]),                   # a quarter of a short limit
-    (["--time", "2-00:00:00"], ["--signal=USR1@300"]),
-    (["--sbatch-arg=--time=12"], ["--signal=USR1@180"]),               # minutes, as sbatch reads "12"
-    (["--time", "00:08:00", "--sbatch-arg=--signal=USR1@30"], ["--signal=USR1@30"]),  # the user's own wins
-])
+@pytest.mark.parametrize(
+    "given, signals",
+    [
+        ([], []),  # the script's own line applies
+        (["--time", "00:08:00"], ["--signal=USR1@120"]),  # a quarter of a short limit
+        (["--time", "2-00:00:00"], ["--signal=USR1@300"]),
+        (["--sbatch-arg=--time=12"], ["--signal=USR1@180"]),  # minutes, as sbatch reads "12"
+        (["--time", "00:08:00", "--sbatch-arg=--signal=USR1@30"], ["--signal=USR1@30"]),  # the user's own wins
+    ],
+)
 def test_time_given_at_submit_moves_the_usr1_warning(slurm_project, given, signals):
     """A time limit given to `launch slurm` replaces the script's, so the USR1 lead time follows it."""
     result = cli(slurm_project, "launch", "slurm", "--dry-run", *given, env={"PATH": str(BIN)})
@@ -417,23 +550,43 @@ def test_deepspeed_launcher_needs_a_deepspeed_project(slurm_project):
     assert not (slurm_project / DS_SCRIPT).exists()
     result = cli(slurm_project, "launch", "slurm", "--launcher", "deepspeed", "--dry-run", env={"PATH": str(BIN)})
     assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert "train-deepspeed.sbatch is missing" in result.stderr and "copier update --data strategy=deepspeed" in result.stderr
+    assert (
+        "train-deepspeed.sbatch is missing" in result.stderr
+        and "copier update --data strategy=deepspeed" in result.stderr
+    )
 
 
 @pytest.fixture(scope="module")
 def ds_project(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("slurm-ds")
-    project = render(root / "project", project_name="Slurm DS", platforms="[devmachine,slurm]", strategy="deepspeed",
-                     zero_stage=2, nodes=2, gpus_per_node=1, slurm_time="00:10:00", data_dir=str(root / "data"),
-                     output_dir=str(root / "runs"))
+    project = render(
+        root / "project",
+        project_name="Slurm DS",
+        platforms="[devmachine,slurm]",
+        strategy="deepspeed",
+        zero_stage=2,
+        nodes=2,
+        gpus_per_node=1,
+        slurm_time="00:10:00",
+        data_dir=str(root / "data"),
+        output_dir=str(root / "runs"),
+    )
     result = cli(project, "prepare-data", "--demo-corpus", "data.vocab_size=2048", "data.val_fraction=0.05")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return project
 
 
 def test_deepspeed_dry_run_submits_the_deepspeed_script(ds_project):
-    result = cli(ds_project, "launch", "slurm", "--launcher", "deepspeed", "--dry-run", "schedule.max_steps=7",
-                 env={"PATH": str(BIN)})
+    result = cli(
+        ds_project,
+        "launch",
+        "slurm",
+        "--launcher",
+        "deepspeed",
+        "--dry-run",
+        "schedule.max_steps=7",
+        env={"PATH": str(BIN)},
+    )
     assert result.returncode == 0, result.stderr
     argv = shlex.split(result.stdout.splitlines()[0].split("&& ", 1)[1])
     assert argv[-2:] == [str(DS_SCRIPT), "schedule.max_steps=7"]
@@ -445,8 +598,19 @@ def test_deepspeed_zero2_job_through_deepspeed_launcher_slurm(slurm_cluster, ds_
     with a task on each node -> `train` in each rank. Both ranks took part: rank 0 reports a world of 2,
     and the checkpoint holds one ZeRO optimizer shard per rank."""
     runs = ds_project.parent / "runs"
-    result = cli(ds_project, "launch", "slurm", "--launcher", "deepspeed", "--wait", *CPU_CLUSTER, *TINY_RUN,
-                 "checkpoint.every_steps=10", env=slurm_cluster, timeout=300)
+    result = cli(
+        ds_project,
+        "launch",
+        "slurm",
+        "--launcher",
+        "deepspeed",
+        "--wait",
+        *CPU_CLUSTER,
+        *TINY_RUN,
+        "checkpoint.every_steps=10",
+        env=slurm_cluster,
+        timeout=300,
+    )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     job_id = submitted_job(result.stdout)
@@ -475,7 +639,9 @@ def test_deepspeed_zero2_job_through_deepspeed_launcher_slurm(slurm_cluster, ds_
 
 FAULT_STEPS = 30
 FAULT_RUN = [a for a in TINY_RUN if not a.startswith(("schedule.max_steps=", "checkpoint.every_steps="))] + [
-    f"schedule.max_steps={FAULT_STEPS}", "checkpoint.every_steps=5"]
+    f"schedule.max_steps={FAULT_STEPS}",
+    "checkpoint.every_steps=5",
+]
 
 
 def final_loss(output_dir: Path) -> tuple[list[int], float]:
@@ -488,8 +654,17 @@ def final_loss(output_dir: Path) -> tuple[list[int], float]:
 def reference_run(slurm_cluster, slurm_project, slurm_data) -> float:
     """The same 2-node job, never interrupted: the loss a resumed job must reach bit for bit."""
     out = slurm_project.parent / "reference"
-    result = cli(slurm_project, "launch", "slurm", "--wait", *CPU_CLUSTER, *FAULT_RUN, f"run.output_dir={out}",
-                 env=slurm_cluster, timeout=300)
+    result = cli(
+        slurm_project,
+        "launch",
+        "slurm",
+        "--wait",
+        *CPU_CLUSTER,
+        *FAULT_RUN,
+        f"run.output_dir={out}",
+        env=slurm_cluster,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     steps, loss = final_loss(out)
     assert steps == list(range(5, FAULT_STEPS + 1, 5)), steps
@@ -510,8 +685,9 @@ def job_state(job_id: str, env: dict) -> str:
     return run(["squeue", "-h", "-j", job_id, "-o", "%T"], env=env).stdout.strip()
 
 
-def interrupted_job(project: Path, out: Path, env: dict, interrupt, launcher: tuple[str, ...] = ()
-                    ) -> tuple[str, str, str, int]:
+def interrupted_job(
+    project: Path, out: Path, env: dict, interrupt, launcher: tuple[str, ...] = ()
+) -> tuple[str, str, str, int]:
     """`launch slurm --wait` in the background with slow steps (TRAIN_FAULT_STEP_SECONDS reaches the
     ranks: sbatch exports the submitter's environment); once the first checkpoint exists,
     interrupt(job_id). The requeued job waits for its BeginTime (cred_expire + 1 = 121 s on a default
@@ -520,15 +696,42 @@ def interrupted_job(project: Path, out: Path, env: dict, interrupt, launcher: tu
     Returns job id, the wait's stdout, the job's .out log, the wait's exit status."""
     stdout, stderr = out.parent / f"{out.name}-launch.out", out.parent / f"{out.name}-launch.err"
     slug = next(p.name for p in (project / "src").iterdir() if (p / "__main__.py").is_file())
-    full_env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(project / "src"),
-                "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TRAIN_FAULT_STEP_SECONDS": "0.5", **env}
+    full_env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": str(project / "src"),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "TRAIN_FAULT_STEP_SECONDS": "0.5",
+        **env,
+    }
     with stdout.open("w") as o, stderr.open("w") as e:
-        proc = subprocess.Popen([sys.executable, "-m", slug, "launch", "slurm", *launcher, "--wait", *CPU_CLUSTER, *FAULT_RUN,
-                                 f"run.output_dir={out}"], cwd=project, env=full_env, stdout=o, stderr=e, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                slug,
+                "launch",
+                "slurm",
+                *launcher,
+                "--wait",
+                *CPU_CLUSTER,
+                *FAULT_RUN,
+                f"run.output_dir={out}",
+            ],
+            cwd=project,
+            env=full_env,
+            stdout=o,
+            stderr=e,
+            text=True,
+        )
     job_id = None
     try:
-        job_id = wait_until(lambda: (m := re.search(r"^submitted job (\d+)$", stdout.read_text(), re.MULTILINE))
-                            and m.group(1), 60, "the job id")
+        job_id = wait_until(
+            lambda: (m := re.search(r"^submitted job (\d+)$", stdout.read_text(), re.MULTILINE)) and m.group(1),
+            60,
+            "the job id",
+        )
         # DDP saves step_00000005.pt, DeepSpeed a folder step_00000005 (renamed into place when complete).
         wait_until(lambda: list((out / "checkpoints").glob("step_00000005*")), 180, "the first checkpoint")
         interrupt(job_id)
@@ -561,8 +764,11 @@ def assert_resumed_exactly(job_id: str, wait_output: str, log: str, code: int, o
     steps, loss = final_loss(out)
     assert steps == list(range(5, FAULT_STEPS + 1, 5)), steps  # records past the checkpoint were redone, once
     assert loss == reference, (loss, reference)  # bit for bit the uninterrupted run's loss
-    records = [line for line in (SLURM_DIR / "log" / "jobcomp.txt").read_text().splitlines()
-               if line.startswith(f"JobId={job_id} ")]
+    records = [
+        line
+        for line in (SLURM_DIR / "log" / "jobcomp.txt").read_text().splitlines()
+        if line.startswith(f"JobId={job_id} ")
+    ]
     assert len(records) == 2 and "JobState=COMPLETED" in records[-1], records  # the requeue, then the end
     assert not (out / "preempted.json").exists()  # cleared by the run that resumed
 
@@ -606,8 +812,19 @@ def test_deepspeed_job_saves_on_usr1_and_requeues(slurm_cluster, ds_project):
     DeepSpeed's runner nor the batch shell; the ranks save, the runner passes srun's 143 on, the script
     requeues; the job resumes and ends with an uninterrupted DeepSpeed run's loss."""
     reference = ds_project.parent / "ds-reference"
-    result = cli(ds_project, "launch", "slurm", "--launcher", "deepspeed", "--wait", *CPU_CLUSTER, *FAULT_RUN,
-                 f"run.output_dir={reference}", env=slurm_cluster, timeout=300)
+    result = cli(
+        ds_project,
+        "launch",
+        "slurm",
+        "--launcher",
+        "deepspeed",
+        "--wait",
+        *CPU_CLUSTER,
+        *FAULT_RUN,
+        f"run.output_dir={reference}",
+        env=slurm_cluster,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     out = ds_project.parent / "ds-usr1"
 
@@ -631,9 +848,19 @@ def test_time_limit_warning_reaches_the_ranks(slurm_cluster, slurm_project, slur
     out = slurm_project.parent / "time-limit"
     long_run = [a for a in FAULT_RUN if not a.startswith("schedule.max_steps=")] + ["schedule.max_steps=1000"]
     started = time.monotonic()
-    result = cli(slurm_project, "launch", "slurm", "--wait", "--time", "00:02:00", *CPU_CLUSTER, *long_run,
-                 f"run.output_dir={out}", env={**slurm_cluster, "TRAIN_FAULT_STEP_SECONDS": "0.5", "MAX_REQUEUES": "0"},
-                 timeout=240)
+    result = cli(
+        slurm_project,
+        "launch",
+        "slurm",
+        "--wait",
+        "--time",
+        "00:02:00",
+        *CPU_CLUSTER,
+        *long_run,
+        f"run.output_dir={out}",
+        env={**slurm_cluster, "TRAIN_FAULT_STEP_SECONDS": "0.5", "MAX_REQUEUES": "0"},
+        timeout=240,
+    )
     elapsed = time.monotonic() - started
     job_id = submitted_job(result.stdout)
     log = (out / "slurm" / f"slurmci-{job_id}.out").read_text()
@@ -653,7 +880,9 @@ def test_time_limit_warning_reaches_the_ranks(slurm_cluster, slurm_project, slur
 # --- The job's life from the login node: --action status | logs [--follow] | cancel ------------------
 
 WATCH_RUN = [a for a in TINY_RUN if not a.startswith(("schedule.max_steps=", "logging.every_steps="))] + [
-    "schedule.max_steps=1000", "logging.every_steps=1"]
+    "schedule.max_steps=1000",
+    "logging.every_steps=1",
+]
 
 
 def read_or_empty(path: Path) -> str:
@@ -672,8 +901,9 @@ def test_status_logs_follow_and_cancel_a_running_job(slurm_cluster, slurm_projec
     ranks SIGTERM, they save and exit 143; status then says CANCELLED with the batch script's exit code."""
     out = slurm_project.parent / "watched"
     env = {**slurm_cluster, "TRAIN_FAULT_STEP_SECONDS": "0.5"}  # sbatch exports it to the ranks
-    submit = cli(slurm_project, "launch", "slurm", *CPU_CLUSTER, *WATCH_RUN, f"run.output_dir={out}", env=env,
-                 timeout=60)
+    submit = cli(
+        slurm_project, "launch", "slurm", *CPU_CLUSTER, *WATCH_RUN, f"run.output_dir={out}", env=env, timeout=60
+    )
     assert submit.returncode == 0, submit.stdout + submit.stderr
     job_id = submitted_job(submit.stdout)
     log_path, err_path = out / "slurm" / f"slurmci-{job_id}.out", out / "slurm" / f"slurmci-{job_id}.err"
@@ -693,8 +923,11 @@ def test_status_logs_follow_and_cancel_a_running_job(slurm_cluster, slurm_projec
 
     follow = None
     try:
-        step = wait_until(lambda: re.search(r"^step +\d+/1000 \| loss .*$", read_or_empty(log_path), re.MULTILINE),
-                          120, "a training step in the log").group(0)
+        step = wait_until(
+            lambda: re.search(r"^step +\d+/1000 \| loss .*$", read_or_empty(log_path), re.MULTILINE),
+            120,
+            "a training step in the log",
+        ).group(0)
 
         status = action("status")
         assert status.returncode == 0, status.stdout + status.stderr
@@ -710,19 +943,30 @@ def test_status_logs_follow_and_cancel_a_running_job(slurm_cluster, slurm_projec
         assert step in logs.stdout, logs.stdout
         assert f"--- {log_path}" in logs.stderr.splitlines(), logs.stderr
 
-        follow_env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
-                      "PYTHONPATH": str(slurm_project / "src"), "PYTHONUNBUFFERED": "1", **slurm_cluster}
+        follow_env = {
+            **os.environ,
+            "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+            "PYTHONPATH": str(slurm_project / "src"),
+            "PYTHONUNBUFFERED": "1",
+            **slurm_cluster,
+        }
         followed, follow_err = out / "follow.out", out / "follow.err"
         with followed.open("w") as o, follow_err.open("w") as e:
-            follow = subprocess.Popen([sys.executable, "-m", "slurmci", "launch", "slurm", "--action", "logs",
-                                       "--follow"], cwd=slurm_project, env=follow_env, stdout=o, stderr=e)
+            follow = subprocess.Popen(
+                [sys.executable, "-m", "slurmci", "launch", "slurm", "--action", "logs", "--follow"],
+                cwd=slurm_project,
+                env=follow_env,
+                stdout=o,
+                stderr=e,
+            )
         wait_until(lambda: step in followed.read_text(), 30, "the followed log to reach the step seen")
 
         cancel = action("cancel")
         assert cancel.returncode == 0, cancel.stdout + cancel.stderr
         assert cancel.stdout.splitlines() == [
             f"$ scancel {job_id}",
-            f"cancelled job {job_id}: its ranks get SIGTERM, save at the next step, and the job ends CANCELLED"]
+            f"cancelled job {job_id}: its ranks get SIGTERM, save at the next step, and the job ends CANCELLED",
+        ]
 
         # COMPLETING while the ranks save (no exit line yet), then the final state, which scontrol keeps
         # MinJobAge (5 s in tests/infra/slurm.sh) and this cluster has no accounting: poll closely.
@@ -756,14 +1000,20 @@ def test_status_logs_follow_and_cancel_a_running_job(slurm_cluster, slurm_projec
 
 def test_status_without_a_recorded_job_names_the_records(tmp_path):
     """A project that never submitted: the error names .jobs/slurm.jsonl and how to go on (no Slurm needed)."""
-    fresh = render(tmp_path / "p", project_name="Slurm Fresh", platforms="[slurm]", data_dir=str(tmp_path / "data"),
-                   output_dir=str(tmp_path / "runs"))
+    fresh = render(
+        tmp_path / "p",
+        project_name="Slurm Fresh",
+        platforms="[slurm]",
+        data_dir=str(tmp_path / "data"),
+        output_dir=str(tmp_path / "runs"),
+    )
     for action in ("status", "logs", "cancel"):
         result = cli(fresh, "launch", "slurm", "--action", action, env={"PATH": str(BIN)})
         assert result.returncode == 1 and result.stdout == "", result.stdout + result.stderr
         assert result.stderr.splitlines() == [
             f"error: no slurm job submitted from this project yet (none recorded in {fresh}/.jobs/slurm.jsonl): "
-            "submit one with `slurmfresh launch slurm`, or pass --id of a job submitted elsewhere"], result.stderr
+            "submit one with `slurmfresh launch slurm`, or pass --id of a job submitted elsewhere"
+        ], result.stderr
     assert not (fresh / ".jobs").exists()
 
 
@@ -792,4 +1042,7 @@ def test_unknown_job_id_is_said_plainly(slurm_cluster, slurm_project):
 def test_cancel_of_an_unknown_job_id_fails(slurm_cluster, slurm_project):
     cancel = unknown_job_action(slurm_project, slurm_cluster, "cancel")
     assert f"job {UNKNOWN_JOB}" in cancel.stderr and "cancelled job" not in cancel.stdout, cancel.stdout + cancel.stderr
-    assert cancel.stderr.startswith(f"error: Slurm does not know job {UNKNOWN_JOB}") and len(cancel.stderr.splitlines()) == 1
+    assert (
+        cancel.stderr.startswith(f"error: Slurm does not know job {UNKNOWN_JOB}")
+        and len(cancel.stderr.splitlines()) == 1
+    )

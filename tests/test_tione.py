@@ -38,17 +38,27 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import BIN, TEMPLATE, render, run
 
 TRAIN = [
-    "model.size=tiny", "model.sequence_len=64", "batch.global_batch_size=8", "batch.micro_batch_size=4",
-    "schedule.max_steps=10", "schedule.warmup_steps=2", "logging.every_steps=5", "logging.eval_every_steps=0",
-    "checkpoint.every_steps=0", "run.device=cpu", "run.dtype=fp32", "logging.tensorboard=false",
+    "model.size=tiny",
+    "model.sequence_len=64",
+    "batch.global_batch_size=8",
+    "batch.micro_batch_size=4",
+    "schedule.max_steps=10",
+    "schedule.warmup_steps=2",
+    "logging.every_steps=5",
+    "logging.eval_every_steps=0",
+    "checkpoint.every_steps=0",
+    "run.device=cpu",
+    "run.dtype=fp32",
+    "logging.tensorboard=false",
 ]
 # Variables of any platform that a developer's shell might carry into the launches.
-FOREIGN = re.compile(r"^(PET_|SLURM_|OMPI_|PMIX_|TF_CONFIG$|HEAD_|NODE_IP_SLOT_LIST$|GPU_NUM|INDEX$|NODE_LIST$|"
-                     r"RANK$|LOCAL_RANK$|WORLD_SIZE$|MASTER_|RAY_)")
+FOREIGN = re.compile(
+    r"^(PET_|SLURM_|OMPI_|PMIX_|TF_CONFIG$|HEAD_|NODE_IP_SLOT_LIST$|GPU_NUM|INDEX$|NODE_LIST$|"
+    r"RANK$|LOCAL_RANK$|WORLD_SIZE$|MASTER_|RAY_)"
+)
 MODES = {"ddp": "start-ddp.sh", "mpi": "start-mpi.sh", "ray": "start-ray.sh", "ps-worker": "start-ps-worker.sh"}
 
 
@@ -85,8 +95,10 @@ def require_mpirun() -> None:
 
 def ray_cli() -> str:
     ray = BIN / "ray"
-    assert ray.exists(), (f"ray is not installed for {BIN / 'python'}: pip install 'ray[train]' "
-                          "(./dev test installs requirements-platforms.txt)")
+    assert ray.exists(), (
+        f"ray is not installed for {BIN / 'python'}: pip install 'ray[train]' "
+        "(./dev test installs requirements-platforms.txt)"
+    )
     return str(ray)
 
 
@@ -115,18 +127,41 @@ def assert_trained(output: str, output_dir: Path, world: int) -> None:
 def data_dir(tmp_path_factory) -> Path:
     """Demo corpus, tokenizer and shards, prepared once with a rendered project and shared."""
     root = tmp_path_factory.mktemp("tione-data")
-    project = render(root / "p", project_name="Data Prep", platforms="[tione]",
-                     data_dir=str(root / "data"), output_dir=str(root / "runs"))
-    result = sh(["python", "-m", slug_of(project), "prepare-data", "--demo-corpus", "data.vocab_size=2048",
-                 "data.val_fraction=0.05"], clean_env(PYTHONPATH=str(project / "src")), cwd=project)
+    project = render(
+        root / "p",
+        project_name="Data Prep",
+        platforms="[tione]",
+        data_dir=str(root / "data"),
+        output_dir=str(root / "runs"),
+    )
+    result = sh(
+        [
+            "python",
+            "-m",
+            slug_of(project),
+            "prepare-data",
+            "--demo-corpus",
+            "data.vocab_size=2048",
+            "data.val_fraction=0.05",
+        ],
+        clean_env(PYTHONPATH=str(project / "src")),
+        cwd=project,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return root / "data"
 
 
 def render_mode(tmp_path: Path, data_dir: Path, mode: str, nodes: int, gpus_per_node: int) -> Path:
-    return render(tmp_path / "project", project_name=f"Tione {mode} Run", platforms="[tione]", tione_mode=mode,
-                  nodes=nodes, gpus_per_node=gpus_per_node, data_dir=str(data_dir),
-                  output_dir=str(tmp_path / "runs"))
+    return render(
+        tmp_path / "project",
+        project_name=f"Tione {mode} Run",
+        platforms="[tione]",
+        tione_mode=mode,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        data_dir=str(data_dir),
+        output_dir=str(tmp_path / "runs"),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,10 +170,18 @@ def render_mode(tmp_path: Path, data_dir: Path, mode: str, nodes: int, gpus_per_
 
 @pytest.mark.parametrize("mode", MODES)
 def test_one_start_script_per_mode_and_launch_console_prints_the_readme_settings(tmp_path, mode):
-    project = render(tmp_path / "p", project_name="Console", platforms="[devmachine, tione]", tione_mode=mode,
-                     nodes=2, gpus_per_node=8, image="ccr.ccs.tencentyun.com/team/console:v3")
+    project = render(
+        tmp_path / "p",
+        project_name="Console",
+        platforms="[devmachine, tione]",
+        tione_mode=mode,
+        nodes=2,
+        gpus_per_node=8,
+        image="ccr.ccs.tencentyun.com/team/console:v3",
+    )
     assert sorted(p.name for p in (project / "launch" / "tione").iterdir()) == sorted(
-        ["README.md", "task.yaml", MODES[mode]])
+        ["README.md", "task.yaml", MODES[mode]]
+    )
     cli = ["python", "-m", slug_of(project), "launch", "tione"]
     env = api_env(project, tmp_path / "home", credentials=False)
     shown = sh(cli + ["--console"], env, cwd=project)
@@ -150,8 +193,10 @@ def test_one_start_script_per_mode_and_launch_console_prints_the_readme_settings
     assert "ccr.ccs.tencentyun.com/team/console:v3" in shown.stdout and "NCCL_IB_HCA" in shown.stdout
     # --dry-run is the API request now, not the console text.
     dry = sh(cli + ["--dry-run"], env, cwd=project)
-    assert dry.returncode == 0 and json.loads(dry.stdout)["ImageInfo"]["ImageUrl"] == \
-        "ccr.ccs.tencentyun.com/team/console:v3", dry.stdout + dry.stderr
+    assert (
+        dry.returncode == 0
+        and json.loads(dry.stdout)["ImageInfo"]["ImageUrl"] == "ccr.ccs.tencentyun.com/team/console:v3"
+    ), dry.stdout + dry.stderr
     script = (project / "launch" / "tione" / MODES[mode]).read_text()
     # Restarts resume from the shared output_dir: the script names it and never deletes anything.
     assert "training resumes from <output_dir>/checkpoints/latest" in script.replace("\n# ", " ")
@@ -208,8 +253,13 @@ def test_mpi_one_instance_two_ranks(tmp_path, data_dir):
     project = render_mode(tmp_path, data_dir, "mpi", nodes=1, gpus_per_node=2)
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=2\n")
-    env = clean_env(NODE_IP_SLOT_LIST="127.0.0.1:2", OMPI_MCA_orte_default_hostfile=str(hostfile),
-                    GPU_NUM="2", GPU_NUM_PER_NODE="2", MASTER_PORT=str(free_port()))
+    env = clean_env(
+        NODE_IP_SLOT_LIST="127.0.0.1:2",
+        OMPI_MCA_orte_default_hostfile=str(hostfile),
+        GPU_NUM="2",
+        GPU_NUM_PER_NODE="2",
+        MASTER_PORT=str(free_port()),
+    )
     result = sh(["bash", str(project / "launch" / "tione" / "start-mpi.sh"), *TRAIN], env)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-6000:]
@@ -239,12 +289,19 @@ def test_mpi_launcher_and_worker_instances(tmp_path, data_dir):
     agent.chmod(0o755)
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("127.0.0.1 slots=1 127.0.0.2 slots=1\n")  # 127.0.0.2: "another" instance on lo
-    env = clean_env(OMPI_MCA_orte_default_hostfile=str(hostfile), OMPI_MCA_plm_rsh_agent=str(agent),
-                    GPU_NUM="2", GPU_NUM_PER_NODE="1", MASTER_PORT=str(free_port()), POLL_SECONDS="1")
+    env = clean_env(
+        OMPI_MCA_orte_default_hostfile=str(hostfile),
+        OMPI_MCA_plm_rsh_agent=str(agent),
+        GPU_NUM="2",
+        GPU_NUM_PER_NODE="1",
+        MASTER_PORT=str(free_port()),
+        POLL_SECONDS="1",
+    )
     worker_log = tmp_path / "worker.log"
     with open(worker_log, "w") as log:
-        worker = subprocess.Popen(["bash", script, *TRAIN], env={**env, "INDEX": "1"}, stdout=log,
-                                  stderr=subprocess.STDOUT)
+        worker = subprocess.Popen(
+            ["bash", script, *TRAIN], env={**env, "INDEX": "1"}, stdout=log, stderr=subprocess.STDOUT
+        )
     try:
         launcher = sh(["bash", script, *TRAIN], {**env, "INDEX": "0"})
         worker_rc = worker.wait(timeout=60)
@@ -279,13 +336,28 @@ def test_ray_on_a_cluster_tione_started(tmp_path, data_dir):
     port = free_port()
     env = clean_env()
     try:
-        head = sh([ray, "start", "--head", "--port", str(port), "--num-cpus", "1", "--disable-usage-stats",
-                   "--include-dashboard=false"], env)
+        head = sh(
+            [
+                ray,
+                "start",
+                "--head",
+                "--port",
+                str(port),
+                "--num-cpus",
+                "1",
+                "--disable-usage-stats",
+                "--include-dashboard=false",
+            ],
+            env,
+        )
         assert head.returncode == 0, head.stdout + head.stderr
         node = sh([ray, "start", "--address", f"127.0.0.1:{port}", "--num-cpus", "1", "--disable-usage-stats"], env)
         assert node.returncode == 0, node.stdout + node.stderr
-        result = sh(["bash", str(project / "launch" / "tione" / "start-ray.sh"), *TRAIN],
-                    clean_env(HEAD_ADDR="127.0.0.1", HEAD_PORT=str(port), RANK="0"), timeout=400)
+        result = sh(
+            ["bash", str(project / "launch" / "tione" / "start-ray.sh"), *TRAIN],
+            clean_env(HEAD_ADDR="127.0.0.1", HEAD_PORT=str(port), RANK="0"),
+            timeout=400,
+        )
         out = result.stdout + result.stderr
         assert result.returncode == 0, out[-6000:]
         assert f"a Ray cluster answers at 127.0.0.1:{port}" in out
@@ -306,8 +378,9 @@ def test_ray_script_starts_head_and_worker_joins(tmp_path, data_dir):
     env = clean_env(HEAD_ADDR="127.0.0.1", HEAD_PORT=str(port), RAY_START_ARGS="--num-cpus 1", POLL_SECONDS="1")
     worker_log = tmp_path / "rank1.log"
     with open(worker_log, "w") as log:
-        worker = subprocess.Popen(["bash", script, *TRAIN], env={**env, "RANK": "1"}, stdout=log,
-                                  stderr=subprocess.STDOUT)
+        worker = subprocess.Popen(
+            ["bash", script, *TRAIN], env={**env, "RANK": "1"}, stdout=log, stderr=subprocess.STDOUT
+        )
     try:
         head = sh(["bash", script, *TRAIN], {**env, "RANK": "0"}, timeout=400)
         worker_rc = worker.wait(timeout=60)
@@ -334,16 +407,35 @@ def test_ray_script_starts_head_and_worker_joins(tmp_path, data_dir):
 # A constant learning rate after warmup (min_lr_ratio 1.0): the schedule then does not depend on
 # schedule.max_steps, so a task restarted with a longer schedule follows the uninterrupted run exactly.
 RESUME = [
-    "model.size=tiny", "model.sequence_len=64", "batch.global_batch_size=8", "batch.micro_batch_size=4",
-    "schedule.warmup_steps=2", "schedule.min_lr_ratio=1.0", "logging.every_steps=2", "logging.eval_every_steps=0",
-    "checkpoint.every_steps=2", "run.device=cpu", "run.dtype=fp32", "logging.tensorboard=false",
+    "model.size=tiny",
+    "model.sequence_len=64",
+    "batch.global_batch_size=8",
+    "batch.micro_batch_size=4",
+    "schedule.warmup_steps=2",
+    "schedule.min_lr_ratio=1.0",
+    "logging.every_steps=2",
+    "logging.eval_every_steps=0",
+    "checkpoint.every_steps=2",
+    "run.device=cpu",
+    "run.dtype=fp32",
+    "logging.tensorboard=false",
 ]
 
 
 def tione_ddp_env(shared: Path, **extra: str) -> dict[str, str]:
     """What TI-ONE injects on the only node of a 1-node, 2-GPU DDP task (the seed's variables)."""
-    return clean_env(WORLD_SIZE="1", RANK="0", INDEX="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-                     GPU_NUM_PER_NODE="2", GPU_NUM="2", NODE_LIST="127.0.0.1:2", SHARED_MOUNT=str(shared), **extra)
+    return clean_env(
+        WORLD_SIZE="1",
+        RANK="0",
+        INDEX="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        GPU_NUM_PER_NODE="2",
+        GPU_NUM="2",
+        NODE_LIST="127.0.0.1:2",
+        SHARED_MOUNT=str(shared),
+        **extra,
+    )
 
 
 def losses(output_dir: Path) -> dict[int, tuple]:
@@ -356,9 +448,17 @@ def ddp_task(tmp_path_factory, data_dir):
     """A rendered DDP project whose shared storage is a temporary folder, and an uninterrupted 8-step
     run through start-ddp.sh to compare the resumed runs with."""
     root = tmp_path_factory.mktemp("tione-ddp")
-    project = render(root / "project", project_name="Tione Ddp Resume", platforms="[tione]", tione_mode="ddp",
-                     nodes=1, gpus_per_node=2, shared_mount=str(root), data_dir=str(data_dir),
-                     output_dir=str(root / "runs"))
+    project = render(
+        root / "project",
+        project_name="Tione Ddp Resume",
+        platforms="[tione]",
+        tione_mode="ddp",
+        nodes=1,
+        gpus_per_node=2,
+        shared_mount=str(root),
+        data_dir=str(data_dir),
+        output_dir=str(root / "runs"),
+    )
     script = str(project / "launch" / "tione" / "start-ddp.sh")
     straight = root / "straight"
     result = sh(["bash", script, *RESUME, "schedule.max_steps=8", f"run.output_dir={straight}"], tione_ddp_env(root))
@@ -396,8 +496,9 @@ def test_ddp_task_stopped_with_sigterm_saves_and_resumes(ddp_task):
     command = ["bash", script, *RESUME, "schedule.max_steps=8", f"run.output_dir={out_dir}"]
     log = root / "preempted.log"
     with open(log, "w") as f:  # slow steps (faults.py) leave time to signal mid-run
-        proc = subprocess.Popen(command, env=tione_ddp_env(root, TRAIN_FAULT_STEP_SECONDS="0.5"), stdout=f,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            command, env=tione_ddp_env(root, TRAIN_FAULT_STEP_SECONDS="0.5"), stdout=f, stderr=subprocess.STDOUT
+        )
     try:
         deadline = time.monotonic() + 120
         while not (out_dir / "metrics.jsonl").is_file() and time.monotonic() < deadline and proc.poll() is None:
@@ -424,8 +525,10 @@ def test_output_dir_off_the_shared_storage_is_a_warning(tmp_path, data_dir):
     env = {**tione_ddp_env(tmp_path / "elsewhere"), "DRY_RUN": "1"}
     result = sh(["bash", str(project / "launch" / "tione" / "start-ddp.sh")], env)
     assert result.returncode == 0, result.stderr
-    assert f"warning: output_dir {tmp_path / 'runs'} is not under the shared storage {tmp_path / 'elsewhere'}" \
+    assert (
+        f"warning: output_dir {tmp_path / 'runs'} is not under the shared storage {tmp_path / 'elsewhere'}"
         in result.stderr
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -445,8 +548,10 @@ def sdk_models():
     try:
         from tencentcloud.tione.v20211111 import models
     except ImportError:
-        pytest.fail("the TI-ONE SDK is not installed for the tests: pip install tencentcloud-sdk-python-tione "
-                    "(./dev test installs requirements-platforms.txt)")
+        pytest.fail(
+            "the TI-ONE SDK is not installed for the tests: pip install tencentcloud-sdk-python-tione "
+            "(./dev test installs requirements-platforms.txt)"
+        )
     return models
 
 
@@ -457,8 +562,12 @@ def sdk_unknown_fields(model: str, data: dict) -> list[str]:
         warnings.simplefilter("always")
         getattr(models, model)()._deserialize(data)
     suffix = " fileds are useless."
-    return sorted(name.strip() for w in caught if str(w.message).endswith(suffix)
-                  for name in str(w.message).removesuffix(suffix).split(","))
+    return sorted(
+        name.strip()
+        for w in caught
+        if str(w.message).endswith(suffix)
+        for name in str(w.message).removesuffix(suffix).split(",")
+    )
 
 
 def rfc3339(moment: datetime) -> str:
@@ -473,8 +582,16 @@ def tc3_signature(secret_key: str, headers, raw: bytes, service: str = "tione") 
     """TC3-HMAC-SHA256 of a POST with a JSON body, as Tencent Cloud's API documents it."""
     timestamp = headers["X-TC-Timestamp"]
     date = datetime.fromtimestamp(int(timestamp), timezone.utc).strftime("%Y-%m-%d")
-    canonical = "\n".join(["POST", "/", "", f"content-type:{headers['Content-Type']}\nhost:{headers['Host']}\n",
-                           "content-type;host", hashlib.sha256(raw).hexdigest()])
+    canonical = "\n".join(
+        [
+            "POST",
+            "/",
+            "",
+            f"content-type:{headers['Content-Type']}\nhost:{headers['Host']}\n",
+            "content-type;host",
+            hashlib.sha256(raw).hexdigest(),
+        ]
+    )
     scope = f"{date}/{service}/tc3_request"
     string = "\n".join(["TC3-HMAC-SHA256", timestamp, scope, hashlib.sha256(canonical.encode()).hexdigest()])
     key = ("TC3" + secret_key).encode()
@@ -498,8 +615,12 @@ class LocalTione:
     task run one per DescribeTrainingTask of it, to change it between polls."""
 
     PAGE = 3  # lines per DescribeLogs page, whatever Limit asks: the logs come in several pages
-    REQUIRED = {"CreateTrainingTask": ("Name", "ChargeType", "ResourceConfigInfos"), "DescribeTrainingTask": ("Id",),
-                "DescribeLogs": ("Service",), "StopTrainingTask": ("Id",)}
+    REQUIRED = {
+        "CreateTrainingTask": ("Name", "ChargeType", "ResourceConfigInfos"),
+        "DescribeTrainingTask": ("Id",),
+        "DescribeLogs": ("Service",),
+        "StopTrainingTask": ("Id",),
+    }
 
     def __init__(self):
         self.keys = {SECRET_ID: SECRET_KEY}
@@ -546,13 +667,18 @@ class LocalTione:
         if handler is None or not isinstance(body, dict):
             self.problems.append(f"unexpected request: action {action!r}, body {raw[:200]!r}")
             raise ApiError("InvalidAction", f"the local endpoint does not serve {action!r}")
-        for name, want in (("Content-Type", "application/json"), ("X-TC-Version", "2021-11-11"),
-                           ("X-TC-Region", REGION)):
+        for name, want in (
+            ("Content-Type", "application/json"),
+            ("X-TC-Version", "2021-11-11"),
+            ("X-TC-Region", REGION),
+        ):
             if headers.get(name) != want:
                 self.problems.append(f"{action}: header {name} is {headers.get(name)!r}, not {want!r}")
-        auth = re.fullmatch(r"TC3-HMAC-SHA256 Credential=([^/]+)/(\d{4}-\d\d-\d\d)/tione/tc3_request, "
-                            r"SignedHeaders=content-type;host, Signature=([0-9a-f]{64})",
-                            headers.get("Authorization", ""))
+        auth = re.fullmatch(
+            r"TC3-HMAC-SHA256 Credential=([^/]+)/(\d{4}-\d\d-\d\d)/tione/tc3_request, "
+            r"SignedHeaders=content-type;host, Signature=([0-9a-f]{64})",
+            headers.get("Authorization", ""),
+        )
         if not auth or auth.group(1) not in self.keys:
             raise ApiError("AuthFailure.SecretIdNotFound", "the SecretId is unknown")
         if not hmac.compare_digest(auth.group(3), tc3_signature(self.keys[auth.group(1)], headers, raw)):
@@ -576,10 +702,16 @@ class LocalTione:
     def _CreateTrainingTask(self, body: dict, headers) -> dict:
         task_id = f"train-{51200 + len(self.tasks)}"
         self.tasks[task_id] = {
-            "Id": task_id, "Name": body["Name"], "Region": headers.get("X-TC-Region"),
-            "TrainingMode": body.get("TrainingMode"), "ChargeType": body["ChargeType"],
-            "ResourceConfigInfos": body["ResourceConfigInfos"], "ImageInfo": body.get("ImageInfo"),
-            "StartCmdInfo": body.get("StartCmdInfo"), "Status": "SUBMITTING", "CreateTime": rfc3339(T0),
+            "Id": task_id,
+            "Name": body["Name"],
+            "Region": headers.get("X-TC-Region"),
+            "TrainingMode": body.get("TrainingMode"),
+            "ChargeType": body["ChargeType"],
+            "ResourceConfigInfos": body["ResourceConfigInfos"],
+            "ImageInfo": body.get("ImageInfo"),
+            "StartCmdInfo": body.get("StartCmdInfo"),
+            "Status": "SUBMITTING",
+            "CreateTime": rfc3339(T0),
         }
         return {"Id": task_id}
 
@@ -593,15 +725,18 @@ class LocalTione:
     def _DescribeLogs(self, body: dict, headers) -> dict:
         start = parse_time(body.get("StartTime") or rfc3339(datetime.now(timezone.utc) - timedelta(hours=1)))
         end = parse_time(body.get("EndTime") or rfc3339(datetime.now(timezone.utc)))
-        lines = [line for line in self.logs.get(body.get("ServiceId", ""), [])
-                 if start <= parse_time(line["Timestamp"]) <= end
-                 and (not body.get("PodName") or line["PodName"] == body["PodName"])]
+        lines = [
+            line
+            for line in self.logs.get(body.get("ServiceId", ""), [])
+            if start <= parse_time(line["Timestamp"]) <= end
+            and (not body.get("PodName") or line["PodName"] == body["PodName"])
+        ]
         lines.sort(key=lambda line: parse_time(line["Timestamp"]), reverse=body.get("Order", "DESC") != "ASC")
         context = body.get("Context") or "ctx-0"
         if not re.fullmatch(r"ctx-\d+", context):
             raise ApiError("InvalidParameterValue", f"Context {context!r} is not one this API returned")
         offset = int(context.removeprefix("ctx-"))
-        page = lines[offset:offset + min(int(body.get("Limit") or 100), self.PAGE)]
+        page = lines[offset : offset + min(int(body.get("Limit") or 100), self.PAGE)]
         return {"Content": page, "Context": f"ctx-{offset + len(page)}" if page else ""}
 
     def _StopTrainingTask(self, body: dict, headers) -> dict:
@@ -647,11 +782,22 @@ def api_projects(tmp_path_factory) -> dict[str, Path]:
     """One project per tione_mode, ready to submit (storage id and instance type answered); the DDP one
     in a TI-ONE workspace (TiProjectId). Tests that write to a project work on a copy (fresh_project)."""
     root = tmp_path_factory.mktemp("tione-api")
-    return {mode: render(root / mode, project_name=f"Api {mode.replace('-', ' ')}", platforms="[tione]",
-                         tione_mode=mode, nodes=NODES, gpus_per_node=8, image=IMAGE, shared_mount=SHARED,
-                         tione_storage_id=STORAGE_ID, tione_instance_type=INSTANCE_TYPE,
-                         tione_project_id=PROJECT_ID if mode == "ddp" else "")
-            for mode in API_MODES}
+    return {
+        mode: render(
+            root / mode,
+            project_name=f"Api {mode.replace('-', ' ')}",
+            platforms="[tione]",
+            tione_mode=mode,
+            nodes=NODES,
+            gpus_per_node=8,
+            image=IMAGE,
+            shared_mount=SHARED,
+            tione_storage_id=STORAGE_ID,
+            tione_instance_type=INSTANCE_TYPE,
+            tione_project_id=PROJECT_ID if mode == "ddp" else "",
+        )
+        for mode in API_MODES
+    }
 
 
 def fresh_project(api_projects: dict[str, Path], mode: str, tmp_path: Path) -> Path:
@@ -662,8 +808,11 @@ def api_env(project: Path, home: Path, credentials: bool = True, **extra: str) -
     """The environment of a developer's shell without anything of theirs: HOME is empty (no
     ~/.tencentcloud/credentials leaks in), no TENCENTCLOUD_* but the test's key, no proxy."""
     home.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in clean_env(PYTHONPATH=str(project / "src")).items()
-           if not k.startswith("TENCENTCLOUD_") and k.lower() not in PROXIES}
+    env = {
+        k: v
+        for k, v in clean_env(PYTHONPATH=str(project / "src")).items()
+        if not k.startswith("TENCENTCLOUD_") and k.lower() not in PROXIES
+    }
     env.update(HOME=str(home), NO_PROXY="127.0.0.1,localhost")
     if credentials:
         env.update(TENCENTCLOUD_SECRET_ID=SECRET_ID, TENCENTCLOUD_SECRET_KEY=SECRET_KEY)
@@ -702,8 +851,12 @@ def submit(project: Path, env: dict[str, str], endpoint: LocalTione, *args: str)
 
 
 def log_line(instance: str, seconds: int, pod: str, message: str) -> dict:
-    return {"Id": hashlib.sha1(f"{instance}|{seconds}|{pod}|{message}".encode()).hexdigest()[:20], "Message": message,
-            "PodName": pod, "Timestamp": rfc3339(T0 + timedelta(seconds=seconds))}
+    return {
+        "Id": hashlib.sha1(f"{instance}|{seconds}|{pod}|{message}".encode()).hexdigest()[:20],
+        "Message": message,
+        "PodName": pod,
+        "Timestamp": rfc3339(T0 + timedelta(seconds=seconds)),
+    }
 
 
 def shown(lines: list[dict]) -> list[str]:
@@ -724,8 +877,9 @@ def test_dry_run_prints_only_the_create_request_the_sdk_accepts(api_projects, en
         assert request["TrainingMode"] == API_MODES[mode] and result.stderr == ""
     else:
         assert "TrainingMode" not in request and "no Ray mode" in result.stderr
-    assert request["StartCmdInfo"] == ({"PsStartCmd": start, "WorkerStartCmd": start} if mode == "ps-worker"
-                                       else {"StartCmd": start})
+    assert request["StartCmdInfo"] == (
+        {"PsStartCmd": start, "WorkerStartCmd": start} if mode == "ps-worker" else {"StartCmd": start}
+    )
     assert request["ImageInfo"] == {"ImageType": "CCR", "ImageUrl": IMAGE}
     roles = {info["Role"]: info for info in request["ResourceConfigInfos"]}
     assert sorted(roles) == (["PS", "WORKER"] if mode == "ps-worker" else ["WORKER"])
@@ -750,8 +904,13 @@ def test_submit_sends_the_dry_run_request_and_records_the_task(api_projects, end
     assert f"created TI-ONE task {task_id} (nightly-7) in {REGION}, mode {API_MODES[mode]}" in result.stdout
     assert "launch tione --action logs --follow" in result.stdout
     [job] = recorded(project)
-    assert (job["platform"], job["id"], job["name"], job["where"], job["image"]) == \
-        ("tione", task_id, "nightly-7", REGION, IMAGE)
+    assert (job["platform"], job["id"], job["name"], job["where"], job["image"]) == (
+        "tione",
+        task_id,
+        "nightly-7",
+        REGION,
+        IMAGE,
+    )
     assert "schedule.max_steps=7" in job["command"] and job["extra"]["endpoint"] == endpoint.url
     assert job["extra"]["mode"] == API_MODES[mode]
     assert job["extra"]["project"] == (PROJECT_ID if mode == "ddp" else "")
@@ -775,8 +934,10 @@ def test_status_maps_each_state_of_the_last_task_or_the_one_named(api_projects, 
     base = {**endpoint.tasks[last], "LatestInstanceId": f"{last}-1", "StartTime": rfc3339(T0), "RuntimeInSeconds": 125}
     cases = {
         "RUNNING": ({}, "running"),
-        "FAILED": ({"FailureReason": "NCCL timeout on worker-1", "EndTime": rfc3339(T0 + timedelta(hours=1))},
-                   "failed"),
+        "FAILED": (
+            {"FailureReason": "NCCL timeout on worker-1", "EndTime": rfc3339(T0 + timedelta(hours=1))},
+            "failed",
+        ),
         "SUCCEED": ({"EndTime": rfc3339(T0 + timedelta(hours=2))}, "succeeded"),
         "SUBMITTING": ({"LatestInstanceId": None, "StartTime": None, "RuntimeInSeconds": None}, "queued"),
     }
@@ -800,7 +961,8 @@ def test_status_maps_each_state_of_the_last_task_or_the_one_named(api_projects, 
     assert picked.returncode == 0 and "  state:    STOPPED (stopped)\n" in picked.stdout, picked.stdout
     describes = endpoint.bodies("DescribeTrainingTask")
     assert describes == [{"Id": last, "TiProjectId": PROJECT_ID}] * len(cases) + [
-        {"Id": first, "TiProjectId": PROJECT_ID}]
+        {"Id": first, "TiProjectId": PROJECT_ID}
+    ]
     # A task this project did not submit: --id and the endpoint find it all the same.
     endpoint.tasks["train-elsewhere"] = {"Id": "train-elsewhere", "Name": "other", "Status": "STARTING"}
     other = tione(project, env, "--action", "status", "--id", "train-elsewhere", "--endpoint", endpoint.url)
@@ -813,8 +975,10 @@ def test_logs_prints_every_page_once_in_order(api_projects, endpoint, tmp_path):
     task_id = submit(project, env, endpoint)
     instance = f"{task_id}-run1"
     endpoint.tasks[task_id].update(Status="SUCCEED", LatestInstanceId=instance, StartTime=rfc3339(T0))
-    lines = [log_line(instance, i, f"{task_id}-{'launcher' if i % 2 else 'worker'}-0", f"step {i} loss {9 - i * 0.5}")
-             for i in range(1, 9)]
+    lines = [
+        log_line(instance, i, f"{task_id}-{'launcher' if i % 2 else 'worker'}-0", f"step {i} loss {9 - i * 0.5}")
+        for i in range(1, 9)
+    ]
     endpoint.logs[instance] = lines[::-1]  # the endpoint sorts: ASC is asked for
     endpoint.logs["train-other-run1"] = [log_line("train-other-run1", 3, "other-worker-0", "not this task's")]
     result = tione(project, env, "--action", "logs")
@@ -822,15 +986,21 @@ def test_logs_prints_every_page_once_in_order(api_projects, endpoint, tmp_path):
     assert result.stdout.splitlines() == shown(lines)
     pages = endpoint.bodies("DescribeLogs")
     assert [page.get("Context") for page in pages] == [None, "ctx-3", "ctx-6", "ctx-8"]  # 3 + 3 + 2, then none
-    assert all(page["Service"] == "TRAIN" and page["ServiceId"] == instance and page["Order"] == "ASC"
-               and page["StartTime"] == rfc3339(T0) and page["EndTime"] == pages[0]["EndTime"]
-               and set(page) - {"Context"} == {"Service", "ServiceId", "StartTime", "EndTime", "Limit", "Order"}
-               for page in pages), pages  # no TiProjectId: this project is in the default workspace
+    assert all(
+        page["Service"] == "TRAIN"
+        and page["ServiceId"] == instance
+        and page["Order"] == "ASC"
+        and page["StartTime"] == rfc3339(T0)
+        and page["EndTime"] == pages[0]["EndTime"]
+        and set(page) - {"Context"} == {"Service", "ServiceId", "StartTime", "EndTime", "Limit", "Order"}
+        for page in pages
+    ), pages  # no TiProjectId: this project is in the default workspace
     # --pod: one pod's lines.
     pod = f"{task_id}-worker-0"
     one_pod = tione(project, env, "--action", "logs", "--pod", pod)
     assert one_pod.returncode == 0 and one_pod.stdout.splitlines() == shown(
-        [line for line in lines if line["PodName"] == pod]), one_pod.stdout
+        [line for line in lines if line["PodName"] == pod]
+    ), one_pod.stdout
     # No instance yet: said, not an error.
     endpoint.tasks[task_id].update(Status="SUBMITTING", LatestInstanceId=None)
     queued = tione(project, env, "--action", "logs")
@@ -846,8 +1016,11 @@ def test_logs_follow_prints_new_lines_once_until_the_task_ends(api_projects, end
     before = [log_line(instance, i, pod, f"step {i}") for i in range(1, 5)]
     # Between two polls, lines arrive (one stamped with the same second as the last line printed) and
     # the task ends.
-    after = [log_line(instance, 4, pod, "step 4 checkpoint saved"), log_line(instance, 5, pod, "step 5"),
-             log_line(instance, 6, pod, "training done")]
+    after = [
+        log_line(instance, 4, pod, "step 4 checkpoint saved"),
+        log_line(instance, 5, pod, "step 5"),
+        log_line(instance, 6, pod, "training done"),
+    ]
     endpoint.logs[instance] = list(before)
 
     def finish(task: dict) -> None:
@@ -894,8 +1067,9 @@ def test_cancel_stops_the_recorded_task(api_projects, endpoint, tmp_path, mode):
     task_id = submit(project, env, endpoint)
     result = tione(project, env, "--action", "cancel")
     assert result.returncode == 0, result.stderr
-    assert endpoint.bodies("StopTrainingTask") == [{"Id": task_id, **({"TiProjectId": PROJECT_ID} if mode == "ddp"
-                                                                      else {})}]
+    assert endpoint.bodies("StopTrainingTask") == [
+        {"Id": task_id, **({"TiProjectId": PROJECT_ID} if mode == "ddp" else {})}
+    ]
     assert f"stopping TI-ONE task {task_id} (request id req-0002-local)" in result.stdout
     assert endpoint.tasks[task_id]["Status"] == "STOPPING"
 
@@ -915,8 +1089,9 @@ def test_missing_credentials_are_one_line_and_the_profile_file_is_read(api_proje
         assert "~/.tencentcloud/credentials cannot be used" in line and "[default]" in line, line
     assert endpoint.calls == []
     # The SDK's profile file in HOME: the request is signed with its key.
-    (home / ".tencentcloud" / "credentials").write_text("[default]\nsecret_id = AKIDprofile0001\n"
-                                                        "secret_key = profile-secret\n")
+    (home / ".tencentcloud" / "credentials").write_text(
+        "[default]\nsecret_id = AKIDprofile0001\nsecret_key = profile-secret\n"
+    )
     endpoint.keys["AKIDprofile0001"] = "profile-secret"
     submit(project, env, endpoint)
     assert "Credential=AKIDprofile0001/" in endpoint.calls[-1]["headers"]["Authorization"]
@@ -935,11 +1110,20 @@ def test_api_error_is_one_line_with_code_message_and_request_id(api_projects, en
     assert "AuthFailure.SignatureFailure" in line and "wrong or expired" in line, line
 
 
-@pytest.mark.parametrize("edit, name", [
-    (lambda text: text.replace("  ResourceConfigInfos:", "  ResourceConfigInfo:\n    - {Role: WORKER, InstanceNum: 4}\n"
-                               "  ResourceConfigInfos:"), "ResourceConfigInfo"),
-    (lambda text: text.replace('Path: "/"}', 'Pth: "/"}'), "Pth"),
-], ids=["top-level", "nested"])
+@pytest.mark.parametrize(
+    "edit, name",
+    [
+        (
+            lambda text: text.replace(
+                "  ResourceConfigInfos:",
+                "  ResourceConfigInfo:\n    - {Role: WORKER, InstanceNum: 4}\n  ResourceConfigInfos:",
+            ),
+            "ResourceConfigInfo",
+        ),
+        (lambda text: text.replace('Path: "/"}', 'Pth: "/"}'), "Pth"),
+    ],
+    ids=["top-level", "nested"],
+)
 def test_misspelt_field_in_task_yaml_is_refused_before_sending(api_projects, endpoint, tmp_path, edit, name):
     project = fresh_project(api_projects, "ddp", tmp_path)
     task = project / "launch" / "tione" / "task.yaml"
@@ -956,8 +1140,14 @@ def test_misspelt_field_in_task_yaml_is_refused_before_sending(api_projects, end
 
 
 def test_submit_without_storage_id_is_refused_naming_the_answer(endpoint, tmp_path):
-    project = render(tmp_path / "p", project_name="No Storage", platforms="[tione]", tione_mode="ddp",
-                     image=IMAGE, tione_instance_type=INSTANCE_TYPE)
+    project = render(
+        tmp_path / "p",
+        project_name="No Storage",
+        platforms="[tione]",
+        tione_mode="ddp",
+        image=IMAGE,
+        tione_instance_type=INSTANCE_TYPE,
+    )
     env = api_env(project, tmp_path / "home")
     line = one_line_error(tione(project, env, "--endpoint", endpoint.url))
     assert "tione_storage_id" in line, line

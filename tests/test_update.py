@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import yaml
-
 from conftest import BIN, TEMPLATE, copier_copy, run
 
 SLUG = "upd"
@@ -60,8 +59,15 @@ def check(project: Path):
 
 def generate(tmp_path: Path, tpl: Path, **extra) -> Path:
     project = tmp_path / "project"
-    data = {"project_name": "Upd", "project_slug": SLUG, "platforms": PLATFORMS, "shared_mount": str(tmp_path),
-            "data_dir": str(tmp_path / "data"), "output_dir": str(tmp_path / "runs"), **extra}
+    data = {
+        "project_name": "Upd",
+        "project_slug": SLUG,
+        "platforms": PLATFORMS,
+        "shared_mount": str(tmp_path),
+        "data_dir": str(tmp_path / "data"),
+        "output_dir": str(tmp_path / "runs"),
+        **extra,
+    }
     result = copier_copy(project, data, src=f"git+file://{tpl}")
     assert result.returncode == 0, result.stdout + result.stderr
     git(project, "init", "-q", "-b", "main")
@@ -135,7 +141,7 @@ def test_update_keeps_user_edits_then_nodes_rerenders_every_launch_file(tmp_path
     assert trainjob["spec"]["trainer"]["numNodes"] == 4
     devmachine = (project / "launch/devmachine/train.sh").read_text()
     # The dev-machine script takes the node count at run time; it kept v0.2.0's line.
-    assert 'NNODES=${NNODES:-1}' in devmachine and "# Launch script line added in v0.2.0." in devmachine
+    assert "NNODES=${NNODES:-1}" in devmachine and "# Launch script line added in v0.2.0." in devmachine
     assert "4 node(s) x 8 GPU(s)" in (project / "launch/kubeflow/pytorchjob.yaml").read_text()
     assert yaml.safe_load((project / ".copier-answers.yml").read_text())["nodes"] == 4
     checked = check(project)
@@ -188,8 +194,18 @@ def test_migration_adopts_zero_stage_from_train_yaml(tmp_path):
     assert yaml.safe_load((project / "config/train.yaml").read_text())["deepspeed"]["zero_stage"] == 2
     # Idempotent: a second run leaves the answers file as it is.
     before = (project / ".copier-answers.yml").read_text()
-    again = run([sys.executable, str(TEMPLATE / "migrations/answers.py"), "adopt", "zero_stage", "deepspeed.zero_stage",
-                 "--if", "strategy=deepspeed"], cwd=project)
+    again = run(
+        [
+            sys.executable,
+            str(TEMPLATE / "migrations/answers.py"),
+            "adopt",
+            "zero_stage",
+            "deepspeed.zero_stage",
+            "--if",
+            "strategy=deepspeed",
+        ],
+        cwd=project,
+    )
     assert again.returncode == 0 and "already recorded" in again.stderr
     assert (project / ".copier-answers.yml").read_text() == before
 
@@ -223,7 +239,7 @@ def test_migration_renames_a_question_and_keeps_the_value(tmp_path):
     git(tpl, "init", "-q", "-b", "main")
     commit_all(tpl, "A", tag="v0.1.0")
 
-    value = "it's \"quoted\" $HOME; rm -rf x \u00e9"
+    value = 'it\'s "quoted" $HOME; rm -rf x \u00e9'
     project = tmp_path / "project"
     result = copier_copy(project, {"old_name": value}, src=f"git+file://{tpl}")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -248,8 +264,15 @@ def test_migration_renames_a_question_and_keeps_the_value(tmp_path):
 
 def test_message_after_copy_and_generated_ci(tmp_path):
     project = tmp_path / "project"
-    data = {"project_name": "Upd", "project_slug": SLUG, "platforms": "[slurm,kubeflow]", "strategy": "deepspeed",
-            "shared_mount": str(tmp_path), "data_dir": str(tmp_path / "data"), "output_dir": str(tmp_path / "runs")}
+    data = {
+        "project_name": "Upd",
+        "project_slug": SLUG,
+        "platforms": "[slurm,kubeflow]",
+        "strategy": "deepspeed",
+        "shared_mount": str(tmp_path),
+        "data_dir": str(tmp_path / "data"),
+        "output_dir": str(tmp_path / "runs"),
+    }
     result = copier_copy(project, data)
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout + result.stderr
@@ -289,8 +312,9 @@ BEFORE_LAUNCH_PACKAGE = "9e638b4"
 def template_at(commit: str, dst: Path) -> Path:
     """The template as it was at `commit` of this repository, as a repository of its own."""
     known = run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=TEMPLATE)
-    assert known.returncode == 0, (f"commit {commit} is not in {TEMPLATE}: this test needs the repository's history "
-                                   "(a full clone, not --depth 1)")
+    assert known.returncode == 0, (
+        f"commit {commit} is not in {TEMPLATE}: this test needs the repository's history (a full clone, not --depth 1)"
+    )
     dst.mkdir(parents=True)
     archive = run(["bash", "-c", f"git archive {commit} | tar -x -C {dst}"], cwd=TEMPLATE)
     assert archive.returncode == 0, archive.stderr
@@ -324,7 +348,9 @@ def test_update_across_the_launch_package_move_keeps_user_edits(tmp_path):
     assert "#SBATCH --comment=user" in (project / "launch/slurm/train.sbatch").read_text()
     flat = sorted(p.name for p in package.glob("launch*.py"))
     assert flat == [], f"moved modules left behind: {flat}"
-    assert {"__init__.py", "base.py", "jobs.py", "slurm.py", "tione.py"} <= {p.name for p in (package / "launch").iterdir()}
+    assert {"__init__.py", "base.py", "jobs.py", "slurm.py", "tione.py"} <= {
+        p.name for p in (package / "launch").iterdir()
+    }
     assert (project / "launch/tione/task.yaml").is_file()
     assert not list(project.rglob("*.rej")) and "<<<<<<<" not in topology.read_text()
     env = {"PYTHONPATH": str(project / "src")}

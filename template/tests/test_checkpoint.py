@@ -108,8 +108,9 @@ def test_interrupted_write_leaves_the_previous_file(pkg, tmp_path):
     def write_half(f):
         f.write(b"x" * 100_000)
         f.flush()
-        assert any(p.name.startswith(".step_00000010.pt.tmp") and p.stat().st_size == 100_000
-                   for p in tmp_path.iterdir())
+        assert any(
+            p.name.startswith(".step_00000010.pt.tmp") and p.stat().st_size == 100_000 for p in tmp_path.iterdir()
+        )
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
@@ -176,8 +177,13 @@ def test_compatibility_refusals_name_the_setting_and_the_way_out(pkg, cfg_with):
     with pytest.raises(ConfigError, match=r"written by 4 processes; this run has 2.*checkpoint.reshard=true"):
         ck.check_compatible(state, cfg, 2, "ckpt", can_reshard=True)
     with pytest.raises(ConfigError, match=r"sharded per rank: run with 4 processes"):
-        ck.check_compatible(state, cfg_with("model.size=tiny", "batch.global_batch_size=16",
-                                            "checkpoint.reshard=true"), 2, "ckpt", can_reshard=False)
+        ck.check_compatible(
+            state,
+            cfg_with("model.size=tiny", "batch.global_batch_size=16", "checkpoint.reshard=true"),
+            2,
+            "ckpt",
+            can_reshard=False,
+        )
     resharded = cfg_with("model.size=tiny", "batch.global_batch_size=16", "checkpoint.reshard=true", "optim.lr=0.01")
     notes = ck.check_compatible(state, resharded, 2, "ckpt", can_reshard=True)
     assert notes[0] == "resharded from 4 to 2 processes (checkpoint.reshard=true)"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,8 +26,9 @@ def mixed_inputs(tmp_path_factory):
     raw = data_dir / "raw"
     raw.mkdir()
     parquet_docs = documents(40, "parquet") + ["Unicode too: naïve café — 東京 🚀"]
-    pq.write_table(pa.table({"id": list(range(len(parquet_docs)) ) + [99], "text": parquet_docs + [None]}),
-                   raw / "part-0.parquet")
+    pq.write_table(
+        pa.table({"id": list(range(len(parquet_docs))) + [99], "text": parquet_docs + [None]}), raw / "part-0.parquet"
+    )
     jsonl_docs = documents(30, "jsonl")
     lines = [json.dumps({"text": t, "source": "x"}) for t in jsonl_docs]
     (raw / "docs.jsonl").write_text("\n".join(lines[:10] + ["", *lines[10:]]) + "\n")  # blank lines are skipped
@@ -41,15 +41,22 @@ def mixed_inputs(tmp_path_factory):
 def split_documents(ids: np.ndarray, bos: int) -> list[list[int]]:
     cuts = np.flatnonzero(ids == bos)
     assert len(cuts) and cuts[0] == 0, "every shard starts with a document separator"
-    return [ids[a + 1:b].tolist() for a, b in zip(cuts, [*cuts[1:], len(ids)])]
+    return [ids[a + 1 : b].tolist() for a, b in zip(cuts, [*cuts[1:], len(ids)])]
 
 
 def test_prepare_data_reads_parquet_jsonl_and_txt(cli, mixed_inputs):
     from tokenizers import Tokenizer
 
     data_dir, docs = mixed_inputs
-    proc = cli("prepare-data", f"data.dir={data_dir}", "data.raw=", "data.tokenizer=", "data.vocab_size=400",
-               "data.val_fraction=0.1", "data.shard_tokens=1000")
+    proc = cli(
+        "prepare-data",
+        f"data.dir={data_dir}",
+        "data.raw=",
+        "data.tokenizer=",
+        "data.vocab_size=400",
+        "data.val_fraction=0.1",
+        "data.shard_tokens=1000",
+    )
     assert "4 input file(s)" in proc.stdout and "trained a" in proc.stdout
 
     meta = json.loads((data_dir / "meta.json").read_text())
@@ -75,8 +82,14 @@ def test_given_tokenizer_is_reused(cli, demo_data, mixed_inputs, tmp_path):
     raw = mixed_inputs[0] / "raw"
     out = tmp_path / "data"
     given = demo_data / "tokenizer.json"
-    proc = cli("prepare-data", f"data.dir={out}", f"data.raw={raw}/*", f"data.tokenizer={given}",
-               "data.vocab_size=300", "data.val_fraction=0.1")
+    proc = cli(
+        "prepare-data",
+        f"data.dir={out}",
+        f"data.raw={raw}/*",
+        f"data.tokenizer={given}",
+        "data.vocab_size=300",
+        "data.val_fraction=0.1",
+    )
     assert f"using tokenizer {given}" in proc.stdout
     meta = json.loads((out / "meta.json").read_text())
     original, copied = Tokenizer.from_file(str(given)), Tokenizer.from_file(str(out / "tokenizer.json"))
@@ -123,8 +136,17 @@ def test_unsupported_file_type_and_missing_tokenizer(cli, tmp_path):
 
 
 def test_training_without_prepared_data_says_run_prepare_data(cli, tmp_path, tiny_model):
-    proc = cli("train", *tiny_model, f"data.dir={tmp_path}", f"run.output_dir={tmp_path}/out", "run.device=cpu",
-               "batch.global_batch_size=4", "batch.micro_batch_size=4", "batch.grad_accum_steps=null", expect=1)
+    proc = cli(
+        "train",
+        *tiny_model,
+        f"data.dir={tmp_path}",
+        f"run.output_dir={tmp_path}/out",
+        "run.device=cpu",
+        "batch.global_batch_size=4",
+        "batch.micro_batch_size=4",
+        "batch.grad_accum_steps=null",
+        expect=1,
+    )
     assert "meta.json" in proc.stderr and "prepare-data" in proc.stderr and "Traceback" not in proc.stderr
 
 

@@ -44,11 +44,21 @@ def hung_job(tmp_path_factory, cli, demo_data):
     out, log, trace = root / "run", root / "log", root / "nccl-trace"
     trace.mkdir()
     (trace / "rank_0").write_bytes(b"\x80flight recorder stand-in")
-    env = {"TRAIN_FAULT_HANG": "1:3", "TRAIN_DEBUG": None,
-           "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(trace / "rank_")}
-    proc = cli.start("launch", "devmachine", "--nproc-per-node", "2", *TRAIN_OVERRIDES, f"data.dir={demo_data}",
-                     f"run.output_dir={out}", "run.collective_timeout_minutes=30", "cluster.max_restarts=0",
-                     "cluster.stop_grace_seconds=3", log=log, env=env)
+    env = {"TRAIN_FAULT_HANG": "1:3", "TRAIN_DEBUG": None, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(trace / "rank_")}
+    proc = cli.start(
+        "launch",
+        "devmachine",
+        "--nproc-per-node",
+        "2",
+        *TRAIN_OVERRIDES,
+        f"data.dir={demo_data}",
+        f"run.output_dir={out}",
+        "run.collective_timeout_minutes=30",
+        "cluster.max_restarts=0",
+        "cluster.stop_grace_seconds=3",
+        log=log,
+        env=env,
+    )
     try:
         wait_for_text(log, "rank 1 hangs before step 3", proc)
         time.sleep(2)  # rank 0 reaches the first collective of step 3
@@ -119,8 +129,9 @@ def test_clear_errors_when_there_is_nothing_to_dump(cli, tmp_path):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         missing = tmp_path / "no-py-spy"
-        result = cli("debug-dump", "--pid", sleeper.pid, "--out", tmp_path / "b", env={"PY_SPY": str(missing)},
-                     expect=1)
+        result = cli(
+            "debug-dump", "--pid", sleeper.pid, "--out", tmp_path / "b", env={"PY_SPY": str(missing)}, expect=1
+        )
         assert f"py-spy is not installed (PY_SPY={missing})" in result.stderr
         assert "pip install py-spy" in result.stderr
     finally:

@@ -18,9 +18,23 @@ from pathlib import Path
 import pytest
 
 # Variables doctor reads: a value left in the test's environment would win over the nccl.env files.
-CLEAN = {key: None for key in ("NCCL_IB_DISABLE", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_NET",
-                               "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TRAIN_DEBUG", "RANK", "LOCAL_RANK",
-                               "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")}
+CLEAN = {
+    key: None
+    for key in (
+        "NCCL_IB_DISABLE",
+        "NCCL_IB_HCA",
+        "NCCL_IB_GID_INDEX",
+        "NCCL_NET",
+        "NCCL_SOCKET_IFNAME",
+        "GLOO_SOCKET_IFNAME",
+        "TRAIN_DEBUG",
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "OMPI_COMM_WORLD_RANK",
+        "SLURM_PROCID",
+    )
+}
 TCP_ENV = "NCCL_SOCKET_IFNAME=lo\nGLOO_SOCKET_IFNAME=lo\nNCCL_IB_DISABLE=1\n"
 # RDMA expected; the HCA name exists on no machine, so NCCL_IB_HCA fails even where RDMA devices exist.
 IB_ENV = "NCCL_SOCKET_IFNAME=lo\nGLOO_SOCKET_IFNAME=lo\nNCCL_IB_DISABLE=0\nNCCL_IB_HCA==nosuchhca_0\n"
@@ -46,8 +60,13 @@ def port(checks, device, port, state="ACTIVE", link="InfiniBand"):
 
 
 def test_ib_hca_selection_follows_nccl_rules(checks):
-    ports = [port(checks, "mlx5_0", 1), port(checks, "mlx5_1", 1), port(checks, "mlx5_1", 2),
-             port(checks, "mlx5_10", 1), port(checks, "ib_bond0", 1)]
+    ports = [
+        port(checks, "mlx5_0", 1),
+        port(checks, "mlx5_1", 1),
+        port(checks, "mlx5_1", 2),
+        port(checks, "mlx5_10", 1),
+        port(checks, "ib_bond0", 1),
+    ]
 
     def names(spec):
         return [f"{p.device}:{p.port}" for p in checks.select_hcas(spec, ports)]
@@ -84,7 +103,9 @@ def test_rdma_ports_from_ibv_devinfo_and_sysfs(checks, tmp_path):
 
 def test_settings_environment_wins_and_decides_the_fabric(checks, tmp_path):
     env_file = tmp_path / "nccl.env"
-    env_file.write_text("# RoCE\nNCCL_IB_DISABLE=0\nNCCL_IB_HCA=mlx5\nNCCL_IB_GID_INDEX=3\nNCCL_SOCKET_IFNAME=nosuch0\n")
+    env_file.write_text(
+        "# RoCE\nNCCL_IB_DISABLE=0\nNCCL_IB_HCA=mlx5\nNCCL_IB_GID_INDEX=3\nNCCL_SOCKET_IFNAME=nosuch0\n"
+    )
     plain = checks.load_settings(env_file, env={})
     expect = checks.expectation(plain)
     assert (expect.rdma, expect.link) == (True, "RoCE") and str(env_file) in expect.source
@@ -125,8 +146,9 @@ def test_shm_and_memlock_verdicts(checks, pkg, tmp_path):
 def test_doctor_on_a_tcp_node_runs_a_gloo_allreduce(cli, tmp_path):
     env_file = tmp_path / "nccl.env"
     env_file.write_text(TCP_ENV)
-    proc = cli("doctor", "--nccl-env", env_file, "--size-mb", 8, "--iters", 3, "--log-dir", tmp_path / "logs",
-               env=CLEAN)
+    proc = cli(
+        "doctor", "--nccl-env", env_file, "--size-mb", 8, "--iters", 3, "--log-dir", tmp_path / "logs", env=CLEAN
+    )
     table = rows(proc.stdout)
     assert table["GPUs"][0] in ("n/a", "ok", "warn")
     assert table["fabric"][0] == "ok" and "TCP" in table["fabric"][1]
@@ -145,8 +167,23 @@ def test_doctor_on_a_tcp_node_runs_a_gloo_allreduce(cli, tmp_path):
 def test_doctor_expecting_rdma_without_devices_fails_under_torchrun(cli, tmp_path):
     env_file = tmp_path / "nccl.env"
     env_file.write_text(IB_ENV)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", cli.package, "doctor", "--nccl-env", env_file, "--size-mb", 4, "--iters", 2]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        cli.package,
+        "doctor",
+        "--nccl-env",
+        env_file,
+        "--size-mb",
+        4,
+        "--iters",
+        2,
+    ]
     proc = cli.run(cmd, env=CLEAN, expect=1)
     table = rows(proc.stdout)
     assert "(rank 0 of 2)" in proc.stdout and "RDMA expected" in table["fabric"][1]
@@ -164,7 +201,9 @@ def write_logs(folder: Path, transport: str) -> None:
     for rank, host, peer in ((0, "gpu-a", 1), (1, "gpu-b", 0)):
         lines = [f"{host}:700:701 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.{rank + 1}<0>"]
         if transport == "IB":
-            lines.append(f"{host}:700:760 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [RO]; OOB eth0:10.0.0.{rank + 1}<0>")
+            lines.append(
+                f"{host}:700:760 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [RO]; OOB eth0:10.0.0.{rank + 1}<0>"
+            )
             path = "NET/IB/0/GDRDMA"
         else:
             lines.append(f"{host}:700:760 [0] NCCL INFO NET/IB : No device found.")
@@ -172,7 +211,9 @@ def write_logs(folder: Path, transport: str) -> None:
             path = "NET/Socket/0"
         lines.append(f"{host}:700:760 [0] NCCL INFO Using network {transport}")
         for ch in range(2):
-            lines.append(f"{host}:700:760 [0] NCCL INFO Channel {ch:02d}/0 : {peer}[0] -> {rank}[0] [receive] via {path}")
+            lines.append(
+                f"{host}:700:760 [0] NCCL INFO Channel {ch:02d}/0 : {peer}[0] -> {rank}[0] [receive] via {path}"
+            )
             lines.append(f"{host}:700:760 [0] NCCL INFO Channel {ch:02d}/0 : {rank}[0] -> {peer}[0] [send] via {path}")
         (folder / f"rank{rank}.log").write_text("\n".join(lines) + "\n")
 
@@ -198,8 +239,16 @@ def test_nccl_log_judges_an_earlier_job(cli, tmp_path):
     assert rows(proc.stdout)["fabric"] == ("ok", "judged as tcp (--fabric)")
 
     # RDMA with GPUDirect, files given one by one: ok, and the connections per peer are listed.
-    proc = cli("doctor", "--nccl-log", tmp_path / "ib" / "rank0.log", "--nccl-log", tmp_path / "ib" / "rank1.log",
-               "--nccl-env", ib_env, env=CLEAN)
+    proc = cli(
+        "doctor",
+        "--nccl-log",
+        tmp_path / "ib" / "rank0.log",
+        "--nccl-log",
+        tmp_path / "ib" / "rank1.log",
+        "--nccl-env",
+        ib_env,
+        env=CLEAN,
+    )
     table = rows(proc.stdout)
     assert table["GPUDirect RDMA"] == ("ok", "all 8 NET/IB connections use GDRDMA")
     assert re.search(r"rank +0 -> 1 +send +NET/IB/0/GDRDMA +channels 0-1", proc.stdout)

@@ -66,8 +66,16 @@ def rank_pids(output_dir: Path) -> dict[int, int]:
 
 
 def launch_args(demo_data: Path, out: Path, nproc: int, *extra: str) -> list[str]:
-    return ["launch", "devmachine", "--nproc-per-node", str(nproc), *TRAIN_OVERRIDES, f"data.dir={demo_data}",
-            f"run.output_dir={out}", *extra]
+    return [
+        "launch",
+        "devmachine",
+        "--nproc-per-node",
+        str(nproc),
+        *TRAIN_OVERRIDES,
+        f"data.dir={demo_data}",
+        f"run.output_dir={out}",
+        *extra,
+    ]
 
 
 def test_a_killed_rank_is_restarted_and_the_run_ends_as_if_never_killed(cli, demo_data, run_2proc, metrics, tmp_path):
@@ -75,8 +83,12 @@ def test_a_killed_rank_is_restarted_and_the_run_ends_as_if_never_killed(cli, dem
     log = tmp_path / "log"
     proc = cli.start(*launch_args(demo_data, out, 2), log=log, env=SLOW)
     try:
-        wait_for(lambda: (out / "checkpoints" / "step_00000010.pt").exists() and len(rank_pids(out)) == 2,
-                 "checkpoint of step 10", proc, log)
+        wait_for(
+            lambda: (out / "checkpoints" / "step_00000010.pt").exists() and len(rank_pids(out)) == 2,
+            "checkpoint of step 10",
+            proc,
+            log,
+        )
         victim = rank_pids(out)[1]
         os.kill(victim, signal.SIGKILL)
         assert proc.wait(timeout=240) == 0, log.read_text()[-4000:]
@@ -96,12 +108,33 @@ def test_a_killed_rank_on_another_node_restarts_both_nodes(cli, demo_data, run_2
     nodes, logs = [], [tmp_path / "node0.log", tmp_path / "node1.log"]
     try:
         for rank in (0, 1):
-            nodes.append(cli.start("launch", "devmachine", "--nnodes", "2", "--node-rank", str(rank),
-                                   "--master-addr", "127.0.0.1", "--master-port", str(port), "--nproc-per-node", "1",
-                                   *TRAIN_OVERRIDES, f"data.dir={demo_data}", f"run.output_dir={out}",
-                                   log=logs[rank], env=SLOW))
-        wait_for(lambda: (out / "checkpoints" / "step_00000010.pt").exists() and len(rank_pids(out)) == 2,
-                 "checkpoint of step 10", nodes[0], logs[0])
+            nodes.append(
+                cli.start(
+                    "launch",
+                    "devmachine",
+                    "--nnodes",
+                    "2",
+                    "--node-rank",
+                    str(rank),
+                    "--master-addr",
+                    "127.0.0.1",
+                    "--master-port",
+                    str(port),
+                    "--nproc-per-node",
+                    "1",
+                    *TRAIN_OVERRIDES,
+                    f"data.dir={demo_data}",
+                    f"run.output_dir={out}",
+                    log=logs[rank],
+                    env=SLOW,
+                )
+            )
+        wait_for(
+            lambda: (out / "checkpoints" / "step_00000010.pt").exists() and len(rank_pids(out)) == 2,
+            "checkpoint of step 10",
+            nodes[0],
+            logs[0],
+        )
         node1_rank = next(pid for pid in rank_pids(out).values() if _launched_by(pid, nodes[1].pid))
         os.kill(node1_rank, signal.SIGKILL)
         codes = [node.wait(timeout=300) for node in nodes]
@@ -126,8 +159,9 @@ def _launched_by(pid: int, ancestor: int) -> bool:
     return False
 
 
-def test_sigterm_to_the_launcher_saves_at_the_next_step_and_exits_preempted(cli, demo_data, run_2proc, metrics,
-                                                                             tmp_path, pkg):
+def test_sigterm_to_the_launcher_saves_at_the_next_step_and_exits_preempted(
+    cli, demo_data, run_2proc, metrics, tmp_path, pkg
+):
     out = tmp_path / "run"
     log = tmp_path / "log"
     proc = cli.start(*launch_args(demo_data, out, 2), log=log, env=SLOW)
@@ -217,8 +251,12 @@ def test_a_hung_rank_times_out_sooner_under_debug(cli, demo_data, tmp_path, debu
     """Rank 1 stops before step 3; rank 0 waits in the gradient all-reduce until the collective
     timeout. Under debug the timeout is run.debug_timeout_minutes (here 0.1 = 6 s)."""
     out = tmp_path / "run"
-    extra = ["run.debug_timeout_minutes=0.1", "run.collective_timeout_minutes=0.25", "cluster.max_restarts=0",
-             "cluster.stop_grace_seconds=3"]  # the hung rank ignores SIGTERM: killed 3 s later
+    extra = [
+        "run.debug_timeout_minutes=0.1",
+        "run.collective_timeout_minutes=0.25",
+        "cluster.max_restarts=0",
+        "cluster.stop_grace_seconds=3",
+    ]  # the hung rank ignores SIGTERM: killed 3 s later
     env = {"TRAIN_FAULT_HANG": "1:3", "TRAIN_DEBUG": "1" if debug else None}
     proc = cli(*launch_args(demo_data, out, 2, *extra), env=env, expect=None, timeout=240)
     text = proc.stdout + proc.stderr

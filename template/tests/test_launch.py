@@ -27,22 +27,47 @@ def flag(args: list[str], name: str) -> str:
 
 
 def test_dry_run_one_node_is_standalone(cli):
-    proc = cli("launch", "devmachine", "--dry-run", "--nnodes", 1, "--nproc-per-node", 2, "model.size=tiny",
-               "--set", "optim.lr=0.01")
+    proc = cli(
+        "launch",
+        "devmachine",
+        "--dry-run",
+        "--nnodes",
+        1,
+        "--nproc-per-node",
+        2,
+        "model.size=tiny",
+        "--set",
+        "optim.lr=0.01",
+    )
     args = torchrun_args(proc.stdout)
     assert args[1:3] == ["-m", "torch.distributed.run"]
     assert "--standalone" in args and flag(args, "--nproc-per-node") == "2"
     assert not any(a in ("--nnodes", "--master-addr", "--node-rank") for a in args)
     # Overrides reach `train`, whichever way they were given.
-    entry = args[args.index("--standalone") + 1:]
+    entry = args[args.index("--standalone") + 1 :]
     assert entry[:3] == ["-m", cli.package, "train"] and set(entry[3:]) == {"model.size=tiny", "optim.lr=0.01"}
     assert "processes per node  2" in proc.stdout
 
 
 def test_dry_run_two_nodes_uses_c10d_rendezvous_at_the_master(cli):
-    proc = cli("launch", "devmachine", "--dry-run", "--nnodes", 2, "--node-rank", 1, "--master-addr", "10.1.2.3",
-               "--master-port", 29555, "--nproc-per-node", 8, "--config", "config/train.yaml",
-               "schedule.max_steps=5")
+    proc = cli(
+        "launch",
+        "devmachine",
+        "--dry-run",
+        "--nnodes",
+        2,
+        "--node-rank",
+        1,
+        "--master-addr",
+        "10.1.2.3",
+        "--master-port",
+        29555,
+        "--nproc-per-node",
+        8,
+        "--config",
+        "config/train.yaml",
+        "schedule.max_steps=5",
+    )
     args = torchrun_args(proc.stdout)
     assert "--standalone" not in args and "--node-rank" not in args
     assert flag(args, "--nnodes") == "2" and flag(args, "--rdzv-conf") == "is_host=false"
@@ -121,9 +146,18 @@ def steps_logged(out) -> int:
 
 def test_status_logs_and_cancel_of_a_real_run(cli, demo_data, train_overrides, tmp_path):
     out = tmp_path / "run"
-    launched = cli.start("launch", "devmachine", "--nproc-per-node", "2", *train_overrides, f"data.dir={demo_data}",
-                         f"run.output_dir={out}", "schedule.max_steps=100000", "logging.every_steps=1",
-                         log=tmp_path / "launch.log")
+    launched = cli.start(
+        "launch",
+        "devmachine",
+        "--nproc-per-node",
+        "2",
+        *train_overrides,
+        f"data.dir={demo_data}",
+        f"run.output_dir={out}",
+        "schedule.max_steps=100000",
+        "logging.every_steps=1",
+        log=tmp_path / "launch.log",
+    )
     try:
         wait_for(lambda: steps_logged(out) >= 3, 180, "three logged steps")
         record = json.loads((cli.root / ".jobs" / "devmachine.jsonl").read_text().splitlines()[-1])

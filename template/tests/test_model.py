@@ -17,8 +17,17 @@ def gpt(pkg):
 
 def make(gpt, *, n_kv_head=2, sequence_len=64, softcap=15.0, n_layer=2, n_embd=64, n_head=4, vocab=VOCAB, seed=0):
     torch.manual_seed(seed)
-    model = gpt.GPT(gpt.GPTConfig(vocab_size=vocab, sequence_len=sequence_len, n_layer=n_layer, n_embd=n_embd,
-                                  n_head=n_head, n_kv_head=n_kv_head, softcap=softcap))
+    model = gpt.GPT(
+        gpt.GPTConfig(
+            vocab_size=vocab,
+            sequence_len=sequence_len,
+            n_layer=n_layer,
+            n_embd=n_embd,
+            n_head=n_head,
+            n_kv_head=n_kv_head,
+            softcap=softcap,
+        )
+    )
     model.init_weights()
     return model.eval()
 
@@ -110,7 +119,7 @@ def greedy_without_cache(model, prompt, steps):
     ids = list(prompt)
     for _ in range(steps):
         ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 @pytest.mark.parametrize("n_kv_head", [4, 2])
@@ -133,7 +142,7 @@ def test_kv_cache_logits_match_full_forward_chunk_by_chunk(gpt):
         full = model(x)
         cache = gpt.KVCache(model.config.n_layer)
         parts = [model(x[:, :5], cache=cache), model(x[:, 5:11], cache=cache)]
-        parts += [model(x[:, t:t + 1], cache=cache) for t in range(11, 14)]
+        parts += [model(x[:, t : t + 1], cache=cache) for t in range(11, 14)]
     assert cache.length == 14
     assert torch.allclose(torch.cat(parts, dim=1), full, atol=1e-4)
 
@@ -154,7 +163,9 @@ def test_sampling_is_reproducible_with_a_seeded_generator(gpt):
 def test_top_k_1_is_greedy(gpt):
     model = randomize(make(gpt))
     g = torch.Generator().manual_seed(0)
-    assert model.generate([5, 6], 15, temperature=0.7, top_k=1, generator=g) == model.generate([5, 6], 15, temperature=0)
+    assert model.generate([5, 6], 15, temperature=0.7, top_k=1, generator=g) == model.generate(
+        [5, 6], 15, temperature=0
+    )
 
 
 @pytest.mark.parametrize("n_kv_head, sequence_len", [(4, 64), (2, 128), (1, 32)])
@@ -188,8 +199,9 @@ def test_training_steps_lower_the_loss(gpt):
 def test_learning_rate_schedule(pkg, tmp_path):
     empty = tmp_path / "empty.yaml"
     empty.write_text("")
-    cfg = pkg.config.load_config(empty, ["optim.lr=0.01", "schedule.warmup_steps=10", "schedule.max_steps=110",
-                                         "schedule.min_lr_ratio=0.1"])
+    cfg = pkg.config.load_config(
+        empty, ["optim.lr=0.01", "schedule.warmup_steps=10", "schedule.max_steps=110", "schedule.min_lr_ratio=0.1"]
+    )
     lr_at = pkg.train.lr_at
     assert lr_at(0, cfg) == pytest.approx(0.001)  # linear warmup
     assert lr_at(4, cfg) == pytest.approx(0.005)

@@ -16,8 +16,17 @@ def info(host: str, dev: int, msg: str, pid: int = 4100) -> str:
     return f"{host}:{pid + dev}:{pid + 90 + dev} [{dev}] NCCL INFO {msg}"
 
 
-def node_log(host: str, addr: str, *, net: str = "IB", links: str = "[0]mlx5_0:1/IB [1]mlx5_1:1/IB",
-             net_path: str = "NET/IB/0/GDRDMA", local: str = "P2P/IPC/read", base: int = 0, peer: int = 2) -> str:
+def node_log(
+    host: str,
+    addr: str,
+    *,
+    net: str = "IB",
+    links: str = "[0]mlx5_0:1/IB [1]mlx5_1:1/IB",
+    net_path: str = "NET/IB/0/GDRDMA",
+    local: str = "P2P/IPC/read",
+    base: int = 0,
+    peer: int = 2,
+) -> str:
     """What the two GPUs (ranks base, base+1) of one node print: init lines, two channels to the
     other node's first rank (`peer`) over the network and one intra-node hop each way."""
     lines = [
@@ -70,8 +79,14 @@ def test_infiniband_with_gpudirect_rdma(nl):
     assert log.settings["NCCL_SOCKET_IFNAME"] == {"eth0"}
 
     checks = nl.assess(log, nl.Expectation(**RDMA_IB))
-    assert verdicts(checks) == {"NCCL log": "ok", "NCCL version": "ok", "NCCL network": "ok",
-                                "NCCL transports": "ok", "GPUDirect RDMA": "ok", "socket interface": "ok"}
+    assert verdicts(checks) == {
+        "NCCL log": "ok",
+        "NCCL version": "ok",
+        "NCCL network": "ok",
+        "NCCL transports": "ok",
+        "GPUDirect RDMA": "ok",
+        "socket interface": "ok",
+    }
     assert "2.21.5+cuda12.4, CUDA driver 12.4" == detail(checks, "NCCL version")
     assert "inter-node NET/IB x4; intra-node P2P/IPC x2" == detail(checks, "NCCL transports")
     assert "all 4 NET/IB connections use GDRDMA" == detail(checks, "GPUDirect RDMA")
@@ -126,12 +141,17 @@ def test_sockets_are_fine_on_a_tcp_fabric(nl):
 
 def test_mixed_intra_node_and_inter_node_transports(nl):
     text = node_log("gpu-a", "10.0.0.1", local="P2P/CUMEM/read")
-    text += "\n".join([
-        info("gpu-a", 0, "Channel 02 : 0[0] -> 1[1] via SHM/direct/direct"),
-        info("gpu-a", 1, "Channel 03/0 : 1[1] -> 0[0] via P2P/direct pointer"),
-        info("gpu-a", 1, "Channel 02/0 : 1[1] -> 2[0] [send] via NET/IB/1(0)/GDRDMA"),  # PXN through rank 0
-        info("gpu-a", 0, "24 coll channels, 16 collnet channels, 16 nvls channels, 32 p2p channels"),
-    ]) + "\n"
+    text += (
+        "\n".join(
+            [
+                info("gpu-a", 0, "Channel 02 : 0[0] -> 1[1] via SHM/direct/direct"),
+                info("gpu-a", 1, "Channel 03/0 : 1[1] -> 0[0] via P2P/direct pointer"),
+                info("gpu-a", 1, "Channel 02/0 : 1[1] -> 2[0] [send] via NET/IB/1(0)/GDRDMA"),  # PXN through rank 0
+                info("gpu-a", 0, "24 coll channels, 16 collnet channels, 16 nvls channels, 32 p2p channels"),
+            ]
+        )
+        + "\n"
+    )
     log = nl.parse(text)
     kinds = sorted({c.kind for c in log.connections})
     assert kinds == ["NET/IB", "P2P/CUMEM", "P2P/direct", "SHM"]
@@ -139,14 +159,22 @@ def test_mixed_intra_node_and_inter_node_transports(nl):
     checks = nl.assess(log, nl.Expectation(**RDMA_IB))
     assert "FAIL" not in verdicts(checks).values()
     assert detail(checks, "NCCL transports") == (
-        "inter-node NET/IB x5; intra-node P2P/CUMEM x2, P2P/direct x1, SHM x1; NVLS 16 channels")
+        "inter-node NET/IB x5; intra-node P2P/CUMEM x2, P2P/direct x1, SHM x1; NVLS 16 channels"
+    )
     rows = nl.connection_table(log)
     assert any("rank   1 -> 2   send     NET/IB/0/GDRDMA" in r and r.endswith("channels 0-1") for r in rows)
     assert any("NET/IB/1(0)/GDRDMA" in r and r.endswith("channels 2") for r in rows)
 
 
-@pytest.mark.parametrize("text", ["", "\n\n", "Traceback (most recent call last):\n  oops\nKeyError: 3\n",
-                                  "\x00\x01binary\xff junk NCCL without a level\n"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "\n\n",
+        "Traceback (most recent call last):\n  oops\nKeyError: 3\n",
+        "\x00\x01binary\xff junk NCCL without a level\n",
+    ],
+)
 def test_logs_without_nccl_lines_say_how_to_get_them(nl, text):
     checks = nl.assess(nl.parse(text, "job.out"), nl.Expectation(**RDMA_IB))
     assert [(c.name, c.verdict) for c in checks] == [("NCCL log", "FAIL")]
@@ -181,14 +209,16 @@ def test_several_rank_files_make_one_job(nl, tmp_path):
 
 
 def test_prefixes_old_formats_plugins_and_warnings(nl):
-    text = "\n".join([
-        "[rank3]:gpu-c:5001:5090 [3] NCCL INFO Using network IBext_v8",
-        "[1,3]<stdout>:gpu-c:5001:5090 [3] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB/SHARP [RO]; OOB ib0:10.1.0.3<0>",
-        "[2024-05-05 06:16:47] gpu-c:5001:5090 [3] NCCL INFO Channel 00/0 : 3[3] -> 4[0] [send] via NET/IBext_v8/0/GDRDMA",
-        "gpu-c:5001:5090 [3] NCCL INFO Ring 01 : 3 -> 4 [send] via NET/IBext_v8/0",
-        "gpu-c:5001:5090 [3] transport/net_ib.cc:1696 NCCL WARN NET/IB : Got completion from peer 10.1.0.4<4242> "
-        "with status=12 opcode=0 len=0 vendor err 129",
-    ])
+    text = "\n".join(
+        [
+            "[rank3]:gpu-c:5001:5090 [3] NCCL INFO Using network IBext_v8",
+            "[1,3]<stdout>:gpu-c:5001:5090 [3] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB/SHARP [RO]; OOB ib0:10.1.0.3<0>",
+            "[2024-05-05 06:16:47] gpu-c:5001:5090 [3] NCCL INFO Channel 00/0 : 3[3] -> 4[0] [send] via NET/IBext_v8/0/GDRDMA",
+            "gpu-c:5001:5090 [3] NCCL INFO Ring 01 : 3 -> 4 [send] via NET/IBext_v8/0",
+            "gpu-c:5001:5090 [3] transport/net_ib.cc:1696 NCCL WARN NET/IB : Got completion from peer 10.1.0.4<4242> "
+            "with status=12 opcode=0 len=0 vendor err 129",
+        ]
+    )
     log = nl.parse(text)
     assert log.hosts == {"gpu-c"} and log.networks == {"IBext_v8"}
     assert {str(p) for p in log.ib_ports} == {"mlx5_0:1/IB"}

@@ -17,15 +17,39 @@ PACKAGE_DIR = next(p.parent for p in (Path(__file__).resolve().parents[1] / "src
 # Lowest first. A module may import its own layer and those below, never one above.
 LAYERS = {
     "settings": {  # plain Python: configuration, the rules between settings, tables, platform variables
-        "config", "sizes", "rules", "gpus", "estimates", "fit", "project", "env_files", "topology", "network",
-        "nccl_env", "nccl_log", "faults", "preemption", "demo_corpus",
+        "config",
+        "sizes",
+        "rules",
+        "gpus",
+        "estimates",
+        "fit",
+        "project",
+        "env_files",
+        "topology",
+        "network",
+        "nccl_env",
+        "nccl_log",
+        "faults",
+        "preemption",
+        "demo_corpus",
     },
     "blocks": {"distributed", "metrics", "models", "data", "mlm_data", "splits", "checkpoint"},  # torch building blocks
     "strategies": {"strategies"},  # how a model is spread over processes, and the formats they save
     "jobs": {"train", "evaluate", "sample", "trained_model", "prepare_data"},  # what runs in a process
     "commands": {  # what a user or a platform starts
-        "check_project", "plan", "image", "image_plan", "doctor", "node_checks", "allreduce_bench", "debug_dump", "supervise",
-        "torchrun", "node", "launch", "ray_train",
+        "check_project",
+        "plan",
+        "image",
+        "image_plan",
+        "doctor",
+        "node_checks",
+        "allreduce_bench",
+        "debug_dump",
+        "supervise",
+        "torchrun",
+        "node",
+        "launch",
+        "ray_train",
     },
     "entry": {"cli", "__main__", "__init__"},
 }
@@ -68,8 +92,10 @@ def layer_of(name: str) -> int:
     for index, members in enumerate(LAYERS.values()):
         if top in members:
             return index
-    raise AssertionError(f"module {name} is in no layer of tests/test_package_shape.py LAYERS: add it at the lowest "
-                         "layer its imports allow")
+    raise AssertionError(
+        f"module {name} is in no layer of tests/test_package_shape.py LAYERS: add it at the lowest "
+        "layer its imports allow"
+    )
 
 
 def graph() -> dict[str, set[str]]:
@@ -79,8 +105,12 @@ def graph() -> dict[str, set[str]]:
 
 def test_every_module_has_a_layer_and_imports_none_above_it():
     names = list(LAYERS)
-    upward = [f"{a} ({names[layer_of(a)]}) imports {b} ({names[layer_of(b)]})"
-              for a, targets in graph().items() for b in sorted(targets) if layer_of(b) > layer_of(a)]
+    upward = [
+        f"{a} ({names[layer_of(a)]}) imports {b} ({names[layer_of(b)]})"
+        for a, targets in graph().items()
+        for b in sorted(targets)
+        if layer_of(b) > layer_of(a)
+    ]
     assert not upward, "imports from a higher layer:\n" + "\n".join(upward)
 
 
@@ -92,7 +122,7 @@ def test_no_import_cycles():
         path.append(node)
         for nxt in sorted(edges.get(node, ())):
             if nxt in path:
-                cycles.append(" -> ".join([*path[path.index(nxt):], nxt]))
+                cycles.append(" -> ".join([*path[path.index(nxt) :], nxt]))
             elif nxt not in done:
                 visit(nxt)
         path.pop()
@@ -106,8 +136,13 @@ def test_no_import_cycles():
 
 def test_models_use_no_parallel_api():
     known = modules()
-    found = [f"{name} imports {module}" for name, path in known.items() if name.split(".")[0] == "models"
-             for module in sorted(imports(name, path, known)[1]) if module.startswith(PARALLEL_APIS)]
+    found = [
+        f"{name} imports {module}"
+        for name, path in known.items()
+        if name.split(".")[0] == "models"
+        for module in sorted(imports(name, path, known)[1])
+        if module.startswith(PARALLEL_APIS)
+    ]
     assert not found, "models/ must build plain layers (parallelism is applied in strategies/):\n" + "\n".join(found)
 
 
@@ -132,8 +167,8 @@ def test_each_strategy_reads_the_checkpoints_it_writes(pkg):
 def test_readme_lists_every_module():
     """The generated README's file list names every module of the package, and only modules that exist."""
     readme = (PACKAGE_DIR.parents[1] / "README.md").read_text()
-    files = readme[readme.index("\n## Files"):]
-    files = files[files.index(f"src/{PACKAGE_DIR.name}/"):files.index("\ntests/")]
+    files = readme[readme.index("\n## Files") :]
+    files = files[files.index(f"src/{PACKAGE_DIR.name}/") : files.index("\ntests/")]
     named = set(re.findall(r"([\w/]+)\.py\b", files))
     on_disk = {path.relative_to(PACKAGE_DIR).with_suffix("").as_posix() for path in PACKAGE_DIR.rglob("*.py")}
     on_disk = {name for name in on_disk if not name.endswith(("__init__", "__main__"))}

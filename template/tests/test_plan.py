@@ -49,16 +49,28 @@ def empty_config(tmp_path):
 
 
 def gpt3_cfg(cfg_with, size, *extra):
-    return cfg_with("model.arch=gpt3", f"model.size={size}", "data.vocab_size=50304", "model.sequence_len=2048",
-                    "run.strategy=deepspeed", "deepspeed.zero_stage=1", *extra)
+    return cfg_with(
+        "model.arch=gpt3",
+        f"model.size={size}",
+        "data.vocab_size=50304",
+        "model.sequence_len=2048",
+        "run.strategy=deepspeed",
+        "deepspeed.zero_stage=1",
+        *extra,
+    )
 
 
 # --- parameters and FLOPs against the models -------------------------------------------------------
 
+
 @pytest.mark.parametrize("size,kv", [("tiny", None), ("tiny", 1), ("d4", None), ("d12", 2)])
 def test_gpt_count_and_flops_match_the_model(pkg, cfg_with, size, kv):
-    cfg = cfg_with(f"model.size={size}", f"model.n_kv_head={'null' if kv is None else kv}",
-                   "model.sequence_len=128", "data.vocab_size=512")
+    cfg = cfg_with(
+        f"model.size={size}",
+        f"model.n_kv_head={'null' if kv is None else kv}",
+        "model.sequence_len=128",
+        "data.vocab_size=512",
+    )
     model = pkg.models.build_model(cfg, 512)
     shape = pkg.rules.model_shape(size, kv)
     assert pkg.estimates.num_params(shape, 512) == model.num_params()
@@ -76,9 +88,15 @@ def test_bert_count_and_flops_match_transformers(pkg, cfg_with, size):
     BertConfig, BertForMaskedLM = transformers_bert()
     shape, vocab = pkg.sizes.model_shape(size, None, "bert"), 30522
     with torch.device("meta"):
-        mlm = BertForMaskedLM(BertConfig(vocab_size=vocab, hidden_size=shape["n_embd"],
-                                         num_hidden_layers=shape["n_layer"], num_attention_heads=shape["n_head"],
-                                         intermediate_size=4 * shape["n_embd"]))
+        mlm = BertForMaskedLM(
+            BertConfig(
+                vocab_size=vocab,
+                hidden_size=shape["n_embd"],
+                num_hidden_layers=shape["n_layer"],
+                num_attention_heads=shape["n_head"],
+                intermediate_size=4 * shape["n_embd"],
+            )
+        )
     assert pkg.estimates.num_params(shape, vocab, "bert") == mlm.num_parameters()
     if size == "large":
         assert mlm.num_parameters() == 335_174_458
@@ -97,8 +115,15 @@ def test_gpt3_count_and_flops_match_the_model(pkg, size):
     gpt3 = pkg.module("models.gpt3")
     shape = pkg.sizes.model_shape(size, None, "gpt3")
     with torch.device("meta"):
-        model = gpt3.GPT3(gpt3.GPT3Config(vocab_size=50304, sequence_len=2048, n_layer=shape["n_layer"],
-                                          n_embd=shape["n_embd"], n_head=shape["n_head"]))
+        model = gpt3.GPT3(
+            gpt3.GPT3Config(
+                vocab_size=50304,
+                sequence_len=2048,
+                n_layer=shape["n_layer"],
+                n_embd=shape["n_embd"],
+                n_head=shape["n_head"],
+            )
+        )
     assert pkg.estimates.num_params(shape, 50304, "gpt3", 2048) == model.num_params()
     assert pkg.estimates.flops_per_token(shape, 50304, 2048, "gpt3") == model.flops_per_token()
 
@@ -111,22 +136,37 @@ def test_largest_layer_is_what_deepspeed_counts(pkg):
     _, _, stage3 = deepspeed_estimators()
     BertConfig, BertForMaskedLM = transformers_bert()
     shape = pkg.sizes.model_shape("tiny", None, "bert")
-    mlm = BertForMaskedLM(BertConfig(vocab_size=1000, hidden_size=shape["n_embd"], num_hidden_layers=shape["n_layer"],
-                                     num_attention_heads=shape["n_head"], intermediate_size=4 * shape["n_embd"]))
+    mlm = BertForMaskedLM(
+        BertConfig(
+            vocab_size=1000,
+            hidden_size=shape["n_embd"],
+            num_hidden_layers=shape["n_layer"],
+            num_attention_heads=shape["n_head"],
+            intermediate_size=4 * shape["n_embd"],
+        )
+    )
     total, largest = stage3.model_to_params(mlm)
-    assert (total, largest) == (pkg.estimates.num_params(shape, 1000, "bert"),
-                                pkg.estimates.largest_layer_params(shape, 1000, "bert"))
+    assert (total, largest) == (
+        pkg.estimates.num_params(shape, 1000, "bert"),
+        pkg.estimates.largest_layer_params(shape, 1000, "bert"),
+    )
     gpt3 = pkg.module("models.gpt3")
     shape = pkg.sizes.model_shape("tiny", None, "gpt3")
     torch.manual_seed(0)
-    model = gpt3.GPT3(gpt3.GPT3Config(vocab_size=1000, sequence_len=64, n_layer=shape["n_layer"],
-                                      n_embd=shape["n_embd"], n_head=shape["n_head"]))
+    model = gpt3.GPT3(
+        gpt3.GPT3Config(
+            vocab_size=1000, sequence_len=64, n_layer=shape["n_layer"], n_embd=shape["n_embd"], n_head=shape["n_head"]
+        )
+    )
     total, largest = stage3.model_to_params(model)
-    assert (total, largest) == (pkg.estimates.num_params(shape, 1000, "gpt3", 64),
-                                pkg.estimates.largest_layer_params(shape, 1000, "gpt3"))
+    assert (total, largest) == (
+        pkg.estimates.num_params(shape, 1000, "gpt3", 64),
+        pkg.estimates.largest_layer_params(shape, 1000, "gpt3"),
+    )
 
 
 # --- tensor and pipeline splits --------------------------------------------------------------------
+
 
 def test_tensor_and_pipeline_split_of_13b(pkg):
     """13B on 4 tensor x 4 pipeline: stage 0's GPU holds 1/16 of the blocks' split parts plus the
@@ -149,8 +189,16 @@ def test_tensor_and_pipeline_split_of_13b(pkg):
 def test_pipeline_memory_is_the_first_stage_with_p_micro_batches(pkg, cfg_with):
     """1F1B: stage 0 keeps min(p, micro batches per step) micro batches in flight and the most
     parameters; ZeRO 1 shards the optimizer over the data-parallel ranks of the stage."""
-    cfg = gpt3_cfg(cfg_with, "13B", "parallel.pipeline=4", "cluster.nodes=2", "cluster.gpus_per_node=8",
-                   "cluster.gpu_type=a100-80gb", "batch.micro_batch_size=1", "batch.global_batch_size=1024")
+    cfg = gpt3_cfg(
+        cfg_with,
+        "13B",
+        "parallel.pipeline=4",
+        "cluster.nodes=2",
+        "cluster.gpus_per_node=8",
+        "cluster.gpu_type=a100-80gb",
+        "batch.micro_batch_size=1",
+        "batch.global_batch_size=1024",
+    )
     m = pkg.estimates.memory(cfg)
     shape = pkg.sizes.model_shape("13B", None, "gpt3")
     psi = pkg.estimates.stage_params(shape, 50304, "gpt3", 2048, 1, 4)[0]
@@ -171,6 +219,7 @@ def test_tensor_parallel_splits_activations(pkg):
 
 
 # --- ZeRO against DeepSpeed's estimators -----------------------------------------------------------
+
 
 @pytest.mark.parametrize("psi", [477_102_080, 5_637_144_576])
 @pytest.mark.parametrize("gpus,nodes", [(8, 1), (8, 4), (1, 1), (4, 2)])
@@ -207,9 +256,18 @@ def test_family_model_states_match_deepspeed(pkg, cfg_with, arch, size, vocab, s
     with plan's parameter count and largest layer: stage 2 differs by DeepSpeed's 4 Psi/Nd fp32
     gradient partition, stage 3 by that (as 2 Psi/Nd more) and the gathered largest layer."""
     zero2, zero3, _ = deepspeed_estimators()
-    cfg = cfg_with(f"model.arch={arch}", f"model.size={size}", f"data.vocab_size={vocab}", f"model.sequence_len={seq}",
-                   "run.strategy=deepspeed", f"deepspeed.zero_stage={stage}", "cluster.nodes=2",
-                   "cluster.gpus_per_node=8", "batch.global_batch_size=256", "batch.micro_batch_size=4")
+    cfg = cfg_with(
+        f"model.arch={arch}",
+        f"model.size={size}",
+        f"data.vocab_size={vocab}",
+        f"model.sequence_len={seq}",
+        "run.strategy=deepspeed",
+        f"deepspeed.zero_stage={stage}",
+        "cluster.nodes=2",
+        "cluster.gpus_per_node=8",
+        "batch.global_batch_size=256",
+        "batch.micro_batch_size=4",
+    )
     m = pkg.estimates.memory(cfg)
     psi, nd = m["params"], 16
     ours = m["weights"] + m["grads"] + m["optimizer"]
@@ -218,18 +276,36 @@ def test_family_model_states_match_deepspeed(pkg, cfg_with, arch, size, vocab, s
         assert abs(ds - (ours + 4 * psi / nd)) <= 1
     else:
         shape = pkg.sizes.model_shape(size, None, arch)
-        _, ds, largest_bytes = zero3(psi, pkg.estimates.largest_layer_params(shape, vocab, arch), 8, 2,
-                                     cpu_offload=False, cpu_offload_params=False)
+        _, ds, largest_bytes = zero3(
+            psi,
+            pkg.estimates.largest_layer_params(shape, vocab, arch),
+            8,
+            2,
+            cpu_offload=False,
+            cpu_offload_params=False,
+        )
         assert abs(ds - (ours + 2 * psi / nd) - largest_bytes) <= 1
     assert ds / ours < 1.5  # DeepSpeed's extras stay a fraction of the states
 
 
 # --- verdicts and suggestions ----------------------------------------------------------------------
 
+
 def test_d20_on_8_h100_fits_with_ddp(cli, empty_config):
-    proc = cli("plan", "--config", empty_config, "--json", "model.size=d20", "model.sequence_len=2048",
-               "batch.micro_batch_size=16", "cluster.nodes=1", "cluster.gpus_per_node=8",
-               "cluster.gpu_type=h100-80gb", "data.vocab_size=32768", "run.strategy=ddp")
+    proc = cli(
+        "plan",
+        "--config",
+        empty_config,
+        "--json",
+        "model.size=d20",
+        "model.sequence_len=2048",
+        "batch.micro_batch_size=16",
+        "cluster.nodes=1",
+        "cluster.gpus_per_node=8",
+        "cluster.gpu_type=h100-80gb",
+        "data.vocab_size=32768",
+        "run.strategy=ddp",
+    )
     r = json.loads(proc.stdout)
     m = r["memory"]
     assert r["zero_stage"] == 0 and m["params"] == 477_102_080
@@ -251,8 +327,16 @@ def test_checkpointing_from_the_config_and_the_flag(cli, empty_config):
 
 
 def test_oversized_does_not_fit_and_suggests(cli, empty_config):
-    args = ["--config", empty_config, "model.size=d48", "cluster.gpu_type=rtx4090-24gb", "cluster.nodes=1",
-            "cluster.gpus_per_node=1", "batch.global_batch_size=256", "batch.micro_batch_size=16"]
+    args = [
+        "--config",
+        empty_config,
+        "model.size=d48",
+        "cluster.gpu_type=rtx4090-24gb",
+        "cluster.nodes=1",
+        "cluster.gpus_per_node=1",
+        "batch.global_batch_size=256",
+        "batch.micro_batch_size=16",
+    ]
     r = json.loads(cli("plan", "--json", *args, expect=1).stdout)
     assert not r["fits"] and r["memory"]["total"] > r["memory"]["usable"]
     assert r["suggestion"]
@@ -263,23 +347,37 @@ def test_oversized_does_not_fit_and_suggests(cli, empty_config):
 def test_suggestion_is_the_first_that_fits(cli, empty_config):
     """A d26 at micro 32 on a100-40gb: lowering the micro batch is tried first, and the suggested
     micro batch fits while twice that does not."""
-    args = ["--config", empty_config, "model.size=d26", "cluster.gpu_type=a100-40gb", "cluster.nodes=1",
-            "cluster.gpus_per_node=8", "batch.global_batch_size=256", "batch.micro_batch_size=32"]
+    args = [
+        "--config",
+        empty_config,
+        "model.size=d26",
+        "cluster.gpu_type=a100-40gb",
+        "cluster.nodes=1",
+        "cluster.gpus_per_node=8",
+        "batch.global_batch_size=256",
+        "batch.micro_batch_size=32",
+    ]
     r = json.loads(cli("plan", "--json", *args, expect=1).stdout)
     assert r["suggestion"].startswith("batch.micro_batch_size=")
     micro = int(r["suggestion"].split("=")[1].split()[0])
     assert json.loads(cli("plan", "--json", *args, f"batch.micro_batch_size={micro}").stdout)["fits"]
-    assert not json.loads(cli("plan", "--json", *args, f"batch.micro_batch_size={micro * 2}",
-                              expect=1).stdout)["fits"]
+    assert not json.loads(cli("plan", "--json", *args, f"batch.micro_batch_size={micro * 2}", expect=1).stdout)["fits"]
 
 
 def test_more_pipeline_stages_when_zero_is_refused(pkg, cfg_with):
     """13B on 8 V100 16GB with 2 pipeline stages, checkpointing and optimizer offload already on:
     ZeRO 2 and 3 are refused with pipeline stages (never suggested), so the next change that fits is
     4 stages; the suggestion names the config key and the copier answer."""
-    cfg = gpt3_cfg(cfg_with, "13B", "parallel.pipeline=2", "cluster.gpu_type=v100-16gb", "batch.micro_batch_size=1",
-                   "batch.global_batch_size=1024", "model.activation_checkpointing=true",
-                   "deepspeed.offload_optimizer=true")
+    cfg = gpt3_cfg(
+        cfg_with,
+        "13B",
+        "parallel.pipeline=2",
+        "cluster.gpu_type=v100-16gb",
+        "batch.micro_batch_size=1",
+        "batch.global_batch_size=1024",
+        "model.activation_checkpointing=true",
+        "deepspeed.offload_optimizer=true",
+    )
     assert not pkg.estimates.memory(cfg)["fits"] and pkg.estimates.memory(cfg)["problems"] == []
     for stage in (2, 3):
         assert not pkg.fit.allowed(pkg.fit.with_strategy(cfg, stage))
@@ -292,26 +390,53 @@ def test_refused_layouts(pkg, cli, empty_config, cfg_with):
     tensor and pipeline layouts run on) is refused by plan too, in the rule's words."""
     for degrees in (["parallel.pipeline=4", "cluster.nodes=2"], ["parallel.tensor=2"]):
         for stage in (2, 3):
-            cfg = gpt3_cfg(cfg_with, "1.3B", *degrees, f"deepspeed.zero_stage={stage}", "batch.micro_batch_size=4",
-                           "batch.global_batch_size=512")
+            cfg = gpt3_cfg(
+                cfg_with,
+                "1.3B",
+                *degrees,
+                f"deepspeed.zero_stage={stage}",
+                "batch.micro_batch_size=4",
+                "batch.global_batch_size=512",
+            )
             shape = pkg.sizes.model_shape("1.3B", None, "gpt3")
             rules = pkg.rules.parallel_problems(cfg, shape, cfg.cluster.nodes * cfg.cluster.gpus_per_node)
             m = pkg.estimates.memory(cfg)
             assert rules and m["problems"] == rules and not m["fits"]
             assert f"deepspeed.zero_stage={stage}" in rules[0]
-    out = cli("plan", "--config", empty_config, "model.arch=gpt3", "model.size=1.3B", "data.vocab_size=50304",
-              "parallel.pipeline=4", "cluster.nodes=2", "run.strategy=deepspeed", "deepspeed.zero_stage=3",
-              "batch.micro_batch_size=4", "batch.global_batch_size=512", expect=1).stdout
+    out = cli(
+        "plan",
+        "--config",
+        empty_config,
+        "model.arch=gpt3",
+        "model.size=1.3B",
+        "data.vocab_size=50304",
+        "parallel.pipeline=4",
+        "cluster.nodes=2",
+        "run.strategy=deepspeed",
+        "deepspeed.zero_stage=3",
+        "batch.micro_batch_size=4",
+        "batch.global_batch_size=512",
+        expect=1,
+    ).stdout
     assert "verdict: refused by the rules: deepspeed.zero_stage=3 with parallel.tensor=1, parallel.pipeline=4" in out
 
 
 def test_cli_table_and_bad_options(cli):
     out = cli("plan").stdout  # the project's own config: it fits whatever model it was generated for
-    for word in ("parameters", "weights", "grads", "optimizer", "activations, checkpointed", "verdict: fits",
-                 "GPU-hours"):
+    for word in (
+        "parameters",
+        "weights",
+        "grads",
+        "optimizer",
+        "activations, checkpointed",
+        "verdict: fits",
+        "GPU-hours",
+    ):
         assert word in out
-    assert "ZeRO stage 3" in cli("plan", "--zero-stage", "3", "parallel.pipeline=1", "parallel.tensor=1",
-                                 expect=None).stdout
+    assert (
+        "ZeRO stage 3"
+        in cli("plan", "--zero-stage", "3", "parallel.pipeline=1", "parallel.tensor=1", expect=None).stdout
+    )
     bad = cli("plan", "--offload-params", "--zero-stage", "2", expect=1)
     assert "--zero-stage 3" in bad.stderr
     unknown = cli("plan", "cluster.gpu_type=tpu", expect=1)
@@ -331,6 +456,7 @@ def test_deepspeed_options_move_states(cli, empty_config):
 
 
 # --- time ------------------------------------------------------------------------------------------
+
 
 def test_time_scales_with_nodes(pkg, cli):
     """The project's own config: hours = FLOPs / (GPUs x peak x MFU), 1/n over 1, 2, 4, 8 nodes,
@@ -358,17 +484,30 @@ def test_nanochat_seed_6_6_hours_on_8_gpus(pkg, cli, empty_config):
     plan's default 0.4 the 8-GPU figure must land within [0.6, 1.5] x 6.6 h, and the table must
     give the seed's 1 -> 8 node scaling (6.6 h -> 0.8 h on 64 GPUs, GPU-hours unchanged)."""
     steps = round(6.6 * 3600 / 2.2)
-    args = ["--config", empty_config, "--json", "model.size=d20", "data.vocab_size=65536", "model.sequence_len=2048",
-            "batch.global_batch_size=256", "batch.micro_batch_size=8", f"schedule.max_steps={steps}",
-            "cluster.gpu_type=a800-80gb", "cluster.nodes=1", "cluster.gpus_per_node=8"]
+    args = [
+        "--config",
+        empty_config,
+        "--json",
+        "model.size=d20",
+        "data.vocab_size=65536",
+        "model.sequence_len=2048",
+        "batch.global_batch_size=256",
+        "batch.micro_batch_size=8",
+        f"schedule.max_steps={steps}",
+        "cluster.gpu_type=a800-80gb",
+        "cluster.nodes=1",
+        "cluster.gpus_per_node=8",
+    ]
     r = json.loads(cli("plan", *args).stdout)
     assert r["memory"]["params"] == 560_988_160  # nanochat's d20
     shape = pkg.sizes.model_shape("d20", None, "gpt")
     _, peak = pkg.estimates.gpu_spec("a800-80gb")
     seed_mfu = pkg.estimates.flops_per_token(shape, 65536, 2048) * 256 * 2048 / (2.2 * 8 * peak)
     hours = [t["hours"] for t in r["time"]]
-    print(f"nanochat d20 on 8 A800: the seed's 2.2 s/step = MFU {seed_mfu:.3f}; plan at MFU {r['mfu']}: "
-          + ", ".join(f"{t['gpus']} GPUs {t['hours']:.2f} h" for t in r["time"]))
+    print(
+        f"nanochat d20 on 8 A800: the seed's 2.2 s/step = MFU {seed_mfu:.3f}; plan at MFU {r['mfu']}: "
+        + ", ".join(f"{t['gpus']} GPUs {t['hours']:.2f} h" for t in r["time"])
+    )
     assert 0.25 < seed_mfu < 0.45
     assert 0.6 * 6.6 <= hours[0] <= 1.5 * 6.6
     assert hours[0] / hours[3] == pytest.approx(8) and hours[1] / hours[0] == pytest.approx(0.5)
@@ -394,9 +533,23 @@ def test_megatron_seed_times_give_one_plausible_mfu(pkg, cli, empty_config):
     print("MFU implied by the seed's times: " + ", ".join(f"{k} {v:.3f}" for k, v in mfus.items()))
     assert all(0.15 <= v <= 0.40 for v in mfus.values())
     assert max(mfus.values()) / min(mfus.values()) < 1.25
-    args = ["--config", empty_config, "--json", "model.arch=gpt3", "model.size=125M", "data.vocab_size=50304",
-            "model.sequence_len=2048", "run.strategy=deepspeed", "cluster.gpu_type=a100-40gb", "cluster.nodes=1",
-            "batch.micro_batch_size=8", "--tokens", "2.5e9", "--mfu", f"{mfus['125M']:.6f}"]
+    args = [
+        "--config",
+        empty_config,
+        "--json",
+        "model.arch=gpt3",
+        "model.size=125M",
+        "data.vocab_size=50304",
+        "model.sequence_len=2048",
+        "run.strategy=deepspeed",
+        "cluster.gpu_type=a100-40gb",
+        "cluster.nodes=1",
+        "batch.micro_batch_size=8",
+        "--tokens",
+        "2.5e9",
+        "--mfu",
+        f"{mfus['125M']:.6f}",
+    ]
     for gpus, expected in ((1, 8), (2, 4), (4, 2)):
         r = json.loads(cli("plan", *args, f"cluster.gpus_per_node={gpus}", "batch.global_batch_size=256").stdout)
         assert r["fits"] and r["time"][0]["hours"] == pytest.approx(expected, rel=1e-3)
@@ -411,15 +564,27 @@ def test_gpu_table(pkg):
         _, memory_gib = gpus.find_answer(answer)
         assert answer.endswith(f"-{memory_gib}gb"), answer
     assert gpus.find_answer("tpu-v5") is None
-    peaks = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 PCIe": 756e12, "NVIDIA H100 NVL": 835e12,
-             "NVIDIA GH200 480GB": 989e12, "NVIDIA H200": 989e12, "NVIDIA H20": 148e12,
-             "NVIDIA A100-SXM4-40GB": 312e12, "NVIDIA A10": 125e12, "NVIDIA L40S": 362e12, "NVIDIA L40": 181e12,
-             "NVIDIA L4": 121e12, "NVIDIA GeForce RTX 4090": 165e12, "Tesla V100-SXM2-32GB": 125e12}
+    peaks = {
+        "NVIDIA H100 80GB HBM3": 989e12,
+        "NVIDIA H100 PCIe": 756e12,
+        "NVIDIA H100 NVL": 835e12,
+        "NVIDIA GH200 480GB": 989e12,
+        "NVIDIA H200": 989e12,
+        "NVIDIA H20": 148e12,
+        "NVIDIA A100-SXM4-40GB": 312e12,
+        "NVIDIA A10": 125e12,
+        "NVIDIA L40S": 362e12,
+        "NVIDIA L40": 181e12,
+        "NVIDIA L4": 121e12,
+        "NVIDIA GeForce RTX 4090": 165e12,
+        "Tesla V100-SXM2-32GB": 125e12,
+    }
     assert {name: gpus.peak_for_device_name(name) for name in peaks} == peaks
     assert gpus.peak_for_device_name("AMD Instinct MI300X") is None
 
 
 # --- the post-generation check ---------------------------------------------------------------------
+
 
 def test_check_project_refuses_a_layout_that_does_not_fit(cli, tmp_path):
     """`check --quiet` (copier's task) exits 1 with one line: the figures and the smallest change."""
@@ -448,19 +613,23 @@ def test_check_project_refuses_a_layout_that_does_not_fit(cli, tmp_path):
 def test_check_project_needs_no_torch(cli):
     """The copier task may run where only copier and PyYAML are installed: with torch made
     unimportable, `check` still checks the rules and the memory fit."""
-    code = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = ['x', 'check', '--quiet']; "
-            f"runpy.run_module('{cli.package}', run_name='__main__')")
+    code = (
+        "import runpy, sys; sys.modules['torch'] = None; sys.argv = ['x', 'check', '--quiet']; "
+        f"runpy.run_module('{cli.package}', run_name='__main__')"
+    )
     cli.run([sys.executable, "-c", code])
 
 
 def test_plan_needs_no_torch(cli):
     """plan and everything it reads import no torch, the time table (peak FLOP/s) included: the
     copier task and `plan` run where torch is not installed."""
-    code = ("import argparse, sys; from pathlib import Path\n"
-            f"from {cli.package} import config, plan\n"
-            "assert 'torch' not in sys.modules, 'import plan'\n"
-            "parser = argparse.ArgumentParser(); plan.add_arguments(parser)\n"
-            "report = plan.build(config.load_config(Path('config/train.yaml')), parser.parse_args([]))\n"
-            "assert report['time'][0]['hours'] > 0\n"
-            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))\n")
+    code = (
+        "import argparse, sys; from pathlib import Path\n"
+        f"from {cli.package} import config, plan\n"
+        "assert 'torch' not in sys.modules, 'import plan'\n"
+        "parser = argparse.ArgumentParser(); plan.add_arguments(parser)\n"
+        "report = plan.build(config.load_config(Path('config/train.yaml')), parser.parse_args([]))\n"
+        "assert report['time'][0]['hours'] > 0\n"
+        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))\n"
+    )
     cli.run([sys.executable, "-c", code])

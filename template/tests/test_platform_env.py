@@ -20,24 +20,46 @@ import time
 from pathlib import Path
 
 import pytest
-
 from test_launch import flag, torchrun_args
 
 # Any of these in the test runner's own environment (a Slurm allocation, an MPI shell, a TI-ONE
 # notebook) would make every node look like two platforms: each node gets only its platform's.
 PLATFORM_PREFIXES = ("PET_", "SLURM_", "OMPI_", "PMIX_", "TORCHELASTIC_")
 PLATFORM_NAMES = {
-    "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-    "NODE_LIST", "INDEX", "GPU_NUM", "GPU_NUM_PER_NODE", "NODE_IP_SLOT_LIST", "HEAD_ADDR", "HEAD_PORT",
-    "TF_CONFIG", "CUDA_VISIBLE_DEVICES",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "NODE_LIST",
+    "INDEX",
+    "GPU_NUM",
+    "GPU_NUM_PER_NODE",
+    "NODE_IP_SLOT_LIST",
+    "HEAD_ADDR",
+    "HEAD_PORT",
+    "TF_CONFIG",
+    "CUDA_VISIBLE_DEVICES",
 }
 
 # 10 steps, 2 ranks x micro 4 = global 8: a few seconds of training.
 RUN_OVERRIDES = [
-    "batch.global_batch_size=8", "batch.micro_batch_size=4", "batch.grad_accum_steps=null",
-    "schedule.max_steps=10", "schedule.warmup_steps=2", "logging.every_steps=5", "logging.eval_every_steps=0",
-    "logging.tensorboard=false", "checkpoint.every_steps=0", "run.device=cpu", "run.dtype=fp32", "run.strategy=ddp",
-    "run.compile=false", "run.seed=1337",
+    "batch.global_batch_size=8",
+    "batch.micro_batch_size=4",
+    "batch.grad_accum_steps=null",
+    "schedule.max_steps=10",
+    "schedule.warmup_steps=2",
+    "logging.every_steps=5",
+    "logging.eval_every_steps=0",
+    "logging.tensorboard=false",
+    "checkpoint.every_steps=0",
+    "run.device=cpu",
+    "run.dtype=fp32",
+    "run.strategy=ddp",
+    "run.compile=false",
+    "run.seed=1337",
 ]
 JOB_TIMEOUT = 150  # seconds for a whole two-node job; a hang ends in a failure, not a stuck suite
 
@@ -74,7 +96,7 @@ def run_nodes(cli, tmp_path: Path, nodes: list[tuple[str, dict, float]], args: l
             logs[name] = tmp_path / f"{name}.log"
             procs[name] = cli.start("node", "--wait-timeout", 90, *args, log=logs[name], env=node_env(variables))
         deadline = time.monotonic() + JOB_TIMEOUT
-        for name, proc in procs.items():
+        for proc in procs.values():
             try:
                 proc.wait(timeout=max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -107,10 +129,16 @@ def test_kubeflow_pytorchjob_worker_starts_first(cli, tmp_path, overrides, metri
     first: its node launcher waits for the master's port and says so, then both train."""
     (port,) = free_ports(1)
     master = {
-        "PET_NNODES": "2", "PET_NODE_RANK": "0", "PET_NPROC_PER_NODE": "1",
+        "PET_NNODES": "2",
+        "PET_NODE_RANK": "0",
+        "PET_NPROC_PER_NODE": "1",
         # The operator gives the master's Service name; on one machine that is 127.0.0.1.
-        "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port),
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "RANK": "0",
+        "PET_MASTER_ADDR": "127.0.0.1",
+        "PET_MASTER_PORT": str(port),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": "2",
+        "RANK": "0",
         "PYTHONUNBUFFERED": "1",
     }
     worker = {**master, "PET_NODE_RANK": "1", "RANK": "1"}
@@ -133,15 +161,20 @@ def test_tione_ddp_counts_nodes_not_processes(cli, tmp_path, overrides, metrics)
     (port,) = free_ports(1)
     common = {
         "NODE_LIST": "timaker-test-launcher.training-job.svc.cluster.local:1,"
-                     "timaker-test-worker-0.training-job.svc.cluster.local:1",
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
-        "GPU_NUM": "2", "GPU_NUM_PER_NODE": "1",
+        "timaker-test-worker-0.training-job.svc.cluster.local:1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": "2",
+        "GPU_NUM": "2",
+        "GPU_NUM_PER_NODE": "1",
     }
     nodes = [("node1", {**common, "RANK": "1", "INDEX": "1"}, 0), ("node0", {**common, "RANK": "0", "INDEX": "0"}, 0)]
     results = run_nodes(cli, tmp_path, nodes, overrides)
     for name in ("node0", "node1"):
         assert "tione-ddp" in results[name][1].split("$ ")[0]
-        assert flag(torchrun_args(results[name][1]), "--rdzv-conf") == f"is_host={'true' if name == 'node0' else 'false'}"
+        assert (
+            flag(torchrun_args(results[name][1]), "--rdzv-conf") == f"is_host={'true' if name == 'node0' else 'false'}"
+        )
     assert_one_job_of_two(results, "node0", tmp_path / "run", metrics)
 
 
@@ -152,8 +185,11 @@ def test_tione_ps_worker(cli, tmp_path, overrides, metrics):
     cluster = {"ps": [f"127.0.0.1:{ps_port}"], "worker": [f"127.0.0.1:{w0_port}", f"127.0.0.1:{w1_port}"]}
 
     def task(kind: str, index: int) -> dict:
-        variables = {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": kind, "index": index},
-                                              "environment": "cloud"})}
+        variables = {
+            "TF_CONFIG": json.dumps(
+                {"cluster": cluster, "task": {"type": kind, "index": index}, "environment": "cloud"}
+            )
+        }
         if kind == "worker":
             # One GPU in each worker container (what the GPU allocation shows the node launcher).
             variables["CUDA_VISIBLE_DEVICES"] = "0"
@@ -168,8 +204,9 @@ def test_tione_ps_worker(cli, tmp_path, overrides, metrics):
     assert "no parameter-server role" in ps.stdout and "Exiting 0" in ps.stdout
     assert "$ " not in ps.stdout and not (tmp_path / "run").exists()
 
-    results = run_nodes(cli, tmp_path, [("worker1", task("worker", 1), 0), ("worker0", task("worker", 0), 0)],
-                        overrides)
+    results = run_nodes(
+        cli, tmp_path, [("worker1", task("worker", 1), 0), ("worker0", task("worker", 0), 0)], overrides
+    )
     for name in ("worker0", "worker1"):
         args = torchrun_args(results[name][1])
         assert flag(args, "--rdzv-endpoint") == f"127.0.0.1:{torch_port}"
@@ -180,7 +217,10 @@ def test_tione_ps_worker(cli, tmp_path, overrides, metrics):
 def test_contradictory_variables_exit_1_naming_both(cli, tmp_path, overrides):
     """A Kubeflow pod whose image also sets TF_CONFIG: no guess, one line naming both platforms."""
     variables = {
-        "PET_NNODES": "2", "PET_NODE_RANK": "0", "PET_NPROC_PER_NODE": "1", "PET_MASTER_ADDR": "127.0.0.1",
+        "PET_NNODES": "2",
+        "PET_NODE_RANK": "0",
+        "PET_NPROC_PER_NODE": "1",
+        "PET_MASTER_ADDR": "127.0.0.1",
         "PET_MASTER_PORT": "29500",
         "TF_CONFIG": json.dumps({"cluster": {"worker": ["127.0.0.1:2222"]}, "task": {"type": "worker", "index": 0}}),
     }

@@ -28,50 +28,74 @@ import pytest
 # replica i gets PET_* for torchrun plus MASTER_ADDR/PORT, WORLD_SIZE (replicas x nprocPerNode)
 # and RANK (the node's index, Master first).
 KUBEFLOW_MASTER = {
-    "PET_NNODES": "2", "PET_NODE_RANK": "0", "PET_NPROC_PER_NODE": "1",
-    "PET_MASTER_ADDR": "gpt-job-master-0", "PET_MASTER_PORT": "23456",
-    "MASTER_ADDR": "gpt-job-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "2", "RANK": "0",
+    "PET_NNODES": "2",
+    "PET_NODE_RANK": "0",
+    "PET_NPROC_PER_NODE": "1",
+    "PET_MASTER_ADDR": "gpt-job-master-0",
+    "PET_MASTER_PORT": "23456",
+    "MASTER_ADDR": "gpt-job-master-0",
+    "MASTER_PORT": "23456",
+    "WORLD_SIZE": "2",
+    "RANK": "0",
     "PYTHONUNBUFFERED": "1",
 }
 KUBEFLOW_WORKER = {**KUBEFLOW_MASTER, "PET_NODE_RANK": "1", "RANK": "1"}
 # Kubeflow Trainer v2 (TrainJob): PET_* only; the node rank is the pod's Job completion index.
 KUBEFLOW_TRAINJOB = {
-    "PET_NNODES": "2", "PET_NPROC_PER_NODE": "auto", "PET_NODE_RANK": "1",
-    "PET_MASTER_ADDR": "gpt-node-0-0.gpt", "PET_MASTER_PORT": "29400",
+    "PET_NNODES": "2",
+    "PET_NPROC_PER_NODE": "auto",
+    "PET_NODE_RANK": "1",
+    "PET_MASTER_ADDR": "gpt-node-0-0.gpt",
+    "PET_MASTER_PORT": "29400",
 }
 # Elastic (elasticPolicy minReplicas 2, maxReplicas 4, rdzvHost/rdzvPort at the master): the
 # operator adds PET_RDZV_* and turns PET_NNODES into min:max.
 KUBEFLOW_ELASTIC = {
-    **KUBEFLOW_WORKER, "PET_NNODES": "2:4", "PET_RDZV_BACKEND": "c10d",
-    "PET_RDZV_ENDPOINT": "gpt-job-master-0:23456", "PET_MAX_RESTARTS": "3",
+    **KUBEFLOW_WORKER,
+    "PET_NNODES": "2:4",
+    "PET_RDZV_BACKEND": "c10d",
+    "PET_RDZV_ENDPOINT": "gpt-job-master-0:23456",
+    "PET_MAX_RESTARTS": "3",
 }
 
 # TI-ONE DDP, the example values of its variable table: WORLD_SIZE and RANK count NODES.
 TIONE_DDP = {
     "NODE_LIST": "timaker-xxxyyy-launcher.training-job.svc.cluster.local:1,"
-                 "timaker-xxxyyy-worker-0.training-job.svc.cluster.local:1",
-    "INDEX": "1", "MASTER_ADDR": "10.35.110.11", "MASTER_PORT": "23456", "WORLD_SIZE": "2", "RANK": "1",
-    "GPU_NUM": "2", "GPU_NUM_PER_NODE": "1",
+    "timaker-xxxyyy-worker-0.training-job.svc.cluster.local:1",
+    "INDEX": "1",
+    "MASTER_ADDR": "10.35.110.11",
+    "MASTER_PORT": "23456",
+    "WORLD_SIZE": "2",
+    "RANK": "1",
+    "GPU_NUM": "2",
+    "GPU_NUM_PER_NODE": "1",
 }
 
 # TI-ONE MPI: a hostfile (named by OMPI_MCA_orte_default_hostfile) and the node list as ip:slots.
 TIONE_MPI = {
-    "OMPI_MCA_orte_default_hostfile": "/etc/mpi/hostfile", "GPU_NUM": "2", "GPU_NUM_PER_NODE": "1",
+    "OMPI_MCA_orte_default_hostfile": "/etc/mpi/hostfile",
+    "GPU_NUM": "2",
+    "GPU_NUM_PER_NODE": "1",
     "NODE_IP_SLOT_LIST": "9.0.255.56:1,9.0.255.118:1",
 }
 # The hostfile as TI-ONE documents it: both entries on one line.
-TIONE_HOSTFILE = ("train-960258573108964736-7an39bddmfpc-launcher slots=1 "
-                  "train-960258573108964736-7an39bddmfpc-worker-0 slots=1\n")
+TIONE_HOSTFILE = (
+    "train-960258573108964736-7an39bddmfpc-launcher slots=1 train-960258573108964736-7an39bddmfpc-worker-0 slots=1\n"
+)
 
 # TI-ONE Ray: the head's address and port, and this node's number (0 = head).
 TIONE_RAY = {"HEAD_ADDR": "train-1282671078021627392-9qu5j2n90b9c-head-0", "HEAD_PORT": "6379", "RANK": "0"}
 
 # TI-ONE PS-Worker: TF_CONFIG only, as in its example (two ps, two workers).
 TF_CLUSTER = {
-    "ps": ["train-960252492096760832-7an13ppfli80-ps-0.train-100031385875.svc:2222",
-           "train-960252492096760832-7an13ppfli80-ps-1.train-100031385875.svc:2222"],
-    "worker": ["train-960252492096760832-7an13ppfli80-worker-0.train-100031385875.svc:2222",
-               "train-960252492096760832-7an13ppfli80-worker-1.train-100031385875.svc:2222"],
+    "ps": [
+        "train-960252492096760832-7an13ppfli80-ps-0.train-100031385875.svc:2222",
+        "train-960252492096760832-7an13ppfli80-ps-1.train-100031385875.svc:2222",
+    ],
+    "worker": [
+        "train-960252492096760832-7an13ppfli80-worker-0.train-100031385875.svc:2222",
+        "train-960252492096760832-7an13ppfli80-worker-1.train-100031385875.svc:2222",
+    ],
 }
 WORKER0_HOST = "train-960252492096760832-7an13ppfli80-worker-0.train-100031385875.svc"
 
@@ -83,24 +107,42 @@ def tf_config(kind: str, index: int, cluster: dict | None = None) -> dict:
 
 # Slurm: a job on node1 and node2, here on its second node.
 SLURM = {
-    "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "gpt", "SLURM_NNODES": "2", "SLURM_NODEID": "1",
-    "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_NTASKS_PER_NODE": "1", "SLURM_GPUS_ON_NODE": "4",
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOB_NAME": "gpt",
+    "SLURM_NNODES": "2",
+    "SLURM_NODEID": "1",
+    "SLURM_JOB_NODELIST": "node[1-2]",
+    "SLURM_NTASKS_PER_NODE": "1",
+    "SLURM_GPUS_ON_NODE": "4",
 }
 # srun one task per GPU: 2 tasks on each of 2 nodes; this is global task 3 (second task of node 1).
 SLURM_PER_TASK = {
-    **SLURM, "SLURM_NTASKS_PER_NODE": "2", "SLURM_NTASKS": "4", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3",
+    **SLURM,
+    "SLURM_NTASKS_PER_NODE": "2",
+    "SLURM_NTASKS": "4",
+    "SLURM_STEP_ID": "0",
+    "SLURM_PROCID": "3",
     "SLURM_LOCALID": "1",
 }
 
 # mpirun -np 4 on 2 hosts, 2 slots each: global rank 3 = second rank of the second host.
 OPENMPI = {
-    "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-    "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "10.0.0.1",
+    "OMPI_COMM_WORLD_RANK": "3",
+    "OMPI_COMM_WORLD_SIZE": "4",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+    "MASTER_ADDR": "10.0.0.1",
 }
 
 # Kept in every environment: variables of any machine, which must not look like a platform.
-ORDINARY = {"PATH": "/usr/bin:/bin", "HOME": "/root", "HOSTNAME": "gpt-job-master-0", "LANG": "C.UTF-8",
-            "KUBERNETES_SERVICE_HOST": "10.96.0.1", "PYTHONPATH": "src"}
+ORDINARY = {
+    "PATH": "/usr/bin:/bin",
+    "HOME": "/root",
+    "HOSTNAME": "gpt-job-master-0",
+    "LANG": "C.UTF-8",
+    "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+    "PYTHONPATH": "src",
+}
 
 
 @pytest.fixture(scope="session")
@@ -131,13 +173,34 @@ def hostfile(tmp_path):
 
 
 def fields(topo) -> dict:
-    return {k: getattr(topo, k) for k in ("platform", "nnodes", "node_rank", "nproc_per_node", "master_addr",
-                                          "master_port", "min_nnodes", "per_process", "role")}
+    return {
+        k: getattr(topo, k)
+        for k in (
+            "platform",
+            "nnodes",
+            "node_rank",
+            "nproc_per_node",
+            "master_addr",
+            "master_port",
+            "min_nnodes",
+            "per_process",
+            "role",
+        )
+    }
 
 
 def expect(platform, nnodes, node_rank, nproc, addr, port, min_nnodes=None, per_process=False, role="worker"):
-    return dict(platform=platform, nnodes=nnodes, node_rank=node_rank, nproc_per_node=nproc, master_addr=addr,
-                master_port=port, min_nnodes=min_nnodes, per_process=per_process, role=role)
+    return dict(
+        platform=platform,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        nproc_per_node=nproc,
+        master_addr=addr,
+        master_port=port,
+        min_nnodes=min_nnodes,
+        per_process=per_process,
+        role=role,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,32 +210,51 @@ CASES = {
     "kubeflow master": (KUBEFLOW_MASTER, expect("kubeflow", 2, 0, 1, "gpt-job-master-0", 23456)),
     "kubeflow worker": (KUBEFLOW_WORKER, expect("kubeflow", 2, 1, 1, "gpt-job-master-0", 23456)),
     # nprocPerNode auto (the operator's default): one process per GPU, counted on the node.
-    "kubeflow nproc auto": ({**KUBEFLOW_WORKER, "PET_NPROC_PER_NODE": "auto"},
-                            expect("kubeflow", 2, 1, 8, "gpt-job-master-0", 23456)),
+    "kubeflow nproc auto": (
+        {**KUBEFLOW_WORKER, "PET_NPROC_PER_NODE": "auto"},
+        expect("kubeflow", 2, 1, 8, "gpt-job-master-0", 23456),
+    ),
     "kubeflow trainjob": (KUBEFLOW_TRAINJOB, expect("kubeflow", 2, 1, 8, "gpt-node-0-0.gpt", 29400)),
     "kubeflow elastic": (KUBEFLOW_ELASTIC, expect("kubeflow", 4, 1, 1, "gpt-job-master-0", 23456, min_nnodes=2)),
     "tione ddp (its example)": (TIONE_DDP, expect("tione-ddp", 2, 1, 1, "10.35.110.11", 23456)),
     "tione ddp master": ({**TIONE_DDP, "RANK": "0", "INDEX": "0"}, expect("tione-ddp", 2, 0, 1, "10.35.110.11", 23456)),
-    "tione ddp 8 gpus x 4 nodes": ({**TIONE_DDP, "WORLD_SIZE": "4", "RANK": "3", "INDEX": "3", "GPU_NUM": "32",
-                                    "GPU_NUM_PER_NODE": "8", "NODE_LIST": "a:8,b:8,c:8,d:8"},
-                                   expect("tione-ddp", 4, 3, 8, "10.35.110.11", 23456)),
+    "tione ddp 8 gpus x 4 nodes": (
+        {
+            **TIONE_DDP,
+            "WORLD_SIZE": "4",
+            "RANK": "3",
+            "INDEX": "3",
+            "GPU_NUM": "32",
+            "GPU_NUM_PER_NODE": "8",
+            "NODE_LIST": "a:8,b:8,c:8,d:8",
+        },
+        expect("tione-ddp", 4, 3, 8, "10.35.110.11", 23456),
+    ),
     "tione ray head": (TIONE_RAY, expect("tione-ray", 2, 0, 8, TIONE_RAY["HEAD_ADDR"], 6379)),
     "tione ray worker": ({**TIONE_RAY, "RANK": "1"}, expect("tione-ray", 2, 1, 8, TIONE_RAY["HEAD_ADDR"], 6379)),
     # PS-Worker: the worker list is the torch world; worker 0 hosts the master on its TF_CONFIG
     # port, which the platform opened and no TensorFlow server uses here (MASTER_PORT overrides).
     "tione ps worker 1": (tf_config("worker", 1), expect("tione-ps", 2, 1, 8, WORKER0_HOST, 2222)),
-    "tione ps worker 0 + MASTER_PORT": ({**tf_config("worker", 0), "MASTER_PORT": "23457"},
-                                        expect("tione-ps", 2, 0, 8, WORKER0_HOST, 23457)),
-    "tione ps worker + GPU_NUM_PER_NODE": ({**tf_config("worker", 0), "GPU_NUM_PER_NODE": "4"},
-                                           expect("tione-ps", 2, 0, 4, WORKER0_HOST, 2222)),
+    "tione ps worker 0 + MASTER_PORT": (
+        {**tf_config("worker", 0), "MASTER_PORT": "23457"},
+        expect("tione-ps", 2, 0, 8, WORKER0_HOST, 23457),
+    ),
+    "tione ps worker + GPU_NUM_PER_NODE": (
+        {**tf_config("worker", 0), "GPU_NUM_PER_NODE": "4"},
+        expect("tione-ps", 2, 0, 4, WORKER0_HOST, 2222),
+    ),
     # A chief, when present, is node 0 and the workers follow it.
-    "tione ps chief": (tf_config("worker", 0, {**TF_CLUSTER, "chief": ["chief-0.svc:2222"]}),
-                       expect("tione-ps", 3, 1, 8, "chief-0.svc", 2222)),
+    "tione ps chief": (
+        tf_config("worker", 0, {**TF_CLUSTER, "chief": ["chief-0.svc:2222"]}),
+        expect("tione-ps", 3, 1, 8, "chief-0.svc", 2222),
+    ),
     "tione ps ps task": (tf_config("ps", 1), expect("tione-ps", 2, 1, 8, WORKER0_HOST, 29500, role="ps")),
     "openmpi rank": (OPENMPI, expect("openmpi", 2, 1, 2, "10.0.0.1", 29500, per_process=True)),
     # Under TI-ONE's MPI mode the ranks find the master in the node list.
-    "openmpi under tione": ({**TIONE_MPI, **OPENMPI, "MASTER_ADDR": None},
-                            expect("openmpi", 2, 1, 2, "9.0.255.56", 29500, per_process=True)),
+    "openmpi under tione": (
+        {**TIONE_MPI, **OPENMPI, "MASTER_ADDR": None},
+        expect("openmpi", 2, 1, 2, "9.0.255.56", 29500, per_process=True),
+    ),
 }
 
 
@@ -192,7 +274,12 @@ def test_tione_mpi_node_list(topology):
     """NODE_IP_SLOT_LIST wins over the hostfile; its first host is the master."""
     topo = topology.detect({**ORDINARY, **TIONE_MPI}, 8, 1)
     assert (topo.platform, topo.nnodes, topo.nproc_per_node, topo.master_addr, topo.master_port) == (
-        "tione-mpi", 2, 1, "9.0.255.56", 29500)
+        "tione-mpi",
+        2,
+        1,
+        "9.0.255.56",
+        29500,
+    )
     assert topology.mpi_hosts(TIONE_MPI) == [("9.0.255.56", 1), ("9.0.255.118", 1)]
 
 
@@ -216,8 +303,10 @@ def test_tione_mpi_node_rank_is_this_hosts_line(topology, hostfile):
 # Contradictions and mistakes: TopologyError naming the variables involved
 
 ERRORS = {
-    "two platforms: kubeflow + tione-ps": ({**KUBEFLOW_MASTER, **tf_config("worker", 0)},
-                                          ["kubeflow", "PET_NNODES", "tione-ps", "TF_CONFIG"]),
+    "two platforms: kubeflow + tione-ps": (
+        {**KUBEFLOW_MASTER, **tf_config("worker", 0)},
+        ["kubeflow", "PET_NNODES", "tione-ps", "TF_CONFIG"],
+    ),
     "two platforms: slurm + tione-ray": ({**SLURM, **TIONE_RAY}, ["slurm", "SLURM_JOB_ID", "tione-ray", "HEAD_ADDR"]),
     "tione ddp RANK >= WORLD_SIZE": ({**TIONE_DDP, "RANK": "2", "INDEX": "2"}, ["RANK=2", "WORLD_SIZE=2"]),
     "tione ddp INDEX != RANK": ({**TIONE_DDP, "INDEX": "0"}, ["INDEX=0", "RANK=1"]),
@@ -228,8 +317,10 @@ ERRORS = {
     "kubeflow PET_NNODES word": ({**KUBEFLOW_MASTER, "PET_NNODES": "two"}, ["PET_NNODES='two'", "min:max"]),
     "kubeflow PET_NNODES max < min": ({**KUBEFLOW_MASTER, "PET_NNODES": "4:2"}, ["PET_NNODES='4:2'"]),
     "kubeflow PET_NNODES zero": ({**KUBEFLOW_MASTER, "PET_NNODES": "0"}, ["PET_NNODES='0'"]),
-    "kubeflow PET_NODE_RANK out of range": ({**KUBEFLOW_WORKER, "PET_NODE_RANK": "2"},
-                                            ["PET_NODE_RANK=2", "PET_NNODES=2"]),
+    "kubeflow PET_NODE_RANK out of range": (
+        {**KUBEFLOW_WORKER, "PET_NODE_RANK": "2"},
+        ["PET_NODE_RANK=2", "PET_NNODES=2"],
+    ),
     "kubeflow PET_NPROC_PER_NODE": ({**KUBEFLOW_MASTER, "PET_NPROC_PER_NODE": "many"}, ["PET_NPROC_PER_NODE='many'"]),
     "kubeflow bad PET_MASTER_PORT": ({**KUBEFLOW_MASTER, "PET_MASTER_PORT": "http"}, ["PET_MASTER_PORT='http'"]),
     "kubeflow no PET_MASTER_ADDR": ({**KUBEFLOW_MASTER, "PET_MASTER_ADDR": ""}, ["PET_MASTER_ADDR"]),
@@ -240,13 +331,19 @@ ERRORS = {
     "tione ps no workers": (tf_config("ps", 0, {"ps": TF_CLUSTER["ps"]}), ["TF_CONFIG", "no worker"]),
     "tione ray RANK past the nodes": ({**TIONE_RAY, "RANK": "2"}, ["RANK=2"]),
     "tione ray bad HEAD_PORT": ({**TIONE_RAY, "HEAD_PORT": "0"}, ["HEAD_PORT=0"]),
-    "tione mpi bad NODE_IP_SLOT_LIST": ({**TIONE_MPI, "NODE_IP_SLOT_LIST": "9.0.255.56,9.0.255.118:1"},
-                                        ["NODE_IP_SLOT_LIST", "'9.0.255.56'"]),
+    "tione mpi bad NODE_IP_SLOT_LIST": (
+        {**TIONE_MPI, "NODE_IP_SLOT_LIST": "9.0.255.56,9.0.255.118:1"},
+        ["NODE_IP_SLOT_LIST", "'9.0.255.56'"],
+    ),
     "tione mpi GPU_NUM": ({**TIONE_MPI, "GPU_NUM": "4"}, ["GPU_NUM=4", "2 hosts"]),
-    "unreadable hostfile": ({"OMPI_MCA_orte_default_hostfile": "/nonexistent/mpi/hostfile"},
-                            ["/nonexistent/mpi/hostfile", "OMPI_MCA_orte_default_hostfile"]),
-    "openmpi rank >= size": ({**OPENMPI, "OMPI_COMM_WORLD_RANK": "4"},
-                             ["OMPI_COMM_WORLD_RANK=4", "OMPI_COMM_WORLD_SIZE=4"]),
+    "unreadable hostfile": (
+        {"OMPI_MCA_orte_default_hostfile": "/nonexistent/mpi/hostfile"},
+        ["/nonexistent/mpi/hostfile", "OMPI_MCA_orte_default_hostfile"],
+    ),
+    "openmpi rank >= size": (
+        {**OPENMPI, "OMPI_COMM_WORLD_RANK": "4"},
+        ["OMPI_COMM_WORLD_RANK=4", "OMPI_COMM_WORLD_SIZE=4"],
+    ),
     "slurm SLURM_NODEID out of range": ({**SLURM, "SLURM_NODEID": "2"}, ["SLURM_NODEID=2", "SLURM_NNODES=2"]),
 }
 
@@ -305,7 +402,7 @@ def test_torchrun_multi_node_uses_c10d_hosted_on_node_0(topology, torchrun):
     assert flag(worker, "--max-restarts") == "3" and flag(worker, "--shutdown-timeout") == "90"
     assert "SIGUSR1" in flag(worker, "--signals-to-handle").split(",")
     assert "--standalone" not in worker and "--node-rank" not in worker and "--master-addr" not in worker
-    assert worker[-len(ENTRY):] == ENTRY
+    assert worker[-len(ENTRY) :] == ENTRY
     master = torchrun.torchrun_command(topology.detect({**TIONE_DDP, "RANK": "0", "INDEX": "0"}, 8, 1), ENTRY)
     assert flag(master, "--rdzv-conf") == "is_host=true"
 
@@ -322,7 +419,7 @@ def test_torchrun_one_node_is_standalone(topology, torchrun):
     cmd = torchrun.torchrun_command(one, ENTRY)
     assert "--standalone" in cmd and flag(cmd, "--nproc-per-node") == "4"
     assert not any(a in cmd for a in ("--nnodes", "--node-rank", "--master-addr", "--rdzv-endpoint"))
-    assert cmd[-len(ENTRY):] == ENTRY
+    assert cmd[-len(ENTRY) :] == ENTRY
 
 
 def test_torchrun_elastic_uses_c10d(topology, torchrun):
@@ -355,10 +452,26 @@ def test_default_nproc_counts_visible_gpus(topology, monkeypatch):
 # Inside the trainer: whoever started the process -> (rank, local_rank, world_size)
 
 RANKS = {
-    "torchrun": ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
-                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}, (3, 1, 4)),
-    "mpirun": ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4",
-                "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, (2, 0, 4)),
+    "torchrun": (
+        {
+            "RANK": "3",
+            "LOCAL_RANK": "1",
+            "WORLD_SIZE": "4",
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29500",
+        },
+        (3, 1, 4),
+    ),
+    "mpirun": (
+        {
+            "OMPI_COMM_WORLD_RANK": "2",
+            "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+            "OMPI_COMM_WORLD_SIZE": "4",
+            "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+        },
+        (2, 0, 4),
+    ),
     "srun": (SLURM_PER_TASK, (3, 1, 4)),
     # torchrun inside a TI-ONE or Kubeflow pod: the platform's node-level RANK/WORLD_SIZE were
     # replaced by torchrun's, LOCAL_RANK marks them as process-level.
@@ -430,8 +543,12 @@ def test_wait_for_master_times_out_with_what_to_check(topology, network, closed_
 # training-operator v1, Worker-only PyTorchJob with elasticPolicy (min 2, max 4, maxRestarts 3,
 # nprocPerNode 1): no Master replica, so no PET_MASTER_ADDR, PET_NODE_RANK, MASTER_ADDR, RANK.
 KUBEFLOW_ELASTIC_WORKERS = {
-    "PET_NNODES": "2:4", "PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": "gpt-job-worker-0:23456",
-    "PET_MAX_RESTARTS": "3", "PET_NPROC_PER_NODE": "1", "PYTHONUNBUFFERED": "1",
+    "PET_NNODES": "2:4",
+    "PET_RDZV_BACKEND": "c10d",
+    "PET_RDZV_ENDPOINT": "gpt-job-worker-0:23456",
+    "PET_MAX_RESTARTS": "3",
+    "PET_NPROC_PER_NODE": "1",
+    "PYTHONUNBUFFERED": "1",
 }
 
 

@@ -31,7 +31,11 @@ def test_two_processes_train_and_log(run_2proc, metrics):
     assert "2 process(es) on cpu" in log and "micro 4 x accum 2 x 2 data-parallel ranks" in log
     assert "step     30/30 | loss" in log and "val loss" in log
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
-        "latest", "step_00000010.pt", "step_00000020.pt", "step_00000030.pt"]
+        "latest",
+        "step_00000010.pt",
+        "step_00000020.pt",
+        "step_00000030.pt",
+    ]
     assert "size: tiny" in (out / "config.yaml").read_text()
 
 
@@ -116,8 +120,9 @@ def test_nothing_to_do_when_max_steps_is_reached(resumed, cli, demo_data, train_
 def test_resume_refuses_a_checkpoint_of_another_model(resumed, cli, demo_data, train_overrides, tmp_path):
     out = tmp_path / "copy"
     shutil.copytree(resumed[0] / "checkpoints", out / "checkpoints")
-    proc = cli("train", *train_overrides, "model.sequence_len=32", f"data.dir={demo_data}",
-               f"run.output_dir={out}", expect=1)
+    proc = cli(
+        "train", *train_overrides, "model.sequence_len=32", f"data.dir={demo_data}", f"run.output_dir={out}", expect=1
+    )
     assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
     assert "different model" in proc.stderr and "checkpoint.resume=false" in proc.stderr
     assert not (out / "metrics.jsonl").exists()
@@ -128,11 +133,27 @@ def test_two_nodes_on_loopback_form_one_job(cli, demo_data, train_overrides, run
     nodes = []
     try:
         for rank in (0, 1):
-            nodes.append(cli.start(
-                "launch", "devmachine", "--nnodes", 2, "--node-rank", rank, "--master-addr", "127.0.0.1",
-                "--master-port", port, "--nproc-per-node", 1,
-                *train_overrides, "schedule.max_steps=10", f"data.dir={demo_data}", f"run.output_dir={out}",
-                log=tmp_path / f"node{rank}.log"))
+            nodes.append(
+                cli.start(
+                    "launch",
+                    "devmachine",
+                    "--nnodes",
+                    2,
+                    "--node-rank",
+                    rank,
+                    "--master-addr",
+                    "127.0.0.1",
+                    "--master-port",
+                    port,
+                    "--nproc-per-node",
+                    1,
+                    *train_overrides,
+                    "schedule.max_steps=10",
+                    f"data.dir={demo_data}",
+                    f"run.output_dir={out}",
+                    log=tmp_path / f"node{rank}.log",
+                )
+            )
         codes = [node.wait(timeout=240) for node in nodes]
     finally:
         for node in nodes:
@@ -155,8 +176,15 @@ def test_eval_reproduces_the_validation_loss_of_training(cli, run_2proc, demo_da
     _, val = metrics(out)
     # No model overrides: eval takes the model settings from the checkpoint. One process reads the
     # same 2 micro batches of 4 validation sequences that 2 ranks shared in training.
-    proc = cli("eval", "--batches", 2, f"data.dir={demo_data}", f"run.output_dir={out}", "run.device=cpu",
-               "batch.micro_batch_size=4")
+    proc = cli(
+        "eval",
+        "--batches",
+        2,
+        f"data.dir={demo_data}",
+        f"run.output_dir={out}",
+        "run.device=cpu",
+        "batch.micro_batch_size=4",
+    )
     assert "step 30 | val loss" in proc.stdout and "val bpb" in proc.stdout
     result = json.loads((out / "eval.json").read_text())
     assert result["step"] == 30 and result["checkpoint"].endswith("step_00000030.pt")
@@ -165,8 +193,17 @@ def test_eval_reproduces_the_validation_loss_of_training(cli, run_2proc, demo_da
     assert result["val_bpb"] == pytest.approx(val[0]["val_bpb"], abs=1e-5)
     assert f"val loss {result['val_loss']:.4f} | val bpb {result['val_bpb']:.4f}" in proc.stdout
 
-    early = cli("eval", "--batches", 2, "--checkpoint", out / "checkpoints" / "step_00000010.pt",
-                f"data.dir={demo_data}", f"run.output_dir={out}", "run.device=cpu", "batch.micro_batch_size=4")
+    early = cli(
+        "eval",
+        "--batches",
+        2,
+        "--checkpoint",
+        out / "checkpoints" / "step_00000010.pt",
+        f"data.dir={demo_data}",
+        f"run.output_dir={out}",
+        "run.device=cpu",
+        "batch.micro_batch_size=4",
+    )
     assert "step 10 | val loss" in early.stdout
     assert json.loads((out / "eval.json").read_text())["val_loss"] > result["val_loss"]
 
@@ -179,8 +216,20 @@ def test_eval_without_a_checkpoint_is_a_clear_error(cli, demo_data, tmp_path):
 def test_sample_prints_the_greedy_continuation(pkg, cli, run_2proc, demo_data):
     out, _ = run_2proc
     prompts = ["The function", "Return a"]
-    proc = cli("sample", "--prompt", prompts[0], "--prompt", prompts[1], "--max-new-tokens", 24, "--temperature", 0,
-               f"data.dir={demo_data}", f"run.output_dir={out}", "run.device=cpu")
+    proc = cli(
+        "sample",
+        "--prompt",
+        prompts[0],
+        "--prompt",
+        prompts[1],
+        "--max-new-tokens",
+        24,
+        "--temperature",
+        0,
+        f"data.dir={demo_data}",
+        f"run.output_dir={out}",
+        "run.device=cpu",
+    )
     assert f"sampling from {out / 'checkpoints' / 'step_00000030.pt'} (step 30)" in proc.stdout
     # The same greedy decoding in this process, from the same checkpoint and tokenizer.
     cfg = pkg.config.load_config(None, [f"data.dir={demo_data}", f"run.output_dir={out}", "run.device=cpu"])
@@ -196,9 +245,20 @@ def test_sample_prints_the_greedy_continuation(pkg, cli, run_2proc, demo_data):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_training_bf16_reports_mfu(pkg, cli, demo_data, train_overrides, metrics, tmp_path):
-    proc = cli("launch", "devmachine", "--nnodes", 1, "--nproc-per-node", 1, *train_overrides,
-               "run.device=cuda", "run.dtype=bf16", "schedule.max_steps=20", f"data.dir={demo_data}",
-               f"run.output_dir={tmp_path}")
+    proc = cli(
+        "launch",
+        "devmachine",
+        "--nnodes",
+        1,
+        "--nproc-per-node",
+        1,
+        *train_overrides,
+        "run.device=cuda",
+        "run.dtype=bf16",
+        "schedule.max_steps=20",
+        f"data.dir={demo_data}",
+        f"run.output_dir={tmp_path}",
+    )
     assert "1 process(es) on cuda" in proc.stdout
     train, val = metrics(tmp_path)
     assert train[-1]["loss"] < train[0]["loss"] and val[0]["val_loss"] > 0

@@ -38,8 +38,9 @@ def measure_allreduce(backend: str, nbytes: int, iters: int, local_rank: int, ti
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout),
-                                device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(
+            backend, timeout=timedelta(seconds=timeout), device_id=device if device.type == "cuda" else None
+        )
     world = dist.get_world_size()
 
     def sync():
@@ -57,8 +58,14 @@ def measure_allreduce(backend: str, nbytes: int, iters: int, local_rank: int, ti
     sync()
     seconds = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64, device=device)
     dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace, as in nccl-tests
-    return {"backend": backend, "world": world, "bytes": x.numel() * 4, "iters": iters,
-            "seconds": seconds.item(), "correct": correct}
+    return {
+        "backend": backend,
+        "world": world,
+        "bytes": x.numel() * 4,
+        "iters": iters,
+        "seconds": seconds.item(),
+        "correct": correct,
+    }
 
 
 def bandwidth(result: dict) -> tuple[float, float]:
@@ -70,9 +77,11 @@ def bandwidth(result: dict) -> tuple[float, float]:
 
 def describe_result(result: dict) -> Check:
     algbw, busbw = bandwidth(result)
-    detail = (f"{result['backend']}, {result['world']} processes x {result['bytes'] / MIB:.0f} MiB, "
-              f"{result['iters']} iterations of {result['seconds'] * 1e3:.1f} ms: bus bandwidth {busbw:.2f} GB/s "
-              f"(algbw {algbw:.2f} GB/s)")
+    detail = (
+        f"{result['backend']}, {result['world']} processes x {result['bytes'] / MIB:.0f} MiB, "
+        f"{result['iters']} iterations of {result['seconds'] * 1e3:.1f} ms: bus bandwidth {busbw:.2f} GB/s "
+        f"(algbw {algbw:.2f} GB/s)"
+    )
     if not result["correct"]:
         return Check("all-reduce", FAIL, f"{detail}; WRONG RESULT: the sum differs from the number of ranks")
     return Check("all-reduce", OK, detail)
@@ -84,23 +93,46 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def local_allreduce(nproc: int, backend: str, nbytes: int, iters: int, timeout: float, env_extra: dict,
-                    log_dir: Path) -> tuple[dict | None, str, list[Path]]:
+def local_allreduce(
+    nproc: int, backend: str, nbytes: int, iters: int, timeout: float, env_extra: dict, log_dir: Path
+) -> tuple[dict | None, str, list[Path]]:
     """Start `nproc` worker processes on this node; (rank 0's result or None, error, per-rank log files).
     Each worker's stdout and stderr (NCCL's INFO lines among them) go to log_dir/rank<N>.log."""
     port = _free_port()
     src = str(Path(__file__).resolve().parents[1])
     procs, logs = [], []
     for rank in range(nproc):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
-                   LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **env_extra)
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(nproc),
+            LOCAL_WORLD_SIZE=str(nproc),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            **env_extra,
+        )
         env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
         env.pop("NCCL_DEBUG_FILE", None)  # NCCL's lines must land in the captured output
         logs.append(log_dir / f"rank{rank}.log")
         with open(logs[-1], "w") as out:
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", f"{__package__}.allreduce_bench", "--worker", backend, str(nbytes), str(iters),
-                 str(timeout)], stdout=out, stderr=subprocess.STDOUT, env=env))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        f"{__package__}.allreduce_bench",
+                        "--worker",
+                        backend,
+                        str(nbytes),
+                        str(iters),
+                        str(timeout),
+                    ],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                )
+            )
     deadline = time.monotonic() + timeout
     for proc in procs:
         try:
@@ -112,8 +144,14 @@ def local_allreduce(nproc: int, backend: str, nbytes: int, iters: int, timeout: 
         procs[rank].kill()
         procs[rank].wait()
     if hung:
-        return None, (f"ranks {hung} did not finish within {timeout:.0f} s: a hang, often a port blocked between "
-                      f"the processes or a wrong NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME; logs in {log_dir}"), logs
+        return (
+            None,
+            (
+                f"ranks {hung} did not finish within {timeout:.0f} s: a hang, often a port blocked between "
+                f"the processes or a wrong NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME; logs in {log_dir}"
+            ),
+            logs,
+        )
     failed = [(rank, p.returncode) for rank, p in enumerate(procs) if p.returncode != 0]
     if failed:
         rank, code = failed[0]
@@ -123,7 +161,7 @@ def local_allreduce(nproc: int, backend: str, nbytes: int, iters: int, timeout: 
         return None, f"rank {rank} exited {code}: {said} (log {logs[rank]})", logs
     for line in logs[0].read_text(errors="replace").splitlines():
         if line.startswith(RESULT_MARK):
-            return json.loads(line[len(RESULT_MARK):]), "", logs
+            return json.loads(line[len(RESULT_MARK) :]), "", logs
     return None, f"rank 0 printed no result (log {logs[0]})", logs
 
 
@@ -139,8 +177,9 @@ def _worker(argv: list[str]) -> int:
     return 0
 
 
-def job_allreduce(backend: str, nbytes: int, iters: int, timeout: float, local_rank: int, rank: int,
-                  log_dir: Path) -> tuple[dict | None, str, list[tuple[str, str]]]:
+def job_allreduce(
+    backend: str, nbytes: int, iters: int, timeout: float, local_rank: int, rank: int, log_dir: Path
+) -> tuple[dict | None, str, list[tuple[str, str]]]:
     """Inside a job (torchrun, srun, mpirun ranks): every rank joins; (result, error, [(rank name, NCCL
     log text)] of ALL ranks, gathered so every rank can judge the job)."""
     import torch.distributed as dist
@@ -152,8 +191,11 @@ def job_allreduce(backend: str, nbytes: int, iters: int, timeout: float, local_r
         result = measure_allreduce(backend, nbytes, iters, local_rank, timeout)
     except Exception as exc:  # a failed NCCL init is a finding, not a crash
         text = nccl_file.read_text(errors="replace") if nccl_file.is_file() else ""
-        return None, f"rank {rank}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", \
-            [(f"rank {rank} on {socket.gethostname()}", text)]
+        return (
+            None,
+            f"rank {rank}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+            [(f"rank {rank} on {socket.gethostname()}", text)],
+        )
     text = nccl_file.read_text(errors="replace") if nccl_file.is_file() else ""
     text = "\n".join(line for line in text.splitlines() if "NCCL" in line)
     gathered: list = [None] * dist.get_world_size()

@@ -50,8 +50,10 @@ def run_check(cfg: Config, world_size: int | None = None, quiet: bool = False) -
         if not quiet:
             m = memory(cfg)
             print(summary(cfg, world))
-            print(f"memory fits: {m['total'] / GIB:.1f} of {m['usable'] / GIB:.1f} GiB usable per {cfg.cluster.gpu_type} "
-                  f"(`plan` for the details)")
+            print(
+                f"memory fits: {m['total'] / GIB:.1f} of {m['usable'] / GIB:.1f} GiB usable per {cfg.cluster.gpu_type} "
+                f"(`plan` for the details)"
+            )
         return 0
     if not quiet:
         print(summary(cfg, world))

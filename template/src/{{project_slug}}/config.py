@@ -28,7 +28,7 @@ class ConfigError(ValueError):
     """A configuration mistake the user can fix; printed as one or two lines, no traceback."""
 
 
-def debug_requested(cfg: "Config | None" = None) -> bool:
+def debug_requested(cfg: Config | None = None) -> bool:
     """run.debug in the config or TRAIN_DEBUG=1 in the environment (the launchers set it)."""
     env = os.environ.get("TRAIN_DEBUG", "").lower() in ("1", "true", "yes", "on")
     return env or bool(cfg is not None and cfg.run.debug)
@@ -217,8 +217,11 @@ class Config:
         """Hash of the settings a checkpoint cannot outlive (shape of model and data stream)."""
         # Settings that do not change the weights stay out; so do new fields at their defaults,
         # which keeps checkpoints of earlier template versions resumable.
-        model = {k: v for k, v in dataclasses.asdict(self.model).items()
-                 if k != "activation_checkpointing" and (k, v) not in (("arch", "gpt"), ("pretrained", ""))}
+        model = {
+            k: v
+            for k, v in dataclasses.asdict(self.model).items()
+            if k != "activation_checkpointing" and (k, v) not in (("arch", "gpt"), ("pretrained", ""))
+        }
         key = {"model": model, "global_batch_size": self.batch.global_batch_size}
         if (self.parallel.tensor, self.parallel.pipeline) != (1, 1):
             key["parallel"] = dataclasses.asdict(self.parallel)  # shards of a layout do not fit another
@@ -236,8 +239,14 @@ def default_config_path() -> Path:
 def add_config_arguments(p: argparse.ArgumentParser) -> None:
     """--config and --set of every command (load_config's path and overrides)."""
     p.add_argument("--config", help="YAML config (default: config/train.yaml)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one config value, e.g. --set optim.lr=1e-3; a bare KEY=VALUE argument works too")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config value, e.g. --set optim.lr=1e-3; a bare KEY=VALUE argument works too",
+    )
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
@@ -247,7 +256,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
         raise ConfigError(f"config file {path} not found; pass --config PATH or run from the project folder")
     text = path.read_text()
     # A conflicting `copier update` (or git merge) leaves markers that may still parse as YAML.
-    markers = [n for n, line in enumerate(text.splitlines(), 1) if line.startswith(("<<<<<<<", ">>>>>>>")) or line.rstrip() == "======="]
+    markers = [
+        n
+        for n, line in enumerate(text.splitlines(), 1)
+        if line.startswith(("<<<<<<<", ">>>>>>>")) or line.rstrip() == "======="
+    ]
     if markers:
         raise ConfigError(
             f"unresolved merge conflict markers in {path} (lines {', '.join(map(str, markers[:6]))}): "
@@ -284,7 +297,9 @@ def save_config(cfg: Config, path: Path) -> None:
 def _section(cfg: Config, name: str, source: str):
     names = [f.name for f in dataclasses.fields(cfg)]
     if name not in names:
-        raise ConfigError(f"unknown section '{name}' in {source}{_did_you_mean(name, names)}; sections are {', '.join(names)}")
+        raise ConfigError(
+            f"unknown section '{name}' in {source}{_did_you_mean(name, names)}; sections are {', '.join(names)}"
+        )
     return getattr(cfg, name)
 
 
@@ -345,8 +360,13 @@ def _did_you_mean(name: str, options: list[str], prefix: str = "") -> str:
 
 
 def _check_choices(cfg: Config) -> None:
-    choices = {"model.arch": ("gpt", "bert", "gpt3"), "run.device": ("auto", "cuda", "cpu"), "run.dtype": ("auto", "bf16", "fp32"),
-               "run.strategy": ("ddp", "deepspeed"), "deepspeed.zero_stage": (0, 1, 2, 3)}
+    choices = {
+        "model.arch": ("gpt", "bert", "gpt3"),
+        "run.device": ("auto", "cuda", "cpu"),
+        "run.dtype": ("auto", "bf16", "fp32"),
+        "run.strategy": ("ddp", "deepspeed"),
+        "deepspeed.zero_stage": (0, 1, 2, 3),
+    }
     for name, allowed in choices.items():
         section, key = name.split(".")
         value = getattr(getattr(cfg, section), key)

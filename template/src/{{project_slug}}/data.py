@@ -103,13 +103,15 @@ def _train_wordpiece(texts: Iterator[str], vocab_size: int):
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
     # Special tokens first, so [PAD] is id 0: BertConfig's default pad_token_id.
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=BERT_SPECIALS, min_frequency=2,
-                                        show_progress=False)
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=BERT_SPECIALS, min_frequency=2, show_progress=False
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     # What transformers' BERT tokenizers add around a text; training adds them itself (mlm_data.py).
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
     return tok
 
 
@@ -123,8 +125,10 @@ def load_tokenizer(path: Path):
         for name in ("tokenizer.json", "vocab.txt"):
             if (path / name).is_file():
                 return load_tokenizer(path / name)
-        raise ConfigError(f"tokenizer folder {path} holds neither tokenizer.json nor vocab.txt; "
-                          "copy the tokenizer files there or point data.tokenizer at them")
+        raise ConfigError(
+            f"tokenizer folder {path} holds neither tokenizer.json nor vocab.txt; "
+            "copy the tokenizer files there or point data.tokenizer at them"
+        )
     if not path.is_file():
         raise ConfigError(f"tokenizer {path} not found; run prepare-data first or set data.tokenizer")
     if path.suffix == ".txt":
@@ -213,7 +217,7 @@ class TokenData:
     sequence_len: int
 
     @classmethod
-    def open(cls, data_dir: Path, split: str, sequence_len: int) -> "TokenData":
+    def open(cls, data_dir: Path, split: str, sequence_len: int) -> TokenData:
         meta = read_meta(data_dir)
         dtype = np.dtype(meta["dtype"])
         shards = [np.memmap(data_dir / s["file"], dtype=dtype, mode="r") for s in meta[split]]

@@ -35,19 +35,55 @@ PACKAGE = __package__ or "train"
 PY_SPY_TIMEOUT = 60  # seconds per process: a dump takes well under one; a stuck ptrace must not hang us too
 # torch.distributed (and deepspeed.comm) functions that block until every rank of the group joins.
 COLLECTIVES = {
-    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_object",
-    "all_gather_coalesced", "reduce_scatter", "reduce_scatter_tensor", "broadcast", "broadcast_object_list",
-    "barrier", "monitored_barrier", "all_to_all", "all_to_all_single", "reduce", "gather", "gather_object",
-    "scatter", "scatter_object_list", "send", "recv", "isend", "irecv", "batch_isend_irecv", "wait",
-    "allreduce", "allgather", "inference_all_reduce",
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_gather_coalesced",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "broadcast",
+    "broadcast_object_list",
+    "barrier",
+    "monitored_barrier",
+    "all_to_all",
+    "all_to_all_single",
+    "reduce",
+    "gather",
+    "gather_object",
+    "scatter",
+    "scatter_object_list",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "batch_isend_irecv",
+    "wait",
+    "allreduce",
+    "allgather",
+    "inference_all_reduce",
 }
 # C++ frames (--native) of the backends' collectives.
-NATIVE_COLLECTIVE_WORDS = ("allreduce", "all_reduce", "allgather", "barrier", "broadcast", "reducescatter",
-                           "alltoall", "ncclkernel", "gloo::", "processgroupnccl", "processgroupgloo")
+NATIVE_COLLECTIVE_WORDS = (
+    "allreduce",
+    "all_reduce",
+    "allgather",
+    "barrier",
+    "broadcast",
+    "reducescatter",
+    "alltoall",
+    "ncclkernel",
+    "gloo::",
+    "processgroupnccl",
+    "processgroupgloo",
+)
 # A collective called from Python through a C binding (DDP's buffer broadcast before each forward:
 # `dist._broadcast_coalesced(...)`) shows only as the calling line.
-CALLS_COLLECTIVE = re.compile(r"\b(?:dist|distributed|c10d|comm)\.(_?[a-z_]*(?:broadcast|all_?reduce|all_?gather|"
-                              r"reduce_scatter|barrier|all_to_all)[a-z_]*)\(")
+CALLS_COLLECTIVE = re.compile(
+    r"\b(?:dist|distributed|c10d|comm)\.(_?[a-z_]*(?:broadcast|all_?reduce|all_?gather|"
+    r"reduce_scatter|barrier|all_to_all)[a-z_]*)\("
+)
 BACKWARD = {"_engine_run_backward", "run_backward", "backward"}
 DATA_LOADING = ("torch/utils/data/", "/data.py", "/mlm_data.py")
 
@@ -68,6 +104,7 @@ class RankProcess:
 
 # ---------------------------------------------------------------------------------------------- finding
 
+
 def is_train_command(argv: list[str], package: str = PACKAGE) -> bool:
     """`python [-u ...] -m <package> train ...` or the console script `<package> train ...`. The
     torchrun agent's own command line also ends in `-m <package> train`, but after torchrun's options:
@@ -76,10 +113,10 @@ def is_train_command(argv: list[str], package: str = PACKAGE) -> bool:
         return True
     for i, arg in enumerate(argv[1:], start=1):
         if arg == "-m":
-            return argv[i + 1:i + 3] in ([package, "train"], [f"{package}.__main__", "train"])
+            return argv[i + 1 : i + 3] in ([package, "train"], [f"{package}.__main__", "train"])
         if not arg.startswith("-"):
             # A script: the console script run by its interpreter (shebang), or something else.
-            return Path(arg).name == package and argv[i + 1:i + 2] == ["train"]
+            return Path(arg).name == package and argv[i + 1 : i + 2] == ["train"]
     return False
 
 
@@ -121,6 +158,7 @@ def find_ranks(package: str = PACKAGE) -> list[RankProcess]:
 
 # ---------------------------------------------------------------------------------------------- dumping
 
+
 def find_py_spy() -> str:
     """$PY_SPY when set (another build, a copy on shared storage), else py-spy on PATH or next to python."""
     path = os.environ.get("PY_SPY") or shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
@@ -130,7 +168,8 @@ def find_py_spy() -> str:
             f"py-spy is not installed ({where}).\n"
             "  1. pip install py-spy                      # or: pip install -e '.[debug]' in this project\n"
             "  2. in the image it is installed by the Dockerfile; rebuild an older image: "
-            f"{PACKAGE} image build")
+            f"{PACKAGE} image build"
+        )
     return path
 
 
@@ -142,10 +181,11 @@ def permission_help(pid: int) -> str:
         "       Kubernetes (the training container of the PyTorchJob / pod template):\n"
         "         securityContext:\n"
         "           capabilities:\n"
-        "             add: [\"SYS_PTRACE\"]\n"
+        '             add: ["SYS_PTRACE"]\n'
         "       docker run --cap-add SYS_PTRACE ...   |   podman run --cap-add SYS_PTRACE ...\n"
         "  3. on the host: kernel.yama.ptrace_scope must be 0 or 1 for a same-user dump "
-        "(sysctl kernel.yama.ptrace_scope; `sudo sysctl -w kernel.yama.ptrace_scope=0`), 2 needs root, 3 forbids it")
+        "(sysctl kernel.yama.ptrace_scope; `sudo sysctl -w kernel.yama.ptrace_scope=0`), 2 needs root, 3 forbids it"
+    )
 
 
 def py_spy_dump(py_spy: str, pid: int, local_vars: bool, native: bool) -> list[dict]:
@@ -158,12 +198,14 @@ def py_spy_dump(py_spy: str, pid: int, local_vars: bool, native: bool) -> list[d
     try:
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=PY_SPY_TIMEOUT)
     except subprocess.TimeoutExpired:
-        raise RuntimeError(f"py-spy did not finish within {PY_SPY_TIMEOUT} s (the process is stopped in the kernel?)")
+        raise RuntimeError(
+            f"py-spy did not finish within {PY_SPY_TIMEOUT} s (the process is stopped in the kernel?)"
+        ) from None
     if result.returncode == 0:
         try:
             return json.loads(result.stdout)
         except json.JSONDecodeError:
-            raise RuntimeError(f"py-spy printed no JSON: {result.stdout[:500]}")
+            raise RuntimeError(f"py-spy printed no JSON: {result.stdout[:500]}") from None
     message = (result.stderr.strip() or result.stdout.strip()).splitlines()
     first = next((line for line in message if line.strip() and not line.startswith("Stack backtrace")), "")
     text = " ".join(message).lower()
@@ -175,6 +217,7 @@ def py_spy_dump(py_spy: str, pid: int, local_vars: bool, native: bool) -> list[d
 
 
 # ---------------------------------------------------------------------------------------------- reading
+
 
 def main_thread(threads: list[dict], pid: int) -> dict | None:
     """The thread that runs the training loop: on Linux its thread id is the pid."""
@@ -263,11 +306,13 @@ def render_threads(process: RankProcess, threads: list[dict], when: str) -> str:
 
 # ---------------------------------------------------------------------------------------------- context
 
+
 def flight_recorder_dumps(ranks: list[RankProcess]) -> tuple[str | None, list[Path]]:
     """(TORCH_NCCL_DEBUG_INFO_TEMP_FILE, the dump files next to it): from the ranks' environment, else
     config/nccl-debug.env (what TRAIN_DEBUG=1 would set)."""
-    temp_file = next((p.env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] for p in ranks
-                      if p.env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")), None)
+    temp_file = next(
+        (p.env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] for p in ranks if p.env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")), None
+    )
     if temp_file is None:
         from .env_files import read_env_file
         from .project import project_root
@@ -298,11 +343,20 @@ def default_out(cfg, ranks: list[RankProcess], overrides: list[str]) -> Path:
 
 # ---------------------------------------------------------------------------------------------- command
 
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--pid", type=int, action="append", default=[],
-                   help="dump this process (repeatable) instead of every `-m %s train` process here" % PACKAGE)
-    p.add_argument("--out", help="folder for the dumps (default: <run.output_dir>/debug-dump/<host>-<UTC time>/, "
-                                 "run.output_dir as the running job named it)")
+    p.add_argument(
+        "--pid",
+        type=int,
+        action="append",
+        default=[],
+        help=f"dump this process (repeatable) instead of every `-m {PACKAGE} train` process here",
+    )
+    p.add_argument(
+        "--out",
+        help="folder for the dumps (default: <run.output_dir>/debug-dump/<host>-<UTC time>/, "
+        "run.output_dir as the running job named it)",
+    )
     p.add_argument("--locals", dest="local_vars", action="store_true", help="also each frame's local variables")
     p.add_argument("--native", action="store_true", help="also C/C++ frames (NCCL, Gloo, CUDA calls); slower")
 
@@ -324,7 +378,8 @@ def collect(args: argparse.Namespace, package: str = PACKAGE) -> list[RankProces
             "  1. run debug-dump on the node (or in the container) where the ranks run: kubectl exec POD -- "
             f"{package} debug-dump; srun --overlap --jobid JOBID {package} debug-dump\n"
             "  2. in a container, /proc shows only the container's processes: exec into the training container\n"
-            f"  3. name the processes yourself: {package} debug-dump --pid PID [--pid PID ...] (ps -ef | grep train)")
+            f"  3. name the processes yourself: {package} debug-dump --pid PID [--pid PID ...] (ps -ef | grep train)"
+        )
     return ranks
 
 
@@ -346,8 +401,12 @@ def run(cfg, args: argparse.Namespace) -> int:
         duplicate = sum(1 for p in ranks if p.rank == process.rank) > 1
         name = f"rank{process.rank}" + (f"-pid{process.pid}" if duplicate else "")
         label = f"rank {process.rank} (local {process.local_rank}, pid {process.pid})"
-        record = {"rank": process.rank, "local_rank": process.local_rank, "world_size": process.world_size,
-                  "pid": process.pid}
+        record = {
+            "rank": process.rank,
+            "local_rank": process.local_rank,
+            "world_size": process.world_size,
+            "pid": process.pid,
+        }
         try:
             threads = py_spy_dump(py_spy, process.pid, args.local_vars, args.native)
         except (PermissionError, RuntimeError) as exc:
@@ -361,32 +420,48 @@ def run(cfg, args: argparse.Namespace) -> int:
         record.update(info, file=f"{name}.txt")
         summary.append(record)
         state = f"waits in {info['waits_in']}" if info["waits_in"] else "not in a collective"
-        lines += [f"{label}: {state}",
-                  f"    ours:      {info['ours'] or '(no frame of ' + PACKAGE + ')'}",
-                  f"    innermost: {info['innermost']}"]
+        lines += [
+            f"{label}: {state}",
+            f"    ours:      {info['ours'] or '(no frame of ' + PACKAGE + ')'}",
+            f"    innermost: {info['innermost']}",
+        ]
     waiting = [r["rank"] for r in summary if r.get("in_collective")]
     elsewhere = [r["rank"] for r in summary if "error" not in r and not r.get("in_collective")]
     if waiting and elsewhere:
-        lines.append(f"ranks {waiting} wait in a collective for the others; look at rank(s) {elsewhere} first: "
-                     "they are somewhere else")
+        lines.append(
+            f"ranks {waiting} wait in a collective for the others; look at rank(s) {elsewhere} first: "
+            "they are somewhere else"
+        )
     world = max((p.world_size for p in ranks), default=1)
     if len(taken) < world and not args.pid:
         lines.append(f"this machine runs {len(taken)} of {world} ranks: run debug-dump on the other nodes too")
     temp_file, dumps = flight_recorder_dumps(ranks)
     if dumps:
-        lines.append(f"flight recorder dumps ({temp_file}*): read them all with "
-                     f"`torchfrtrace {Path(temp_file).parent} --prefix {Path(temp_file).name}`")
+        lines.append(
+            f"flight recorder dumps ({temp_file}*): read them all with "
+            f"`torchfrtrace {Path(temp_file).parent} --prefix {Path(temp_file).name}`"
+        )
         lines += [f"    {p}  ({p.stat().st_size} bytes)" for p in dumps]
     elif temp_file:
-        lines.append(f"no flight recorder dumps at {temp_file}* (NCCL writes them when a collective times out "
-                     "with TORCH_NCCL_DUMP_ON_TIMEOUT=1)")
+        lines.append(
+            f"no flight recorder dumps at {temp_file}* (NCCL writes them when a collective times out "
+            "with TORCH_NCCL_DUMP_ON_TIMEOUT=1)"
+        )
     text = "\n".join(lines)
     print(text, flush=True)
     (out / "summary.txt").write_text(f"debug-dump on {socket.gethostname()} at {when}\n{text}\n")
-    (out / "summary.json").write_text(json.dumps({
-        "host": socket.gethostname(), "time": when, "ranks": summary,
-        "flight_recorder": {"temp_file": temp_file, "files": [str(p) for p in dumps]},
-    }, indent=2) + "\n")
+    (out / "summary.json").write_text(
+        json.dumps(
+            {
+                "host": socket.gethostname(),
+                "time": when,
+                "ranks": summary,
+                "flight_recorder": {"temp_file": temp_file, "files": [str(p) for p in dumps]},
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"stacks of every thread: {out}/rank<R>.txt", flush=True)
     if failed:
         print(f"error: {len(failed)} of {len(ranks)} rank(s) not dumped (see above)", file=sys.stderr)

@@ -65,8 +65,13 @@ def init_distributed(device_preference: str = "auto", timeout: timedelta | None 
     elif world_size > 1:
         backend = "nccl" if device.type == "cuda" else "gloo"
         # Rendezvous at MASTER_ADDR:MASTER_PORT. device_id lets NCCL bind this GPU eagerly.
-        dist.init_process_group(backend=backend, rank=rank, world_size=world_size, timeout=timeout,
-                                device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(
+            backend=backend,
+            rank=rank,
+            world_size=world_size,
+            timeout=timeout,
+            device_id=device if device.type == "cuda" else None,
+        )
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
 
 

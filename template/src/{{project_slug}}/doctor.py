@@ -37,21 +37,33 @@ MIB = 1 << 20
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nccl-log", action="append", default=[], metavar="FILE_OR_DIR",
-                   help="only analyse these NCCL logs of an earlier job (repeatable; a folder = every file in it)")
-    p.add_argument("--nccl-env", metavar="FILE",
-                   help="the fabric settings to check against (default: config/nccl.env of the project)")
-    p.add_argument("--fabric", choices=["infiniband", "roce", "tcp"],
-                   help="judge against this fabric instead of NCCL_IB_DISABLE (logs from another cluster)")
+    p.add_argument(
+        "--nccl-log",
+        action="append",
+        default=[],
+        metavar="FILE_OR_DIR",
+        help="only analyse these NCCL logs of an earlier job (repeatable; a folder = every file in it)",
+    )
+    p.add_argument(
+        "--nccl-env",
+        metavar="FILE",
+        help="the fabric settings to check against (default: config/nccl.env of the project)",
+    )
+    p.add_argument(
+        "--fabric",
+        choices=["infiniband", "roce", "tcp"],
+        help="judge against this fabric instead of NCCL_IB_DISABLE (logs from another cluster)",
+    )
     p.add_argument("--no-allreduce", action="store_true", help="only the node checks, no all-reduce")
-    p.add_argument("--size-mb", type=float,
-                   help="all-reduce message size in MiB (default: 256 on GPUs, 16 on CPU)")
+    p.add_argument("--size-mb", type=float, help="all-reduce message size in MiB (default: 256 on GPUs, 16 on CPU)")
     p.add_argument("--iters", type=int, default=5, help="timed all-reduces after one warm-up (default: 5)")
-    p.add_argument("--nproc", type=int,
-                   help="local processes for the all-reduce (default: one per GPU; 2 on CPU)")
-    p.add_argument("--net-loopback", action="store_true",
-                   help="NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0: local GPUs exchange data "
-                        "through the network, so one node tests its RDMA path")
+    p.add_argument("--nproc", type=int, help="local processes for the all-reduce (default: one per GPU; 2 on CPU)")
+    p.add_argument(
+        "--net-loopback",
+        action="store_true",
+        help="NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0: local GPUs exchange data "
+        "through the network, so one node tests its RDMA path",
+    )
     p.add_argument("--timeout", type=float, default=300, help="seconds the all-reduce may take (default: 300)")
     p.add_argument("--log-dir", help="where the workers' NCCL logs are kept (default: a new temporary folder)")
 
@@ -126,8 +138,11 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
         apply_nccl_env(log=notes.append, values=settings.file)
     except OSError as exc:
         notes.append(f"config/nccl-debug.env not fully applied: {exc}")
-    title = (f"doctor on {socket.gethostname()}" + (f" (rank {rank} of {world})" if world > 1 else "")
-             + f"; fabric: {expect.source}")
+    title = (
+        f"doctor on {socket.gethostname()}"
+        + (f" (rank {rank} of {world})" if world > 1 else "")
+        + f"; fabric: {expect.source}"
+    )
 
     if args.no_allreduce:
         if local_rank != 0:  # one table per node
@@ -152,9 +167,16 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
     else:
         nproc = args.nproc or (len(gpus) if gpus else 2)
         if gpus and not 2 <= nproc <= len(gpus):
-            checks.append(Check("all-reduce", NA, (
-                f"{len(gpus)} GPU(s) here, {nproc} process(es) asked: an all-reduce needs 2 to {len(gpus)}; run "
-                "doctor under torchrun or srun across nodes instead")))
+            checks.append(
+                Check(
+                    "all-reduce",
+                    NA,
+                    (
+                        f"{len(gpus)} GPU(s) here, {nproc} process(es) asked: an all-reduce needs 2 to {len(gpus)}; run "
+                        "doctor under torchrun or srun across nodes instead"
+                    ),
+                )
+            )
             print_table(title, checks, notes)
             return final_verdict(checks)
         result, error, logs = local_allreduce(nproc, backend, nbytes, args.iters, args.timeout, extra, log_dir)
@@ -181,7 +203,9 @@ def _set_master(cfg: Config) -> None:
 
     topo = detect(os.environ, default_nproc(cfg.cluster.gpus_per_node), cfg.cluster.nodes)
     if topo is None:
-        raise ConfigError("doctor runs as one rank of several but MASTER_ADDR/MASTER_PORT are not set and no platform "
-                          "variables name a master; start it with torchrun, srun or mpirun")
+        raise ConfigError(
+            "doctor runs as one rank of several but MASTER_ADDR/MASTER_PORT are not set and no platform "
+            "variables name a master; start it with torchrun, srun or mpirun"
+        )
     os.environ.setdefault("MASTER_ADDR", topo.master_addr)
     os.environ.setdefault("MASTER_PORT", str(topo.master_port))

@@ -1,7 +1,7 @@
 """KEY=VALUE files (config/nccl.env, config/nccl-debug.env), read the way shells and env_file do.
 
-    from .env_files import read_env_file
-    read_env_file(project_root() / "config" / "nccl.env")   # {"NCCL_DEBUG": "WARN", ...}
+from .env_files import read_env_file
+read_env_file(project_root() / "config" / "nccl.env")   # {"NCCL_DEBUG": "WARN", ...}
 """
 
 from __future__ import annotations

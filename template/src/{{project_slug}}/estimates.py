@@ -111,6 +111,7 @@ def gpu_memory(gpu_type: str) -> float:
 
 # --- parameters ----------------------------------------------------------------------------------
 
+
 def block_params(h: int, tp: int = 1) -> int:
     """One GPT-2/3 or BERT block on one tensor-parallel rank: 12h^2 + 13h when tp = 1."""
     return (12 * h * h + 7 * h) // tp + 6 * h  # split: 4 matrices, qkv and fc biases; replicated: 2 biases, 2 norms
@@ -132,8 +133,9 @@ def stage_layers(n_layer: int, pp: int) -> list[int]:
     return [n_layer // pp + (1 if i < n_layer % pp else 0) for i in range(pp)]
 
 
-def stage_params(shape: dict[str, int], vocab_size: int, arch: str, sequence_len: int, tp: int = 1,
-                 pp: int = 1) -> list[int]:
+def stage_params(
+    shape: dict[str, int], vocab_size: int, arch: str, sequence_len: int, tp: int = 1, pp: int = 1
+) -> list[int]:
     """Parameters one GPU holds, per pipeline stage, after the tensor-parallel split (gpt3 only;
     the other families run with tp = pp = 1)."""
     if arch != "gpt3" or (tp, pp) == (1, 1):
@@ -179,8 +181,10 @@ def flops_per_token(shape: dict[str, int], vocab_size: int, sequence_len: int, a
 
 # --- memory ----------------------------------------------------------------------------------------
 
-def model_states(psi: int, stage: int, nd: int, offload_optimizer: bool = False,
-                 offload_params: bool = False) -> dict[str, float]:
+
+def model_states(
+    psi: int, stage: int, nd: int, offload_optimizer: bool = False, offload_params: bool = False
+) -> dict[str, float]:
     """Bytes per GPU of weights, grads and optimizer (ZeRO paper), and bytes on the host."""
     weights = 2 * psi / nd if stage == 3 else 2 * psi
     grads = 2 * psi / nd if stage >= 2 else 2 * psi
@@ -202,8 +206,9 @@ def precision(cfg: Config) -> str:
     return "bf16" if uses_engine and cfg.run.strategy == "deepspeed" else "autocast"
 
 
-def layer_activations(shape: dict[str, int], seq: int, micro: int, arch: str, tp: int = 1,
-                      mode: str = "autocast") -> float:
+def layer_activations(
+    shape: dict[str, int], seq: int, micro: int, arch: str, tp: int = 1, mode: str = "autocast"
+) -> float:
     """Bytes one block keeps for backward for one micro batch."""
     sbh = seq * micro * shape["n_embd"]
     if arch == "gpt":
@@ -212,9 +217,20 @@ def layer_activations(shape: dict[str, int], seq: int, micro: int, arch: str, tp
     return sbh * (REPLICATED_BYTES[arch, mode] + 24 / tp) + scores
 
 
-def activations(shape: dict[str, int], vocab_size: int, seq: int, micro: int, softcap: float,
-                checkpointing: bool, arch: str = "gpt", tp: int = 1, layers: int | None = None,
-                in_flight: int = 1, logits: bool = True, mode: str = "autocast") -> float:
+def activations(
+    shape: dict[str, int],
+    vocab_size: int,
+    seq: int,
+    micro: int,
+    softcap: float,
+    checkpointing: bool,
+    arch: str = "gpt",
+    tp: int = 1,
+    layers: int | None = None,
+    in_flight: int = 1,
+    logits: bool = True,
+    mode: str = "autocast",
+) -> float:
     """Activation bytes on one GPU: `layers` blocks (default all) with `in_flight` micro batches
     kept (pipeline), and the logits where this GPU computes the loss."""
     layers = shape["n_layer"] if layers is None else layers
@@ -256,23 +272,38 @@ def memory(cfg: Config) -> dict:
     usable = gpu_memory(cfg.cluster.gpu_type) * (1 - RESERVE)
     worst = None
     for i, psi in enumerate(stage_params(shape, vocab, arch, seq, tp, pp)):
-        kw = dict(arch=arch, tp=tp, layers=layers[i], in_flight=min(pp - i, per_step), logits=i == pp - 1,
-                  mode=precision(cfg))
+        kw = dict(
+            arch=arch, tp=tp, layers=layers[i], in_flight=min(pp - i, per_step), logits=i == pp - 1, mode=precision(cfg)
+        )
         act = {c: activations(shape, vocab, seq, micro, cfg.model.softcap, c, **kw) for c in (False, True)}
         states = model_states(psi, stage, nd, offload_opt, offload_params)
         total = states["weights"] + states["grads"] + states["optimizer"] + act[cfg.model.activation_checkpointing]
         if worst is None or total > worst["total"]:
-            worst = {"pipeline_stage": i, "params_per_gpu": psi, **states, "activations": act[False],
-                     "activations_checkpointed": act[True], "in_flight": kw["in_flight"], "total": total}
+            worst = {
+                "pipeline_stage": i,
+                "params_per_gpu": psi,
+                **states,
+                "activations": act[False],
+                "activations_checkpointed": act[True],
+                "in_flight": kw["in_flight"],
+                "total": total,
+            }
     problems = layout_problems(cfg)
     return {
-        "params": num_params(shape, vocab, arch, seq), "tensor": tp, "pipeline": pp, "data_parallel": nd,
-        **worst, "gpu": gpu_memory(cfg.cluster.gpu_type), "usable": usable, "problems": problems,
+        "params": num_params(shape, vocab, arch, seq),
+        "tensor": tp,
+        "pipeline": pp,
+        "data_parallel": nd,
+        **worst,
+        "gpu": gpu_memory(cfg.cluster.gpu_type),
+        "usable": usable,
+        "problems": problems,
         "fits": worst["total"] <= usable and not problems,
     }
 
 
 # --- time ------------------------------------------------------------------------------------------
+
 
 def timing(cfg: Config, tokens: float, mfu: float) -> list[dict]:
     shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
@@ -283,6 +314,7 @@ def timing(cfg: Config, tokens: float, mfu: float) -> list[dict]:
     for nodes in NODE_COUNTS:
         gpus = nodes * cfg.cluster.gpus_per_node
         hours = flops / (gpus * peak * mfu) / 3600
-        rows.append({"nodes": nodes, "gpus": gpus, "hours": hours, "gpu_hours": hours * gpus,
-                     "layout_fits": gpus % grid == 0})  # the tensor x pipeline grid must tile the GPUs
+        rows.append(
+            {"nodes": nodes, "gpus": gpus, "hours": hours, "gpu_hours": hours * gpus, "layout_fits": gpus % grid == 0}
+        )  # the tensor x pipeline grid must tile the GPUs
     return rows

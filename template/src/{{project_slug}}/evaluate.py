@@ -28,8 +28,9 @@ from .trained_model import load_trained_model
 
 
 @torch.no_grad()
-def evaluate(model, data: TokenData, token_bytes: torch.Tensor, info: DistInfo, micro_batch: int,
-             num_batches: int, autocast) -> dict:
+def evaluate(
+    model, data: TokenData, token_bytes: torch.Tensor, info: DistInfo, micro_batch: int, num_batches: int, autocast
+) -> dict:
     """Mean loss (nats/token) and bits per byte over the first num_batches micro batches of the
     split, dealt round-robin to the ranks: the result does not depend on the number of processes.
     Masked-LM data (mlm_data.MaskedTokenData): mean loss over the predicted positions and perplexity."""
@@ -76,8 +77,15 @@ def run_eval(cfg: Config, ckpt: str | None = None, num_batches: int | None = Non
         data_dir = Path(cfg.data.dir)
         val = open_split(cfg, data_dir, "val")
         token_bytes = torch.from_numpy(token_byte_lengths(load_tokenizer(data_dir / read_meta(data_dir)["tokenizer"])))
-        result = evaluate(model, val, token_bytes.to(info.device), info, cfg.batch.micro_batch_size,
-                          num_batches or cfg.logging.eval_batches, autocast_context(info.device, cfg.run.dtype))
+        result = evaluate(
+            model,
+            val,
+            token_bytes.to(info.device),
+            info,
+            cfg.batch.micro_batch_size,
+            num_batches or cfg.logging.eval_batches,
+            autocast_context(info.device, cfg.run.dtype),
+        )
         result = {"step": step, "checkpoint": str(path), **result}
         print0(f"step {step} | {format_scores(result)} | {result['val_tokens']:,} tokens | {path}")
         if info.is_main:

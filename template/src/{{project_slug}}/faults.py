@@ -21,7 +21,9 @@ from pathlib import Path
 def pause_before_commit(staged: Path) -> None:
     seconds = float(os.environ.get("TRAIN_FAULT_PAUSE_BEFORE_COMMIT", "0") or 0)
     if seconds > 0:
-        print(f"fault injection: {staged} written, pausing {seconds:g} s before the rename", file=sys.stderr, flush=True)
+        print(
+            f"fault injection: {staged} written, pausing {seconds:g} s before the rename", file=sys.stderr, flush=True
+        )
         time.sleep(seconds)
 
 

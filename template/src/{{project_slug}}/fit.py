@@ -33,9 +33,15 @@ def changed(cfg: Config, **changes) -> Config:
 def with_strategy(cfg: Config, stage: int, offload_optimizer: bool = False, offload_params: bool = False) -> Config:
     """The config on DeepSpeed ZeRO `stage` (a ddp config at stage 0 stays ddp)."""
     strategy = "ddp" if stage == 0 and cfg.run.strategy == "ddp" else "deepspeed"
-    return changed(cfg, **{"run.strategy": strategy, "deepspeed.zero_stage": stage if strategy == "deepspeed"
-                           else cfg.deepspeed.zero_stage, "deepspeed.offload_optimizer": offload_optimizer,
-                           "deepspeed.offload_params": offload_params})
+    return changed(
+        cfg,
+        **{
+            "run.strategy": strategy,
+            "deepspeed.zero_stage": stage if strategy == "deepspeed" else cfg.deepspeed.zero_stage,
+            "deepspeed.offload_optimizer": offload_optimizer,
+            "deepspeed.offload_params": offload_params,
+        },
+    )
 
 
 def allowed(cfg: Config) -> bool:
@@ -85,8 +91,11 @@ def more_stages(cfg: Config):
 
 def piles(cfg: Config):
     """The same changes added one on top of the other (a change the rules refuse is left out)."""
-    micros = [m for m in range(1, cfg.batch.micro_batch_size + 1)
-              if allowed(changed(cfg, **{"batch.micro_batch_size": m, "batch.grad_accum_steps": None}))]
+    micros = [
+        m
+        for m in range(1, cfg.batch.micro_batch_size + 1)
+        if allowed(changed(cfg, **{"batch.micro_batch_size": m, "batch.grad_accum_steps": None}))
+    ]
     if micros:
         cfg = changed(cfg, **{"batch.micro_batch_size": micros[0], "batch.grad_accum_steps": None})
         yield cfg
@@ -113,8 +122,13 @@ def more_nodes(cfg: Config):
         wider = changed(cfg, **{"cluster.nodes": nodes})
         ds = cfg.deepspeed
         stages = [s for s in range(zero_stage(cfg), 4) if allowed(with_strategy(wider, s))]
-        yield (with_strategy(wider, stages[-1], ds.offload_optimizer and stages[-1] > 0,
-                             ds.offload_params and stages[-1] == 3) if stages else wider)
+        yield (
+            with_strategy(
+                wider, stages[-1], ds.offload_optimizer and stages[-1] > 0, ds.offload_params and stages[-1] == 3
+            )
+            if stages
+            else wider
+        )
         nodes *= 2
 
 
@@ -123,24 +137,38 @@ def describe(old: Config, new: Config) -> str:
     parts = []
     if new.batch.micro_batch_size != old.batch.micro_batch_size:
         accum = resolve_grad_accum(new, new.data_parallel_size(new.cluster.nodes * new.cluster.gpus_per_node))
-        parts.append(f"batch.micro_batch_size={new.batch.micro_batch_size} (grad accumulation {accum}, "
-                     "global batch unchanged)")
+        parts.append(
+            f"batch.micro_batch_size={new.batch.micro_batch_size} (grad accumulation {accum}, global batch unchanged)"
+        )
     if new.model.activation_checkpointing and not old.model.activation_checkpointing:
         parts.append("activation checkpointing (model.activation_checkpointing=true)")
     ds_old, ds_new = old.deepspeed, new.deepspeed
-    if (zero_stage(new), new.run.strategy, ds_new.offload_optimizer, ds_new.offload_params) != \
-            (zero_stage(old), old.run.strategy, ds_old.offload_optimizer, ds_old.offload_params):
-        what = f"ZeRO stage {zero_stage(new)}" \
-            + (" with the optimizer offloaded to CPU" if ds_new.offload_optimizer else "") \
+    if (zero_stage(new), new.run.strategy, ds_new.offload_optimizer, ds_new.offload_params) != (
+        zero_stage(old),
+        old.run.strategy,
+        ds_old.offload_optimizer,
+        ds_old.offload_params,
+    ):
+        what = (
+            f"ZeRO stage {zero_stage(new)}"
+            + (" with the optimizer offloaded to CPU" if ds_new.offload_optimizer else "")
             + (" and the parameters offloaded" if ds_new.offload_params else "")
+        )
         keys = [f"run.strategy={new.run.strategy}"] if new.run.strategy != old.run.strategy else []
         keys.append(f"deepspeed.zero_stage={ds_new.zero_stage}")
-        keys += [f"deepspeed.offload_optimizer={str(ds_new.offload_optimizer).lower()}"] \
-            if ds_new.offload_optimizer != ds_old.offload_optimizer else []
-        keys += [f"deepspeed.offload_params={str(ds_new.offload_params).lower()}"] \
-            if ds_new.offload_params != ds_old.offload_params else []
-        answers = (["strategy=deepspeed"] if new.run.strategy != old.run.strategy else []) + \
-            [f"zero_stage={ds_new.zero_stage}"]
+        keys += (
+            [f"deepspeed.offload_optimizer={str(ds_new.offload_optimizer).lower()}"]
+            if ds_new.offload_optimizer != ds_old.offload_optimizer
+            else []
+        )
+        keys += (
+            [f"deepspeed.offload_params={str(ds_new.offload_params).lower()}"]
+            if ds_new.offload_params != ds_old.offload_params
+            else []
+        )
+        answers = (["strategy=deepspeed"] if new.run.strategy != old.run.strategy else []) + [
+            f"zero_stage={ds_new.zero_stage}"
+        ]
         parts.append(f"{what} ({' '.join(keys)}; copier answers {', '.join(answers)})")
     if new.parallel.pipeline != old.parallel.pipeline:
         p = new.parallel.pipeline
@@ -171,6 +199,7 @@ def suggest(cfg: Config) -> str | None:
 
 # --- the one line for copier and check_project ---------------------------------------------------
 
+
 def fit_problem(cfg: Config) -> str | None:
     """None when the config fits its GPUs; else one line: the figures and the smallest change."""
     m = memory(cfg)
@@ -181,11 +210,13 @@ def fit_problem(cfg: Config) -> str | None:
     g = lambda b: f"{b / GIB:.1f}"  # noqa: E731
     act = m["activations_checkpointed" if cfg.model.activation_checkpointing else "activations"]
     where = f", pipeline stage {m['pipeline_stage']} of {m['pipeline']}" if m["pipeline"] > 1 else ""
-    reason = (f"{cfg.model.arch} {cfg.model.size} on {cfg.cluster.nodes} x {cfg.cluster.gpus_per_node} "
-              f"{cfg.cluster.gpu_type} ({strategy_text(cfg)}, tensor {m['tensor']} x pipeline {m['pipeline']} x data "
-              f"{m['data_parallel']}, micro batch {cfg.batch.micro_batch_size}{where}) needs {g(m['total'])} GiB "
-              f"per GPU (weights {g(m['weights'])} + grads {g(m['grads'])} + optimizer {g(m['optimizer'])} + "
-              f"activations {g(act)}) > {g(m['usable'])} GiB usable of {m['gpu'] / GIB:.0f} GiB")
+    reason = (
+        f"{cfg.model.arch} {cfg.model.size} on {cfg.cluster.nodes} x {cfg.cluster.gpus_per_node} "
+        f"{cfg.cluster.gpu_type} ({strategy_text(cfg)}, tensor {m['tensor']} x pipeline {m['pipeline']} x data "
+        f"{m['data_parallel']}, micro batch {cfg.batch.micro_batch_size}{where}) needs {g(m['total'])} GiB "
+        f"per GPU (weights {g(m['weights'])} + grads {g(m['grads'])} + optimizer {g(m['optimizer'])} + "
+        f"activations {g(act)}) > {g(m['usable'])} GiB usable of {m['gpu'] / GIB:.0f} GiB"
+    )
     return f"does not fit: {reason}; smallest change: {suggest(cfg) or 'none found (a smaller model or larger GPUs)'}"
 
 

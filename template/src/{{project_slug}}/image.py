@@ -28,39 +28,70 @@ import os
 import re
 import sys
 import time
+
 from .config import Config, ConfigError
 from .image_plan import Plan, describe, make_plan
 
 ACTIONS = ("build", "push")
 PASSWORD_ENV = "REGISTRY_PASSWORD"
 ENGINE_TIMEOUT = 1800  # seconds one API read may wait: a silent build step (a large pip download) is slow
-ENGINE_HELP = ("start one (Docker: `sudo systemctl start docker`; podman: `podman system service --time=0 "
-               "unix:///tmp/podman.sock &` then `export DOCKER_HOST=unix:///tmp/podman.sock`) or point "
-               "DOCKER_HOST at a running engine")
+ENGINE_HELP = (
+    "start one (Docker: `sudo systemctl start docker`; podman: `podman system service --time=0 "
+    "unix:///tmp/podman.sock &` then `export DOCKER_HOST=unix:///tmp/podman.sock`) or point "
+    "DOCKER_HOST at a running engine"
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=ACTIONS,
-                   help="build: build and tag the image (add --push to push it too); push: push the tags built before")
+    p.add_argument(
+        "action",
+        choices=ACTIONS,
+        help="build: build and tag the image (add --push to push it too); push: push the tags built before",
+    )
     p.add_argument("--push", action="store_true", help="build: push every tag after a successful build")
-    p.add_argument("--image", metavar="REGISTRY/NAME[:TAG]",
-                   help="repository (and tag) to use instead of the `image` answer in .copier-answers.yml")
-    p.add_argument("--base-image", metavar="REF",
-                   help="FROM image for this build (the Dockerfile's BASE_IMAGE; default: the base_image answer)")
-    p.add_argument("--tag", dest="extra_tags", action="append", default=[], metavar="TAG",
-                   help="one more tag on the same repository (repeatable)")
-    p.add_argument("--build-arg", dest="build_args", action="append", default=[], metavar="KEY=VALUE",
-                   help="another Dockerfile build arg, e.g. EXTRAS=test,ray (repeatable)")
-    p.add_argument("--context", metavar="DIR",
-                   help="project root with the Dockerfile (default: the working directory, else the project "
-                        "this package was installed from)")
+    p.add_argument(
+        "--image",
+        metavar="REGISTRY/NAME[:TAG]",
+        help="repository (and tag) to use instead of the `image` answer in .copier-answers.yml",
+    )
+    p.add_argument(
+        "--base-image",
+        metavar="REF",
+        help="FROM image for this build (the Dockerfile's BASE_IMAGE; default: the base_image answer)",
+    )
+    p.add_argument(
+        "--tag",
+        dest="extra_tags",
+        action="append",
+        default=[],
+        metavar="TAG",
+        help="one more tag on the same repository (repeatable)",
+    )
+    p.add_argument(
+        "--build-arg",
+        dest="build_args",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="another Dockerfile build arg, e.g. EXTRAS=test,ray (repeatable)",
+    )
+    p.add_argument(
+        "--context",
+        metavar="DIR",
+        help="project root with the Dockerfile (default: the working directory, else the project "
+        "this package was installed from)",
+    )
     p.add_argument("--no-cache", action="store_true", help="build: do not reuse cached layers")
     p.add_argument("--pull", action="store_true", help="build: pull a newer base image even if one is present")
     p.add_argument("--username", help="push: registry user for this call (default: the engine's `docker login`)")
-    p.add_argument("--password-stdin", action="store_true",
-                   help=f"push: read the password for --username from stdin (else ${PASSWORD_ENV})")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the tags, build args and push targets; build and push nothing")
+    p.add_argument(
+        "--password-stdin",
+        action="store_true",
+        help=f"push: read the password for --username from stdin (else ${PASSWORD_ENV})",
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the tags, build args and push targets; build and push nothing"
+    )
 
 
 def _reason(exc: BaseException) -> str:
@@ -86,8 +117,9 @@ def connect():
     try:
         import docker
     except ImportError:
-        raise ConfigError("the docker Python package is missing: pip install docker "
-                          "(or pip install -e '.[image]' in the project)") from None
+        raise ConfigError(
+            "the docker Python package is missing: pip install docker (or pip install -e '.[image]' in the project)"
+        ) from None
     where = os.environ.get("DOCKER_HOST")
     where = f"DOCKER_HOST={where}" if where else "unix:///var/run/docker.sock (DOCKER_HOST is unset)"
     try:
@@ -101,7 +133,7 @@ def connect():
 def _short(message: str, limit: int = 400) -> str:
     """One line of an engine message; podman repeats a whole RUN command in it, so the middle goes."""
     text = " ".join(str(message).split())
-    return text if len(text) <= limit else f"{text[:limit // 2]} ... {text[-limit // 2:]}"
+    return text if len(text) <= limit else f"{text[: limit // 2]} ... {text[-limit // 2 :]}"
 
 
 def _api_error(exc: BaseException) -> str:
@@ -113,14 +145,26 @@ def build(api, plan: Plan, args: argparse.Namespace) -> str:
     import docker
 
     first = plan.refs()[0]
-    print(f"building {first} from {plan.root} (FROM {plan.base_image}) on "
-          f"{os.environ.get('DOCKER_HOST') or 'unix:///var/run/docker.sock'}", flush=True)
+    print(
+        f"building {first} from {plan.root} (FROM {plan.base_image}) on "
+        f"{os.environ.get('DOCKER_HOST') or 'unix:///var/run/docker.sock'}",
+        flush=True,
+    )
     start = time.time()
     image_id = None
     shown: set = set()
     try:
-        for chunk in api.build(path=str(plan.root), dockerfile="Dockerfile", tag=first, buildargs=plan.build_args,
-                               decode=True, rm=True, forcerm=True, pull=args.pull, nocache=args.no_cache):
+        for chunk in api.build(
+            path=str(plan.root),
+            dockerfile="Dockerfile",
+            tag=first,
+            buildargs=plan.build_args,
+            decode=True,
+            rm=True,
+            forcerm=True,
+            pull=args.pull,
+            nocache=args.no_cache,
+        ):
             if "error" in chunk or "errorDetail" in chunk:
                 message = chunk.get("error") or chunk.get("errorDetail", {}).get("message", "")
                 raise ConfigError(f"image build failed: {_short(message)} (the build output above shows the step)")
@@ -157,20 +201,37 @@ def push_error(registry: str, ref: str, message: str) -> str:
     low = message.lower()
     head = f"push of {ref} to registry {registry} failed: {message.strip()}"
     if "http response to https client" in low or "x509" in low or "certificate" in low or "tls" in low:
-        return (f"{head}. The registry speaks plain HTTP or its certificate is not trusted: list it as insecure "
-                f"in the engine's config (Docker: \"insecure-registries\": [\"{registry}\"] in "
-                f"/etc/docker/daemon.json, then restart dockerd; podman: [[registry]] location=\"{registry}\" "
-                "insecure=true in registries.conf) or serve it with TLS")
+        return (
+            f"{head}. The registry speaks plain HTTP or its certificate is not trusted: list it as insecure "
+            f'in the engine\'s config (Docker: "insecure-registries": ["{registry}"] in '
+            f'/etc/docker/daemon.json, then restart dockerd; podman: [[registry]] location="{registry}" '
+            "insecure=true in registries.conf) or serve it with TLS"
+        )
     # Status codes as whole words: a registry on port 43401 must not read as "401 unauthorized".
-    if (any(w in low for w in ("unauthorized", "authentication required", "denied", "forbidden"))
-            or re.search(r"\b(401|403)\b", low)):
-        return (f"{head}. Not logged in, or no push right there: run `docker login {registry}` (podman: "
-                f"`podman login {registry}`), or pass --username USER with the password on stdin "
-                f"(--password-stdin) or in ${PASSWORD_ENV}")
-    if any(w in low for w in ("connection refused", "no such host", "dial tcp", "i/o timeout", "connect:",
-                              "network is unreachable", "timeout")):
-        return (f"{head}. The registry is not reachable: is it running, and is {registry} the right address? "
-                "Change the image answer with `copier update --data image=REGISTRY/NAME:TAG` or pass --image")
+    if any(w in low for w in ("unauthorized", "authentication required", "denied", "forbidden")) or re.search(
+        r"\b(401|403)\b", low
+    ):
+        return (
+            f"{head}. Not logged in, or no push right there: run `docker login {registry}` (podman: "
+            f"`podman login {registry}`), or pass --username USER with the password on stdin "
+            f"(--password-stdin) or in ${PASSWORD_ENV}"
+        )
+    if any(
+        w in low
+        for w in (
+            "connection refused",
+            "no such host",
+            "dial tcp",
+            "i/o timeout",
+            "connect:",
+            "network is unreachable",
+            "timeout",
+        )
+    ):
+        return (
+            f"{head}. The registry is not reachable: is it running, and is {registry} the right address? "
+            "Change the image answer with `copier update --data image=REGISTRY/NAME:TAG` or pass --image"
+        )
     if "does not exist" in low or "no such image" in low or ("not found" in low and "image" in low):
         return f"{head}. The tag is not in the engine: run `image build` first (or `image build --push`)"
     return head
@@ -187,8 +248,10 @@ def auth_config(args: argparse.Namespace, registry: str) -> dict | None:
     else:
         password = os.environ.get(PASSWORD_ENV, "")
     if not password:
-        raise ConfigError(f"--username {args.username}: no password; pipe it in with --password-stdin or set "
-                          f"${PASSWORD_ENV} (it is never passed on the command line)")
+        raise ConfigError(
+            f"--username {args.username}: no password; pipe it in with --password-stdin or set "
+            f"${PASSWORD_ENV} (it is never passed on the command line)"
+        )
     return {"username": args.username, "password": password, "serveraddress": registry}
 
 
@@ -221,8 +284,10 @@ def push(api, plan: Plan, args: argparse.Namespace) -> None:
 def run(cfg: Config, args: argparse.Namespace) -> int:
     push_too = args.action == "push" or args.push
     if args.action == "push" and (args.base_image or args.no_cache or args.pull or args.build_args):
-        raise ConfigError("--base-image, --build-arg, --no-cache and --pull belong to `image build`; "
-                          "`image push` pushes what was built")
+        raise ConfigError(
+            "--base-image, --build-arg, --no-cache and --pull belong to `image build`; "
+            "`image push` pushes what was built"
+        )
     plan = make_plan(args)
     if args.dry_run:
         print(describe(plan, args.action, push_too, args))

@@ -73,7 +73,7 @@ def split_reference(ref: str) -> tuple[str, str | None]:
     slash = name.rfind("/")
     colon = name.rfind(":")
     if colon > slash:
-        return name[:colon], name[colon + 1:]
+        return name[:colon], name[colon + 1 :]
     return name, None
 
 
@@ -106,9 +106,11 @@ def project_version(root: Path) -> str:
 
 def git_revision(root: Path) -> tuple[str, str, bool] | None:
     """(full hash, short hash, dirty) of the checkout holding root; None outside git or before a commit."""
+
     def git(*cmd: str) -> str:
-        return subprocess.run(["git", "-C", str(root), *cmd], capture_output=True, text=True,
-                              check=True, timeout=30).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", str(root), *cmd], capture_output=True, text=True, check=True, timeout=30
+        ).stdout.strip()
 
     try:
         full = git("rev-parse", "--verify", "-q", "HEAD")
@@ -135,13 +137,17 @@ def make_plan(args: argparse.Namespace) -> Plan:
     answers = read_answers(root)
     image = args.image or answers.get("image")
     if not image:
-        raise ConfigError(f"no image to tag: {root / ANSWERS_FILE} has no `image` answer; pass --image "
-                          "REGISTRY/NAME[:TAG] or set it with `copier update --data image=registry.example.com/name:tag`")
+        raise ConfigError(
+            f"no image to tag: {root / ANSWERS_FILE} has no `image` answer; pass --image "
+            "REGISTRY/NAME[:TAG] or set it with `copier update --data image=registry.example.com/name:tag`"
+        )
     source = "--image" if args.image else f"the image answer in {ANSWERS_FILE}"
     repository, answer_tag = split_reference(str(image))
     if not _REPOSITORY.fullmatch(repository) or (answer_tag is not None and not _TAG.fullmatch(answer_tag)):
-        raise ConfigError(f"image {image!r} ({source}) is not a valid reference; use registry/name:tag, "
-                          "e.g. registry.example.com/myproject:v1")
+        raise ConfigError(
+            f"image {image!r} ({source}) is not a valid reference; use registry/name:tag, "
+            "e.g. registry.example.com/myproject:v1"
+        )
     notes = []
     version = project_version(root)
     tags = [version]
@@ -151,8 +157,10 @@ def make_plan(args: argparse.Namespace) -> Plan:
         tags.append(f"{short}-dirty" if dirty else short)
         git_commit = f"{full}-dirty" if dirty else full
         if dirty:
-            notes.append("the checkout has uncommitted changes: the commit tag is marked -dirty (commit first "
-                         "for a reproducible tag)")
+            notes.append(
+                "the checkout has uncommitted changes: the commit tag is marked -dirty (commit first "
+                "for a reproducible tag)"
+            )
     else:
         git_commit = "unknown"
         notes.append(f"{root} is not a git checkout with a commit: no commit tag (git init && git commit first)")
@@ -176,15 +184,18 @@ def make_plan(args: argparse.Namespace) -> Plan:
 
 def describe(plan: Plan, action: str, push: bool, args: argparse.Namespace) -> str:
     engine = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock (DOCKER_HOST is unset)"
-    lines = [f"image {action} (dry run): nothing is built or pushed",
-             f"  engine:      {engine}"]
+    lines = [f"image {action} (dry run): nothing is built or pushed", f"  engine:      {engine}"]
     if action == "build":
-        lines += [f"  context:     {plan.root} (Dockerfile, .dockerignore)",
-                  f"  base image:  {plan.base_image} ({plan.base_source})",
-                  "  build args:  " + " ".join(f"{k}={v}" for k, v in plan.build_args.items())]
+        lines += [
+            f"  context:     {plan.root} (Dockerfile, .dockerignore)",
+            f"  base image:  {plan.base_image} ({plan.base_source})",
+            "  build args:  " + " ".join(f"{k}={v}" for k, v in plan.build_args.items()),
+        ]
     lines.append("  tags:        " + "\n               ".join(plan.refs()))
     if push:
-        login = f"--username {args.username} (password not shown)" if args.username else "the engine's login (docker login)"
+        login = (
+            f"--username {args.username} (password not shown)" if args.username else "the engine's login (docker login)"
+        )
         lines.append(f"  push to:     {plan.registry}, every tag above; auth: {login}")
     else:
         lines.append("  push:        no (add --push)")

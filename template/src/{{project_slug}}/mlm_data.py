@@ -33,11 +33,14 @@ class MaskedTokenData:
 
     masked_lm = True  # evaluate.py scores predicted positions only (perplexity, no bits per byte)
 
-    def __init__(self, shards: list[np.ndarray], sequence_len: int, specials: dict[str, int], collator, seed: int,
-                 split: str):
+    def __init__(
+        self, shards: list[np.ndarray], sequence_len: int, specials: dict[str, int], collator, seed: int, split: str
+    ):
         if sequence_len < 3:
-            raise ConfigError(f"model.sequence_len={sequence_len} leaves no room for text between [CLS] and [SEP]; "
-                              "use at least 3 (BERT: up to 512)")
+            raise ConfigError(
+                f"model.sequence_len={sequence_len} leaves no room for text between [CLS] and [SEP]; "
+                "use at least 3 (BERT: up to 512)"
+            )
         self.shards, self.sequence_len, self.specials = shards, sequence_len, specials
         self.collator, self.seed, self.split_code = collator, seed, _SPLIT_CODE.get(split, len(_SPLIT_CODE))
         self.window = sequence_len - 2  # stream tokens per sequence; windows do not cross shards
@@ -45,14 +48,15 @@ class MaskedTokenData:
         self.offsets = np.cumsum([0] + self.counts)
 
     @classmethod
-    def open(cls, cfg: Config, data_dir: Path, split: str) -> "MaskedTokenData":
+    def open(cls, cfg: Config, data_dir: Path, split: str) -> MaskedTokenData:
         meta = read_meta(data_dir)
         tok = load_tokenizer(data_dir / meta["tokenizer"])
         missing = [t for t in BERT_SPECIALS if tok.token_to_id(t) is None]
         if missing:
             raise ConfigError(
                 f"the tokenizer in {data_dir} has no {', '.join(missing)}: the data was prepared for another model "
-                f"family; run prepare-data with model.arch=bert (or another data.dir)")
+                f"family; run prepare-data with model.arch=bert (or another data.dir)"
+            )
         specials = {t: tok.token_to_id(t) for t in BERT_SPECIALS}
         dtype = np.dtype(meta["dtype"])
         shards = [np.memmap(data_dir / s["file"], dtype=dtype, mode="r") for s in meta[split]]
@@ -102,7 +106,12 @@ def masking_collator(tok, specials: dict[str, int]):
     """DataCollatorForLanguageModeling over our tokenizers.Tokenizer (15%, 80/10/10)."""
     transformers = import_transformers()
     wrapped = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]",
-        mask_token="[MASK]")
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
     # seed=None: the collator then uses torch's global generator, which masked() seeds per sequence.
     return transformers.DataCollatorForLanguageModeling(tokenizer=wrapped, mlm=True, mlm_probability=MLM_PROBABILITY)

@@ -200,8 +200,16 @@ def merge(logs: list[NcclLog]) -> NcclLog:
         out.ib_no_device |= log.ib_no_device
         out.nvls_channels = max(out.nvls_channels, log.nvls_channels)
         out.warnings += log.warnings
-        for name in ("hosts", "versions", "cuda_drivers", "networks", "ib_ports", "socket_ifaces",
-                     "bootstrap_ifaces", "connections"):
+        for name in (
+            "hosts",
+            "versions",
+            "cuda_drivers",
+            "networks",
+            "ib_ports",
+            "socket_ifaces",
+            "bootstrap_ifaces",
+            "connections",
+        ):
             getattr(out, name).update(getattr(log, name))
         for key, values in log.settings.items():
             out.settings.setdefault(key, set()).update(values)
@@ -273,8 +281,10 @@ def connection_table(log: NcclLog, limit: int = 40) -> list[str]:
     groups: dict[tuple, list[int]] = {}
     for c in log.connections:
         groups.setdefault((c.src, c.dst, c.direction, c.path), []).append(c.channel)
-    rows = [f"rank {src:>3} -> {dst:<3} {direction or '-':<8} {path:<22} channels {_ranges(chans)}"
-            for (src, dst, direction, path), chans in sorted(groups.items())]
+    rows = [
+        f"rank {src:>3} -> {dst:<3} {direction or '-':<8} {path:<22} channels {_ranges(chans)}"
+        for (src, dst, direction, path), chans in sorted(groups.items())
+    ]
     if len(rows) > limit:
         rows = rows[:limit] + [f"... {len(rows) - limit} more peer/transport pairs"]
     return rows
@@ -285,17 +295,34 @@ def assess(log: NcclLog, expect: Expectation) -> list[Check]:
     socket interface, warnings. The key verdict: FAIL when RDMA is expected and NCCL used sockets."""
     if log.lines == 0:
         names = ", ".join(log.sources) or "the log"
-        return [Check("NCCL log", FAIL,
-                      f"no NCCL lines in {names}: at NCCL_DEBUG=WARN a healthy NCCL prints nothing; rerun the job "
-                      "with TRAIN_DEBUG=1 (NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET) and pass its output")]
-    checks = [Check("NCCL log", OK, (
-        f"{len(log.sources)} file(s), {log.lines} NCCL lines"
-        + (f", hosts {', '.join(sorted(log.hosts))}" if log.hosts else "")
-        + (f", ranks {_ranges(list(log.ranks))}" if log.ranks else "")))]
+        return [
+            Check(
+                "NCCL log",
+                FAIL,
+                f"no NCCL lines in {names}: at NCCL_DEBUG=WARN a healthy NCCL prints nothing; rerun the job "
+                "with TRAIN_DEBUG=1 (NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET) and pass its output",
+            )
+        ]
+    checks = [
+        Check(
+            "NCCL log",
+            OK,
+            (
+                f"{len(log.sources)} file(s), {log.lines} NCCL lines"
+                + (f", hosts {', '.join(sorted(log.hosts))}" if log.hosts else "")
+                + (f", ranks {_ranges(list(log.ranks))}" if log.ranks else "")
+            ),
+        )
+    ]
 
     if len(log.versions) > 1:
-        checks.append(Check("NCCL version", WARN, f"ranks disagree: {', '.join(sorted(log.versions))}; every node "
-                                                  "should run the same image"))
+        checks.append(
+            Check(
+                "NCCL version",
+                WARN,
+                f"ranks disagree: {', '.join(sorted(log.versions))}; every node should run the same image",
+            )
+        )
     elif log.versions:
         driver = f", CUDA driver {', '.join(sorted(log.cuda_drivers))}" if log.cuda_drivers else ""
         checks.append(Check("NCCL version", OK, next(iter(log.versions)) + driver))
@@ -318,9 +345,11 @@ def _why_sockets(log: NcclLog) -> str:
     for key in ("NCCL_IB_DISABLE", "NCCL_NET", "NCCL_IB_HCA"):
         if key in log.settings:
             hints.append(f"the job had {key}={'/'.join(sorted(log.settings[key]))}")
-    causes = ("Check `ibv_devinfo` inside the container (Kubernetes: the RDMA device resource and IPC_LOCK; "
-              "Docker: --device /dev/infiniband), that NCCL_IB_HCA matches a device, that the image has "
-              "libibverbs and its provider (ibverbs-providers), and that nothing sets NCCL_IB_DISABLE=1")
+    causes = (
+        "Check `ibv_devinfo` inside the container (Kubernetes: the RDMA device resource and IPC_LOCK; "
+        "Docker: --device /dev/infiniband), that NCCL_IB_HCA matches a device, that the image has "
+        "libibverbs and its provider (ibverbs-providers), and that nothing sets NCCL_IB_DISABLE=1"
+    )
     return ("; ".join(hints) + ". " if hints else "") + causes
 
 
@@ -333,17 +362,28 @@ def _network_check(log: NcclLog, expect: Expectation) -> Check:
     sockets = "Socket" in nets
     detail = f"Using network {', '.join(nets) or '?'}" + (f"; NET/IB devices {ports}" if ports else "")
     if expect.rdma and sockets:
-        return Check("NCCL network", FAIL, f"{detail}: NCCL picked sockets although {expect.source} expects RDMA. "
-                                           + _why_sockets(log))
+        return Check(
+            "NCCL network",
+            FAIL,
+            f"{detail}: NCCL picked sockets although {expect.source} expects RDMA. " + _why_sockets(log),
+        )
     if expect.rdma and not rdma:
         return Check("NCCL network", WARN, f"{detail}: not NCCL's IB module although {expect.source} expects RDMA")
     if expect.rdma is False and rdma:
-        return Check("NCCL network", WARN, f"{detail}: RDMA although {expect.source} says TCP; fine for speed, "
-                                           "but the fabric answer does not describe this cluster")
+        return Check(
+            "NCCL network",
+            WARN,
+            f"{detail}: RDMA although {expect.source} says TCP; fine for speed, "
+            "but the fabric answer does not describe this cluster",
+        )
     links = {p.link for p in log.ib_ports}
     if expect.rdma and expect.link and links and expect.link not in links:
-        return Check("NCCL network", WARN, f"{detail}: link layer {'/'.join(sorted(links))} but the config is "
-                                           f"for {expect.link} (RoCE needs NCCL_IB_GID_INDEX; InfiniBand does not)")
+        return Check(
+            "NCCL network",
+            WARN,
+            f"{detail}: link layer {'/'.join(sorted(links))} but the config is "
+            f"for {expect.link} (RoCE needs NCCL_IB_GID_INDEX; InfiniBand does not)",
+        )
     return Check("NCCL network", OK, detail)
 
 
@@ -355,15 +395,22 @@ def _transport_check(log: NcclLog, expect: Expectation) -> Check:
     intra = f"intra-node {_count(local)}" if local else "no intra-node connection"
     detail = f"{inter}; {intra}{nvls}"
     if not log.connections:
-        return Check("NCCL transports", NA, "no `Channel ... via` lines (the log ends before connections, or "
-                                            "NCCL_DEBUG_SUBSYS lacks INIT)")
+        return Check(
+            "NCCL transports",
+            NA,
+            "no `Channel ... via` lines (the log ends before connections, or NCCL_DEBUG_SUBSYS lacks INIT)",
+        )
     socket = [c for c in net if c.net == "Socket"]
     if expect.rdma and socket:
         peers = sorted({(c.src, c.dst) for c in socket})
         example = ", ".join(f"{s}->{d}" for s, d in peers[:4]) + (" ..." if len(peers) > 4 else "")
         why = "causes: see NCCL network" if "Socket" in log.networks else _why_sockets(log)
-        return Check("NCCL transports", FAIL, f"{detail}. SOCKET FALLBACK: {len(socket)} connection(s) via "
-                                              f"NET/Socket ({example}) although {expect.source} expects RDMA; {why}")
+        return Check(
+            "NCCL transports",
+            FAIL,
+            f"{detail}. SOCKET FALLBACK: {len(socket)} connection(s) via "
+            f"NET/Socket ({example}) although {expect.source} expects RDMA; {why}",
+        )
     return Check("NCCL transports", OK, detail)
 
 
@@ -374,10 +421,15 @@ def _gdr_check(log: NcclLog) -> Check:
     with_gdr = sum(c.gdr for c in ib)
     if with_gdr == len(ib):
         return Check("GPUDirect RDMA", OK, f"all {len(ib)} NET/IB connections use GDRDMA")
-    return Check("GPUDirect RDMA", WARN, (
-        f"{with_gdr}/{len(ib)} NET/IB connections use GDRDMA; the rest stage data through host memory. Load the "
-        "nvidia-peermem module (or use a driver/NCCL with DMA-BUF), and check NCCL_NET_GDR_LEVEL and the "
-        "GPU-NIC PCIe placement (`nvidia-smi topo -m`)"))
+    return Check(
+        "GPUDirect RDMA",
+        WARN,
+        (
+            f"{with_gdr}/{len(ib)} NET/IB connections use GDRDMA; the rest stage data through host memory. Load the "
+            "nvidia-peermem module (or use a driver/NCCL with DMA-BUF), and check NCCL_NET_GDR_LEVEL and the "
+            "GPU-NIC PCIe placement (`nvidia-smi topo -m`)"
+        ),
+    )
 
 
 def _interface_check(log: NcclLog) -> Check:
@@ -391,6 +443,10 @@ def _interface_check(log: NcclLog) -> Check:
     detail = "; ".join(parts)
     names = {i.split(":", 1)[0] for i in log.socket_ifaces | log.bootstrap_ifaces}
     if len(log.hosts) > 1 and any(n == "lo" or n.startswith("docker") for n in names):
-        return Check("socket interface", WARN, f"{detail}: a loopback/docker interface cannot reach other nodes; "
-                                               "set NCCL_SOCKET_IFNAME to the cluster network")
+        return Check(
+            "socket interface",
+            WARN,
+            f"{detail}: a loopback/docker interface cannot reach other nodes; "
+            "set NCCL_SOCKET_IFNAME to the cluster network",
+        )
     return Check("socket interface", OK, detail)

@@ -1,7 +1,7 @@
 """Reaching the other nodes: this node's address towards the master, and waiting for the master's port.
 
-    from .network import address_towards, wait_for_master
-    wait_for_master("10.0.0.1", 29500, timeout=900)     # a worker node, before torchrun starts
+from .network import address_towards, wait_for_master
+wait_for_master("10.0.0.1", 29500, timeout=900)     # a worker node, before torchrun starts
 """
 
 from __future__ import annotations

@@ -24,8 +24,15 @@ from .torchrun import run_torchrun, train_entry
 PACKAGE = __package__
 
 
-def run_node(cfg: Config, config: str | None, overrides: list[str], package: str, dry_run: bool,
-             wait_timeout: float, debug: bool = False) -> int:
+def run_node(
+    cfg: Config,
+    config: str | None,
+    overrides: list[str],
+    package: str,
+    dry_run: bool,
+    wait_timeout: float,
+    debug: bool = False,
+) -> int:
     if debug:
         os.environ["TRAIN_DEBUG"] = "1"
     topo = detect(os.environ, default_nproc(cfg.cluster.gpus_per_node), cfg.cluster.nodes)
@@ -36,8 +43,11 @@ def run_node(cfg: Config, config: str | None, overrides: list[str], package: str
         )
     if topo.role == "ps":
         print(topo.table(), flush=True)
-        print("this is a PS-Worker parameter-server task: PyTorch data-parallel training has no parameter-server "
-              "role, so there is nothing to run here; the worker tasks train. Exiting 0.", flush=True)
+        print(
+            "this is a PS-Worker parameter-server task: PyTorch data-parallel training has no parameter-server "
+            "role, so there is nothing to run here; the worker tasks train. Exiting 0.",
+            flush=True,
+        )
         return 0
     if not topo.per_process:
         return run_torchrun(topo, cfg, train_entry(package, config, overrides), dry_run, wait_timeout)

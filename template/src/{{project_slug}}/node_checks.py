@@ -30,8 +30,14 @@ GIB = 1 << 30
 MIB = 1 << 20
 SYSFS_IB = Path("/sys/class/infiniband")
 # The settings doctor reads; a value in the environment wins over config/nccl.env, as in apply_nccl_env.
-SETTINGS = ("NCCL_IB_DISABLE", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_NET", "NCCL_SOCKET_IFNAME",
-            "GLOO_SOCKET_IFNAME")
+SETTINGS = (
+    "NCCL_IB_DISABLE",
+    "NCCL_IB_HCA",
+    "NCCL_IB_GID_INDEX",
+    "NCCL_NET",
+    "NCCL_SOCKET_IFNAME",
+    "GLOO_SOCKET_IFNAME",
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -85,20 +91,37 @@ def check_fabric(settings: Settings, expect: Expectation, fabric: str | None) ->
         return Check("fabric", OK, f"judged as {fabric} (--fabric)")
     if expect.rdma is None:
         where = f"{settings.path} has no NCCL_IB_DISABLE" if settings.path.is_file() else f"no {settings.path}"
-        return Check("fabric", WARN, f"{where} and the environment sets none: doctor cannot tell whether RDMA is "
-                                     "expected (pass --fabric, or --nccl-env with the project's config/nccl.env)")
+        return Check(
+            "fabric",
+            WARN,
+            f"{where} and the environment sets none: doctor cannot tell whether RDMA is "
+            "expected (pass --fabric, or --nccl-env with the project's config/nccl.env)",
+        )
     net = settings.effective.get("NCCL_NET", "")
     if expect.rdma and net.lower() == "socket":
-        return Check("fabric", FAIL, f"RDMA expected ({expect.source}) but {settings.quote('NCCL_NET')} forces "
-                                     "sockets; unset NCCL_NET")
-    what = (f"RDMA expected: {expect.source}, "
-            + (f"RoCE ({settings.quote('NCCL_IB_GID_INDEX')})" if expect.link == "RoCE" else "InfiniBand (no GID)")
-            if expect.rdma else f"TCP: {expect.source}, NCCL uses sockets")
+        return Check(
+            "fabric",
+            FAIL,
+            f"RDMA expected ({expect.source}) but {settings.quote('NCCL_NET')} forces sockets; unset NCCL_NET",
+        )
+    what = (
+        f"RDMA expected: {expect.source}, "
+        + (f"RoCE ({settings.quote('NCCL_IB_GID_INDEX')})" if expect.link == "RoCE" else "InfiniBand (no GID)")
+        if expect.rdma
+        else f"TCP: {expect.source}, NCCL uses sockets"
+    )
     file_value = settings.file.get("NCCL_IB_DISABLE")
-    if "NCCL_IB_DISABLE" in settings.from_env and file_value is not None and \
-            file_value != settings.effective["NCCL_IB_DISABLE"]:
-        return Check("fabric", WARN, f"{what}; the environment overrides {settings.name}'s "
-                                     f"NCCL_IB_DISABLE={file_value} (the platform's value wins)")
+    if (
+        "NCCL_IB_DISABLE" in settings.from_env
+        and file_value is not None
+        and file_value != settings.effective["NCCL_IB_DISABLE"]
+    ):
+        return Check(
+            "fabric",
+            WARN,
+            f"{what}; the environment overrides {settings.name}'s "
+            f"NCCL_IB_DISABLE={file_value} (the platform's value wins)",
+        )
     return Check("fabric", OK, what)
 
 
@@ -167,8 +190,15 @@ def run_ibv_devinfo() -> tuple[bool, list[RdmaPort], str]:
         return True, [], f"ibv_devinfo failed: {exc}"
     ports = parse_ibv_devinfo(out.stdout)
     said = (out.stderr.strip() or out.stdout.strip()).splitlines()
-    return True, ports, (f"`ibv_devinfo` found {len(ports)} port(s)" if ports else
-                         f"`ibv_devinfo` exit {out.returncode}: {said[0] if said else 'no output'}")
+    return (
+        True,
+        ports,
+        (
+            f"`ibv_devinfo` found {len(ports)} port(s)"
+            if ports
+            else f"`ibv_devinfo` exit {out.returncode}: {said[0] if said else 'no output'}"
+        ),
+    )
 
 
 def check_rdma(ports: list[RdmaPort], tool: tuple[bool, str], expect: Expectation) -> Check:
@@ -176,27 +206,45 @@ def check_rdma(ports: list[RdmaPort], tool: tuple[bool, str], expect: Expectatio
     listing = ", ".join(map(str, ports))
     if not ports:
         if expect.rdma:
-            return Check("RDMA devices", FAIL, (
-                f"none: {SYSFS_IB} is empty or missing and {said}; NCCL will fall back to sockets. Inside a "
-                "container the RDMA devices must be passed in (Kubernetes: the RDMA device plugin resource and "
-                "IPC_LOCK; Docker: --device /dev/infiniband --cap-add IPC_LOCK); or, if this cluster has no RDMA, "
-                "regenerate with fabric=tcp"))
+            return Check(
+                "RDMA devices",
+                FAIL,
+                (
+                    f"none: {SYSFS_IB} is empty or missing and {said}; NCCL will fall back to sockets. Inside a "
+                    "container the RDMA devices must be passed in (Kubernetes: the RDMA device plugin resource and "
+                    "IPC_LOCK; Docker: --device /dev/infiniband --cap-add IPC_LOCK); or, if this cluster has no RDMA, "
+                    "regenerate with fabric=tcp"
+                ),
+            )
         if expect.rdma is False and not installed:
             return Check("RDMA devices", NA, f"none, and {said}; fabric tcp needs none")
         return Check("RDMA devices", OK if expect.rdma is False else NA, f"none ({said})")
     active = [p for p in ports if p.state == "ACTIVE"]
     if expect.rdma is False:
-        return Check("RDMA devices", WARN, f"{listing}: present but {expect.source} keeps NCCL on sockets; "
-                                           "fabric=infiniband or roce would use them")
+        return Check(
+            "RDMA devices",
+            WARN,
+            f"{listing}: present but {expect.source} keeps NCCL on sockets; fabric=infiniband or roce would use them",
+        )
     if expect.rdma and not active:
-        return Check("RDMA devices", FAIL, f"{listing}: no ACTIVE port, NCCL will fall back to sockets (check the "
-                                           "cable/switch: `ibstat`, `ibv_devinfo`)")
+        return Check(
+            "RDMA devices",
+            FAIL,
+            f"{listing}: no ACTIVE port, NCCL will fall back to sockets (check the "
+            "cable/switch: `ibstat`, `ibv_devinfo`)",
+        )
     links = {"RoCE" if p.link == "Ethernet" else "IB" for p in active}
     if expect.rdma and expect.link and expect.link not in links:
-        fix = ("RoCE needs NCCL_IB_GID_INDEX (regenerate with fabric=roce)" if "RoCE" in links
-               else "InfiniBand needs no NCCL_IB_GID_INDEX (regenerate with fabric=infiniband)")
-        return Check("RDMA devices", WARN, f"{listing}: active ports are {'/'.join(sorted(links))}, "
-                                           f"the config is for {expect.link}; {fix}")
+        fix = (
+            "RoCE needs NCCL_IB_GID_INDEX (regenerate with fabric=roce)"
+            if "RoCE" in links
+            else "InfiniBand needs no NCCL_IB_GID_INDEX (regenerate with fabric=infiniband)"
+        )
+        return Check(
+            "RDMA devices",
+            WARN,
+            f"{listing}: active ports are {'/'.join(sorted(links))}, the config is for {expect.link}; {fix}",
+        )
     return Check("RDMA devices", OK, listing)
 
 
@@ -214,8 +262,10 @@ def select_hcas(spec: str, ports: list[RdmaPort]) -> list[RdmaPort]:
         items.append((name, int(port) if port.isdigit() else None))
 
     def listed(p: RdmaPort) -> bool:
-        return any((p.device == name if exact else p.device.startswith(name)) and port in (None, p.port)
-                   for name, port in items)
+        return any(
+            (p.device == name if exact else p.device.startswith(name)) and port in (None, p.port)
+            for name, port in items
+        )
 
     return [p for p in ports if listed(p) != exclude]
 
@@ -225,8 +275,11 @@ def check_hca(settings: Settings, ports: list[RdmaPort], expect: Expectation) ->
     if expect.rdma is False:
         return Check("NCCL_IB_HCA", NA, "fabric tcp: NCCL uses no RDMA device")
     if spec is None:
-        return Check("NCCL_IB_HCA", WARN if expect.rdma else NA,
-                     "not set: NCCL uses every active RDMA port, a management NIC too")
+        return Check(
+            "NCCL_IB_HCA",
+            WARN if expect.rdma else NA,
+            "not set: NCCL uses every active RDMA port, a management NIC too",
+        )
     quoted = settings.quote("NCCL_IB_HCA")
     if not ports:
         verdict = FAIL if expect.rdma else NA
@@ -234,9 +287,14 @@ def check_hca(settings: Settings, ports: list[RdmaPort], expect: Expectation) ->
     chosen = select_hcas(spec, ports)
     present = ", ".join(f"{p.device}:{p.port}" for p in ports)
     if not chosen:
-        return Check("NCCL_IB_HCA", FAIL if expect.rdma else WARN, (
-            f"{quoted} matches none of this node's ports ({present}); NCCL falls back to sockets. Fix it in "
-            "config/nccl.env (copier answer nccl_ib_hca) or the platform's environment"))
+        return Check(
+            "NCCL_IB_HCA",
+            FAIL if expect.rdma else WARN,
+            (
+                f"{quoted} matches none of this node's ports ({present}); NCCL falls back to sockets. Fix it in "
+                "config/nccl.env (copier answer nccl_ib_hca) or the platform's environment"
+            ),
+        )
     active = [p for p in chosen if p.state == "ACTIVE"]
     names = ", ".join(f"{p.device}:{p.port}" for p in chosen)
     if not active:
@@ -255,27 +313,41 @@ def check_interface(settings: Settings, key: str, interfaces: list[str]) -> Chec
         chosen = [name for name in interfaces if interface_matches(spec, [name])]
         return Check(key, OK, f"{settings.quote(key)} selects {', '.join(chosen)}")
     if key in settings.from_env:
-        return Check(key, FAIL, f"{settings.quote(key)} matches no interface of this node ({here}): NCCL/Gloo cannot "
-                                "start; unset it or name the cluster network's interface")
-    return Check(key, WARN, f"{settings.quote(key)} matches no interface of this node ({here}), so the node launcher "
-                            "does not apply it and the library picks one; fix nccl_socket_ifname "
-                            "(copier update --data nccl_socket_ifname=<interface>)")
+        return Check(
+            key,
+            FAIL,
+            f"{settings.quote(key)} matches no interface of this node ({here}): NCCL/Gloo cannot "
+            "start; unset it or name the cluster network's interface",
+        )
+    return Check(
+        key,
+        WARN,
+        f"{settings.quote(key)} matches no interface of this node ({here}), so the node launcher "
+        "does not apply it and the library picks one; fix nccl_socket_ifname "
+        "(copier update --data nccl_socket_ifname=<interface>)",
+    )
 
 
 def check_shm(local_gpus: int, path: str = "/dev/shm") -> Check:
     try:
         st = os.statvfs(path)
     except OSError as exc:
-        return Check("/dev/shm", WARN,
-                     f"cannot read {path}: {exc}; NCCL's SHM transport and DataLoader workers need it")
+        return Check(
+            "/dev/shm", WARN, f"cannot read {path}: {exc}; NCCL's SHM transport and DataLoader workers need it"
+        )
     size = st.f_frsize * st.f_blocks
     need = max(1, local_gpus) * GIB
     detail = f"{size / GIB:.1f} GiB"
     if size < need:
-        return Check("/dev/shm", WARN, (
-            f"{detail}, below {need // GIB} GiB (1 GiB per GPU): NCCL's SHM transport and DataLoader workers fail "
-            "with bus errors or 'No space left on device'; Docker: --shm-size=16g, Kubernetes: an emptyDir with "
-            "medium Memory at /dev/shm"))
+        return Check(
+            "/dev/shm",
+            WARN,
+            (
+                f"{detail}, below {need // GIB} GiB (1 GiB per GPU): NCCL's SHM transport and DataLoader workers fail "
+                "with bus errors or 'No space left on device'; Docker: --shm-size=16g, Kubernetes: an emptyDir with "
+                "medium Memory at /dev/shm"
+            ),
+        )
     return Check("/dev/shm", OK, detail)
 
 
@@ -286,8 +358,10 @@ def check_memlock(expect: Expectation) -> Check:
     detail = f"{soft / MIB:.0f} MiB" if soft >= MIB else f"{soft // 1024} KiB"
     if not expect.rdma:
         return Check("memlock", OK, f"{detail} (only RDMA needs more)")
-    fix = ("RDMA pins its buffers and wants it unlimited: Docker --ulimit memlock=-1, Kubernetes IPC_LOCK and "
-           "the runtime's default ulimits, Slurm PropagateResourceLimits / `ulimit -l unlimited` in the node's limits")
+    fix = (
+        "RDMA pins its buffers and wants it unlimited: Docker --ulimit memlock=-1, Kubernetes IPC_LOCK and "
+        "the runtime's default ulimits, Slurm PropagateResourceLimits / `ulimit -l unlimited` in the node's limits"
+    )
     return Check("memlock", FAIL if soft < GIB else WARN, f"{detail}: {fix}")
 
 
@@ -313,8 +387,9 @@ def check_gpus(names: list[str], why: str, cfg: Config) -> Check:
     return Check("GPUs", OK, detail)
 
 
-def check_node(cfg: Config, settings: Settings, expect: Expectation, fabric: str | None, gpus: list[str],
-               why: str) -> list[Check]:
+def check_node(
+    cfg: Config, settings: Settings, expect: Expectation, fabric: str | None, gpus: list[str], why: str
+) -> list[Check]:
     """Every node check, in the table's order. RDMA ports: sysfs, and what ibv_devinfo adds to it."""
     sysfs = read_sysfs()
     installed, tool_ports, said = run_ibv_devinfo()

@@ -24,14 +24,23 @@ from .fit import changed, strategy_text, suggest, with_strategy
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--zero-stage", type=int, choices=range(4),
-                   help="0 = DDP; default: the config's strategy (run.strategy, deepspeed.zero_stage)")
-    p.add_argument("--offload-optimizer", action="store_true", default=None,
-                   help="optimizer states in host memory (DeepSpeed)")
-    p.add_argument("--offload-params", action="store_true", default=None,
-                   help="weights in host memory (DeepSpeed stage 3)")
-    p.add_argument("--checkpointing", action="store_true",
-                   help="assume full activation checkpointing (default: model.activation_checkpointing)")
+    p.add_argument(
+        "--zero-stage",
+        type=int,
+        choices=range(4),
+        help="0 = DDP; default: the config's strategy (run.strategy, deepspeed.zero_stage)",
+    )
+    p.add_argument(
+        "--offload-optimizer", action="store_true", default=None, help="optimizer states in host memory (DeepSpeed)"
+    )
+    p.add_argument(
+        "--offload-params", action="store_true", default=None, help="weights in host memory (DeepSpeed stage 3)"
+    )
+    p.add_argument(
+        "--checkpointing",
+        action="store_true",
+        help="assume full activation checkpointing (default: model.activation_checkpointing)",
+    )
     p.add_argument("--tokens", type=float, help="training tokens (default: max_steps x global batch x sequence_len)")
     p.add_argument("--mfu", type=float, default=0.4, help="assumed model FLOPs utilisation (default 0.4)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
@@ -49,8 +58,11 @@ def with_flags(cfg: Config, args: argparse.Namespace) -> Config:
         raise ConfigError("--offload-params needs --zero-stage 3 (DeepSpeed offloads parameters only in stage 3)")
     if offload_opt and stage == 0:
         raise ConfigError("--offload-optimizer needs --zero-stage 1, 2 or 3 (DDP keeps the optimizer on the GPU)")
-    cfg = with_strategy(cfg, stage, offload_opt, offload_params) if args.zero_stage is not None or offload_opt \
-        or offload_params else cfg
+    cfg = (
+        with_strategy(cfg, stage, offload_opt, offload_params)
+        if args.zero_stage is not None or offload_opt or offload_params
+        else cfg
+    )
     return changed(cfg, **{"model.activation_checkpointing": True}) if args.checkpointing else cfg
 
 
@@ -61,14 +73,24 @@ def build(cfg: Config, args: argparse.Namespace) -> dict:
     tokens = args.tokens or cfg.schedule.max_steps * cfg.batch.global_batch_size * cfg.model.sequence_len
     mem = memory(cfg)
     return {
-        "model": cfg.model.size, "arch": cfg.model.arch, "gpu_type": cfg.cluster.gpu_type, "nodes": cfg.cluster.nodes,
-        "gpus_per_node": cfg.cluster.gpus_per_node, "micro_batch_size": cfg.batch.micro_batch_size,
-        "sequence_len": cfg.model.sequence_len, "strategy": strategy_text(cfg), "zero_stage": zero_stage(cfg),
+        "model": cfg.model.size,
+        "arch": cfg.model.arch,
+        "gpu_type": cfg.cluster.gpu_type,
+        "nodes": cfg.cluster.nodes,
+        "gpus_per_node": cfg.cluster.gpus_per_node,
+        "micro_batch_size": cfg.batch.micro_batch_size,
+        "sequence_len": cfg.model.sequence_len,
+        "strategy": strategy_text(cfg),
+        "zero_stage": zero_stage(cfg),
         "offload_optimizer": cfg.deepspeed.offload_optimizer and zero_stage(cfg) > 0,
         "offload_params": cfg.deepspeed.offload_params and zero_stage(cfg) == 3,
-        "checkpointing": cfg.model.activation_checkpointing, "memory": mem, "fits": mem["fits"],
+        "checkpointing": cfg.model.activation_checkpointing,
+        "memory": mem,
+        "fits": mem["fits"],
         "suggestion": None if mem["fits"] else ("; ".join(mem["problems"]) if mem["problems"] else suggest(cfg)),
-        "tokens": tokens, "mfu": args.mfu, "time": timing(cfg, tokens, args.mfu),
+        "tokens": tokens,
+        "mfu": args.mfu,
+        "time": timing(cfg, tokens, args.mfu),
     }
 
 
@@ -83,8 +105,10 @@ def render(r: dict) -> str:
         "",
     ]
     if m["pipeline"] > 1 or m["tensor"] > 1:
-        lines.append(f"memory per GPU (most loaded: pipeline stage {m['pipeline_stage']} of {m['pipeline']}, "
-                     f"{m['params_per_gpu']:,} parameters, {m['in_flight']} micro batch(es) in flight)")
+        lines.append(
+            f"memory per GPU (most loaded: pipeline stage {m['pipeline_stage']} of {m['pipeline']}, "
+            f"{m['params_per_gpu']:,} parameters, {m['in_flight']} micro batch(es) in flight)"
+        )
     else:
         lines.append("memory per GPU")
     used = "  <- used"
@@ -105,11 +129,13 @@ def render(r: dict) -> str:
         lines.append(f"verdict: {'fits' if r['fits'] else 'does NOT fit'}")
         if not r["fits"]:
             lines.append(f"smallest change that fits: {r['suggestion'] or 'none found (a smaller model?)'}")
-    lines += ["", f"time to train {r['tokens']:.3g} tokens at MFU {r['mfu']:.2f}",
-              "  nodes  GPUs     hours  GPU-hours"]
+    lines += ["", f"time to train {r['tokens']:.3g} tokens at MFU {r['mfu']:.2f}", "  nodes  GPUs     hours  GPU-hours"]
     grid = f"tensor {m['tensor']} x pipeline {m['pipeline']} needs a multiple of {m['tensor'] * m['pipeline']} GPUs"
-    lines += [f"  {t['nodes']:5d} {t['gpus']:5d} {t['hours']:9.2f} {t['gpu_hours']:10.1f}"
-              + ("" if t["layout_fits"] else f"   ({grid})") for t in r["time"]]
+    lines += [
+        f"  {t['nodes']:5d} {t['gpus']:5d} {t['hours']:9.2f} {t['gpu_hours']:10.1f}"
+        + ("" if t["layout_fits"] else f"   ({grid})")
+        for t in r["time"]
+    ]
     return "\n".join(lines)
 
 

@@ -70,8 +70,12 @@ def clear_marker(output_dir: str | Path) -> None:
 def write_marker(output_dir: str | Path, step: int, signal_name: str | None, checkpoint: str) -> None:
     path = marker_path(output_dir)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps({"step": step, "signal": signal_name or "from another rank",
-                               "checkpoint": checkpoint, "time": time.time()}) + "\n")
+    tmp.write_text(
+        json.dumps(
+            {"step": step, "signal": signal_name or "from another rank", "checkpoint": checkpoint, "time": time.time()}
+        )
+        + "\n"
+    )
     os.replace(tmp, path)
 
 

@@ -25,8 +25,16 @@ from pathlib import Path
 import numpy as np
 
 from .config import Config, ConfigError
-from .data import (BERT_SPECIALS, META, ShardWriter, bos_id, find_raw_files, iter_documents, load_tokenizer,
-                   train_tokenizer)
+from .data import (
+    BERT_SPECIALS,
+    META,
+    ShardWriter,
+    bos_id,
+    find_raw_files,
+    iter_documents,
+    load_tokenizer,
+    train_tokenizer,
+)
 from .demo_corpus import write_demo_corpus
 
 _BLOCK_DOCS = 4096  # documents shuffled and encoded together
@@ -92,8 +100,10 @@ def obtain_tokenizer(cfg: Config, files: list[Path], tokenizer_path: Path):
     elif arch == "bert" and cfg.model.pretrained:
         folder = pretrained_folder(cfg.model.pretrained)
         if not any((folder / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
-            raise ConfigError(f"model.pretrained={cfg.model.pretrained!r} holds no tokenizer.json or vocab.txt; set "
-                              "data.tokenizer to the tokenizer these weights were trained with")
+            raise ConfigError(
+                f"model.pretrained={cfg.model.pretrained!r} holds no tokenizer.json or vocab.txt; set "
+                "data.tokenizer to the tokenizer these weights were trained with"
+            )
         tok = load_tokenizer(folder)
         print(f"using the tokenizer of model.pretrained {folder} ({tok.get_vocab_size()} tokens)", flush=True)
     else:
@@ -104,8 +114,10 @@ def obtain_tokenizer(cfg: Config, files: list[Path], tokenizer_path: Path):
     if arch == "bert":
         missing = [t for t in BERT_SPECIALS if tok.token_to_id(t) is None]
         if missing:
-            raise ConfigError(f"the tokenizer has no {', '.join(missing)}: model.arch=bert needs BERT's special tokens "
-                              f"{' '.join(BERT_SPECIALS)}; use a BERT tokenizer or leave data.tokenizer empty to train one")
+            raise ConfigError(
+                f"the tokenizer has no {', '.join(missing)}: model.arch=bert needs BERT's special tokens "
+                f"{' '.join(BERT_SPECIALS)}; use a BERT tokenizer or leave data.tokenizer empty to train one"
+            )
         if cfg.model.pretrained:  # fail before hours of tokenizing, not at train start
             check_vocab(cfg.model.pretrained, pretrained_vocab_size(cfg.model.pretrained), tok.get_vocab_size())
     return tok

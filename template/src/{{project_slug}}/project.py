@@ -1,8 +1,8 @@
 """Where the project is: its root folder (config/, launch/, src/) and paths relative to it.
 
-    from .project import project_root, under_root
-    project_root() / "launch" / "slurm"        # the generated launch files
-    under_root(cfg.run.output_dir)             # a relative run.output_dir, from the project root
+from .project import project_root, under_root
+project_root() / "launch" / "slurm"        # the generated launch files
+under_root(cfg.run.output_dir)             # a relative run.output_dir, from the project root
 """
 
 from __future__ import annotations

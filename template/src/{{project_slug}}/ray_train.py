@@ -26,14 +26,27 @@ from .project import project_root
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The Ray options of `ray-train` (the CLI adds --config/--set)."""
-    p.add_argument("--address", default=os.environ.get("RAY_ADDRESS", "auto"),
-                   help="Ray cluster to join (default: $RAY_ADDRESS, else the one running on this machine)")
-    p.add_argument("--num-nodes", type=int,
-                   help="Ray nodes to wait for before training (default: $RAY_NUM_NODES, else cluster.nodes)")
-    p.add_argument("--num-workers", type=int,
-                   help="training processes (default: $RAY_NUM_WORKERS, else cluster.nodes x cluster.gpus_per_node)")
-    p.add_argument("--use-gpu", choices=["auto", "yes", "no"], default=os.environ.get("RAY_USE_GPU", "auto"),
-                   help="one GPU per worker; auto = when the cluster has GPUs")
+    p.add_argument(
+        "--address",
+        default=os.environ.get("RAY_ADDRESS", "auto"),
+        help="Ray cluster to join (default: $RAY_ADDRESS, else the one running on this machine)",
+    )
+    p.add_argument(
+        "--num-nodes",
+        type=int,
+        help="Ray nodes to wait for before training (default: $RAY_NUM_NODES, else cluster.nodes)",
+    )
+    p.add_argument(
+        "--num-workers",
+        type=int,
+        help="training processes (default: $RAY_NUM_WORKERS, else cluster.nodes x cluster.gpus_per_node)",
+    )
+    p.add_argument(
+        "--use-gpu",
+        choices=["auto", "yes", "no"],
+        default=os.environ.get("RAY_USE_GPU", "auto"),
+        help="one GPU per worker; auto = when the cluster has GPUs",
+    )
     p.add_argument("--wait-timeout", type=float, default=900, help="seconds to wait for every node to join")
     p.add_argument("--dry-run", action="store_true", help="print the plan, connect to nothing")
 
@@ -51,8 +64,11 @@ def train_worker(payload: dict) -> None:
     from .train import run_training
 
     ctx = ray.train.get_context()
-    print(f"ray worker rank {ctx.get_world_rank()}/{ctx.get_world_size()} on node "
-          f"{ray.get_runtime_context().get_node_id()[:12]} (local rank {ctx.get_local_rank()})", flush=True)
+    print(
+        f"ray worker rank {ctx.get_world_rank()}/{ctx.get_world_size()} on node "
+        f"{ray.get_runtime_context().get_node_id()[:12]} (local rank {ctx.get_local_rank()})",
+        flush=True,
+    )
     code = run_training(payload["cfg"])
     if code:
         raise RuntimeError(f"training exited with status {code} on rank {ctx.get_world_rank()}")
@@ -100,8 +116,10 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
     num_workers = args.num_workers or env_count("RAY_NUM_WORKERS") or cfg.cluster.nodes * cfg.cluster.gpus_per_node
     if num_nodes < 1 or num_workers < 1:
         raise ConfigError(f"--num-nodes {num_nodes} and --num-workers {num_workers} must be at least 1")
-    plan = (f"Ray Train: {num_workers} worker(s) on {num_nodes} node(s), cluster {args.address}, "
-            f"GPUs {args.use_gpu}, output {cfg.run.output_dir}")
+    plan = (
+        f"Ray Train: {num_workers} worker(s) on {num_nodes} node(s), cluster {args.address}, "
+        f"GPUs {args.use_gpu}, output {cfg.run.output_dir}"
+    )
     print(plan, flush=True)
     if args.dry_run:
         return 0
@@ -117,18 +135,23 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
         alive = wait_for_nodes(ray, num_nodes, args.wait_timeout)
         gpus = ray.cluster_resources().get("GPU", 0)
         use_gpu = gpus > 0 if args.use_gpu == "auto" else args.use_gpu == "yes"
-        print(f"{len(alive)} Ray node(s), {gpus:g} GPU(s), {ray.cluster_resources().get('CPU', 0):g} CPU(s); "
-              f"starting {num_workers} worker(s) on {'GPU' if use_gpu else 'CPU'}", flush=True)
+        print(
+            f"{len(alive)} Ray node(s), {gpus:g} GPU(s), {ray.cluster_resources().get('CPU', 0):g} CPU(s); "
+            f"starting {num_workers} worker(s) on {'GPU' if use_gpu else 'CPU'}",
+            flush=True,
+        )
         trainer = TorchTrainer(
             train_worker,
             train_loop_config={"cfg": cfg, "fabric_env": fabric_env()},
             scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu),
             # Ray's own records go beside the run on the shared storage every node mounts.
-            run_config=RunConfig(storage_path=os.path.join(cfg.run.output_dir, "ray"),
-                                 name=time.strftime("train-%Y%m%d-%H%M%S"),
-                                 # A failed worker group is started again (cluster.max_restarts); its
-                                 # workers resume from the latest checkpoint in run.output_dir.
-                                 failure_config=FailureConfig(max_failures=cfg.cluster.max_restarts)),
+            run_config=RunConfig(
+                storage_path=os.path.join(cfg.run.output_dir, "ray"),
+                name=time.strftime("train-%Y%m%d-%H%M%S"),
+                # A failed worker group is started again (cluster.max_restarts); its
+                # workers resume from the latest checkpoint in run.output_dir.
+                failure_config=FailureConfig(max_failures=cfg.cluster.max_restarts),
+            ),
         )
         try:
             trainer.fit()

@@ -78,26 +78,36 @@ def check_config(cfg: Config, world_size: int | None = None) -> list[str]:
     if arch != "gpt" and cfg.model.n_kv_head is not None:
         problems.append(f"model.n_kv_head={cfg.model.n_kv_head} applies to model.arch=gpt only; set it to null")
     if arch != "bert" and cfg.model.pretrained:
-        problems.append(f"model.pretrained={cfg.model.pretrained!r}: starting from local weights is built for "
-                        f"model.arch=bert; set it to \"\" for {arch}")
+        problems.append(
+            f"model.pretrained={cfg.model.pretrained!r}: starting from local weights is built for "
+            f'model.arch=bert; set it to "" for {arch}'
+        )
     limit = {"bert": 512}.get(arch)
     if limit and cfg.model.sequence_len > limit:
-        problems.append(f"model.sequence_len={cfg.model.sequence_len} exceeds BERT's {limit} position embeddings; "
-                        f"use at most {limit}")
+        problems.append(
+            f"model.sequence_len={cfg.model.sequence_len} exceeds BERT's {limit} position embeddings; "
+            f"use at most {limit}"
+        )
     if shape["n_kv_head"] < 1 or shape["n_head"] % shape["n_kv_head"]:
         problems.append(
             f"model.n_kv_head={shape['n_kv_head']} must divide the {shape['n_head']} query heads of "
             f"model.size={cfg.model.size}; use a divisor of {shape['n_head']} or null"
         )
     if shape["n_embd"] % shape["n_head"] or shape["n_embd"] // shape["n_head"] % 2:
-        problems.append(f"model.size={cfg.model.size} needs a width divisible into heads of even size (rotary embeddings pair dimensions)")
+        problems.append(
+            f"model.size={cfg.model.size} needs a width divisible into heads of even size (rotary embeddings pair dimensions)"
+        )
     if min(cfg.batch.micro_batch_size, cfg.batch.global_batch_size, world) >= 1:
         try:
             resolve_grad_accum(cfg, cfg.data_parallel_size(world))
         except ConfigError as exc:
             origin = "" if world_size else f" = {cfg.cluster.nodes} nodes x {cfg.cluster.gpus_per_node} GPUs per node"
-            layout = (f", data-parallel {cfg.data_parallel_size(world)} = {world} / (tensor {cfg.parallel.tensor} x "
-                      f"pipeline {cfg.parallel.pipeline})" if cfg.parallel.tensor * cfg.parallel.pipeline > 1 else "")
+            layout = (
+                f", data-parallel {cfg.data_parallel_size(world)} = {world} / (tensor {cfg.parallel.tensor} x "
+                f"pipeline {cfg.parallel.pipeline})"
+                if cfg.parallel.tensor * cfg.parallel.pipeline > 1
+                else ""
+            )
             problems.append(f"{exc} (for {world} processes{origin}{layout})")
     return problems
 
@@ -110,28 +120,42 @@ def parallel_problems(cfg: Config, shape: dict, world: int) -> list[str]:
     if (tp, pp) == (1, 1):
         return []
     if arch != "gpt3":
-        return [f"parallel.tensor={tp}, parallel.pipeline={pp}: tensor and pipeline parallelism are built for "
-                f"model.arch=gpt3 only (this is {arch}); set both to 1 and scale {arch} with ZeRO instead"]
+        return [
+            f"parallel.tensor={tp}, parallel.pipeline={pp}: tensor and pipeline parallelism are built for "
+            f"model.arch=gpt3 only (this is {arch}); set both to 1 and scale {arch} with ZeRO instead"
+        ]
     problems = []
     if world % (tp * pp):
-        problems.append(f"parallel.tensor {tp} x parallel.pipeline {pp} = {tp * pp} does not divide the {world} "
-                        f"processes; choose degrees whose product divides {world}")
+        problems.append(
+            f"parallel.tensor {tp} x parallel.pipeline {pp} = {tp * pp} does not divide the {world} "
+            f"processes; choose degrees whose product divides {world}"
+        )
     if tp > cfg.cluster.gpus_per_node:
-        problems.append(f"parallel.tensor={tp} exceeds cluster.gpus_per_node={cfg.cluster.gpus_per_node}: tensor "
-                        "parallelism all-reduces in every layer and must stay inside one node's NVLink")
+        problems.append(
+            f"parallel.tensor={tp} exceeds cluster.gpus_per_node={cfg.cluster.gpus_per_node}: tensor "
+            "parallelism all-reduces in every layer and must stay inside one node's NVLink"
+        )
     if shape["n_head"] % tp:
-        problems.append(f"parallel.tensor={tp} does not divide the {shape['n_head']} attention heads of "
-                        f"model.size={cfg.model.size}; use a divisor of {shape['n_head']}")
+        problems.append(
+            f"parallel.tensor={tp} does not divide the {shape['n_head']} attention heads of "
+            f"model.size={cfg.model.size}; use a divisor of {shape['n_head']}"
+        )
     if shape["n_layer"] % pp:
-        problems.append(f"parallel.pipeline={pp} does not divide the {shape['n_layer']} layers of "
-                        f"model.size={cfg.model.size}; use a divisor of {shape['n_layer']}")
+        problems.append(
+            f"parallel.pipeline={pp} does not divide the {shape['n_layer']} layers of "
+            f"model.size={cfg.model.size}; use a divisor of {shape['n_layer']}"
+        )
     if cfg.run.strategy != "deepspeed":
-        problems.append(f"parallel.tensor={tp}/parallel.pipeline={pp} run on DeepSpeed's pipeline engine and "
-                        "tensor-parallel layers; set run.strategy=deepspeed")
+        problems.append(
+            f"parallel.tensor={tp}/parallel.pipeline={pp} run on DeepSpeed's pipeline engine and "
+            "tensor-parallel layers; set run.strategy=deepspeed"
+        )
     elif cfg.deepspeed.zero_stage > 1:
-        problems.append(f"deepspeed.zero_stage={cfg.deepspeed.zero_stage} with parallel.tensor={tp}, parallel.pipeline={pp}: "
-                        "these layouts run on DeepSpeed's pipeline engine, which shards only optimizer state; "
-                        "use deepspeed.zero_stage=1 (or 0)")
+        problems.append(
+            f"deepspeed.zero_stage={cfg.deepspeed.zero_stage} with parallel.tensor={tp}, parallel.pipeline={pp}: "
+            "these layouts run on DeepSpeed's pipeline engine, which shards only optimizer state; "
+            "use deepspeed.zero_stage=1 (or 0)"
+        )
     return problems
 
 

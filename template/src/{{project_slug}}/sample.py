@@ -1,7 +1,7 @@
 """Generate text from a trained checkpoint with a KV cache (gpt, gpt3), or fill in [MASK] (bert).
 
-    <package> sample --prompt "The module" --max-new-tokens 100 --temperature 0.8
-    <package> sample --prompt "The capital of France is [MASK]." --top-k 5      # bert: fill-mask
+<package> sample --prompt "The module" --max-new-tokens 100 --temperature 0.8
+<package> sample --prompt "The capital of France is [MASK]." --top-k 5      # bert: fill-mask
 """
 
 from __future__ import annotations
@@ -21,8 +21,15 @@ MASK = "[MASK]"
 DEFAULT_TOP_K = {"gpt": 50, "gpt3": 50, "bert": 5}
 
 
-def run_sample(cfg: Config, prompts: list[str], max_new_tokens: int, temperature: float, top_k: int | None,
-               seed: int, ckpt: str | None = None) -> list[str]:
+def run_sample(
+    cfg: Config,
+    prompts: list[str],
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    seed: int,
+    ckpt: str | None = None,
+) -> list[str]:
     device = pick_device(cfg.run.device, 0)
     model, step, path, cfg = load_trained_model(cfg, ckpt, device)
     model.eval()
@@ -30,7 +37,9 @@ def run_sample(cfg: Config, prompts: list[str], max_new_tokens: int, temperature
     tok = load_tokenizer(data_dir / read_meta(data_dir)["tokenizer"])
     print(f"sampling from {path} (step {step})", flush=True)
     if cfg.model.arch == "bert":
-        return [fill_mask(model, tok, prompt, top_k or DEFAULT_TOP_K["bert"], device, cfg.run.dtype) for prompt in prompts]
+        return [
+            fill_mask(model, tok, prompt, top_k or DEFAULT_TOP_K["bert"], device, cfg.run.dtype) for prompt in prompts
+        ]
     generator = torch.Generator(device=device).manual_seed(seed)
     texts = []
     for prompt in prompts:
@@ -69,17 +78,22 @@ def fill_mask(model, tok, prompt: str, top_k: int, device: torch.device, dtype: 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompt", action="append", help="prompt text (repeatable; default: \"The\")")
+    p.add_argument("--prompt", action="append", help='prompt text (repeatable; default: "The")')
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=int, help=f"gpt/gpt3: sample among the k likeliest tokens (default "
-                   f"{DEFAULT_TOP_K['gpt']}, 0 = all); bert: predictions shown per {MASK} (default {DEFAULT_TOP_K['bert']})")
+    p.add_argument(
+        "--top-k",
+        type=int,
+        help=f"gpt/gpt3: sample among the k likeliest tokens (default "
+        f"{DEFAULT_TOP_K['gpt']}, 0 = all); bert: predictions shown per {MASK} (default {DEFAULT_TOP_K['bert']})",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", help="checkpoint file or folder (default: latest)")
 
 
 def run(cfg: Config, args: argparse.Namespace) -> int:
     top_k = args.top_k if args.top_k is not None else DEFAULT_TOP_K.get(cfg.model.arch, DEFAULT_TOP_K["gpt"])
-    run_sample(cfg, args.prompt or ["The"], args.max_new_tokens, args.temperature, top_k or None, args.seed,
-               args.checkpoint)
+    run_sample(
+        cfg, args.prompt or ["The"], args.max_new_tokens, args.temperature, top_k or None, args.seed, args.checkpoint
+    )
     return 0

@@ -46,8 +46,9 @@ def _wait_for_group(pgid: int, seconds: float) -> None:
         time.sleep(0.2)
 
 
-def run_supervised(cmd: list[str], output_dir: str, forward_signals: bool, log=print,
-                   whole_group_seconds: float | None = None) -> int:
+def run_supervised(
+    cmd: list[str], output_dir: str, forward_signals: bool, log=print, whole_group_seconds: float | None = None
+) -> int:
     """Run cmd, pass stop signals on, return its status (EXIT_PREEMPTED after a preemption save).
 
     whole_group_seconds: send the signals to cmd's whole process group, and after cmd exits wait
@@ -84,7 +85,9 @@ def run_supervised(cmd: list[str], output_dir: str, forward_signals: bool, log=p
             signal.signal(sig, handler)
     record = read_marker(output_dir, since=started)
     if record is not None:
-        log(f"preempted by {record['signal']} at step {record['step']}: checkpoint {record['checkpoint']} is saved; "
-            f"run the same command again to resume (exit code {EXIT_PREEMPTED})")
+        log(
+            f"preempted by {record['signal']} at step {record['step']}: checkpoint {record['checkpoint']} is saved; "
+            f"run the same command again to resume (exit code {EXIT_PREEMPTED})"
+        )
         return EXIT_PREEMPTED
     return code if code >= 0 else 128 - code  # killed by a signal: the shell's 128 + number

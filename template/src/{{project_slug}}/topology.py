@@ -182,7 +182,9 @@ def mpi_hosts(env: Mapping[str, str]) -> list[tuple[str, int]]:
     try:
         text = open(path).read()
     except OSError as exc:
-        raise TopologyError(f"MPI hostfile {path} (OMPI_MCA_orte_default_hostfile) cannot be read: {exc.strerror}") from None
+        raise TopologyError(
+            f"MPI hostfile {path} (OMPI_MCA_orte_default_hostfile) cannot be read: {exc.strerror}"
+        ) from None
     hosts = []
     # Entries are separated by newlines or, as TI-ONE documents it, by spaces on one line.
     for host, slots in re.findall(r"(\S+)\s+slots=(\d+)", text):
@@ -195,12 +197,16 @@ def mpi_hosts(env: Mapping[str, str]) -> list[tuple[str, int]]:
 def read_tione_mpi(env: Mapping[str, str], nproc: int, nnodes_default: int) -> Topology:
     """Node-level view of an MPI job (for the start script; ranks themselves are `openmpi`)."""
     hosts = mpi_hosts(env)
-    source = ("NODE_IP_SLOT_LIST" if env.get("NODE_IP_SLOT_LIST")
-              else f"the hostfile {env.get('OMPI_MCA_orte_default_hostfile', '/etc/mpi/hostfile')}")
+    source = (
+        "NODE_IP_SLOT_LIST"
+        if env.get("NODE_IP_SLOT_LIST")
+        else f"the hostfile {env.get('OMPI_MCA_orte_default_hostfile', '/etc/mpi/hostfile')}"
+    )
     slots = {s for _, s in hosts}
     if len(slots) != 1:
-        raise TopologyError(f"tione-mpi: {source} gives nodes different slot counts {sorted(slots)}; "
-                            "use the same GPUs per node")
+        raise TopologyError(
+            f"tione-mpi: {source} gives nodes different slot counts {sorted(slots)}; use the same GPUs per node"
+        )
     per_node = slots.pop()
     if env.get("GPU_NUM") and _int(env, "GPU_NUM") != per_node * len(hosts):
         raise TopologyError(f"tione-mpi: GPU_NUM={env['GPU_NUM']} != {len(hosts)} hosts x {per_node} slots")
@@ -211,8 +217,9 @@ def read_tione_mpi(env: Mapping[str, str], nproc: int, nnodes_default: int) -> T
         pass
     # Only the start script reads this (to pick the launcher); ranks get theirs from mpirun.
     node_rank = next((i for i, (h, _) in enumerate(hosts) if h in names or h.split(".")[0] in names), 0)
-    return Topology("tione-mpi", len(hosts), node_rank, per_node, env.get("MASTER_ADDR") or hosts[0][0],
-                    _port(env, "MASTER_PORT"))
+    return Topology(
+        "tione-mpi", len(hosts), node_rank, per_node, env.get("MASTER_ADDR") or hosts[0][0], _port(env, "MASTER_PORT")
+    )
 
 
 def read_openmpi(env: Mapping[str, str], nproc: int, nnodes_default: int) -> Topology:
@@ -222,12 +229,21 @@ def read_openmpi(env: Mapping[str, str], nproc: int, nnodes_default: int) -> Top
     local_size = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE") if env.get("OMPI_COMM_WORLD_LOCAL_SIZE") else size
     if env.get("MASTER_ADDR"):
         master = env["MASTER_ADDR"]
-    elif env.get("NODE_IP_SLOT_LIST") or env.get("OMPI_MCA_orte_default_hostfile") or os.path.exists("/etc/mpi/hostfile"):
+    elif (
+        env.get("NODE_IP_SLOT_LIST") or env.get("OMPI_MCA_orte_default_hostfile") or os.path.exists("/etc/mpi/hostfile")
+    ):
         master = mpi_hosts(env)[0][0]
     else:
         raise TopologyError("openmpi: set MASTER_ADDR (e.g. mpirun -x MASTER_ADDR=<first host>) or NODE_IP_SLOT_LIST")
-    return Topology("openmpi", math.ceil(size / local_size), rank // local_size, local_size, master,
-                    _port(env, "MASTER_PORT"), per_process=True)
+    return Topology(
+        "openmpi",
+        math.ceil(size / local_size),
+        rank // local_size,
+        local_size,
+        master,
+        _port(env, "MASTER_PORT"),
+        per_process=True,
+    )
 
 
 def read_tione_ray(env: Mapping[str, str], nproc: int, nnodes_default: int) -> Topology:
@@ -288,7 +304,9 @@ def read_slurm(env: Mapping[str, str], nproc: int, nnodes_default: int) -> Topol
     per_node = int(tasks) if per_task else (_int(env, "SLURM_GPUS_ON_NODE") if env.get("SLURM_GPUS_ON_NODE") else nproc)
     # The port follows the job id so two jobs sharing a first node do not collide.
     port = _port(env, "MASTER_PORT") if "MASTER_PORT" in env else 20000 + _int(env, "SLURM_JOB_ID") % 20000
-    return Topology("slurm", nnodes, node_rank, per_node, env.get("MASTER_ADDR") or hosts[0], port, per_process=per_task)
+    return Topology(
+        "slurm", nnodes, node_rank, per_node, env.get("MASTER_ADDR") or hosts[0], port, per_process=per_task
+    )
 
 
 @dataclass(frozen=True)
@@ -312,10 +330,18 @@ PLATFORMS = [
     Platform("tione-ps", ("TF_CONFIG",), read_tione_ps),
     Platform("tione-ray", ("HEAD_ADDR", "HEAD_PORT"), read_tione_ray),
     Platform("tione-mpi", ("NODE_IP_SLOT_LIST",), read_tione_mpi, unless=("OMPI_COMM_WORLD_RANK",)),
-    Platform("tione-mpi", ("OMPI_MCA_orte_default_hostfile",), read_tione_mpi,
-             unless=("OMPI_COMM_WORLD_RANK", "NODE_IP_SLOT_LIST")),
-    Platform("tione-ddp", ("GPU_NUM_PER_NODE", "WORLD_SIZE", "MASTER_ADDR"), read_tione_ddp,
-             unless=("PET_NNODES", "OMPI_COMM_WORLD_RANK")),
+    Platform(
+        "tione-mpi",
+        ("OMPI_MCA_orte_default_hostfile",),
+        read_tione_mpi,
+        unless=("OMPI_COMM_WORLD_RANK", "NODE_IP_SLOT_LIST"),
+    ),
+    Platform(
+        "tione-ddp",
+        ("GPU_NUM_PER_NODE", "WORLD_SIZE", "MASTER_ADDR"),
+        read_tione_ddp,
+        unless=("PET_NNODES", "OMPI_COMM_WORLD_RANK"),
+    ),
 ]
 
 
@@ -346,8 +372,11 @@ def process_ranks(env: Mapping[str, str]) -> tuple[int, int, int]:
     if "LOCAL_RANK" in env and "RANK" in env:
         return int(env["RANK"]), int(env["LOCAL_RANK"]), int(env.get("WORLD_SIZE", "1"))
     if "OMPI_COMM_WORLD_RANK" in env:
-        return (int(env["OMPI_COMM_WORLD_RANK"]), int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")),
-                int(env["OMPI_COMM_WORLD_SIZE"]))
+        return (
+            int(env["OMPI_COMM_WORLD_RANK"]),
+            int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")),
+            int(env["OMPI_COMM_WORLD_SIZE"]),
+        )
     if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
         return int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", "0")), int(env["SLURM_NTASKS"])
     return 0, 0, 1

@@ -25,8 +25,14 @@ STOP_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 """Signals torchrun forwards to the ranks: its defaults plus SIGUSR1 (Slurm's --signal warning)."""
 
 
-def torchrun_command(topo: Topology, entry: list[str], max_restarts: int = 0, grace_seconds: int = 30,
-                     log_dir: str | None = None, local_addr: str | None = None) -> list[str]:
+def torchrun_command(
+    topo: Topology,
+    entry: list[str],
+    max_restarts: int = 0,
+    grace_seconds: int = 30,
+    log_dir: str | None = None,
+    local_addr: str | None = None,
+) -> list[str]:
     """torchrun arguments for this node; `entry` is the module and its arguments.
 
     max_restarts: torchrun restarts all of this node's ranks after one fails (and the other nodes'
@@ -36,9 +42,19 @@ def torchrun_command(topo: Topology, entry: list[str], max_restarts: int = 0, gr
     local_addr: how the other nodes reach this one (multi-node): the node that gets global rank 0
     hands it to every rank as MASTER_ADDR; without it torchrun uses the host name, which other
     machines often cannot resolve."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(topo.nproc_per_node),
-           "--max-restarts", str(max_restarts), "--signals-to-handle", STOP_SIGNALS,
-           "--shutdown-timeout", str(grace_seconds)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(topo.nproc_per_node),
+        "--max-restarts",
+        str(max_restarts),
+        "--signals-to-handle",
+        STOP_SIGNALS,
+        "--shutdown-timeout",
+        str(grace_seconds),
+    ]
     if log_dir:
         cmd += ["--log-dir", log_dir, "--redirects", "3", "--tee", "3"]
     if topo.nnodes == 1 and not topo.min_nnodes:
@@ -48,20 +64,35 @@ def torchrun_command(topo: Topology, entry: list[str], max_restarts: int = 0, gr
         cmd += ["--local-addr", local_addr]
     if topo.min_nnodes:
         # Elastic: c10d rendezvous hosted at the master, any node count between min and max.
-        return cmd + [
-            "--nnodes", f"{topo.min_nnodes}:{topo.nnodes}",
-            "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"{topo.master_addr}:{topo.master_port}",
-        ] + entry
+        return (
+            cmd
+            + [
+                "--nnodes",
+                f"{topo.min_nnodes}:{topo.nnodes}",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"{topo.master_addr}:{topo.master_port}",
+            ]
+            + entry
+        )
     # c10d rendezvous (not static): after a failure every node's agent re-joins the next round, so
     # restarts work across nodes. Node 0's agent hosts the store at master_addr:master_port. Global
     # ranks follow the sorted host names, so rank 0 (logs, checkpoints) need not be on node 0.
-    return cmd + [
-        "--nnodes", str(topo.nnodes),
-        "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", f"{topo.master_addr}:{topo.master_port}",
-        "--rdzv-conf", f"is_host={'true' if topo.node_rank == 0 else 'false'}",
-    ] + entry
+    return (
+        cmd
+        + [
+            "--nnodes",
+            str(topo.nnodes),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"{topo.master_addr}:{topo.master_port}",
+            "--rdzv-conf",
+            f"is_host={'true' if topo.node_rank == 0 else 'false'}",
+        ]
+        + entry
+    )
 
 
 def train_entry(package: str, config: str | None, overrides: list[str]) -> list[str]:
@@ -81,8 +112,9 @@ def check_before_start(cfg: Config, world_size: int | None) -> None:
     read_meta(Path(cfg.data.dir))
 
 
-def run_torchrun(topo: Topology, cfg: Config, entry: list[str], dry_run: bool, wait_timeout: float,
-                 log_dir: str | None = None) -> int:
+def run_torchrun(
+    topo: Topology, cfg: Config, entry: list[str], dry_run: bool, wait_timeout: float, log_dir: str | None = None
+) -> int:
     """torchrun for this node under the supervisor. log_dir: every rank's output also goes to a file
     there (always under TRAIN_DEBUG=1, at <output_dir>/logs/<host>)."""
     if cfg.run.debug:
@@ -107,5 +139,6 @@ def run_torchrun(topo: Topology, cfg: Config, entry: list[str], dry_run: bool, w
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     if log_dir:
         print(f"every rank's output also goes to {log_dir}/<run>/attempt_<n>/<local rank>/", flush=True)
-    return run_supervised(cmd, cfg.run.output_dir, forward_signals=topo.platform != "slurm",
-                          log=lambda m: print(m, flush=True))
+    return run_supervised(
+        cmd, cfg.run.output_dir, forward_signals=topo.platform != "slurm", log=lambda m: print(m, flush=True)
+    )

@@ -27,8 +27,16 @@ import torch
 from . import checkpoint, faults, preemption
 from .config import Config, save_config
 from .data import TokenData, load_tokenizer, micro_batch_start, read_meta, token_byte_lengths
-from .distributed import (DistInfo, all_reduce_mean, autocast_context, collective_timeout, finish, init_distributed,
-                          print0, shutdown)
+from .distributed import (
+    DistInfo,
+    all_reduce_mean,
+    autocast_context,
+    collective_timeout,
+    finish,
+    init_distributed,
+    print0,
+    shutdown,
+)
 from .evaluate import evaluate, format_scores, val_scores
 from .metrics import MetricsLogger, format_step, mfu, peak_flops
 from .rules import require_valid, resolve_grad_accum
@@ -104,8 +112,9 @@ def _train(cfg: Config, info: DistInfo) -> int:
     data_parallel = cfg.data_parallel_size(info.world_size)
 
     def save(done: int) -> None:
-        positions = [micro_batch_start(done, 0, r, b.global_batch_size, b.micro_batch_size, accum)
-                     for r in range(data_parallel)]
+        positions = [
+            micro_batch_start(done, 0, r, b.global_batch_size, b.micro_batch_size, accum) for r in range(data_parallel)
+        ]
         strategy.save(ckpt_dir, done, checkpoint.run_state(cfg, done, info.world_size, data_parallel, positions))
 
     # Records after the checkpoint's step were written by the attempt that died: they are redone.
@@ -152,8 +161,9 @@ def _train(cfg: Config, info: DistInfo) -> int:
             if strategy.consumes_batches:  # the pipeline's stages evaluate together
                 result = strategy.evaluate(val_data, b.micro_batch_size, cfg.logging.eval_batches)
             else:
-                result = evaluate(strategy.module, val_data, token_bytes, info, b.micro_batch_size,
-                                  cfg.logging.eval_batches, autocast)
+                result = evaluate(
+                    strategy.module, val_data, token_bytes, info, b.micro_batch_size, cfg.logging.eval_batches, autocast
+                )
             scores = val_scores(result)
             logger.log({"step": done, **scores})
             print0(f"step {done:>6}/{s.max_steps} | {format_scores(scores)}")
@@ -169,8 +179,10 @@ def _train(cfg: Config, info: DistInfo) -> int:
                 save(done)
             if info.is_main:
                 preemption.write_marker(out, done, stop.signal_name, str(checkpoint.named_by_latest(ckpt_dir)))
-            print0(f"preempted ({stop.signal_name or 'signal on another rank'}): checkpoint of step {done} saved; "
-                   f"the same command resumes from it (exit code {preemption.EXIT_PREEMPTED})")
+            print0(
+                f"preempted ({stop.signal_name or 'signal on another rank'}): checkpoint of step {done} saved; "
+                f"the same command resumes from it (exit code {preemption.EXIT_PREEMPTED})"
+            )
             logger.close()
             return preemption.EXIT_PREEMPTED
 

@@ -19,7 +19,8 @@ from argparse import ArgumentParser, Namespace
 
 from ..config import Config, ConfigError, add_config_arguments
 from ..project import project_root
-from .base import add_common_arguments, run as run_action
+from .base import add_common_arguments
+from .base import run as run_action
 
 PACKAGE = __package__.rpartition(".")[0]  # the project's package: what every node runs
 

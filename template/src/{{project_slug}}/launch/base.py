@@ -27,15 +27,30 @@ ACTIONS = ("submit", "status", "logs", "cancel")
 
 
 def add_common_arguments(p: ArgumentParser) -> None:
-    p.add_argument("--action", choices=ACTIONS, default="submit",
-                   help="submit the job (default), or print its status, show its logs, cancel it")
-    p.add_argument("--id", dest="job_id", metavar="ID",
-                   help="status/logs/cancel: the job to act on (default: the last one this project submitted)")
+    p.add_argument(
+        "--action",
+        choices=ACTIONS,
+        default="submit",
+        help="submit the job (default), or print its status, show its logs, cancel it",
+    )
+    p.add_argument(
+        "--id",
+        dest="job_id",
+        metavar="ID",
+        help="status/logs/cancel: the job to act on (default: the last one this project submitted)",
+    )
     p.add_argument("--name", help="submit: the new job's name; status/logs/cancel: pick the job by name")
-    p.add_argument("--follow", action=BooleanOptionalAction, default=False,
-                   help="logs: keep printing new lines until the job ends (Ctrl-C stops watching, not the job)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the exact request (command line, manifest or API request) and submit nothing")
+    p.add_argument(
+        "--follow",
+        action=BooleanOptionalAction,
+        default=False,
+        help="logs: keep printing new lines until the job ends (Ctrl-C stops watching, not the job)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the exact request (command line, manifest or API request) and submit nothing",
+    )
 
 
 class Platform:
@@ -87,18 +102,25 @@ class Platform:
         if job is None:
             given = " ".join(f"{flag} {value}" for flag, value in (("--id", job_id), ("--name", name)) if value)
             if given:
-                raise ConfigError(f"no {self.name} job {given} recorded in {jobs.records_path(self.name)}; "
-                                  f"pass the id the platform gave it (--id)")
-            raise ConfigError(f"no {self.name} job submitted from this project yet (none recorded in "
-                              f"{jobs.records_path(self.name)}): submit one with `{self.package} launch {self.name}`, "
-                              "or pass --id of a job submitted elsewhere")
+                raise ConfigError(
+                    f"no {self.name} job {given} recorded in {jobs.records_path(self.name)}; "
+                    f"pass the id the platform gave it (--id)"
+                )
+            raise ConfigError(
+                f"no {self.name} job submitted from this project yet (none recorded in "
+                f"{jobs.records_path(self.name)}): submit one with `{self.package} launch {self.name}`, "
+                "or pass --id of a job submitted elsewhere"
+            )
         return job
 
     def hint(self, job: Job) -> str:
         """The three follow-up commands, printed after a submission."""
         pick = f" --id {job.id}" if jobs.find(self.name) != job else ""
-        return "\n".join(f"  {action + ':':<8} {self.package} launch {self.name} --action {action}{pick}"
-                         + (" --follow" if action == "logs" else "") for action in ("status", "logs", "cancel"))
+        return "\n".join(
+            f"  {action + ':':<8} {self.package} launch {self.name} --action {action}{pick}"
+            + (" --follow" if action == "logs" else "")
+            for action in ("status", "logs", "cancel")
+        )
 
 
 def run(platform: Platform) -> int:
@@ -114,6 +136,7 @@ def run(platform: Platform) -> int:
 
 
 # --- shared by the platforms whose logs are files -------------------------------------------------
+
 
 def tail_lines(path: Path, count: int) -> str:
     try:

@@ -53,20 +53,41 @@ _LINE = re.compile(r"(\S+)\s+slots=(\d+)\s*")
 
 def add_arguments(p: ArgumentParser) -> None:
     """The options of `launch devmachine` that choose and steer DeepSpeed's launcher."""
-    p.add_argument("--launcher", choices=("torchrun", "deepspeed"), default="torchrun",
-                   help="torchrun (default), or DeepSpeed's own launcher `deepspeed` (hostfile, ssh/MPI)")
-    p.add_argument("--hostfile", metavar="FILE",
-                   help=f"deepspeed, several nodes: '<host> slots=<GPUs>' lines (default: {HOSTFILE})")
-    p.add_argument("--ds-launcher", choices=sorted(BACKENDS), default="pdsh",
-                   help="deepspeed, several nodes: how node 0 starts the others (default pdsh, i.e. ssh)")
-    p.add_argument("--no-ssh", action="store_true",
-                   help="deepspeed, several nodes: run this on every node with --node-rank, as with torchrun")
+    p.add_argument(
+        "--launcher",
+        choices=("torchrun", "deepspeed"),
+        default="torchrun",
+        help="torchrun (default), or DeepSpeed's own launcher `deepspeed` (hostfile, ssh/MPI)",
+    )
+    p.add_argument(
+        "--hostfile",
+        metavar="FILE",
+        help=f"deepspeed, several nodes: '<host> slots=<GPUs>' lines (default: {HOSTFILE})",
+    )
+    p.add_argument(
+        "--ds-launcher",
+        choices=sorted(BACKENDS),
+        default="pdsh",
+        help="deepspeed, several nodes: how node 0 starts the others (default pdsh, i.e. ssh)",
+    )
+    p.add_argument(
+        "--no-ssh",
+        action="store_true",
+        help="deepspeed, several nodes: run this on every node with --node-rank, as with torchrun",
+    )
 
 
 def refuse_deepspeed_options(args: Namespace) -> None:
     """The DeepSpeed-only options given without --launcher deepspeed would silently do nothing."""
-    given = [flag for flag, on in (("--hostfile", args.hostfile), ("--ds-launcher", args.ds_launcher != "pdsh"),
-                                   ("--no-ssh", args.no_ssh)) if on]
+    given = [
+        flag
+        for flag, on in (
+            ("--hostfile", args.hostfile),
+            ("--ds-launcher", args.ds_launcher != "pdsh"),
+            ("--no-ssh", args.no_ssh),
+        )
+        if on
+    ]
     if given:
         raise ConfigError(f"{', '.join(given)} belong to DeepSpeed's launcher: add --launcher deepspeed")
 
@@ -76,8 +97,10 @@ def read_hostfile(path: Path) -> list[tuple[str, int]]:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ConfigError(f"hostfile {path} cannot be read ({exc.strerror}): write one '<host> slots=<GPUs>' line "
-                          f"per node (example: {HOSTFILE}), or pass --hostfile") from None
+        raise ConfigError(
+            f"hostfile {path} cannot be read ({exc.strerror}): write one '<host> slots=<GPUs>' line "
+            f"per node (example: {HOSTFILE}), or pass --hostfile"
+        ) from None
     hosts: list[tuple[str, int]] = []
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
@@ -109,8 +132,9 @@ class Plan:
             return f"deepspeed launcher: this machine, {self.hosts[0][1]} process(es), master port {self.master_port}"
         listed = ", ".join(f"{h} slots={s}" for h, s in self.hosts)
         how = "starts every node from here" if self.mode == "ssh" else f"this is node {self.node_rank}"
-        return (f"deepspeed launcher: {self.nnodes} node(s) ({listed}), {how}; "
-                f"master {self.master_addr}:{self.master_port}")
+        return (
+            f"deepspeed launcher: {self.nnodes} node(s) ({listed}), {how}; master {self.master_addr}:{self.master_port}"
+        )
 
 
 def resolve_hostfile(args: Namespace) -> Path:
@@ -135,16 +159,22 @@ def plan_launch(args: Namespace, cfg: Config) -> Plan:
     master = args.master_addr or hosts[0][0]  # rank 0 runs on the first host
     if args.no_ssh:
         if args.node_rank is None or not 0 <= args.node_rank < nnodes:
-            raise ConfigError(f"--no-ssh: pass --node-rank (0 on {hosts[0][0]}, the first host, up to {nnodes - 1}) "
-                              "and run the same command on every node")
+            raise ConfigError(
+                f"--no-ssh: pass --node-rank (0 on {hosts[0][0]}, the first host, up to {nnodes - 1}) "
+                "and run the same command on every node"
+            )
         return Plan("no-ssh", nnodes, args.node_rank, hosts, master, args.master_port)
     if args.node_rank:
-        raise ConfigError(f"--node-rank {args.node_rank}: with ssh, run this once, on the first host of {path} "
-                          f"({hosts[0][0]}); it starts every node. Or pass --no-ssh and run it on every node")
+        raise ConfigError(
+            f"--node-rank {args.node_rank}: with ssh, run this once, on the first host of {path} "
+            f"({hosts[0][0]}); it starts every node. Or pass --no-ssh and run it on every node"
+        )
     if args.ds_launcher != "pdsh" and (nnodes != len(listed) or args.nproc_per_node):
         # DeepSpeed's MPI backends take the hostfile as it is (no --num_nodes/--num_gpus).
-        raise ConfigError(f"--ds-launcher {args.ds_launcher} starts every host of {path} with its slots: list exactly "
-                          "the nodes to use there, their slots as processes, and drop --nnodes/--nproc-per-node")
+        raise ConfigError(
+            f"--ds-launcher {args.ds_launcher} starts every host of {path} with its slots: list exactly "
+            "the nodes to use there, their slots as processes, and drop --nnodes/--nproc-per-node"
+        )
     return Plan("ssh", nnodes, 0, hosts, master, args.master_port)
 
 
@@ -224,5 +254,10 @@ def launch(plan: Plan, args: Namespace, cfg: Config, package: str, dry_run: bool
     # DeepSpeed's single-node runner dies on SIGTERM and leaves its ranks running: the supervisor
     # signals the runner's whole process group instead (ranks included; they save at the next step,
     # within the 30 s DeepSpeed's launch.py gives them) and waits for all of it.
-    return run_supervised(cmd, cfg.run.output_dir, forward_signals=True, log=lambda m: print(m, flush=True),
-                          whole_group_seconds=cfg.cluster.stop_grace_seconds)
+    return run_supervised(
+        cmd,
+        cfg.run.output_dir,
+        forward_signals=True,
+        log=lambda m: print(m, flush=True),
+        whole_group_seconds=cfg.cluster.stop_grace_seconds,
+    )

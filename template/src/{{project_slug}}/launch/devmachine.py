@@ -119,14 +119,30 @@ class DevMachine(Platform):
         topo = devmachine_topology(args, cfg)
         if not dry_run:
             self._record(f"torchrun, {topo.nnodes} node(s) x {topo.nproc_per_node} process(es), node {topo.node_rank}")
-        return run_torchrun(topo, cfg, train_entry(self.package, args.config, args.overrides), dry_run,
-                            args.wait_timeout, log_dir=str(rank_logs_dir(cfg.run.output_dir)))
+        return run_torchrun(
+            topo,
+            cfg,
+            train_entry(self.package, args.config, args.overrides),
+            dry_run,
+            args.wait_timeout,
+            log_dir=str(rank_logs_dir(cfg.run.output_dir)),
+        )
 
     def _record(self, how: str) -> None:
         host = socket.gethostname()
-        jobs.record(jobs.new_job(self.name, f"{host}:{os.getpid()}", name=self.args.name or host, where=host,
-                                 extra={"output_dir": str(under_root(self.cfg.run.output_dir)), "how": how,
-                                        "max_steps": self.cfg.schedule.max_steps}))
+        jobs.record(
+            jobs.new_job(
+                self.name,
+                f"{host}:{os.getpid()}",
+                name=self.args.name or host,
+                where=host,
+                extra={
+                    "output_dir": str(under_root(self.cfg.run.output_dir)),
+                    "how": how,
+                    "max_steps": self.cfg.schedule.max_steps,
+                },
+            )
+        )
 
     # --- status, logs, cancel: the run's own files and processes ----------------------------------
     def job_named(self, job_id: str | None, name: str | None) -> Job | None:
@@ -157,7 +173,11 @@ class DevMachine(Platform):
             print(f"  process: not running (launcher pid {pid} has exited)")
         train, val = last_metrics(output_dir)
         max_steps = job.extra.get("max_steps") or self.cfg.schedule.max_steps
-        print(f"  latest: {format_step(train, max_steps)}" if train else f"  latest: no step logged yet in {output_dir}/metrics.jsonl")
+        print(
+            f"  latest: {format_step(train, max_steps)}"
+            if train
+            else f"  latest: no step logged yet in {output_dir}/metrics.jsonl"
+        )
         if val:
             print(f"  validation: step {val['step']}, loss {val['val_loss']:.4f}")
         latest = output_dir / "checkpoints" / "latest"
@@ -178,8 +198,10 @@ class DevMachine(Platform):
         root = rank_logs_dir(output_dir, host)
         attempts = sorted(root.glob("*/attempt_*"), key=lambda p: p.stat().st_mtime)
         if not attempts:
-            raise ConfigError(f"no per-rank logs under {root}: the run has not started its ranks yet, ran on "
-                              "another machine, or used --launcher deepspeed (its output is the terminal's)")
+            raise ConfigError(
+                f"no per-rank logs under {root}: the run has not started its ranks yet, ran on "
+                "another machine, or used --launcher deepspeed (its output is the terminal's)"
+            )
         folder = attempts[-1] / str(self.args.rank)
         if not folder.is_dir():
             ranks = sorted(p.name for p in attempts[-1].iterdir())
@@ -198,8 +220,10 @@ class DevMachine(Platform):
             print(f"{job.id} is not running; nothing to cancel")
             return 0
         os.kill(pid, signal.SIGTERM)
-        print(f"sent SIGTERM to {job.id}: the ranks save a checkpoint at the next step and exit 143; "
-              "the same launch command resumes from it")
+        print(
+            f"sent SIGTERM to {job.id}: the ranks save a checkpoint at the next step and exit 143; "
+            "the same launch command resumes from it"
+        )
         return 0
 
 

@@ -61,12 +61,18 @@ def code_version(root: Path | None = None) -> str:
     """HEAD of the project's git checkout, '-dirty' when files differ from it; '' outside git."""
     root = root or project_root()
     try:
-        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
-                              timeout=10)
+        head = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        )
         if head.returncode != 0:
             return ""
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
@@ -74,9 +80,15 @@ def code_version(root: Path | None = None) -> str:
 
 def new_job(platform: str, job_id: str, **fields) -> Job:
     """A Job stamped with now, this user and host, the project's commit and this command's arguments."""
-    return Job(platform=platform, id=str(job_id), submitted=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               by=f"{getpass.getuser()}@{socket.gethostname()}", commit=code_version(), command=sys.argv[1:],
-               **fields)
+    return Job(
+        platform=platform,
+        id=str(job_id),
+        submitted=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        by=f"{getpass.getuser()}@{socket.gethostname()}",
+        commit=code_version(),
+        command=sys.argv[1:],
+        **fields,
+    )
 
 
 def records_path(platform: str) -> Path:

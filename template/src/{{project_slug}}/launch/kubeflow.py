@@ -46,19 +46,26 @@ NAME_PATTERN = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 
 def add_arguments(p: ArgumentParser) -> None:
     """Kubeflow's own options (the verbs and --name/--id/--follow/--dry-run are common to every platform)."""
-    p.add_argument("--manifest", "--kind", default="pytorchjob", metavar="pytorchjob|trainjob|mpijob|FILE",
-                   help="launch/kubeflow/pytorchjob.yaml (training-operator, default), launch/kubeflow/trainjob.yaml "
-                        "(Kubeflow Trainer v2), launch/kubeflow/mpijob.yaml (MPI Operator v2, DeepSpeed's launcher; "
-                        "projects generated with strategy deepspeed), or a manifest file of your own")
+    p.add_argument(
+        "--manifest",
+        "--kind",
+        default="pytorchjob",
+        metavar="pytorchjob|trainjob|mpijob|FILE",
+        help="launch/kubeflow/pytorchjob.yaml (training-operator, default), launch/kubeflow/trainjob.yaml "
+        "(Kubeflow Trainer v2), launch/kubeflow/mpijob.yaml (MPI Operator v2, DeepSpeed's launcher; "
+        "projects generated with strategy deepspeed), or a manifest file of your own",
+    )
     p.add_argument("--namespace", help="namespace to use instead of the manifest's")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then in-cluster)")
     p.add_argument("--context", help="kubeconfig context (default: the current context)")
     p.add_argument("--node-rank", type=int, default=0, help="logs: the node whose pod to read (0 = master)")
-    p.add_argument("--wait", type=float, default=600,
-                   help="logs: seconds to wait for the pod to exist and start (default 600)")
+    p.add_argument(
+        "--wait", type=float, default=600, help="logs: seconds to wait for the pod to exist and start (default 600)"
+    )
 
 
 # --- The manifest ---------------------------------------------------------------------------------
+
 
 def manifest_path(choice: str) -> Path:
     if choice in MANIFESTS:
@@ -74,7 +81,9 @@ def manifest_path(choice: str) -> Path:
         return path
     path = Path(choice)
     if not path.is_file():
-        raise ConfigError(f"--manifest {choice}: no such file; use pytorchjob, trainjob, mpijob or the path of a manifest")
+        raise ConfigError(
+            f"--manifest {choice}: no such file; use pytorchjob, trainjob, mpijob or the path of a manifest"
+        )
     return path
 
 
@@ -86,7 +95,9 @@ def load_manifest(path: Path) -> dict:
     if not isinstance(manifest, dict) or not all(k in manifest for k in ("apiVersion", "kind", "metadata", "spec")):
         raise ConfigError(f"{path} must hold one Kubernetes object with apiVersion, kind, metadata and spec")
     if manifest["kind"] not in KINDS:
-        raise ConfigError(f"{path}: kind {manifest['kind']!r} is not handled here; use a PyTorchJob, TrainJob or MPIJob")
+        raise ConfigError(
+            f"{path}: kind {manifest['kind']!r} is not handled here; use a PyTorchJob, TrainJob or MPIJob"
+        )
     return manifest
 
 
@@ -111,8 +122,12 @@ def training_containers(manifest: dict) -> list[dict]:
     if manifest["kind"] == "MPIJob":
         launcher = manifest["spec"].get("mpiReplicaSpecs", {}).get("Launcher", {})
         return launcher.get("template", {}).get("spec", {}).get("containers", [])[:1]
-    return [c for r in manifest["spec"].get("pytorchReplicaSpecs", {}).values()
-            for c in r.get("template", {}).get("spec", {}).get("containers", []) if c.get("name") == "pytorch"]
+    return [
+        c
+        for r in manifest["spec"].get("pytorchReplicaSpecs", {}).values()
+        for c in r.get("template", {}).get("spec", {}).get("containers", [])
+        if c.get("name") == "pytorch"
+    ]
 
 
 def check_name(name: str, manifest: dict) -> None:
@@ -120,8 +135,11 @@ def check_name(name: str, manifest: dict) -> None:
     # The longest name the operator derives: <name>-worker-<i> (training-operator), <name>-node-0-<i>
     # (JobSet) or <name>-launcher and <name>-worker-<i> (MPI Operator); a pod hostname and a Service
     # name are at most 63 characters.
-    longest = {"PyTorchJob": f"{name}-worker-{max(nodes - 2, 0)}", "TrainJob": f"{name}-node-0-{nodes - 1}",
-               "MPIJob": max(f"{name}-launcher", f"{name}-worker-{nodes - 1}", key=len)}[manifest["kind"]]
+    longest = {
+        "PyTorchJob": f"{name}-worker-{max(nodes - 2, 0)}",
+        "TrainJob": f"{name}-node-0-{nodes - 1}",
+        "MPIJob": max(f"{name}-launcher", f"{name}-worker-{nodes - 1}", key=len),
+    }[manifest["kind"]]
     if not NAME_PATTERN.fullmatch(name) or len(longest) > 63:
         raise ConfigError(
             f"job name {name!r} is not allowed: use lowercase letters, digits and '-', starting with a letter, short "
@@ -151,6 +169,7 @@ def prepared_manifest(args: Namespace) -> dict:
 
 # --- Actions ---------------------------------------------------------------------------------------
 
+
 def status(cluster: Cluster) -> int:
     job = cluster.get()
     state = job.get("status") or {}
@@ -159,8 +178,10 @@ def status(cluster: Cluster) -> int:
     if not conditions:
         print("  no conditions yet (the operator has not picked the job up: is it running?)")
     for c in conditions:
-        print(f"  {c.get('lastTransitionTime', ''):<22} {c.get('type', ''):<11} {c.get('status', ''):<6} "
-              f"{c.get('reason', '')}: {c.get('message', '')}")
+        print(
+            f"  {c.get('lastTransitionTime', ''):<22} {c.get('type', ''):<11} {c.get('status', ''):<6} "
+            f"{c.get('reason', '')}: {c.get('message', '')}"
+        )
     for role, counts in (state.get("replicaStatuses") or {}).items():  # PyTorchJob, MPIJob
         print(f"  {role}: " + ", ".join(f"{k} {v}" for k, v in counts.items() if k != "selector"))
     for job_status in state.get("jobsStatus") or []:  # TrainJob (JobSet's replicated jobs)
@@ -173,8 +194,10 @@ def status(cluster: Cluster) -> int:
 def logs(cluster: Cluster, args: Namespace) -> int:
     nodes, _ = node_count(cluster.manifest)
     if cluster.kind == "MPIJob" and args.node_rank:
-        raise ConfigError("an MPIJob's output, every rank's, arrives in the Launcher's log: drop --node-rank "
-                          "(the Workers' own logs are sshd's)")
+        raise ConfigError(
+            "an MPIJob's output, every rank's, arrives in the Launcher's log: drop --node-rank "
+            "(the Workers' own logs are sshd's)"
+        )
     if not 0 <= args.node_rank < nodes:
         raise ConfigError(f"--node-rank {args.node_rank} must be between 0 and {nodes - 1} for this {nodes}-node job")
     cluster.get()  # a clear "not found" before waiting for pods
@@ -187,10 +210,12 @@ def logs(cluster: Cluster, args: Namespace) -> int:
         if phase in ("Running", "Succeeded", "Failed"):
             break
         if time.monotonic() > deadline:
-            raise ConfigError(f"node {args.node_rank}'s pod is {'not created' if pod is None else phase} after "
-                              f"{args.wait:.0f} s: `launch kubeflow --action status --id {cluster.namespace}/"
-                              f"{cluster.name}`, and `kubectl describe pod -l {selector} -n {cluster.namespace}` "
-                              "for scheduling events")
+            raise ConfigError(
+                f"node {args.node_rank}'s pod is {'not created' if pod is None else phase} after "
+                f"{args.wait:.0f} s: `launch kubeflow --action status --id {cluster.namespace}/"
+                f"{cluster.name}`, and `kubectl describe pod -l {selector} -n {cluster.namespace}` "
+                "for scheduling events"
+            )
         if phase != said:
             where = f"{pod.metadata.name} {phase}" if pod else "not created yet"
             print(f"waiting for node {args.node_rank}'s pod ({where})", file=sys.stderr, flush=True)
@@ -231,13 +256,20 @@ class Kubeflow(Platform):
         cluster = Cluster(self.args, manifest)
         created = cluster.submit()
         name = created["metadata"]["name"]
-        job = jobs.new_job(self.name, f"{cluster.namespace}/{name}", name=name, where=cluster.host,
-                           image=first_image(manifest), 
-                           extra={"manifest": self.args.manifest, "kind": cluster.kind, "namespace": cluster.namespace})
+        job = jobs.new_job(
+            self.name,
+            f"{cluster.namespace}/{name}",
+            name=name,
+            where=cluster.host,
+            image=first_image(manifest),
+            extra={"manifest": self.args.manifest, "kind": cluster.kind, "namespace": cluster.namespace},
+        )
         jobs.record(job)
         nodes, nproc = node_count(manifest)
-        print(f"submitted {cluster.kind} {cluster.namespace}/{name}: {nodes} node(s) x {nproc} process(es), "
-              f"to {cluster.host}")
+        print(
+            f"submitted {cluster.kind} {cluster.namespace}/{name}: {nodes} node(s) x {nproc} process(es), "
+            f"to {cluster.host}"
+        )
         print(self.hint(job))
         return 0
 
@@ -250,8 +282,12 @@ class Kubeflow(Platform):
     def default_job(self) -> Job | None:
         """Nothing submitted from here: the job the manifest names (submitted with kubectl, say)."""
         meta = prepared_manifest(self.args)["metadata"]
-        return Job(self.name, f"{meta['namespace']}/{meta['name']}", name=meta["name"],
-                   extra={"namespace": meta["namespace"], "manifest": self.args.manifest})
+        return Job(
+            self.name,
+            f"{meta['namespace']}/{meta['name']}",
+            name=meta["name"],
+            extra={"namespace": meta["namespace"], "manifest": self.args.manifest},
+        )
 
     def _cluster(self, job: Job) -> Cluster:
         """The cluster and the job's manifest: its kind from the record (or --manifest), its name and namespace."""

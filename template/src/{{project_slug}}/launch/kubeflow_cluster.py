@@ -42,8 +42,9 @@ def kube_client(args: Namespace):
         config.load_kube_config(config_file=args.kubeconfig, context=args.context, client_configuration=configuration)
     except (ConfigException, OSError) as exc:
         if args.kubeconfig or args.context:
-            raise ConfigError(f"cannot use kubeconfig {args.kubeconfig or '(default)'} "
-                              f"context {args.context or '(current)'}: {exc}") from None
+            raise ConfigError(
+                f"cannot use kubeconfig {args.kubeconfig or '(default)'} context {args.context or '(current)'}: {exc}"
+            ) from None
         try:
             config.load_incluster_config(client_configuration=configuration)
         except ConfigException:
@@ -110,21 +111,29 @@ class Cluster:
             )
         if exc.status == 404 and what == "submit":
             if "namespaces" in message:
-                return ConfigError(f"namespace {self.namespace!r} does not exist: `kubectl create namespace "
-                                   f"{self.namespace}` or pass --namespace")
+                return ConfigError(
+                    f"namespace {self.namespace!r} does not exist: `kubectl create namespace "
+                    f"{self.namespace}` or pass --namespace"
+                )
             operator = {
                 "TrainJob": "Kubeflow Trainer v2 (trainer.kubeflow.org CRDs and the torch-distributed runtime)",
                 "MPIJob": "the MPI Operator v0.5 or later (kubeflow.org/v2beta1 MPIJob; the training-operator's "
-                          "kubeflow.org/v1 MPIJob is another API)",
+                "kubeflow.org/v1 MPIJob is another API)",
             }.get(self.kind, "the Kubeflow training-operator (kubeflow.org/v1 PyTorchJob)")
-            return ConfigError(f"the cluster does not know {self.plural}.{self.group}/{self.version}: install "
-                               f"{operator}, see launch/kubeflow/README.md ({message})")
+            return ConfigError(
+                f"the cluster does not know {self.plural}.{self.group}/{self.version}: install "
+                f"{operator}, see launch/kubeflow/README.md ({message})"
+            )
         if exc.status == 404:
-            return ConfigError(f"{job} not found ({message}): submit it first, or pass the --namespace/--name it "
-                               f"was submitted with (`kubectl get {self.plural} -A` lists them)")
+            return ConfigError(
+                f"{job} not found ({message}): submit it first, or pass the --namespace/--name it "
+                f"was submitted with (`kubectl get {self.plural} -A` lists them)"
+            )
         if exc.status in (401, 403):
-            return ConfigError(f"not allowed to {what} {job}: {message}. Ask for RBAC rights on {self.plural}."
-                               f"{self.group} (and pods, pods/log) in namespace {self.namespace}")
+            return ConfigError(
+                f"not allowed to {what} {job}: {message}. Ask for RBAC rights on {self.plural}."
+                f"{self.group} (and pods, pods/log) in namespace {self.namespace}"
+            )
         if exc.status in (400, 422):
             return ConfigError(f"the API server rejected {job}: {message}")
         return ConfigError(f"{what} {job} failed: HTTP {exc.status} {message}")
@@ -140,42 +149,81 @@ class Cluster:
         return client.CoreV1Api(self.api_client)
 
     def submit(self) -> dict:
-        return self.call("submit", self.custom().create_namespaced_custom_object, self.group, self.version,
-                         self.namespace, self.plural, self.manifest, field_validation="Strict",
-                         _request_timeout=REQUEST_TIMEOUT)
+        return self.call(
+            "submit",
+            self.custom().create_namespaced_custom_object,
+            self.group,
+            self.version,
+            self.namespace,
+            self.plural,
+            self.manifest,
+            field_validation="Strict",
+            _request_timeout=REQUEST_TIMEOUT,
+        )
 
     def get(self) -> dict:
-        return self.call("read", self.custom().get_namespaced_custom_object, self.group, self.version,
-                         self.namespace, self.plural, self.name, _request_timeout=REQUEST_TIMEOUT)
+        return self.call(
+            "read",
+            self.custom().get_namespaced_custom_object,
+            self.group,
+            self.version,
+            self.namespace,
+            self.plural,
+            self.name,
+            _request_timeout=REQUEST_TIMEOUT,
+        )
 
     def delete(self) -> None:
         from kubernetes import client
 
-        self.call("cancel", self.custom().delete_namespaced_custom_object, self.group, self.version, self.namespace,
-                  self.plural, self.name, body=client.V1DeleteOptions(propagation_policy="Background"),
-                  _request_timeout=REQUEST_TIMEOUT)
+        self.call(
+            "cancel",
+            self.custom().delete_namespaced_custom_object,
+            self.group,
+            self.version,
+            self.namespace,
+            self.plural,
+            self.name,
+            body=client.V1DeleteOptions(propagation_policy="Background"),
+            _request_timeout=REQUEST_TIMEOUT,
+        )
 
     def node_selector(self, node_rank: int) -> tuple[str, str]:
         """(label selector of one node's pod, its training container) with the labels each operator sets."""
         if self.kind == "TrainJob":  # JobSet: one indexed Job `node`, completion index = node rank
-            return (f"jobset.sigs.k8s.io/jobset-name={self.name},jobset.sigs.k8s.io/replicatedjob-name=node,"
-                    f"batch.kubernetes.io/job-completion-index={node_rank}"), "node"
+            return (
+                f"jobset.sigs.k8s.io/jobset-name={self.name},jobset.sigs.k8s.io/replicatedjob-name=node,"
+                f"batch.kubernetes.io/job-completion-index={node_rank}"
+            ), "node"
         if self.kind == "MPIJob":  # mpirun forwards every rank's output to the Launcher
-            return (f"training.kubeflow.org/job-name={self.name},"
-                    "training.kubeflow.org/job-role=launcher"), "launcher"
+            return (f"training.kubeflow.org/job-name={self.name},training.kubeflow.org/job-role=launcher"), "launcher"
         kind, index = ("master", 0) if node_rank == 0 else ("worker", node_rank - 1)
-        return (f"training.kubeflow.org/job-name={self.name},training.kubeflow.org/replica-type={kind},"
-                f"training.kubeflow.org/replica-index={index}"), "pytorch"
+        return (
+            f"training.kubeflow.org/job-name={self.name},training.kubeflow.org/replica-type={kind},"
+            f"training.kubeflow.org/replica-index={index}"
+        ), "pytorch"
 
     def node_pod(self, selector: str):
-        pods = self.call("list the pods of", self.core().list_namespaced_pod, self.namespace,
-                         label_selector=selector, _request_timeout=REQUEST_TIMEOUT).items
+        pods = self.call(
+            "list the pods of",
+            self.core().list_namespaced_pod,
+            self.namespace,
+            label_selector=selector,
+            _request_timeout=REQUEST_TIMEOUT,
+        ).items
         # After a restart the newest pod is the live one.
         return max(pods, key=lambda p: p.metadata.creation_timestamp) if pods else None
 
     def stream_log(self, pod: str, container: str, follow: bool) -> None:
-        response = self.call("read the log of", self.core().read_namespaced_pod_log, pod, self.namespace,
-                             container=container, follow=follow, _preload_content=False)
+        response = self.call(
+            "read the log of",
+            self.core().read_namespaced_pod_log,
+            pod,
+            self.namespace,
+            container=container,
+            follow=follow,
+            _preload_content=False,
+        )
         try:
             for chunk in response.stream(64 * 1024):
                 sys.stdout.write(chunk.decode("utf-8", errors="replace"))

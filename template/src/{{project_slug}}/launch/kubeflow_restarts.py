@@ -29,7 +29,9 @@ def pod_templates(manifest: dict) -> dict[str, dict]:
         for patch in spec.get("runtimePatches") or []:
             jobs = (patch.get("trainingRuntimeSpec") or {}).get("template", {}).get("spec", {}).get("replicatedJobs")
             for job in jobs or []:
-                found[job.get("name", "?")] = job.get("template", {}).get("spec", {}).get("template", {}).get("spec", {})
+                found[job.get("name", "?")] = (
+                    job.get("template", {}).get("spec", {}).get("template", {}).get("spec", {})
+                )
         return found
     replicas = spec.get("pytorchReplicaSpecs") or spec.get("mpiReplicaSpecs") or {}
     return {role: r.get("template", {}).get("spec", {}) for role, r in replicas.items()}
@@ -71,8 +73,12 @@ def pod_line(pod: dict, now: datetime | None = None) -> str:
             terminated = state.get("terminated")
             if terminated and last_exit is None:
                 last_exit = terminated.get("exitCode")
-    parts = [meta.get("name", "?"), status.get("phase", "Unknown"), f"node {pod.get('spec', {}).get('nodeName') or '-'}",
-             f"restarts {restarts}"]
+    parts = [
+        meta.get("name", "?"),
+        status.get("phase", "Unknown"),
+        f"node {pod.get('spec', {}).get('nodeName') or '-'}",
+        f"restarts {restarts}",
+    ]
     if last_exit is not None:
         parts.append(f"last exit {last_exit}{' (preempted: saved and stopped)' if last_exit == 143 else ''}")
     parts.append(f"age {age(meta.get('creationTimestamp'), now)}")
@@ -91,9 +97,13 @@ def restart_summary(job: dict, pods: list[dict], events: list[dict]) -> list[str
         lines.append(f"restarting now: {latest.get('message', '')}")
     if times:
         reason = restarted[-1].get("reason")
-        lines.append(f"restarted {times} time(s) by the operator ({reason} events; recreated pods resume from the "
-                     "latest checkpoint)")
-    in_place = sum(c.get("restartCount", 0) for p in pods for c in (p.get("status") or {}).get("containerStatuses") or [])
+        lines.append(
+            f"restarted {times} time(s) by the operator ({reason} events; recreated pods resume from the "
+            "latest checkpoint)"
+        )
+    in_place = sum(
+        c.get("restartCount", 0) for p in pods for c in (p.get("status") or {}).get("containerStatuses") or []
+    )
     if in_place:
         lines.append(f"{in_place} container restart(s) in place (counted against runPolicy.backoffLimit)")
     if not times and not in_place and not lines:
@@ -112,10 +122,19 @@ def pod_selector(kind: str, name: str) -> str:
 def read_restarts(cluster, job: dict) -> list[str]:
     """restart_summary for a live job: its pods and its events, read through the cluster's API client."""
     core = cluster.core()
-    pods = cluster.call("list the pods of", core.list_namespaced_pod, cluster.namespace,
-                        label_selector=pod_selector(cluster.kind, cluster.name), _request_timeout=30).items
-    events = cluster.call("list the events of", core.list_namespaced_event, cluster.namespace,
-                          field_selector=f"involvedObject.name={cluster.name},involvedObject.kind={cluster.kind}",
-                          _request_timeout=30).items
+    pods = cluster.call(
+        "list the pods of",
+        core.list_namespaced_pod,
+        cluster.namespace,
+        label_selector=pod_selector(cluster.kind, cluster.name),
+        _request_timeout=30,
+    ).items
+    events = cluster.call(
+        "list the events of",
+        core.list_namespaced_event,
+        cluster.namespace,
+        field_selector=f"involvedObject.name={cluster.name},involvedObject.kind={cluster.kind}",
+        _request_timeout=30,
+    ).items
     plain = cluster.api_client.sanitize_for_serialization
     return restart_summary(job, [plain(p) for p in pods], [plain(e) for e in events])

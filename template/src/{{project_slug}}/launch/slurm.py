@@ -52,20 +52,35 @@ SCRIPTS = {
 
 def add_arguments(p: ArgumentParser) -> None:
     """Slurm's own options (the verbs and --name/--id/--follow/--dry-run are common to every platform)."""
-    p.add_argument("--launcher", choices=sorted(SCRIPTS), default="torchrun",
-                   help="torchrun: launch/slurm/train.sbatch, torchrun on every node (default); deepspeed: "
-                        "launch/slurm/train-deepspeed.sbatch, `deepspeed --launcher slurm` with one task per GPU")
-    p.add_argument("--wait", action="store_true",
-                   help="wait for the job to end for good (sbatch --wait; requeues included) and exit with its "
-                        "exit status")
+    p.add_argument(
+        "--launcher",
+        choices=sorted(SCRIPTS),
+        default="torchrun",
+        help="torchrun: launch/slurm/train.sbatch, torchrun on every node (default); deepspeed: "
+        "launch/slurm/train-deepspeed.sbatch, `deepspeed --launcher slurm` with one task per GPU",
+    )
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait for the job to end for good (sbatch --wait; requeues included) and exit with its exit status",
+    )
     p.add_argument("--partition", help="Slurm partition (default: the script's, else the cluster's default)")
     p.add_argument("--account", help="account to charge (default: the script's, else yours)")
     p.add_argument("--time", help="time limit, HH:MM:SS or D-HH:MM:SS (default: the script's)")
-    p.add_argument("--sbatch-arg", dest="sbatch_args", action="append", default=[], metavar="OPTION",
-                   help="one more sbatch option, written with '=': --sbatch-arg=--nodes=4 (repeatable)")
-    p.add_argument("--signal", metavar="SIGNAL",
-                   help="cancel: send this signal instead of ending the job: USR1 saves, requeues and continues "
-                        "later (the scripts' preemption path); TERM saves and stops")
+    p.add_argument(
+        "--sbatch-arg",
+        dest="sbatch_args",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="one more sbatch option, written with '=': --sbatch-arg=--nodes=4 (repeatable)",
+    )
+    p.add_argument(
+        "--signal",
+        metavar="SIGNAL",
+        help="cancel: send this signal instead of ending the job: USR1 saves, requeues and continues "
+        "later (the scripts' preemption path); TERM saves and stops",
+    )
 
 
 def log_dir(cfg: Config) -> Path:
@@ -125,8 +140,9 @@ def job_fields(job_id: str) -> dict[str, str]:
     """`scontrol show job` as a dict (JobState, Restarts, NumNodes, NodeList, RunTime, ExitCode, Reason,
     StdOut and StdErr with %x and %j expanded, ...); empty where scontrol does not know the job."""
     try:
-        out = subprocess.run(["scontrol", "show", "job", job_id], check=False, capture_output=True, text=True,
-                             timeout=30)
+        out = subprocess.run(
+            ["scontrol", "show", "job", job_id], check=False, capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.TimeoutExpired):
         return {}
     fields = {}
@@ -155,8 +171,20 @@ def script_path(launcher: str) -> Path:
     return relative
 
 
-ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING",
-          "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT"}
+ACTIVE = {
+    "PENDING",
+    "CONFIGURING",
+    "RUNNING",
+    "COMPLETING",
+    "REQUEUED",
+    "REQUEUE_FED",
+    "REQUEUE_HOLD",
+    "RESIZING",
+    "SUSPENDED",
+    "STOPPED",
+    "SIGNALING",
+    "STAGE_OUT",
+}
 """Job states in which a job may still write to its log."""
 
 
@@ -164,8 +192,13 @@ def accounting_fields(job_id: str) -> dict[str, str]:
     """The job's line in `sacct` (clusters with accounting keep jobs after scontrol forgets them); {} without."""
     columns = ("JobID", "JobName", "State", "NNodes", "NodeList", "Elapsed", "ExitCode")
     try:
-        out = subprocess.run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", ",".join(columns)], check=False,
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["sacct", "-j", job_id, "-X", "-n", "-P", "-o", ",".join(columns)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return {}
     lines = [line for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
@@ -213,8 +246,10 @@ class Slurm(Platform):
         try:
             logs.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise ConfigError(f"cannot create the log folder {logs} ({exc.strerror}); run.output_dir must lie on "
-                              "storage this node can write and every compute node can reach") from None
+            raise ConfigError(
+                f"cannot create the log folder {logs} ({exc.strerror}); run.output_dir must lie on "
+                "storage this node can write and every compute node can reach"
+            ) from None
         print("$ " + shlex.join(cmd), flush=True)
         # From the project root: the job's SLURM_SUBMIT_DIR, where the script finds config/ and src/.
         proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, text=True)
@@ -229,8 +264,13 @@ class Slurm(Platform):
         fields = job_fields(job_id)
         stdout = fields.get("StdOut") or str(logs / f"<job name>-{job_id}.out")
         stderr = fields.get("StdErr") or str(logs / f"<job name>-{job_id}.err")
-        job = jobs.new_job(self.name, job_id, name=fields.get("JobName", args.name or ""), where=cluster_name(),
-                           extra={"script": str(relative), "stdout": stdout, "stderr": stderr})
+        job = jobs.new_job(
+            self.name,
+            job_id,
+            name=fields.get("JobName", args.name or ""),
+            where=cluster_name(),
+            extra={"script": str(relative), "stdout": stdout, "stderr": stderr},
+        )
         jobs.record(job)
         print(f"submitted job {job_id}\n  log:    {stdout}\n  errors: {stderr}", flush=True)
         if not args.wait:
@@ -241,13 +281,19 @@ class Slurm(Platform):
             code = proc.wait()
         except KeyboardInterrupt:
             proc.terminate()
-            print(f"\nstopped waiting; job {job_id} goes on (`{self.package} launch slurm --action cancel` ends it)",
-                  file=sys.stderr)
+            print(
+                f"\nstopped waiting; job {job_id} goes on (`{self.package} launch slurm --action cancel` ends it)",
+                file=sys.stderr,
+            )
             return 130
         end = job_fields(job_id)
         state, restarts = end.get("JobState", ""), int(end.get("Restarts", "0") or 0)
-        print(f"job {job_id} ended: exit {code}" + (f", {state}" if state else "")
-              + (f", after {restarts} requeue(s)" if restarts else ""), flush=True)
+        print(
+            f"job {job_id} ended: exit {code}"
+            + (f", {state}" if state else "")
+            + (f", after {restarts} requeue(s)" if restarts else ""),
+            flush=True,
+        )
         if code != 0:
             print(f"--- last lines of {stderr}\n{tail_lines(Path(stderr), 20)}", file=sys.stderr)
         return code
@@ -256,8 +302,9 @@ class Slurm(Platform):
         if job_id:
             return Job(self.name, job_id)
         if name:  # the newest of this user's jobs with that name
-            out = subprocess.run(["squeue", "--me", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True,
-                                 timeout=30).stdout.split()
+            out = subprocess.run(
+                ["squeue", "--me", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True, timeout=30
+            ).stdout.split()
             return Job(self.name, out[-1], name=name) if out else None
         return None
 
@@ -269,9 +316,16 @@ class Slurm(Platform):
         account = accounting_fields(job.id)
         if not account:
             return {}
-        return {"JobId": job.id, "JobName": account["JobName"], "JobState": account["State"].split()[0],
-                "NumNodes": account["NNodes"], "NodeList": account["NodeList"], "RunTime": account["Elapsed"],
-                "ExitCode": account["ExitCode"], "Restarts": "?"}
+        return {
+            "JobId": job.id,
+            "JobName": account["JobName"],
+            "JobState": account["State"].split()[0],
+            "NumNodes": account["NNodes"],
+            "NodeList": account["NodeList"],
+            "RunTime": account["Elapsed"],
+            "ExitCode": account["ExitCode"],
+            "Restarts": "?",
+        }
 
     def status(self, job: Job) -> int:
         require_slurm("scontrol")
@@ -280,13 +334,17 @@ class Slurm(Platform):
         state = self._state(job)
         if not state:
             log = job.extra.get("stdout")
-            print(f"  Slurm does not know job {job.id}: a mistyped id, or it ended more than MinJobAge ago on a cluster "
-                  "without accounting (`squeue --me` lists your jobs)" + (f"; its log: {log}" if log else ""))
+            print(
+                f"  Slurm does not know job {job.id}: a mistyped id, or it ended more than MinJobAge ago on a cluster "
+                "without accounting (`squeue --me` lists your jobs)" + (f"; its log: {log}" if log else "")
+            )
             return 1
         reason = state.get("Reason", "None")
         print(f"  state:    {state.get('JobState')}" + (f" ({reason})" if reason not in ("None", "") else ""))
         print(f"  nodes:    {state.get('NumNodes', '?')} {state.get('NodeList', '')}".rstrip())
-        print(f"  elapsed:  {state.get('RunTime', '?')}" + (f" of {state['TimeLimit']}" if state.get("TimeLimit") else ""))
+        print(
+            f"  elapsed:  {state.get('RunTime', '?')}" + (f" of {state['TimeLimit']}" if state.get("TimeLimit") else "")
+        )
         print(f"  requeued: {state.get('Restarts', '0')} time(s)")
         if state.get("JobState") not in ACTIVE:
             print(f"  exit:     {state.get('ExitCode', '?')} (code:signal)")
@@ -298,8 +356,10 @@ class Slurm(Platform):
         out = state.get("StdOut") or job.extra.get("stdout")
         err = state.get("StdErr") or job.extra.get("stderr")
         if not out:
-            raise ConfigError(f"job {job.id}: Slurm does not know it and this project has no record of its log "
-                              f"files; look in {log_dir(self.cfg)}")
+            raise ConfigError(
+                f"job {job.id}: Slurm does not know it and this project has no record of its log "
+                f"files; look in {log_dir(self.cfg)}"
+            )
 
         def running() -> bool:
             return self._state(job).get("JobState") in ACTIVE
@@ -318,8 +378,10 @@ class Slurm(Platform):
         require_slurm("scancel")
         state = self._state(job).get("JobState")
         if state is None:  # plain scancel exits 0 for an id it does not know
-            raise ConfigError(f"Slurm does not know job {job.id}: check the id (`squeue --me` lists your jobs); a job "
-                              "that ended long ago needs no cancel")
+            raise ConfigError(
+                f"Slurm does not know job {job.id}: check the id (`squeue --me` lists your jobs); a job "
+                "that ended long ago needs no cancel"
+            )
         if state not in ACTIVE:
             print(f"job {job.id} has ended already ({state}); nothing to cancel")
             return 0

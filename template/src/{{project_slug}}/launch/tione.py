@@ -50,8 +50,14 @@ TASK_FILE = Path("launch") / "tione" / "task.yaml"
 INSTALL = "pip install tencentcloud-sdk-python-tione"
 # TI-ONE's task states (DescribeTrainingTask Status) and what they mean here.
 STATES = {
-    "SUBMITTING": "queued", "STARTING": "starting", "RUNNING": "running", "STOPPING": "stopping",
-    "STOPPED": "stopped", "FAILED": "failed", "SUCCEED": "succeeded", "SUBMIT_FAILED": "submission failed",
+    "SUBMITTING": "queued",
+    "STARTING": "starting",
+    "RUNNING": "running",
+    "STOPPING": "stopping",
+    "STOPPED": "stopped",
+    "FAILED": "failed",
+    "SUCCEED": "succeeded",
+    "SUBMIT_FAILED": "submission failed",
 }
 ACTIVE = {"SUBMITTING", "STARTING", "RUNNING", "STOPPING"}
 NAME_PATTERN = re.compile(r"[\w\u4e00-\u9fff][\w\u4e00-\u9fff-]{0,59}")  # the API's rule: 60 characters at most
@@ -60,15 +66,22 @@ POLL_SECONDS = 5
 
 def add_arguments(p: ArgumentParser) -> None:
     """TI-ONE's own options (the verbs and --name/--id/--follow/--dry-run are common to every platform)."""
-    p.add_argument("--console", action="store_true",
-                   help="print the console settings instead of calling the API (no API access, or to compare)")
-    p.add_argument("--endpoint", default=os.environ.get("TENCENTCLOUD_TIONE_ENDPOINT"),
-                   help="API endpoint, e.g. tione.internal.tencentcloudapi.com inside a VPC (default: the task "
-                        "file's, else the public one; http://HOST:PORT for a local test endpoint)")
+    p.add_argument(
+        "--console",
+        action="store_true",
+        help="print the console settings instead of calling the API (no API access, or to compare)",
+    )
+    p.add_argument(
+        "--endpoint",
+        default=os.environ.get("TENCENTCLOUD_TIONE_ENDPOINT"),
+        help="API endpoint, e.g. tione.internal.tencentcloudapi.com inside a VPC (default: the task "
+        "file's, else the public one; http://HOST:PORT for a local test endpoint)",
+    )
     p.add_argument("--pod", help="logs: only this pod's lines (default: every pod of the task)")
 
 
 # --- The request ------------------------------------------------------------------------------------
+
 
 def load_task(path: Path) -> dict:
     """task.yaml: {region, request, [endpoint, code_dir]}; ConfigError naming the file and the fix."""
@@ -79,11 +92,14 @@ def load_task(path: Path) -> dict:
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
     if not isinstance(task, dict) or not isinstance(task.get("request"), dict):
-        raise ConfigError(f"{path} must hold `region:` and a `request:` mapping (the CreateTrainingTask fields); "
-                          "re-render it with `copier update`")
+        raise ConfigError(
+            f"{path} must hold `region:` and a `request:` mapping (the CreateTrainingTask fields); "
+            "re-render it with `copier update`"
+        )
     if not task.get("region"):
-        raise ConfigError(f"{path}: `region` is empty: set it (e.g. ap-guangzhou), or `copier update --data "
-                          "tione_region=ap-shanghai`")
+        raise ConfigError(
+            f"{path}: `region` is empty: set it (e.g. ap-guangzhou), or `copier update --data tione_region=ap-shanghai`"
+        )
     return task
 
 
@@ -106,24 +122,33 @@ def unknown_fields(model_name: str, request: dict) -> list[str]:
 def request_problems(request: dict) -> tuple[list[str], list[str]]:
     """(mistakes, values still to fill in) of a request: the first are refused always, the second only
     when submitting (a dry run prints the request with a note)."""
-    mistakes = [f"unknown field(s) {', '.join(names)}" for names in [unknown_fields("CreateTrainingTaskRequest",
-                                                                                      request)] if names]
+    mistakes = [
+        f"unknown field(s) {', '.join(names)}"
+        for names in [unknown_fields("CreateTrainingTaskRequest", request)]
+        if names
+    ]
     if not NAME_PATTERN.fullmatch(str(request.get("Name", ""))):
-        mistakes.append(f"Name {request.get('Name')!r} must be 1-60 letters, digits, '_' or '-', starting with a "
-                        "letter or digit (--name)")
+        mistakes.append(
+            f"Name {request.get('Name')!r} must be 1-60 letters, digits, '_' or '-', starting with a "
+            "letter or digit (--name)"
+        )
     if not request.get("ResourceConfigInfos"):
         mistakes.append("ResourceConfigInfos is empty: the task needs instances")
     missing = []
     for info in request.get("ResourceConfigInfos") or []:
         if not request.get("ResourceGroupId") and not info.get("InstanceType"):
-            missing.append(f"{info.get('Role', 'WORKER')} instances have no InstanceType and the task no "
-                           "ResourceGroupId: `copier update --data tione_instance_type=<spec>` (pay as you go) or "
-                           "--data tione_resource_group=<id> (a prepaid resource group)")
+            missing.append(
+                f"{info.get('Role', 'WORKER')} instances have no InstanceType and the task no "
+                "ResourceGroupId: `copier update --data tione_instance_type=<spec>` (pay as you go) or "
+                "--data tione_resource_group=<id> (a prepaid resource group)"
+            )
     for config in request.get("DataConfigs") or []:
         source = config.get("CFSSource") or config.get("GooseFSSource") or {}
         if not source.get("Id"):
-            missing.append(f"the {config.get('DataSourceType', '')} mount at {config.get('MappingPath')} has no Id: "
-                           "`copier update --data tione_storage_id=<cfs-... or the GooseFSx id>`")
+            missing.append(
+                f"the {config.get('DataSourceType', '')} mount at {config.get('MappingPath')} has no Id: "
+                "`copier update --data tione_storage_id=<cfs-... or the GooseFSx id>`"
+            )
     if (request.get("ImageInfo") or {}).get("ImageType") == "TCR" and not request["ImageInfo"].get("RegistryId"):
         missing.append("ImageInfo.RegistryId is empty: the TCR instance id (tcr-...) of the image's registry")
     return mistakes, missing
@@ -135,8 +160,9 @@ def build_request(task: dict, mode: str | None, script: Path, name: str | None, 
     request["Name"] = name or f"{request.get('Name') or 'train'}-{time.strftime('%Y%m%d-%H%M%S')}"
     code_dir = str(task.get("code_dir") or project_root()).rstrip("/")
     start = shlex.join(["bash", f"{code_dir}/launch/tione/{script.name}", *extra_args])
-    request["StartCmdInfo"] = ({"PsStartCmd": start, "WorkerStartCmd": start} if mode == "PS_WORKER"
-                               else {"StartCmd": start})
+    request["StartCmdInfo"] = (
+        {"PsStartCmd": start, "WorkerStartCmd": start} if mode == "PS_WORKER" else {"StartCmd": start}
+    )
     if mode:
         request["TrainingMode"] = mode
     return request
@@ -144,21 +170,26 @@ def build_request(task: dict, mode: str | None, script: Path, name: str | None, 
 
 # --- The API ------------------------------------------------------------------------------------------
 
+
 def credentials():
     """The SDK's credentials from the environment, else from the profile file; ConfigError naming both."""
     try:
         from tencentcloud.common import credential
     except ImportError:
-        raise ConfigError(f"TI-ONE's SDK is missing: `{INSTALL}` (or pip install -e '.[tione]'); without API "
-                          "access, `launch tione --console` prints the console settings") from None
+        raise ConfigError(
+            f"TI-ONE's SDK is missing: `{INSTALL}` (or pip install -e '.[tione]'); without API "
+            "access, `launch tione --console` prints the console settings"
+        ) from None
     for source in (credential.EnvironmentVariableCredential(), credential.ProfileCredential()):
         try:
             found = source.get_credential()
         except (AttributeError, KeyError, ValueError, configparser.Error) as exc:  # a profile file it cannot read
             reason = str(exc).splitlines()[0].rstrip(".")
-            raise ConfigError(f"~/.tencentcloud/credentials cannot be used ({type(exc).__name__}: {reason}): it needs a "
-                              "[default] section with secret_id = ... and secret_key = ..., or export "
-                              "TENCENTCLOUD_SECRET_ID and TENCENTCLOUD_SECRET_KEY") from None
+            raise ConfigError(
+                f"~/.tencentcloud/credentials cannot be used ({type(exc).__name__}: {reason}): it needs a "
+                "[default] section with secret_id = ... and secret_key = ..., or export "
+                "TENCENTCLOUD_SECRET_ID and TENCENTCLOUD_SECRET_KEY"
+            ) from None
         if found is not None:
             token = os.environ.get("TENCENTCLOUD_SESSION_TOKEN")
             return credential.Credential(found.secret_id, found.secret_key, token) if token else found
@@ -199,11 +230,15 @@ class Api:
         except TencentCloudSDKException as exc:
             code, message, request_id = exc.get_code(), exc.get_message(), exc.get_request_id()
             if code == "ClientNetworkError":
-                raise ConfigError(f"cannot reach TI-ONE's API in {self.region} to {action}: {message}; check the "
-                                  "network (or --endpoint)") from None
+                raise ConfigError(
+                    f"cannot reach TI-ONE's API in {self.region} to {action}: {message}; check the "
+                    "network (or --endpoint)"
+                ) from None
             fix = " (the secret id/key are wrong or expired)" if code and code.startswith("AuthFailure") else ""
-            raise ConfigError(f"TI-ONE {action} failed: {code}: {message}{fix}"
-                              + (f" (request id {request_id})" if request_id else "")) from None
+            raise ConfigError(
+                f"TI-ONE {action} failed: {code}: {message}{fix}"
+                + (f" (request id {request_id})" if request_id else "")
+            ) from None
 
 
 def api_mode(script: Path) -> str | None:
@@ -237,8 +272,9 @@ class Tione(Platform):
         request = build_request(task, api_mode(script), script, self.args.name, extra)
         mistakes, missing = request_problems(request)
         if mistakes or (missing and not self.args.dry_run):
-            raise ConfigError(f"{task_path}: " + "; ".join(mistakes or missing)
-                              + " (field names as in TI-ONE's CreateTrainingTask)")
+            raise ConfigError(
+                f"{task_path}: " + "; ".join(mistakes or missing) + " (field names as in TI-ONE's CreateTrainingTask)"
+            )
         for line in missing:
             print(f"note: not ready to submit: {line}", file=sys.stderr)
         return task, request, script
@@ -247,16 +283,21 @@ class Tione(Platform):
         inside = tione_variables(os.environ)
         if inside:
             command = shlex.join(["bash", str(script), *self.args.overrides])
-            raise ConfigError(f"this is a TI-ONE task ({', '.join(inside)} set): here the start command runs, not "
-                              f"`launch tione`. Make the task's start command `{command}`")
+            raise ConfigError(
+                f"this is a TI-ONE task ({', '.join(inside)} set): here the start command runs, not "
+                f"`launch tione`. Make the task's start command `{command}`"
+            )
 
     def dry_run(self) -> int:
         if self.args.console:
             return self._console()
         task, request, script = self._request()
         if api_mode(script) is None:
-            print("TI-ONE's API has no Ray mode (TrainingMode: PS_WORKER, DDP, MPI, HOROVOD): this is the request "
-                  "without TrainingMode; `launch tione` prints the console settings for Ray instead", file=sys.stderr)
+            print(
+                "TI-ONE's API has no Ray mode (TrainingMode: PS_WORKER, DDP, MPI, HOROVOD): this is the request "
+                "without TrainingMode; `launch tione` prints the console settings for Ray instead",
+                file=sys.stderr,
+            )
         print(json.dumps(request, indent=2, ensure_ascii=False))
         return 0
 
@@ -272,19 +313,33 @@ class Tione(Platform):
         if self.args.console:
             return self._console()
         if api_mode(script) is None:
-            print("TI-ONE's API has no Ray mode (its TrainingMode takes PS_WORKER, DDP, MPI, HOROVOD): create the task "
-                  "in the console with these settings.\n", file=sys.stderr)
+            print(
+                "TI-ONE's API has no Ray mode (its TrainingMode takes PS_WORKER, DDP, MPI, HOROVOD): create the task "
+                "in the console with these settings.\n",
+                file=sys.stderr,
+            )
             return self._console()
         task, request, _ = self._request()
         endpoint = self.args.endpoint or task.get("endpoint")
         response = Api(task["region"], endpoint).call("CreateTrainingTask", request)
-        job = jobs.new_job(self.name, response.Id, name=request["Name"], where=task["region"],
-                           image=(request.get("ImageInfo") or {}).get("ImageUrl", ""),
-                           extra={"region": task["region"], "endpoint": endpoint or "",
-                                  "project": request.get("TiProjectId") or "", "mode": request.get("TrainingMode")})
+        job = jobs.new_job(
+            self.name,
+            response.Id,
+            name=request["Name"],
+            where=task["region"],
+            image=(request.get("ImageInfo") or {}).get("ImageUrl", ""),
+            extra={
+                "region": task["region"],
+                "endpoint": endpoint or "",
+                "project": request.get("TiProjectId") or "",
+                "mode": request.get("TrainingMode"),
+            },
+        )
         jobs.record(job)
-        print(f"created TI-ONE task {response.Id} ({request['Name']}) in {task['region']}, mode "
-              f"{request.get('TrainingMode')}, request id {response.RequestId}")
+        print(
+            f"created TI-ONE task {response.Id} ({request['Name']}) in {task['region']}, mode "
+            f"{request.get('TrainingMode')}, request id {response.RequestId}"
+        )
         print(self.hint(job))
         return 0
 
@@ -305,18 +360,25 @@ class Tione(Platform):
         if job.submitted:
             print(job.describe())
         state = detail.Status or "?"
-        print(f"  task:     {detail.Id} {detail.Name} ({detail.TrainingMode or 'no mode'}) in {detail.Region or api.region}")
+        print(
+            f"  task:     {detail.Id} {detail.Name} ({detail.TrainingMode or 'no mode'}) in {detail.Region or api.region}"
+        )
         print(f"  state:    {state} ({STATES.get(state, 'unknown state')})")
         for info in detail.ResourceConfigInfos or []:
             what = info.InstanceType or f"{(info.Gpu or 0) / 100:g} GPU(s) {info.GpuType or ''}".rstrip()
             print(f"  {(info.Role or 'WORKER').lower() + ':':<9} {info.InstanceNum} x {what}")
         if detail.RuntimeInSeconds is not None:
-            print(f"  runtime:  {timedelta(seconds=int(detail.RuntimeInSeconds))}"
-                  + (f" (started {detail.StartTime})" if detail.StartTime else ""))
+            print(
+                f"  runtime:  {timedelta(seconds=int(detail.RuntimeInSeconds))}"
+                + (f" (started {detail.StartTime})" if detail.StartTime else "")
+            )
         if detail.EndTime:
             print(f"  ended:    {detail.EndTime}")
-        for label, text in (("reason", detail.FailureReason), ("message", detail.Message),
-                            ("billing", detail.BillingInfo)):
+        for label, text in (
+            ("reason", detail.FailureReason),
+            ("message", detail.Message),
+            ("billing", detail.BillingInfo),
+        ):
             if text:
                 print(f"  {label + ':':<9} {text}")
         return 0
@@ -331,8 +393,11 @@ class Tione(Platform):
                     print(f"task {job.id} has no instance yet (state {detail.Status}): no logs", file=sys.stderr)
                     return 0
                 if detail.Status != said:
-                    print(f"task {job.id} is {STATES.get(detail.Status, detail.Status)}; waiting for its first instance",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"task {job.id} is {STATES.get(detail.Status, detail.Status)}; waiting for its first instance",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     said = detail.Status
                 time.sleep(POLL_SECONDS)
                 detail = self._detail(api, scope, job)
@@ -353,8 +418,15 @@ class Tione(Platform):
     def _log_pages(self, api: Api, scope: dict, instance: str, start: str, seen: set[str]) -> str:
         """Print every log line from `start` to now, page by page (DescribeLogs' Context); returns the
         newest timestamp printed, where the next poll starts (lines seen already are skipped)."""
-        fields = {"Service": "TRAIN", "ServiceId": instance, "StartTime": start,
-                  "EndTime": rfc3339(datetime.now(timezone.utc)), "Limit": 1000, "Order": "ASC", **scope}
+        fields = {
+            "Service": "TRAIN",
+            "ServiceId": instance,
+            "StartTime": start,
+            "EndTime": rfc3339(datetime.now(timezone.utc)),
+            "Limit": 1000,
+            "Order": "ASC",
+            **scope,
+        }
         if self.args.pod:
             fields["PodName"] = self.args.pod
         newest = start
@@ -374,8 +446,10 @@ class Tione(Platform):
     def cancel(self, job: Job) -> int:
         api, scope = self._api(job)
         response = api.call("StopTrainingTask", {"Id": job.id, **scope})
-        print(f"stopping TI-ONE task {job.id} (request id {response.RequestId}): its instances get SIGTERM, the "
-              "ranks save at the next step; starting the task again resumes from that checkpoint")
+        print(
+            f"stopping TI-ONE task {job.id} (request id {response.RequestId}): its instances get SIGTERM, the "
+            "ranks save at the next step; starting the task again resumes from that checkpoint"
+        )
         return 0
 
 

@@ -24,7 +24,12 @@ from ..config import Config, ConfigError
 from ..sizes import BERT_SEQUENCE_LEN, model_shape
 
 MLM_PROBABILITY = 0.15  # share of positions predicted (BERT's 15%; of those 80% [MASK], 10% random, 10% kept)
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "pytorch_model.bin",
+    "model.safetensors.index.json",
+    "pytorch_model.bin.index.json",
+)
 INSTALL = "pip install 'transformers>=4.46' (the project's `bert` extra)"
 
 
@@ -37,7 +42,9 @@ def import_transformers():
     try:
         import transformers
     except ImportError as exc:
-        raise ConfigError(f"BERT models and vocab.txt tokenizers need transformers ({exc}); install it with {INSTALL}") from None
+        raise ConfigError(
+            f"BERT models and vocab.txt tokenizers need transformers ({exc}); install it with {INSTALL}"
+        ) from None
     transformers.logging.set_verbosity_error()  # load reports of every rank would drown the metrics
     return transformers
 
@@ -45,7 +52,7 @@ def import_transformers():
 def pretrained_folder(pretrained: str) -> Path:
     """The model.pretrained folder, checked for config.json and weights (one-line errors)."""
     folder = Path(pretrained)
-    fix = "copy config.json and model.safetensors (or pytorch_model.bin) there, or set model.pretrained=\"\" to train from scratch"
+    fix = 'copy config.json and model.safetensors (or pytorch_model.bin) there, or set model.pretrained="" to train from scratch'
     if not folder.is_dir():
         raise ConfigError(f"model.pretrained={pretrained!r} is not a folder on this machine; {fix}")
     if not (folder / "config.json").is_file():
@@ -86,13 +93,19 @@ class BertMLM(nn.Module):
         + attention scores and values over the whole (bidirectional) sequence."""
         c = self.mlm.config
         emb = self.mlm.bert.embeddings
-        tables = sum(m.weight.numel() for m in (emb.word_embeddings, emb.position_embeddings, emb.token_type_embeddings))
+        tables = sum(
+            m.weight.numel() for m in (emb.word_embeddings, emb.position_embeddings, emb.token_type_embeddings)
+        )
         head_dim = c.hidden_size // c.num_attention_heads
-        return int(6 * (self.num_params() - tables) + 6 * MLM_PROBABILITY * c.vocab_size * c.hidden_size
-                   + 12 * c.num_hidden_layers * c.num_attention_heads * head_dim * self.sequence_len)
+        return int(
+            6 * (self.num_params() - tables)
+            + 6 * MLM_PROBABILITY * c.vocab_size * c.hidden_size
+            + 12 * c.num_hidden_layers * c.num_attention_heads * head_dim * self.sequence_len
+        )
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
-                loss_reduction: str = "mean") -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, loss_reduction: str = "mean"
+    ) -> torch.Tensor:
         """Logits (B, T, vocab) without labels. With labels (-100 = not predicted): the
         cross-entropy over the predicted positions, their mean, or with loss_reduction='none'
         one value per predicted position (flat, in row-major order)."""
@@ -118,8 +131,10 @@ def build_bert(cfg: Config, vocab_size: int, load_weights: bool = True) -> BertM
         config = transformers.BertConfig.from_pretrained(str(folder), local_files_only=True)
         check_vocab(m.pretrained, config.vocab_size, vocab_size)
         if m.sequence_len > config.max_position_embeddings:
-            raise ConfigError(f"model.sequence_len={m.sequence_len} exceeds the {config.max_position_embeddings} "
-                              f"positions of model.pretrained={m.pretrained!r}; lower it")
+            raise ConfigError(
+                f"model.sequence_len={m.sequence_len} exceeds the {config.max_position_embeddings} "
+                f"positions of model.pretrained={m.pretrained!r}; lower it"
+            )
         if load_weights:
             mlm = transformers.BertForMaskedLM.from_pretrained(str(folder), local_files_only=True)
         else:

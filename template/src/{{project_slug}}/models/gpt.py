@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-import torch.utils.checkpoint
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 
 @dataclass

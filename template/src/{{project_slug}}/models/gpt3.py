@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-import torch.utils.checkpoint
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 
 @dataclass
@@ -91,8 +91,9 @@ class FinalNorm(nn.LayerNorm):
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1,
-                           reduction=reduction)
+    return F.cross_entropy(
+        logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1, reduction=reduction
+    )
 
 
 def seeded(seed: int, build):
@@ -136,14 +137,20 @@ class GPT3(nn.Module):
         return lm_loss(logits, targets, loss_reduction)
 
     @torch.no_grad()
-    def generate(self, prompt: list[int], max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 generator: torch.Generator | None = None) -> list[int]:
+    def generate(
+        self,
+        prompt: list[int],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> list[int]:
         """Continuation tokens, one full pass per token (no KV cache: sampling from a GPT-3
         checkpoint is a check of the weights, not a service). temperature 0 is greedy."""
         ids = torch.tensor([prompt], dtype=torch.long, device=self.embed.wte.weight.device)
         out: list[int] = []
         for _ in range(max_new_tokens):
-            logits = self(ids[:, -self.cfg.sequence_len:])[:, -1, :]
+            logits = self(ids[:, -self.cfg.sequence_len :])[:, -1, :]
             if temperature == 0:
                 nxt = logits.argmax(-1, keepdim=True)
             else:
@@ -161,8 +168,14 @@ def gpt3_config(cfg, vocab_size: int) -> GPT3Config:
     from ..sizes import model_shape
 
     shape = model_shape(cfg.model.size, None, "gpt3")
-    return GPT3Config(vocab_size=vocab_size, sequence_len=cfg.model.sequence_len, n_layer=shape["n_layer"],
-                      n_embd=shape["n_embd"], n_head=shape["n_head"], seed=cfg.run.seed)
+    return GPT3Config(
+        vocab_size=vocab_size,
+        sequence_len=cfg.model.sequence_len,
+        n_layer=shape["n_layer"],
+        n_embd=shape["n_embd"],
+        n_head=shape["n_head"],
+        seed=cfg.run.seed,
+    )
 
 
 def build_gpt3(cfg, vocab_size: int) -> GPT3:

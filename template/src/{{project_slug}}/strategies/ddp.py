@@ -20,8 +20,9 @@ from .param_groups import param_groups
 
 def build_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.optim.Optimizer:
     o = cfg.optim
-    return torch.optim.AdamW(param_groups(model, o.weight_decay), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
-                             fused=device.type == "cuda")
+    return torch.optim.AdamW(
+        param_groups(model, o.weight_decay), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=device.type == "cuda"
+    )
 
 
 def read_checkpoint(path: Path) -> dict:
@@ -70,8 +71,7 @@ class DDPStrategy:
 
     def save(self, ckpt_dir: Path, step: int, extra: dict) -> None:
         if self.info.is_main:
-            state = {"step": step, "model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                     **extra}
+            state = {"step": step, "model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(), **extra}
             path = checkpoint.save(ckpt_dir, step, state, self.cfg.checkpoint.keep_last)
             print0(f"saved {path}")
         barrier()  # nobody runs ahead of a checkpoint it may need to resume from
@@ -80,8 +80,10 @@ class DDPStrategy:
         latest = checkpoint.find_latest(ckpt_dir) if self.cfg.checkpoint.resume else None
         if latest is None:
             if self.cfg.checkpoint.resume and any(p.is_dir() for p in ckpt_dir.glob("step_*")):
-                raise ConfigError(f"{ckpt_dir} holds DeepSpeed checkpoints (folders) but run.strategy=ddp; "
-                                  "use run.strategy=deepspeed, a new run.output_dir, or checkpoint.resume=false")
+                raise ConfigError(
+                    f"{ckpt_dir} holds DeepSpeed checkpoints (folders) but run.strategy=ddp; "
+                    "use run.strategy=deepspeed, a new run.output_dir, or checkpoint.resume=false"
+                )
             return 0
         state = checkpoint.load(latest)
         notes = checkpoint.check_compatible(state, self.cfg, self.info.world_size, latest, can_reshard=True)

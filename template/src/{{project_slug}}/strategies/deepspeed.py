@@ -66,8 +66,13 @@ def deepspeed_config(cfg: Config, accum: int, data_parallel_size: int, device: t
             "type": "AdamW",
             # torch's AdamW: the DeepSpeed install builds no ops (no CUDA toolkit needed); with
             # offload it would insist on its own compiled CPU Adam unless told otherwise below.
-            "params": {"lr": o.lr, "betas": [o.beta1, o.beta2], "eps": o.eps, "weight_decay": o.weight_decay,
-                       "torch_adam": True},
+            "params": {
+                "lr": o.lr,
+                "betas": [o.beta1, o.beta2],
+                "eps": o.eps,
+                "weight_decay": o.weight_decay,
+                "torch_adam": True,
+            },
         },
         "zero_force_ds_cpu_optimizer": False,
         "steps_per_print": 2**31 - 1,  # our own metrics line does the logging
@@ -87,10 +92,26 @@ def find_latest(folder: Path) -> Path | None:
 
 
 # What DeepSpeed itself stores beside train.py's client state in *model_states.pt.
-DEEPSPEED_KEYS = {"module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
-                  "frozen_param_fragments", "lr_scheduler", "data_sampler", "random_ltd", "sparse_tensor_module_names",
-                  "skipped_steps", "global_steps", "global_samples", "dp_world_size", "mp_world_size", "ds_config",
-                  "ds_version"}
+DEEPSPEED_KEYS = {
+    "module",
+    "buffer_names",
+    "optimizer",
+    "param_shapes",
+    "frozen_param_shapes",
+    "shared_params",
+    "frozen_param_fragments",
+    "lr_scheduler",
+    "data_sampler",
+    "random_ltd",
+    "sparse_tensor_module_names",
+    "skipped_steps",
+    "global_steps",
+    "global_samples",
+    "dp_world_size",
+    "mp_world_size",
+    "ds_config",
+    "ds_version",
+}
 
 
 def load_model_states(folder: Path) -> dict:
@@ -99,8 +120,10 @@ def load_model_states(folder: Path) -> dict:
     # mp_rank_00_*: the data-parallel group's file (pipeline checkpoints add layer_* files beside it).
     files = sorted(folder.glob("mp_rank_00_model_states.pt")) or sorted(folder.glob("*model_states.pt"))
     if not files:
-        raise ConfigError(f"{folder} is neither a checkpoint file nor a DeepSpeed checkpoint folder "
-                          "(no *model_states.pt); pass --checkpoint with one of those")
+        raise ConfigError(
+            f"{folder} is neither a checkpoint file nor a DeepSpeed checkpoint folder "
+            "(no *model_states.pt); pass --checkpoint with one of those"
+        )
     return torch.load(files[0], map_location="cpu", weights_only=False)
 
 
@@ -137,14 +160,20 @@ class DeepSpeedStrategy:
         self.ds_config = deepspeed_config(cfg, accum, info.world_size, info.device)
         self._write_config()
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, model_parameters=param_groups(model, cfg.optim.weight_decay), config=self.ds_config)
+            model=model, model_parameters=param_groups(model, cfg.optim.weight_decay), config=self.ds_config
+        )
         self.runnable = self.engine
         self.module = self.engine.module  # evaluation runs on it (ZeRO-3 hooks gather the weights)
         self._grad_norm = None
 
     def _init_process_group(self, deepspeed) -> None:
-        for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                           "MASTER_PORT": "29500"}.items():
+        for key, value in {
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29500",
+        }.items():
             os.environ.setdefault(key, value)  # a single process started without torchrun
         # Reuses the group distributed.init_distributed made (Gloo on CPU, NCCL on CUDA).
         deepspeed.init_distributed(dist_backend="nccl" if self.info.device.type == "cuda" else "gloo")
@@ -203,7 +232,7 @@ class DeepSpeedStrategy:
                 os.replace(script, ckpt_dir / script.name)  # zero_to_fp32.py: run next to `latest`
             checkpoint.fsync_tree(final)
             checkpoint.write_latest(ckpt_dir, tag)
-            for old in _checkpoint_dirs(ckpt_dir)[:-self.cfg.checkpoint.keep_last]:
+            for old in _checkpoint_dirs(ckpt_dir)[: -self.cfg.checkpoint.keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
             print0(f"saved {final}")
         barrier()
@@ -212,8 +241,10 @@ class DeepSpeedStrategy:
         latest = find_latest(ckpt_dir) if self.cfg.checkpoint.resume else None
         if latest is None:
             if self.cfg.checkpoint.resume and checkpoint.find_latest(ckpt_dir) is not None:
-                raise ConfigError(f"{ckpt_dir} holds DDP checkpoints (*.pt) but run.strategy=deepspeed; "
-                                  "use run.strategy=ddp, a new run.output_dir, or checkpoint.resume=false")
+                raise ConfigError(
+                    f"{ckpt_dir} holds DDP checkpoints (*.pt) but run.strategy=deepspeed; "
+                    "use run.strategy=ddp, a new run.output_dir, or checkpoint.resume=false"
+                )
             return 0
         # Check the fingerprint before DeepSpeed loads tensors of a possibly different shape.
         states = sorted(latest.glob("*mp_rank_*model_states.pt"))  # not the pipeline's layer_* files

@@ -27,8 +27,8 @@ from ..config import Config
 from ..distributed import DistInfo
 from ..models.gpt3 import GPT3, Block, Embedding, FinalNorm, gpt3_config, head_logits, lm_loss
 from ..sizes import model_shape
-from .param_groups import param_groups
 from .deepspeed import DeepSpeedStrategy, deepspeed_config, import_deepspeed, load_model_states, trained_state
+from .param_groups import param_groups
 from .tensor_parallel import join_shards, parallelize_block
 
 
@@ -92,7 +92,7 @@ class PipelineStrategy(DeepSpeedStrategy):
     def __init__(self, cfg: Config, info: DistInfo, vocab_size: int, accum: int):
         deepspeed = import_deepspeed()
         from deepspeed.pipe import PipelineModule
-        from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid
+        from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
 
         self.cfg, self.info, self.accum = cfg, info, accum
         self._init_process_group(deepspeed)
@@ -106,24 +106,31 @@ class PipelineStrategy(DeepSpeedStrategy):
         self.num_params, self.flops_per_token = whole.num_params(), whole.flops_per_token()
         module = PipelineModule(
             layers=layer_specs(cfg, vocab_size, grid.get_slice_parallel_group() if tp > 1 else None),
-            topology=topology, loss_fn=lm_loss, seed_layers=True, base_seed=cfg.run.seed,
+            topology=topology,
+            loss_fn=lm_loss,
+            seed_layers=True,
+            base_seed=cfg.run.seed,
             seed_fn=lambda seed: torch.manual_seed(int(seed)),  # as GPT3 seeds its layers
             partition_method="type:Block",
             activation_checkpoint_interval=1 if cfg.model.activation_checkpointing else 0,
             # Only blocks are recomputed; torch's non-reentrant checkpoint also copes with a stage
             # whose first layer (the embedding) takes integer ids that need no gradient.
             checkpointable_layers=["Block"],
-            activation_checkpoint_func=functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False))
+            activation_checkpoint_func=functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False),
+        )
         self.ds_config = deepspeed_config(cfg, accum, dp, info.device)
         self._write_config()
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=module, model_parameters=param_groups(module, cfg.optim.weight_decay), config=self.ds_config)
+            model=module, model_parameters=param_groups(module, cfg.optim.weight_decay), config=self.ds_config
+        )
         self.runnable = self.module = None  # no single-process forward: the stages hold parts
 
     def describe(self) -> str:
         tp, pp = self.cfg.parallel.tensor, self.cfg.parallel.pipeline
-        return (f"pipeline {pp} x tensor {tp} x data {self.data_parallel_size} (DeepSpeed pipeline engine, "
-                f"ZeRO {self.cfg.deepspeed.zero_stage}), stage {self.engine.stage_id}")
+        return (
+            f"pipeline {pp} x tensor {tp} x data {self.data_parallel_size} (DeepSpeed pipeline engine, "
+            f"ZeRO {self.cfg.deepspeed.zero_stage}), stage {self.engine.stage_id}"
+        )
 
     def train_batch(self, batches) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over the step's micro batches: (mean loss, gradient norm before clipping)."""
