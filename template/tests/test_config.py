@@ -166,3 +166,15 @@ def test_cli_prints_error_and_exits_1_without_traceback(cli, args, words):
 def test_cli_rejects_an_argument_that_is_no_override(cli):
     proc = cli("check", "optim.lr", expect=2)  # argparse usage error
     assert "section.key=value" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_wrong_value_names_its_key_as_data(pkg, load):
+    """ConfigError.key: the setting a wrong value belongs to, for callers that relate errors to settings."""
+    for override, key in [("batch.micro_batch_size=abc", "batch.micro_batch_size"),
+                          ("run.strategy=fsdp", "run.strategy"), ("deepspeed.zero_stage=4", "deepspeed.zero_stage")]:
+        with pytest.raises(pkg.config.ConfigError) as err:
+            load("", [override])
+        assert err.value.key == key and key in str(err.value)
+    with pytest.raises(pkg.config.ConfigError) as err:
+        load("model: [unclosed\n")
+    assert err.value.key is None  # not about one value

@@ -120,3 +120,64 @@ def test_check_project_module_is_quiet(pkg, cli):
     too_many = pkg.config.load_config(cli.root / "config" / "train.yaml").batch.global_batch_size + 1
     bad = cli("--quiet", "--world-size", too_many, module="check_project", expect=1)
     assert "config check failed" in bad.stderr
+
+
+def _settings(pkg) -> set[str]:
+    """Every config key, "section.name"."""
+    import dataclasses
+
+    cfg = pkg.config.Config()
+    return {f"{section.name}.{f.name}" for section in dataclasses.fields(cfg)
+            for f in dataclasses.fields(getattr(cfg, section.name))}
+
+
+def test_problems_carry_their_keys_and_the_key_to_fix(pkg, cfg_with):
+    """Callers relate a problem to settings through its keys, never its wording (the template's hooks
+    blame a copier answer with them); each problem still prints as its one-line message."""
+    cfg = cfg_with("model.size=tiny", "model.n_kv_head=3", "batch.global_batch_size=30",
+                   "batch.micro_batch_size=8", "batch.grad_accum_steps=null", "data.val_fraction=1.5",
+                   "schedule.max_steps=10", "schedule.warmup_steps=20", "optim.lr=-1")
+    problems = pkg.rules.check_config(cfg, world_size=2)
+    fixes = {p.fix_key: p for p in problems}
+    assert set(fixes) == {"model.n_kv_head", "batch.global_batch_size", "data.val_fraction",
+                          "schedule.warmup_steps", "optim.lr"}
+    assert "schedule.max_steps" in fixes["schedule.warmup_steps"].keys
+    assert {"batch.micro_batch_size", "cluster.nodes"} <= set(fixes["batch.global_batch_size"].keys)
+    settings = _settings(pkg)
+    for p in problems:
+        assert isinstance(p, pkg.rules.Problem) and isinstance(p, str) and "\n" not in p
+        assert p.keys[0] == p.fix_key and set(p.keys) <= settings, (p, p.keys)
+        assert str(p) == p and p.fix_key in str(p)  # the message names the key it asks to change
+    with pytest.raises(AttributeError):
+        problems[0].fix_key = "optim.lr"
+
+
+@pytest.mark.parametrize("overrides, fix_key, other", [
+    (["model.arch=gpt3", "model.size=125M", "parallel.tensor=8", "cluster.gpus_per_node=4"], "parallel.tensor",
+     "cluster.gpus_per_node"),
+    (["model.arch=gpt3", "model.size=125M", "parallel.tensor=8", "cluster.gpus_per_node=8"], "parallel.tensor",
+     "model.size"),
+    (["model.arch=gpt3", "model.size=1.3B", "parallel.pipeline=5", "cluster.gpus_per_node=5"], "parallel.pipeline",
+     "model.size"),
+    (["model.arch=gpt3", "model.size=125M", "parallel.pipeline=4", "cluster.gpus_per_node=6"], "parallel.pipeline",
+     "cluster.gpus_per_node"),
+    (["model.arch=gpt3", "model.size=125M", "parallel.pipeline=2", "run.strategy=ddp"], "run.strategy",
+     "parallel.pipeline"),
+    (["model.arch=gpt3", "model.size=125M", "parallel.pipeline=2", "run.strategy=deepspeed",
+      "deepspeed.zero_stage=3"], "deepspeed.zero_stage", "parallel.pipeline"),
+    (["model.arch=gpt", "parallel.tensor=2"], "parallel.tensor", "model.arch"),
+])
+def test_parallel_problems_name_the_key_to_fix(pkg, cfg_with, overrides, fix_key, other):
+    cfg = cfg_with("cluster.nodes=1", "batch.global_batch_size=512", "batch.micro_batch_size=1",
+                   "batch.grad_accum_steps=null", "run.strategy=deepspeed", "deepspeed.zero_stage=1", *overrides)
+    problems = pkg.rules.check_config(cfg)
+    assert any(p.fix_key == fix_key and other in p.keys for p in problems), [(p, p.keys) for p in problems]
+
+
+def test_a_misfit_is_a_problem_of_the_gpu_type(pkg, cfg_with):
+    cfg = cfg_with("model.arch=gpt3", "model.size=13B", "cluster.nodes=1", "cluster.gpus_per_node=8",
+                   "cluster.gpu_type=v100-16gb", "batch.global_batch_size=1024", "batch.micro_batch_size=1",
+                   "batch.grad_accum_steps=null", "run.strategy=deepspeed", "deepspeed.zero_stage=1")
+    problem = pkg.plan.fit_problem(cfg)
+    assert problem.startswith("does not fit: ") and problem.fix_key == "cluster.gpu_type"
+    assert "model.size" in problem.keys
