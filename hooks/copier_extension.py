@@ -46,7 +46,7 @@ def _answers_module():
 
 def _given(context) -> dict:
     """The answers known so far (earlier questions, --data, last answers on update)."""
-    names = _answers_module().QUESTION_ORDER + ["platforms", "fabric", "tione_mode", "k8s_namespace"]
+    names = _answers_module().question_order()
     return {name: context[name] for name in names if name in context and context[name] is not None}
 
 
@@ -73,17 +73,19 @@ def _non_interactive(context) -> bool:
 def answer_problems(context, *fields: str, upto: str | None = None) -> str:
     """First problem to be fixed in one of `fields` (or in any question up to `upto`), "" when fine.
 
-    Each problem blames one answer (the one its fix names, else the last question it involves) and is
-    reported by that question's validator, with the answers known so far and copier's defaults for
-    the rest; the memory fit only once gpu_type is known.
+    Each problem blames one answer (hooks/answers.py: the answer of the config key whose change fixes
+    it, else the last question its keys involve) and is reported by that question's validator, with
+    the answers known so far and copier's defaults for the rest; the memory fit only once gpu_type
+    is known.
     """
     if _non_interactive(context):
         return ""  # answers_check reports it last, as one message without copier's traceback
     rules = _answers_module()
     if upto:
-        fields = tuple(rules.QUESTION_ORDER[: rules.QUESTION_ORDER.index(upto) + 1])
+        order = rules.question_order()
+        fields = tuple(order[: order.index(upto) + 1])
     answers = _given(context)
-    for blamed, _named, message in rules.field_problems(answers, fit="gpu_type" in answers):
+    for blamed, message in rules.field_problems(answers, fit="gpu_type" in answers):
         if blamed in fields:
             return rules.line(answers, blamed, message)
     return ""
@@ -94,7 +96,7 @@ def refuse_bad_answers(context) -> str:
     """Raise, naming the answer to change, when the full set of answers breaks a rule."""
     answers = _given(context)
     rules = _answers_module()
-    for field, _named, message in rules.field_problems(answers):
+    for field, message in rules.field_problems(answers):
         value = rules.line(answers, field, "").rstrip(": ")
         raise _refusal()(f"Validation error for question '{field}': {value}\n{' '.join(message.split())}")
     return "ok"

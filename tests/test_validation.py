@@ -177,6 +177,44 @@ def test_answers_module_uses_the_generated_packages_rules_not_a_copy():
     assert answers.problems({"model": "bert"}) == [] and answers.problems({"model": "gpt3"}) == []
 
 
+def test_answers_module_reads_questions_order_and_defaults_from_copier_yml():
+    """No question list or default is copied into hooks/: they come from copier.yml."""
+    import yaml
+
+    answers = _answers_module()
+    spec = yaml.safe_load((TEMPLATE / "copier.yml").read_text())
+    assert answers.question_order() == [k for k in spec if not k.startswith("_")]
+    for name in ("hooks/answers.py", "hooks/copier_extension.py"):
+        text = (TEMPLATE / name).read_text()
+        assert "125m-1gpu" not in text and "h100-80gb" not in text and "/mnt/shared" not in text, name
+
+
+# Answers whose defaults depend on others in every way copier.yml has: Jinja filters, the layout table,
+# arithmetic, questions asked only for some platforms.
+DEFAULT_SETS = {
+    "defaults": {},
+    "gpt3": {"model": "gpt3"},
+    "bert": {"model": "bert"},
+    "gpt3-13b-all-platforms": {"project_name": "Big 13B", "model": "gpt3", "gpt3_layout": "13b-4dp-4pp",
+                               "platforms": "[devmachine, kubeflow, tione, slurm]", "tione_resource_group": "trsg-1",
+                               "fabric": "roce"},
+}
+
+
+@pytest.mark.parametrize("name", DEFAULT_SETS)
+def test_completed_answers_are_what_copier_records(tmp_path, name):
+    """hooks/answers.py fills a missing answer with the value `copier copy --defaults` records for it."""
+    import yaml
+
+    given = DEFAULT_SETS[name]
+    result = copier_copy(tmp_path / "p", given, extra=["--skip-tasks"])
+    assert result.returncode == 0, (result.stdout + result.stderr)[-2000:]
+    recorded = yaml.safe_load((tmp_path / "p" / ".copier-answers.yml").read_text())
+    recorded = {k: v for k, v in recorded.items() if not k.startswith("_")}
+    completed = _answers_module().complete(given)
+    assert {k: completed.get(k) for k in recorded} == recorded
+
+
 def test_answers_problems_are_one_line_each_naming_field_and_value():
     answers = _answers_module()
     found = answers.problems({**GPT3, "model_size": "13B", "nodes": 1, "gpus_per_node": 8, "gpu_type": "v100-16gb",
@@ -270,3 +308,53 @@ def test_interactive_validators_accept_good_answers():
     for field in ("model_size", "strategy", "zero_stage", "nodes", "gpus_per_node", "tensor_parallel",
                   "pipeline_parallel", "gpu_type"):
         assert _validator(field, good) == "", field
+
+
+# --- Routing: the answer a problem is blamed on -----------------------------------------------------
+
+def _config_keys(pkg) -> set[str]:
+    import dataclasses
+
+    cfg = pkg["config"].Config()
+    return {f"{section.name}.{f.name}" for section in dataclasses.fields(cfg)
+            for f in dataclasses.fields(getattr(cfg, section.name))}
+
+
+# (answers, the answer blamed first): every kind of rule the answers can break
+ROUTED = [(a, field) for field, a, _ in INTERACTIVE if field != "nodes"] + [
+    ({**GPT3, "gpus_per_node": 4, "tensor_parallel": 8}, "tensor_parallel"),
+    ({**GPT3, "nodes": 1, "gpus_per_node": 6, "tensor_parallel": 2, "pipeline_parallel": 4}, "pipeline_parallel"),
+    ({**GPT3, "pipeline_parallel": 2, "zero_stage": 3}, "zero_stage"),
+    ({"model": "gpt", "model_size": "d32", "gpus_per_node": 1, "gpu_type": "v100-16gb"}, "gpu_type"),
+    ({"strategy": "deepspeed", "zero_stage": 4}, "zero_stage"),  # load_config's ConfigError, by its key
+]
+
+
+def test_the_answer_blamed_comes_from_the_problems_keys_not_their_wording(monkeypatch):
+    """Rewording every rule's message changes no answer blamed: CONFIG_ANSWERS maps the config keys
+    each problem carries (config key -> copier question), and the text is never read."""
+    answers = _answers_module()
+    pkg = answers.package()
+    settings = _config_keys(pkg)
+    assert set(answers.CONFIG_ANSWERS) <= settings
+    assert set(answers.CONFIG_ANSWERS.values()) <= set(answers.question_order())
+    before = []
+    for given, field in ROUTED:
+        found = answers.field_problems(given)
+        assert found and found[0][0] == field, (given, found)
+        for _, problem in found:
+            assert set(getattr(problem, "keys", ())) <= settings, (problem, problem.keys)
+        before.append([blamed for blamed, _ in found])
+
+    class Reworded(pkg["rules"].Problem):
+        def __new__(cls, message, *keys):
+            return super().__new__(cls, "reworded", *keys)
+
+    monkeypatch.setattr(pkg["rules"], "Problem", Reworded)
+    monkeypatch.setattr(pkg["plan"], "Problem", Reworded)
+    after = []
+    for given, _ in ROUTED[:-1]:  # the last is load_config's error, not a rule's problem
+        found = answers.field_problems(given)
+        assert {message for _, message in found} == {"reworded"}, found
+        after.append([blamed for blamed, _ in found])
+    assert after == before[:-1]
