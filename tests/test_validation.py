@@ -37,6 +37,8 @@ BAD_ANSWERS = [
     ({"output_dir": "runs"}, "output_dir", "absolute"),
     ({"shared_mount": "relative"}, "shared_mount", "absolute"),
     ({"shared_mount": "/mnt/shared/"}, "shared_mount", "trailing slash"),
+    ({"shared_mount": "/mnt/$SHARED"}, "shared_mount", "read specially"),
+    ({"data_dir": "/mnt/shared/v/data#1"}, "data_dir", "read specially"),
     ({"image": "Registry/Name:tag with space"}, "image", "image reference"),
     ({"base_image": "nvcr.io/nvidia/pytorch:bad tag"}, "base_image", "image reference"),
     ({"nccl_socket_ifname": "eth0; reboot"}, "nccl_socket_ifname", "interface"),
@@ -300,6 +302,34 @@ def test_interactive_validator_refuses_at_the_question(field, answers, reason):
     assert message.startswith(f"{field}=") and reason in message, message
     # with --defaults the validator stays silent and the hidden last question reports it instead
     assert _validator(field, answers, defaults=True) == ""
+
+
+PATH_ANSWERS = [("pretrained_dir", {"model": "bert"}), ("shared_mount", {}), ("data_dir", {"shared_mount": "/mnt"}),
+                ("output_dir", {"shared_mount": "/mnt"})]
+
+
+@pytest.mark.parametrize("field, others", PATH_ANSWERS, ids=[f for f, _ in PATH_ANSWERS])
+@pytest.mark.parametrize("path", ["/mnt/a'b", '/mnt/a"b', "/mnt/$HOME", "/mnt/a`b`", "/mnt/50%", "/mnt/a#b",
+                                  "/mnt/a\\b", "/mnt/a\x01b"])
+def test_every_path_answer_refuses_characters_shells_read(field, others, path):
+    message = _validator(field, {**others, field: path})
+    assert message.startswith(f"{field} '{path}' holds a character"), message
+
+
+@pytest.mark.parametrize("field, example", [("image", "registry.example.com/run:v1"),
+                                            ("base_image", "nvcr.io/nvidia/pytorch:25.01-py3")])
+def test_every_image_answer_uses_the_one_reference_rule(field, example):
+    for good in ("registry.example.com/run:latest", "localhost:5000/a/b", f"r.io/x@sha256:{'0' * 64}"):
+        assert _validator(field, {field: good}) == "", good
+    message = _validator(field, {field: "Registry/Name:tag with space"})
+    assert message == f"{field} 'Registry/Name:tag with space' is not a valid image reference; use " \
+                      f"registry/name:tag, e.g. {example}."
+
+
+def test_path_and_image_rules_are_written_once():
+    copier_yml = (TEMPLATE / "copier.yml").read_text()
+    assert "`$%#" not in copier_yml and "sha256" not in copier_yml  # the patterns live in copier_extension.py
+    assert copier_yml.count("path_characters_problem(") == 4 and copier_yml.count("image_reference_problem(") == 2
 
 
 def test_interactive_validators_accept_good_answers():
