@@ -79,7 +79,7 @@ import json
 import sys
 
 from .config import Config, ConfigError
-from .rules import Problem, parallel_problems, resolve_grad_accum
+from .rules import parallel_problems, resolve_grad_accum
 from .sizes import model_shape
 
 GIB = 1024**3
@@ -461,15 +461,13 @@ def timing(cfg: Config, tokens: float, mfu: float) -> list[dict]:
 
 # --- the check at copier time and the command ------------------------------------------------------
 
-def fit_problem(cfg: Config) -> Problem | None:
-    """None when the config fits its GPUs; else one line: the figures and the smallest change.
-    A misfit is a problem of cluster.gpu_type: the GPU is chosen after everything that shapes the memory."""
+def fit_problem(cfg: Config) -> str | None:
+    """None when the config fits its GPUs; else one line: the figures and the smallest change."""
     m = memory(cfg)
     if m["fits"]:
         return None
     if m["problems"]:
-        # the first refusal's fix comes first
-        return Problem("refused: " + "; ".join(m["problems"]), *[k for p in m["problems"] for k in p.keys])
+        return "refused: " + "; ".join(m["problems"])
     g = lambda b: f"{b / GIB:.1f}"  # noqa: E731
     act = m["activations_checkpointed" if cfg.model.activation_checkpointing else "activations"]
     where = f", pipeline stage {m['pipeline_stage']} of {m['pipeline']}" if m["pipeline"] > 1 else ""
@@ -478,9 +476,7 @@ def fit_problem(cfg: Config) -> Problem | None:
               f"{m['data_parallel']}, micro batch {cfg.batch.micro_batch_size}{where}) needs {g(m['total'])} GiB per GPU "
               f"(weights {g(m['weights'])} + grads {g(m['grads'])} + optimizer {g(m['optimizer'])} + activations "
               f"{g(act)}) > {g(m['usable'])} GiB usable of {m['gpu'] / GIB:.0f} GiB")
-    change = suggest(cfg) or "none found (a smaller model or larger GPUs)"
-    return Problem(f"does not fit: {reason}; smallest change: {change}", "cluster.gpu_type", "model.size",
-                   "batch.micro_batch_size", "cluster.nodes", "cluster.gpus_per_node")
+    return f"does not fit: {reason}; smallest change: {suggest(cfg) or 'none found (a smaller model or larger GPUs)'}"
 
 
 def strategy_text(cfg: Config) -> str:
