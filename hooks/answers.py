@@ -69,7 +69,8 @@ def package():
     """The generated package's pure-Python modules (config, rules, plan, sizes), loaded by path."""
     if PACKAGE not in sys.modules:
         spec = importlib.util.spec_from_file_location(
-            PACKAGE, PACKAGE_DIR / "__init__.py", submodule_search_locations=[str(PACKAGE_DIR)])
+            PACKAGE, PACKAGE_DIR / "__init__.py", submodule_search_locations=[str(PACKAGE_DIR)]
+        )
         module = importlib.util.module_from_spec(spec)
         sys.modules[PACKAGE] = module
         spec.loader.exec_module(module)
@@ -77,6 +78,7 @@ def package():
 
 
 # --- copier.yml: questions, their order, their defaults ---------------------------------------------
+
 
 @functools.cache
 def copier_spec() -> dict:
@@ -99,8 +101,9 @@ def _jinja() -> jinja2.Environment:
     from jinja2.sandbox import SandboxedEnvironment
 
     extensions = COPIER_EXTENSIONS + list(copier_spec().get("_jinja_extensions", []))
-    return SandboxedEnvironment(loader=jinja2.FileSystemLoader(str(ROOT)), extensions=extensions,
-                                keep_trailing_newline=True)
+    return SandboxedEnvironment(
+        loader=jinja2.FileSystemLoader(str(ROOT)), extensions=extensions, keep_trailing_newline=True
+    )
 
 
 @functools.cache
@@ -156,6 +159,7 @@ def render_train_yaml(answers: dict) -> str:
 
 # --- which answer a problem is blamed on ---------------------------------------------------------
 
+
 def blamed_answer(fix_key: str | None, keys: tuple[str, ...] = ()) -> str:
     """The answer to change for a problem: the one its fix key is rendered from; else the last asked
     of the answers its keys come from (the first question at which all of them are known); else the
@@ -205,13 +209,24 @@ def platform_problems(a: dict) -> list[tuple[str, str]]:
             suffixes.append("-launcher")
         longest = max(suffixes, key=len)
         if len(a["project_slug"]) + len(longest) > DNS_LABEL:
-            found.append(("nodes", (
-                f"the Kubernetes job name '{a['project_slug']}' gives pod names such as "
-                f"'{a['project_slug']}{longest}' of {len(a['project_slug']) + len(longest)} characters, over the "
-                f"{DNS_LABEL} of a DNS-1123 label; use a slug of at most {DNS_LABEL - len(longest)} characters")))
+            found.append(
+                (
+                    "nodes",
+                    (
+                        f"the Kubernetes job name '{a['project_slug']}' gives pod names such as "
+                        f"'{a['project_slug']}{longest}' of {len(a['project_slug']) + len(longest)} characters, over the "
+                        f"{DNS_LABEL} of a DNS-1123 label; use a slug of at most {DNS_LABEL - len(longest)} characters"
+                    ),
+                )
+            )
         if not str(a.get("pvc_name") or "").strip():
-            found.append(("pvc_name", "Kubeflow pods mount the shared storage from a PersistentVolumeClaim; "
-                                      "give the name of an existing PVC, e.g. shared-data"))
+            found.append(
+                (
+                    "pvc_name",
+                    "Kubeflow pods mount the shared storage from a PersistentVolumeClaim; "
+                    "give the name of an existing PVC, e.g. shared-data",
+                )
+            )
     return found
 
 
@@ -220,8 +235,10 @@ def notes(answers: dict) -> list[str]:
     a = complete(answers)
     out = []
     if "tione" in a["platforms"] and a["fabric"] != "tcp":
-        out.append("TI-ONE HCC machines inject their own NCCL_IB_* settings; config/nccl.env only sets what "
-                   "the platform leaves unset (node applies it with setdefault)")
+        out.append(
+            "TI-ONE HCC machines inject their own NCCL_IB_* settings; config/nccl.env only sets what "
+            "the platform leaves unset (node applies it with setdefault)"
+        )
     return out
 
 

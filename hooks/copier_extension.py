@@ -45,8 +45,10 @@ _ANSWERS = "dtt_hooks_answers_" + hashlib.sha256(str(_PATH).encode()).hexdigest(
 # expand, cut or reinterpret a path holding one.
 SHELL_SPECIAL = re.compile(r"[\"'`$%#\\\x00-\x1f\x7f]")
 # registry[:port]/path[:tag][@sha256:digest] with lowercase name components: docker's reference grammar, simplified.
-IMAGE_REFERENCE = re.compile(r"[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*"
-                             r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?")
+IMAGE_REFERENCE = re.compile(
+    r"[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*"
+    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?"
+)
 
 
 def _answers_module():
@@ -120,8 +122,10 @@ def path_characters_problem(field: str, value: str) -> str:
     """Why the path answer `field` cannot be used, "" when its characters are fine."""
     if not SHELL_SPECIAL.search(str(value)):
         return ""
-    return (f"{field} '{value}' holds a character that shell, sbatch or env files would read specially (quotes, "
-            "backslash, $, `, %, # or a control character); choose a path without them.")
+    return (
+        f"{field} '{value}' holds a character that shell, sbatch or env files would read specially (quotes, "
+        "backslash, $, `, %, # or a control character); choose a path without them."
+    )
 
 
 def image_reference_problem(field: str, value: str, example: str) -> str:

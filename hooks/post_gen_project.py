@@ -29,8 +29,14 @@ def main() -> int:
     ANSWERS_FILE.unlink()
     PLACEHOLDER.unlink(missing_ok=True)
     try:
-        copier.run_copy(src_path=checked["template"], dst_path=str(Path.cwd()), data=checked["answers"],
-                        defaults=True, unsafe=True, vcs_ref="HEAD")
+        copier.run_copy(
+            src_path=checked["template"],
+            dst_path=str(Path.cwd()),
+            data=checked["answers"],
+            defaults=True,
+            unsafe=True,
+            vcs_ref="HEAD",
+        )
     except Exception as exc:  # noqa: BLE001 - copier's message is the user's answer; no traceback
         print(f"cookiecutter: copier could not render the project: {exc}", file=sys.stderr)
         return 1

@@ -25,7 +25,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-CONTEXT = json.loads(r'''{{ cookiecutter | tojson }}''')
+CONTEXT = json.loads(r"""{{ cookiecutter | tojson }}""")
 ANSWERS_FILE = ".cookiecutter-answers.json"
 
 
@@ -36,8 +36,10 @@ def template_root() -> Path:
     for path in candidates:
         if (path / "copier.yml").is_file() and (path / "cookiecutter.json").is_file():
             return path.resolve()
-    sys.exit(f"template: cannot find copier.yml next to cookiecutter.json in {given}; "
-             "run cookiecutter with the template's absolute path")
+    sys.exit(
+        f"template: cannot find copier.yml next to cookiecutter.json in {given}; "
+        "run cookiecutter with the template's absolute path"
+    )
 
 
 def typed_answers(root: Path) -> tuple[dict, list[str]]:
@@ -55,8 +57,10 @@ def typed_answers(root: Path) -> tuple[dict, list[str]]:
             allowed = [str(v) for v in (question.get("choices") or {}).values()]
             wrong = [p for p in items if p not in allowed]
             if wrong or not items:
-                problems.append(f"{key}: '{value}' must be a comma-separated list of {', '.join(allowed)}, "
-                                f"e.g. {key}=devmachine,slurm")
+                problems.append(
+                    f"{key}: '{value}' must be a comma-separated list of {', '.join(allowed)}, "
+                    f"e.g. {key}=devmachine,slurm"
+                )
             value = items
         elif question.get("type") == "int":
             try:
@@ -75,8 +79,16 @@ def copier_validators(root: Path, answers: dict) -> list[str]:
     warnings.simplefilter("ignore", DirtyLocalWarning)  # the real run (post_gen) still says it
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            copier.run_copy(src_path=str(root), dst_path=str(Path(tmp) / "p"), data=answers, defaults=True,
-                            unsafe=True, vcs_ref="HEAD", pretend=True, quiet=True)
+            copier.run_copy(
+                src_path=str(root),
+                dst_path=str(Path(tmp) / "p"),
+                data=answers,
+                defaults=True,
+                unsafe=True,
+                vcs_ref="HEAD",
+                pretend=True,
+                quiet=True,
+            )
         except ValueError as exc:
             found = re.match(r"Validation error for question '(\w+)': (.*)", str(exc), re.S)
             return [f"{found[1]}: {' '.join(found[2].split())}" if found else f"answers: {exc}"]

@@ -34,7 +34,7 @@ class ConfigError(ValueError):
         self.key = key
 
 
-def debug_requested(cfg: "Config | None" = None) -> bool:
+def debug_requested(cfg: Config | None = None) -> bool:
     """run.debug in the config or TRAIN_DEBUG=1 in the environment (the launchers set it)."""
     env = os.environ.get("TRAIN_DEBUG", "").lower() in ("1", "true", "yes", "on")
     return env or bool(cfg is not None and cfg.run.debug)
@@ -223,8 +223,11 @@ class Config:
         """Hash of the settings a checkpoint cannot outlive (shape of model and data stream)."""
         # Settings that do not change the weights stay out; so do new fields at their defaults,
         # which keeps checkpoints of earlier template versions resumable.
-        model = {k: v for k, v in dataclasses.asdict(self.model).items()
-                 if k != "activation_checkpointing" and (k, v) not in (("arch", "gpt"), ("pretrained", ""))}
+        model = {
+            k: v
+            for k, v in dataclasses.asdict(self.model).items()
+            if k != "activation_checkpointing" and (k, v) not in (("arch", "gpt"), ("pretrained", ""))
+        }
         key = {"model": model, "global_batch_size": self.batch.global_batch_size}
         if (self.parallel.tensor, self.parallel.pipeline) != (1, 1):
             key["parallel"] = dataclasses.asdict(self.parallel)  # shards of a layout do not fit another
@@ -246,7 +249,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
         raise ConfigError(f"config file {path} not found; pass --config PATH or run from the project folder")
     text = path.read_text()
     # A conflicting `copier update` (or git merge) leaves markers that may still parse as YAML.
-    markers = [n for n, line in enumerate(text.splitlines(), 1) if line.startswith(("<<<<<<<", ">>>>>>>")) or line.rstrip() == "======="]
+    markers = [
+        n
+        for n, line in enumerate(text.splitlines(), 1)
+        if line.startswith(("<<<<<<<", ">>>>>>>")) or line.rstrip() == "======="
+    ]
     if markers:
         raise ConfigError(
             f"unresolved merge conflict markers in {path} (lines {', '.join(map(str, markers[:6]))}): "
@@ -283,7 +290,9 @@ def save_config(cfg: Config, path: Path) -> None:
 def _section(cfg: Config, name: str, source: str):
     names = [f.name for f in dataclasses.fields(cfg)]
     if name not in names:
-        raise ConfigError(f"unknown section '{name}' in {source}{_did_you_mean(name, names)}; sections are {', '.join(names)}")
+        raise ConfigError(
+            f"unknown section '{name}' in {source}{_did_you_mean(name, names)}; sections are {', '.join(names)}"
+        )
     return getattr(cfg, name)
 
 
@@ -344,8 +353,13 @@ def _did_you_mean(name: str, options: list[str], prefix: str = "") -> str:
 
 
 def _check_choices(cfg: Config) -> None:
-    choices = {"model.arch": ("gpt", "bert", "gpt3"), "run.device": ("auto", "cuda", "cpu"), "run.dtype": ("auto", "bf16", "fp32"),
-               "run.strategy": ("ddp", "deepspeed"), "deepspeed.zero_stage": (0, 1, 2, 3)}
+    choices = {
+        "model.arch": ("gpt", "bert", "gpt3"),
+        "run.device": ("auto", "cuda", "cpu"),
+        "run.dtype": ("auto", "bf16", "fp32"),
+        "run.strategy": ("ddp", "deepspeed"),
+        "deepspeed.zero_stage": (0, 1, 2, 3),
+    }
     for name, allowed in choices.items():
         section, key = name.split(".")
         value = getattr(getattr(cfg, section), key)
@@ -353,8 +367,12 @@ def _check_choices(cfg: Config) -> None:
             raise ConfigError(f"{name}={value!r} is not one of {', '.join(map(str, allowed))}", key=name)
     ds = cfg.deepspeed
     if ds.offload_params and ds.zero_stage != 3:
-        raise ConfigError(f"deepspeed.offload_params=true needs deepspeed.zero_stage=3 (got {ds.zero_stage})",
-                          key="deepspeed.offload_params")
+        raise ConfigError(
+            f"deepspeed.offload_params=true needs deepspeed.zero_stage=3 (got {ds.zero_stage})",
+            key="deepspeed.offload_params",
+        )
     if ds.offload_optimizer and ds.zero_stage == 0:
-        raise ConfigError("deepspeed.offload_optimizer=true needs deepspeed.zero_stage 1, 2 or 3 (got 0)",
-                          key="deepspeed.offload_optimizer")
+        raise ConfigError(
+            "deepspeed.offload_optimizer=true needs deepspeed.zero_stage 1, 2 or 3 (got 0)",
+            key="deepspeed.offload_optimizer",
+        )

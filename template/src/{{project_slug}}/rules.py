@@ -83,18 +83,30 @@ def check_config(cfg: Config, world_size: int | None = None) -> list[Problem]:
         "checkpoint.every_steps": cfg.checkpoint.every_steps,
         "logging.eval_every_steps": cfg.logging.eval_every_steps,
     }
-    problems += [Problem(f"{name}={value} must not be negative", name)
-                 for name, value in non_negative.items() if value < 0]
+    problems += [
+        Problem(f"{name}={value} must not be negative", name) for name, value in non_negative.items() if value < 0
+    ]
     if not 0 < cfg.data.val_fraction < 1:
-        problems.append(Problem(f"data.val_fraction={cfg.data.val_fraction} must be between 0 and 1, e.g. 0.005",
-                                "data.val_fraction"))
+        problems.append(
+            Problem(
+                f"data.val_fraction={cfg.data.val_fraction} must be between 0 and 1, e.g. 0.005", "data.val_fraction"
+            )
+        )
     if not 0 <= cfg.schedule.min_lr_ratio <= 1:
-        problems.append(Problem(f"schedule.min_lr_ratio={cfg.schedule.min_lr_ratio} must be between 0 and 1",
-                                "schedule.min_lr_ratio"))
+        problems.append(
+            Problem(
+                f"schedule.min_lr_ratio={cfg.schedule.min_lr_ratio} must be between 0 and 1", "schedule.min_lr_ratio"
+            )
+        )
     if cfg.schedule.warmup_steps > cfg.schedule.max_steps:
-        problems.append(Problem(
-            f"schedule.warmup_steps={cfg.schedule.warmup_steps} exceeds schedule.max_steps={cfg.schedule.max_steps}; "
-            "lower the warmup", "schedule.warmup_steps", "schedule.max_steps"))
+        problems.append(
+            Problem(
+                f"schedule.warmup_steps={cfg.schedule.warmup_steps} exceeds schedule.max_steps={cfg.schedule.max_steps}; "
+                "lower the warmup",
+                "schedule.warmup_steps",
+                "schedule.max_steps",
+            )
+        )
     try:
         shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
     except ConfigError as exc:  # load_config has refused an unknown model.arch already: the size is wrong
@@ -102,36 +114,74 @@ def check_config(cfg: Config, world_size: int | None = None) -> list[Problem]:
     problems += parallel_problems(cfg, shape, world)
     arch = cfg.model.arch
     if arch != "gpt" and cfg.model.n_kv_head is not None:
-        problems.append(Problem(f"model.n_kv_head={cfg.model.n_kv_head} applies to model.arch=gpt only; set it to null",
-                                "model.n_kv_head", "model.arch"))
+        problems.append(
+            Problem(
+                f"model.n_kv_head={cfg.model.n_kv_head} applies to model.arch=gpt only; set it to null",
+                "model.n_kv_head",
+                "model.arch",
+            )
+        )
     if arch != "bert" and cfg.model.pretrained:
-        problems.append(Problem(f"model.pretrained={cfg.model.pretrained!r}: starting from local weights is built for "
-                                f"model.arch=bert; set it to \"\" for {arch}", "model.pretrained", "model.arch"))
+        problems.append(
+            Problem(
+                f"model.pretrained={cfg.model.pretrained!r}: starting from local weights is built for "
+                f'model.arch=bert; set it to "" for {arch}',
+                "model.pretrained",
+                "model.arch",
+            )
+        )
     limit = {"bert": 512}.get(arch)
     if limit and cfg.model.sequence_len > limit:
-        problems.append(Problem(f"model.sequence_len={cfg.model.sequence_len} exceeds BERT's {limit} position "
-                                f"embeddings; use at most {limit}", "model.sequence_len", "model.arch"))
+        problems.append(
+            Problem(
+                f"model.sequence_len={cfg.model.sequence_len} exceeds BERT's {limit} position "
+                f"embeddings; use at most {limit}",
+                "model.sequence_len",
+                "model.arch",
+            )
+        )
     if shape["n_kv_head"] < 1 or shape["n_head"] % shape["n_kv_head"]:
-        problems.append(Problem(
-            f"model.n_kv_head={shape['n_kv_head']} must divide the {shape['n_head']} query heads of "
-            f"model.size={cfg.model.size}; use a divisor of {shape['n_head']} or null",
-            "model.n_kv_head", "model.size"))
+        problems.append(
+            Problem(
+                f"model.n_kv_head={shape['n_kv_head']} must divide the {shape['n_head']} query heads of "
+                f"model.size={cfg.model.size}; use a divisor of {shape['n_head']} or null",
+                "model.n_kv_head",
+                "model.size",
+            )
+        )
     if shape["n_embd"] % shape["n_head"] or shape["n_embd"] // shape["n_head"] % 2:
-        problems.append(Problem(f"model.size={cfg.model.size} needs a width divisible into heads of even size "
-                                "(rotary embeddings pair dimensions); choose another size", "model.size"))
+        problems.append(
+            Problem(
+                f"model.size={cfg.model.size} needs a width divisible into heads of even size "
+                "(rotary embeddings pair dimensions); choose another size",
+                "model.size",
+            )
+        )
     if min(cfg.batch.micro_batch_size, cfg.batch.global_batch_size, world) >= 1:
         try:
             resolve_grad_accum(cfg, cfg.data_parallel_size(world))
         except ConfigError as exc:
             origin = "" if world_size else f" = {cfg.cluster.nodes} nodes x {cfg.cluster.gpus_per_node} GPUs per node"
             split = cfg.parallel.tensor * cfg.parallel.pipeline > 1
-            layout = (f", data-parallel {cfg.data_parallel_size(world)} = {world} / (tensor {cfg.parallel.tensor} x "
-                      f"pipeline {cfg.parallel.pipeline})" if split else "")
+            layout = (
+                f", data-parallel {cfg.data_parallel_size(world)} = {world} / (tensor {cfg.parallel.tensor} x "
+                f"pipeline {cfg.parallel.pipeline})"
+                if split
+                else ""
+            )
             # the data-parallel size comes from the cluster shape (and the layout, when it splits the model)
             shape_keys = ("cluster.nodes", "cluster.gpus_per_node") + (
-                ("parallel.tensor", "parallel.pipeline") if split else ())
-            problems.append(Problem(f"{exc} (for {world} processes{origin}{layout})", exc.key,
-                                    "batch.global_batch_size", "batch.micro_batch_size", *shape_keys))
+                ("parallel.tensor", "parallel.pipeline") if split else ()
+            )
+            problems.append(
+                Problem(
+                    f"{exc} (for {world} processes{origin}{layout})",
+                    exc.key,
+                    "batch.global_batch_size",
+                    "batch.micro_batch_size",
+                    *shape_keys,
+                )
+            )
     return problems
 
 
@@ -146,35 +196,74 @@ def parallel_problems(cfg: Config, shape: dict, world: int) -> list[Problem]:
         return []
     split = "parallel.tensor" if tp > 1 else "parallel.pipeline"  # a degree above 1, which the fix lowers
     if arch != "gpt3":
-        return [Problem(f"parallel.tensor={tp}, parallel.pipeline={pp}: tensor and pipeline parallelism are built for "
-                        f"model.arch=gpt3 only (this is {arch}); set both to 1 and scale {arch} with ZeRO instead",
-                        split, *degrees, "model.arch")]
+        return [
+            Problem(
+                f"parallel.tensor={tp}, parallel.pipeline={pp}: tensor and pipeline parallelism are built for "
+                f"model.arch=gpt3 only (this is {arch}); set both to 1 and scale {arch} with ZeRO instead",
+                split,
+                *degrees,
+                "model.arch",
+            )
+        ]
     problems = []
     if world % (tp * pp):
-        problems.append(Problem(f"parallel.tensor {tp} x parallel.pipeline {pp} = {tp * pp} does not divide the "
-                                f"{world} processes; choose degrees whose product divides {world}",
-                                "parallel.pipeline" if pp > 1 else "parallel.tensor", *degrees,
-                                "cluster.nodes", "cluster.gpus_per_node"))
+        problems.append(
+            Problem(
+                f"parallel.tensor {tp} x parallel.pipeline {pp} = {tp * pp} does not divide the "
+                f"{world} processes; choose degrees whose product divides {world}",
+                "parallel.pipeline" if pp > 1 else "parallel.tensor",
+                *degrees,
+                "cluster.nodes",
+                "cluster.gpus_per_node",
+            )
+        )
     if tp > cfg.cluster.gpus_per_node:
-        problems.append(Problem(f"parallel.tensor={tp} exceeds cluster.gpus_per_node={cfg.cluster.gpus_per_node}: "
-                                "tensor parallelism all-reduces in every layer and must stay inside one node's NVLink; "
-                                f"use at most {cfg.cluster.gpus_per_node}", "parallel.tensor", "cluster.gpus_per_node"))
+        problems.append(
+            Problem(
+                f"parallel.tensor={tp} exceeds cluster.gpus_per_node={cfg.cluster.gpus_per_node}: "
+                "tensor parallelism all-reduces in every layer and must stay inside one node's NVLink; "
+                f"use at most {cfg.cluster.gpus_per_node}",
+                "parallel.tensor",
+                "cluster.gpus_per_node",
+            )
+        )
     if shape["n_head"] % tp:
-        problems.append(Problem(f"parallel.tensor={tp} does not divide the {shape['n_head']} attention heads of "
-                                f"model.size={cfg.model.size}; use a divisor of {shape['n_head']}",
-                                "parallel.tensor", "model.size"))
+        problems.append(
+            Problem(
+                f"parallel.tensor={tp} does not divide the {shape['n_head']} attention heads of "
+                f"model.size={cfg.model.size}; use a divisor of {shape['n_head']}",
+                "parallel.tensor",
+                "model.size",
+            )
+        )
     if shape["n_layer"] % pp:
-        problems.append(Problem(f"parallel.pipeline={pp} does not divide the {shape['n_layer']} layers of "
-                                f"model.size={cfg.model.size}; use a divisor of {shape['n_layer']}",
-                                "parallel.pipeline", "model.size"))
+        problems.append(
+            Problem(
+                f"parallel.pipeline={pp} does not divide the {shape['n_layer']} layers of "
+                f"model.size={cfg.model.size}; use a divisor of {shape['n_layer']}",
+                "parallel.pipeline",
+                "model.size",
+            )
+        )
     if cfg.run.strategy != "deepspeed":
-        problems.append(Problem(f"parallel.tensor={tp}/parallel.pipeline={pp} run on DeepSpeed's pipeline engine and "
-                                "tensor-parallel layers; set run.strategy=deepspeed", "run.strategy", *degrees))
+        problems.append(
+            Problem(
+                f"parallel.tensor={tp}/parallel.pipeline={pp} run on DeepSpeed's pipeline engine and "
+                "tensor-parallel layers; set run.strategy=deepspeed",
+                "run.strategy",
+                *degrees,
+            )
+        )
     elif cfg.deepspeed.zero_stage > 1:
-        problems.append(Problem(f"deepspeed.zero_stage={cfg.deepspeed.zero_stage} with parallel.tensor={tp}, "
-                                f"parallel.pipeline={pp}: these layouts run on DeepSpeed's pipeline engine, which "
-                                "shards only optimizer state; use deepspeed.zero_stage=1 (or 0)",
-                                "deepspeed.zero_stage", *degrees))
+        problems.append(
+            Problem(
+                f"deepspeed.zero_stage={cfg.deepspeed.zero_stage} with parallel.tensor={tp}, "
+                f"parallel.pipeline={pp}: these layouts run on DeepSpeed's pipeline engine, which "
+                "shards only optimizer state; use deepspeed.zero_stage=1 (or 0)",
+                "deepspeed.zero_stage",
+                *degrees,
+            )
+        )
     return problems
 
 
