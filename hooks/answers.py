@@ -9,82 +9,146 @@
 Used by copier's validators (hooks/copier_extension.py) and by cookiecutter's pre_gen hook. The
 rules are NOT written here: answers are rendered into config/train.yaml exactly as the template
 does (template/config/train.yaml.jinja), loaded with the generated package's config.load_config,
-and checked with its rules.check_config and plan.fit_problem -- the same code `<slug> check` and
+and checked with its rules.check_config and fit.fit_problem -- the same code `<slug> check` and
 train start run. The package is loaded from template/src/{{project_slug}}/ by file path.
+Questions, their order and their defaults are read from copier.yml; a missing answer gets copier's
+default, rendered as copier renders it. Each problem names the config keys it concerns and the key
+whose change is the fix; CONFIG_ANSWERS turns those into the answer to blame, whatever the wording.
 Only rules between answers that never reach train.yaml (Kubernetes names, platform needs) live here.
 Each problem is one line: "<answer>=<value>: <why>; <what to do>".
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
-import re
 import sys
 import tempfile
 from pathlib import Path
 
 import jinja2
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+COPIER_YML = ROOT / "copier.yml"
 TEMPLATE = ROOT / "template"
 PACKAGE_DIR = TEMPLATE / "src" / "{{project_slug}}"
 # One module name per template checkout: `copier update` loads the old and the new version side by side.
 PACKAGE = "dtt_rules_pkg_" + hashlib.sha256(str(PACKAGE_DIR).encode()).hexdigest()[:12]
 
-# Answers that shape train.yaml, with copier.yml's defaults for the ones a caller leaves out.
-DEFAULTS = {
-    "project_name": "My Training Run", "project_slug": "run", "model": "gpt", "gpt3_layout": "125m-1gpu",
-    "pretrained_dir": "", "platforms": ["devmachine"], "shared_mount": "/mnt/shared",
-    "data_dir": "/mnt/shared/run/data", "output_dir": "/mnt/shared/run/runs",
+# The answer each config key is rendered from (template/config/train.yaml.jinja). Keys that several
+# answers shape (batch sizes, learning rate, schedule) are left out: a problem about them is blamed
+# through the other keys it names.
+CONFIG_ANSWERS = {
+    "model.arch": "model",
+    "model.size": "model_size",
+    "model.pretrained": "pretrained_dir",
+    "run.strategy": "strategy",
+    "deepspeed.zero_stage": "zero_stage",
+    "cluster.nodes": "nodes",
+    "cluster.gpus_per_node": "gpus_per_node",
+    "parallel.tensor": "tensor_parallel",
+    "parallel.pipeline": "pipeline_parallel",
+    "data.dir": "data_dir",
+    "run.output_dir": "output_dir",
+    "cluster.gpu_type": "gpu_type",
 }
-
-# Which answer a config key in a rule's message comes from (first key named wins).
-CONFIG_TO_ANSWER = [
-    ("parallel.tensor", "tensor_parallel"), ("parallel.pipeline", "pipeline_parallel"),
-    ("deepspeed.zero_stage", "zero_stage"), ("run.strategy", "strategy"),
-    ("cluster.nodes", "nodes"), ("cluster.gpus_per_node", "gpus_per_node"), ("cluster.gpu_type", "gpu_type"),
-    ("model.pretrained", "pretrained_dir"), ("model.size", "model_size"), ("model.arch", "model"),
-    ("batch.", "gpus_per_node"), ("model.", "model_size"),
-]
 
 # Pods the operators create from the job name (= project_slug): the longest suffix for `nodes`.
 # PyTorchJob: <name>-master-0, <name>-worker-<i>; MPIJob: <name>-launcher, <name>-worker-<i>;
 # TrainJob (JobSet): <name>-node-0-<i>-<5 random>. A pod's hostname is a DNS-1123 label (<= 63).
 DNS_LABEL = 63
 
+# copier adds these filters (regex_search, regex_replace, ...) to every template's environment.
+COPIER_EXTENSIONS = ["jinja2_ansible_filters.AnsibleCoreFiltersExtension"]
+
 
 def package():
     """The generated package's pure-Python modules (config, rules, plan, sizes), loaded by path."""
     if PACKAGE not in sys.modules:
         spec = importlib.util.spec_from_file_location(
-            PACKAGE, PACKAGE_DIR / "__init__.py", submodule_search_locations=[str(PACKAGE_DIR)])
+            PACKAGE, PACKAGE_DIR / "__init__.py", submodule_search_locations=[str(PACKAGE_DIR)]
+        )
         module = importlib.util.module_from_spec(spec)
         sys.modules[PACKAGE] = module
         spec.loader.exec_module(module)
     return {name: importlib.import_module(f"{PACKAGE}.{name}") for name in ("config", "rules", "fit", "sizes")}
 
 
+# --- copier.yml: questions, their order, their defaults ---------------------------------------------
+
+
+@functools.cache
+def copier_spec() -> dict:
+    return yaml.safe_load(COPIER_YML.read_text())
+
+
+def questions() -> dict[str, dict]:
+    """copier.yml's questions in the order copier asks them (keys starting with '_' are settings)."""
+    return {name: q for name, q in copier_spec().items() if not name.startswith("_")}
+
+
+def question_order() -> list[str]:
+    return list(questions())
+
+
+@functools.cache
+def _jinja() -> jinja2.Environment:
+    """copier's environment for this template: sandboxed, with copier's filters and the template's
+    `_jinja_extensions` (path entries are relative to the template root)."""
+    from jinja2.sandbox import SandboxedEnvironment
+
+    extensions = COPIER_EXTENSIONS + list(copier_spec().get("_jinja_extensions", []))
+    return SandboxedEnvironment(
+        loader=jinja2.FileSystemLoader(str(ROOT)), extensions=extensions, keep_trailing_newline=True
+    )
+
+
+@functools.cache
+def _default_template(source: str) -> jinja2.Template:
+    return _jinja().from_string(source)
+
+
+def _typed(question: dict, value):
+    """An answer as copier types it: numbers from text, a multiselect from "[a, b]" or "a,b"."""
+    if question.get("multiselect"):
+        if isinstance(value, str):
+            value = [item.strip(" '\"") for item in value.strip().strip("[]").split(",") if item.strip(" '\"")]
+        return list(value)
+    kind = question.get("type", "yaml")
+    if kind == "int":
+        return int(value)
+    if kind == "float":
+        return float(value)
+    if kind == "bool" and isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on", "y")
+    if kind in ("yaml", "json") and isinstance(value, str):
+        return yaml.safe_load(value)
+    if kind == "str":
+        return str(value)
+    return value
+
+
 def complete(answers: dict) -> dict:
-    """Answers with copier.yml's defaults filled in for train.yaml's inputs a caller left out."""
-    a = {**DEFAULTS, **{k: v for k, v in answers.items() if v is not None}}
-    layout = package()["sizes"].GPT3_LAYOUTS.get(a["gpt3_layout"], {"size": "125M", "nodes": 1, "gpus_per_node": 8,
-                                                                       "tp": 1, "pp": 1})
-    gpt3 = a["model"] == "gpt3"
-    a.setdefault("model_size", layout["size"] if gpt3 else ("large" if a["model"] == "bert" else "d20"))
-    a.setdefault("strategy", "ddp" if a["model"] == "gpt" else "deepspeed")
-    a.setdefault("zero_stage", 3 if a["model"] == "bert" else 1)
-    a.setdefault("nodes", layout["nodes"] if gpt3 else 1)
-    a.setdefault("gpus_per_node", layout["gpus_per_node"] if gpt3 else 8)
-    a.setdefault("tensor_parallel", layout["tp"])
-    a.setdefault("pipeline_parallel", layout["pp"])
-    a.setdefault("gpu_type", "h100-80gb")
-    for key in ("nodes", "gpus_per_node", "tensor_parallel", "pipeline_parallel", "zero_stage"):
-        a[key] = int(a[key])
-    if isinstance(a["platforms"], str):
-        a["platforms"] = [p.strip(" '\"") for p in a["platforms"].strip("[]").split(",") if p.strip()]
-    return a
+    """Every question's answer: the given ones typed as copier types them, copier.yml's default for
+    the others, rendered in question order against the answers before it (copier --defaults)."""
+    given = {name: value for name, value in answers.items() if value is not None}
+    a: dict = {}
+    for name, question in questions().items():
+        if name in given:
+            a[name] = _typed(question, given[name])
+            continue
+        if "default" not in question:
+            continue
+        default = question["default"]
+        if isinstance(default, str):
+            if question.get("when") is False:
+                continue  # a value derived for rendering, not an answer (answers_check's runs these very checks)
+            default = _default_template(default).render(a)
+        a[name] = _typed(question, default)
+    return {**{name: value for name, value in given.items() if name not in a}, **a}
 
 
 def render_train_yaml(answers: dict) -> str:
@@ -93,29 +157,17 @@ def render_train_yaml(answers: dict) -> str:
     return env.from_string((TEMPLATE / "config" / "train.yaml.jinja").read_text()).render(answers)
 
 
-# Question order in copier.yml: a problem is blamed on the LAST answer it names, the first
-# question at which every input of the rule is known.
-QUESTION_ORDER = ["project_name", "project_slug", "model", "gpt3_layout", "model_size", "pretrained_dir", "strategy",
-                  "zero_stage", "platforms", "nodes", "gpus_per_node", "tensor_parallel", "pipeline_parallel",
-                  "shared_mount", "data_dir", "output_dir", "image", "gpu_type", "pvc_name"]
+# --- which answer a problem is blamed on ---------------------------------------------------------
 
 
-def _named(message: str) -> set[str]:
-    """Answers whose config keys a rule's message names."""
-    named = {answer for key, answer in CONFIG_TO_ANSWER if key in message}
-    if "batch." in message:  # the data-parallel size comes from the cluster shape
-        named |= {"nodes", "gpus_per_node"}
-    return named or {"model_size"}
-
-
-def _field(message: str) -> str:
-    """The answer to change: the one the fix names ("set run.strategy=..."), else the last one named."""
-    fix = re.search(r"\b(?:set|use) ([a-z_]+\.[a-z_]+)=", message)
-    if fix:
-        for key, answer in CONFIG_TO_ANSWER:
-            if fix.group(1).startswith(key) and key != "batch.":
-                return answer
-    return max(_named(message), key=QUESTION_ORDER.index)
+def blamed_answer(fix_key: str | None, keys: tuple[str, ...] = ()) -> str:
+    """The answer to change for a problem: the one its fix key is rendered from; else the last asked
+    of the answers its keys come from (the first question at which all of them are known); else the
+    last answer train.yaml depends on, where every input of a rule is known."""
+    if fix_key in CONFIG_ANSWERS:
+        return CONFIG_ANSWERS[fix_key]
+    named = [CONFIG_ANSWERS[key] for key in keys if key in CONFIG_ANSWERS] or list(CONFIG_ANSWERS.values())
+    return max(named, key=question_order().index)
 
 
 def _line(a: dict, field: str, message: str) -> str:
@@ -124,28 +176,29 @@ def _line(a: dict, field: str, message: str) -> str:
     return f"{field}={value}: {' '.join(message.split())}"
 
 
-def config_problems(a: dict, fit: bool = True) -> list[tuple[str, set[str], str]]:
-    """(answer blamed, answers named, message) for every rule the generated config breaks, then plan's memory fit."""
+def config_problems(a: dict, fit: bool = True) -> list[tuple[str, str]]:
+    """(answer blamed, message) for every rule the generated config breaks, then plan's memory fit."""
     pkg = package()
+    config_error = pkg["config"].ConfigError
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "train.yaml"
         path.write_text(render_train_yaml(a))
         try:
             cfg = pkg["config"].load_config(path)
-        except pkg["config"].ConfigError as exc:
-            return [(_field(str(exc)), _named(str(exc)), str(exc))]
-    found = [(_field(p), _named(p), p) for p in pkg["rules"].check_config(cfg)]
+        except config_error as exc:
+            return [(blamed_answer(exc.key, (exc.key,) if exc.key else ()), str(exc))]
+    found = [(blamed_answer(p.fix_key, p.keys), p) for p in pkg["rules"].check_config(cfg)]
     if not found and fit:
         try:
             problem = pkg["fit"].fit_problem(cfg)
-        except pkg["config"].ConfigError as exc:  # a GPU plan does not know
-            problem = str(exc)
-        if problem:  # blamed on the GPU, asked after everything that shapes the memory
-            found.append(("gpu_type", {"gpu_type"}, problem))
+        except config_error as exc:  # no figures for this GPU type (gpus.py)
+            problem = pkg["rules"].Problem(str(exc), exc.key or "cluster.gpu_type")
+        if problem:
+            found.append((blamed_answer(problem.fix_key, problem.keys), problem))
     return found
 
 
-def platform_problems(a: dict) -> list[tuple[str, set[str], str]]:
+def platform_problems(a: dict) -> list[tuple[str, str]]:
     """Rules between answers that do not reach train.yaml: Kubernetes names, what a platform needs."""
     found = []
     platforms = a["platforms"]
@@ -156,13 +209,24 @@ def platform_problems(a: dict) -> list[tuple[str, set[str], str]]:
             suffixes.append("-launcher")
         longest = max(suffixes, key=len)
         if len(a["project_slug"]) + len(longest) > DNS_LABEL:
-            found.append(("nodes", {"nodes", "project_slug"}, (
-                f"the Kubernetes job name '{a['project_slug']}' gives pod names such as "
-                f"'{a['project_slug']}{longest}' of {len(a['project_slug']) + len(longest)} characters, over the "
-                f"{DNS_LABEL} of a DNS-1123 label; use a slug of at most {DNS_LABEL - len(longest)} characters")))
-        if not str(a.get("pvc_name", "x") or "").strip():
-            found.append(("pvc_name", {"pvc_name"}, "Kubeflow pods mount the shared storage from a PersistentVolumeClaim; "
-                                      "give the name of an existing PVC, e.g. shared-data"))
+            found.append(
+                (
+                    "nodes",
+                    (
+                        f"the Kubernetes job name '{a['project_slug']}' gives pod names such as "
+                        f"'{a['project_slug']}{longest}' of {len(a['project_slug']) + len(longest)} characters, over the "
+                        f"{DNS_LABEL} of a DNS-1123 label; use a slug of at most {DNS_LABEL - len(longest)} characters"
+                    ),
+                )
+            )
+        if not str(a.get("pvc_name") or "").strip():
+            found.append(
+                (
+                    "pvc_name",
+                    "Kubeflow pods mount the shared storage from a PersistentVolumeClaim; "
+                    "give the name of an existing PVC, e.g. shared-data",
+                )
+            )
     return found
 
 
@@ -170,16 +234,18 @@ def notes(answers: dict) -> list[str]:
     """Things worth knowing that are not errors."""
     a = complete(answers)
     out = []
-    if "tione" in a["platforms"] and a.get("fabric", "infiniband") != "tcp":
-        out.append("TI-ONE HCC machines inject their own NCCL_IB_* settings; config/nccl.env only sets what "
-                   "the platform leaves unset (node applies it with setdefault)")
+    if "tione" in a["platforms"] and a["fabric"] != "tcp":
+        out.append(
+            "TI-ONE HCC machines inject their own NCCL_IB_* settings; config/nccl.env only sets what "
+            "the platform leaves unset (node applies it with setdefault)"
+        )
     return out
 
 
-def field_problems(answers: dict, fit: bool = True) -> list[tuple[str, set[str], str]]:
-    """(answer blamed, answers named, message), platform rules first, then the config rules."""
+def field_problems(answers: dict, fit: bool = True) -> list[tuple[str, str]]:
+    """(answer blamed, message), platform rules first, then the config rules."""
     a = complete(answers)
-    return [(field, named | {field}, message) for field, named, message in platform_problems(a) + config_problems(a, fit)]
+    return platform_problems(a) + config_problems(a, fit)
 
 
 def line(answers: dict, field: str, message: str) -> str:
@@ -189,15 +255,15 @@ def line(answers: dict, field: str, message: str) -> str:
 
 def problems(answers: dict) -> list[str]:
     """Every cross-field problem of a full set of answers, one line each; empty when they are fine."""
-    return [line(answers, field, message) for field, _, message in field_problems(answers)]
+    return [line(answers, field, message) for field, message in field_problems(answers)]
 
 
 def main(argv: list[str]) -> int:
     import json
 
     found = problems(json.loads(argv[0]) if argv else {})
-    for line in found:
-        print(line, file=sys.stderr)
+    for text in found:
+        print(text, file=sys.stderr)
     return 1 if found else 0
 
 

@@ -17,13 +17,20 @@ Globals it adds:
                                              <field>=<value>" and the reason on a second line, for the
                                              first problem left: hidden questions have no validators,
                                              and older copier versions did not validate defaults
-The rules themselves come from hooks/answers.py, which runs the generated package's rules.py/plan.py.
+    path_characters_problem('data_dir', data_dir)
+                                             "" or why the path holds a character that shell, sbatch or
+                                             env files read specially: the one rule for every path answer
+    image_reference_problem('image', image, 'registry.example.com/run:v1')
+                                             "" or why the answer is not an image reference, with the
+                                             example as the fix: the one rule for every image answer
+The cross-field rules come from hooks/answers.py, which runs the generated package's rules.py/plan.py.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -33,6 +40,15 @@ from jinja2.ext import Extension
 _PATH = Path(__file__).resolve().parent / "answers.py"
 # One module per template checkout: `copier update` renders the old and the new version in one process.
 _ANSWERS = "dtt_hooks_answers_" + hashlib.sha256(str(_PATH).encode()).hexdigest()[:12]
+
+# Quotes, backslash, $, `, %, # and control characters: launch scripts, sbatch and env files would
+# expand, cut or reinterpret a path holding one.
+SHELL_SPECIAL = re.compile(r"[\"'`$%#\\\x00-\x1f\x7f]")
+# registry[:port]/path[:tag][@sha256:digest] with lowercase name components: docker's reference grammar, simplified.
+IMAGE_REFERENCE = re.compile(
+    r"[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*"
+    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?"
+)
 
 
 def _answers_module():
@@ -46,7 +62,7 @@ def _answers_module():
 
 def _given(context) -> dict:
     """The answers known so far (earlier questions, --data, last answers on update)."""
-    names = _answers_module().QUESTION_ORDER + ["platforms", "fabric", "tione_mode", "k8s_namespace"]
+    names = _answers_module().question_order()
     return {name: context[name] for name in names if name in context and context[name] is not None}
 
 
@@ -73,17 +89,19 @@ def _non_interactive(context) -> bool:
 def answer_problems(context, *fields: str, upto: str | None = None) -> str:
     """First problem to be fixed in one of `fields` (or in any question up to `upto`), "" when fine.
 
-    Each problem blames one answer (the one its fix names, else the last question it involves) and is
-    reported by that question's validator, with the answers known so far and copier's defaults for
-    the rest; the memory fit only once gpu_type is known.
+    Each problem blames one answer (hooks/answers.py: the answer of the config key whose change fixes
+    it, else the last question its keys involve) and is reported by that question's validator, with
+    the answers known so far and copier's defaults for the rest; the memory fit only once gpu_type
+    is known.
     """
     if _non_interactive(context):
         return ""  # answers_check reports it last, as one message without copier's traceback
     rules = _answers_module()
     if upto:
-        fields = tuple(rules.QUESTION_ORDER[: rules.QUESTION_ORDER.index(upto) + 1])
+        order = rules.question_order()
+        fields = tuple(order[: order.index(upto) + 1])
     answers = _given(context)
-    for blamed, _named, message in rules.field_problems(answers, fit="gpu_type" in answers):
+    for blamed, message in rules.field_problems(answers, fit="gpu_type" in answers):
         if blamed in fields:
             return rules.line(answers, blamed, message)
     return ""
@@ -94,16 +112,36 @@ def refuse_bad_answers(context) -> str:
     """Raise, naming the answer to change, when the full set of answers breaks a rule."""
     answers = _given(context)
     rules = _answers_module()
-    for field, _named, message in rules.field_problems(answers):
+    for field, message in rules.field_problems(answers):
         value = rules.line(answers, field, "").rstrip(": ")
         raise _refusal()(f"Validation error for question '{field}': {value}\n{' '.join(message.split())}")
     return "ok"
 
 
+def path_characters_problem(field: str, value: str) -> str:
+    """Why the path answer `field` cannot be used, "" when its characters are fine."""
+    if not SHELL_SPECIAL.search(str(value)):
+        return ""
+    return (
+        f"{field} '{value}' holds a character that shell, sbatch or env files would read specially (quotes, "
+        "backslash, $, `, %, # or a control character); choose a path without them."
+    )
+
+
+def image_reference_problem(field: str, value: str, example: str) -> str:
+    """Why the answer `field` is not an image reference, "" when it is one."""
+    if IMAGE_REFERENCE.fullmatch(str(value)):
+        return ""
+    return f"{field} '{value}' is not a valid image reference; use registry/name:tag, e.g. {example}."
+
+
 class RulesExtension(Extension):
-    """Adds answer_problems and refuse_bad_answers to copier's Jinja environment."""
+    """Adds the rules' globals (answer_problems, refuse_bad_answers, path_characters_problem,
+    image_reference_problem) to copier's Jinja environment."""
 
     def __init__(self, environment):
         super().__init__(environment)
         environment.globals["answer_problems"] = answer_problems
         environment.globals["refuse_bad_answers"] = refuse_bad_answers
+        environment.globals["path_characters_problem"] = path_characters_problem
+        environment.globals["image_reference_problem"] = image_reference_problem

@@ -17,7 +17,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from conftest import TEMPLATE, copier_copy
 
 SLUG40 = "a" * 40
@@ -37,6 +36,8 @@ BAD_ANSWERS = [
     ({"output_dir": "runs"}, "output_dir", "absolute"),
     ({"shared_mount": "relative"}, "shared_mount", "absolute"),
     ({"shared_mount": "/mnt/shared/"}, "shared_mount", "trailing slash"),
+    ({"shared_mount": "/mnt/$SHARED"}, "shared_mount", "read specially"),
+    ({"data_dir": "/mnt/shared/v/data#1"}, "data_dir", "read specially"),
     ({"image": "Registry/Name:tag with space"}, "image", "image reference"),
     ({"base_image": "nvcr.io/nvidia/pytorch:bad tag"}, "base_image", "image reference"),
     ({"nccl_socket_ifname": "eth0; reboot"}, "nccl_socket_ifname", "interface"),
@@ -57,7 +58,11 @@ BAD_ANSWERS = [
     # tensor / pipeline degrees against the world size and the model's shape
     ({**GPT3, "gpus_per_node": 4, "tensor_parallel": 8}, "tensor_parallel", "gpus_per_node"),
     ({**GPT3, "gpus_per_node": 4, "pipeline_parallel": 3}, "pipeline_parallel", "divide"),
-    ({**GPT3, "nodes": 1, "gpus_per_node": 6, "tensor_parallel": 2, "pipeline_parallel": 4}, "pipeline_parallel", "divide"),
+    (
+        {**GPT3, "nodes": 1, "gpus_per_node": 6, "tensor_parallel": 2, "pipeline_parallel": 4},
+        "pipeline_parallel",
+        "divide",
+    ),
     ({**GPT3, "model_size": "125M", "tensor_parallel": 8}, "tensor_parallel", "attention heads"),
     ({**GPT3, "model_size": "350M", "gpus_per_node": 3, "tensor_parallel": 3}, "tensor_parallel", "attention heads"),
     ({**GPT3, "model_size": "1.3B", "gpus_per_node": 5, "pipeline_parallel": 5}, "pipeline_parallel", "layers"),
@@ -68,7 +73,11 @@ BAD_ANSWERS = [
     ({"model": "gpt3", "gpt3_layout": "13b-4dp-4pp", "strategy": "ddp"}, "strategy", "run.strategy=deepspeed"),
     ({**GPT3, "model_size": "tiny", "tensor_parallel": 2, "strategy": "ddp"}, "strategy", "run.strategy=deepspeed"),
     # memory fit (plan): given and default GPU types
-    ({**GPT3, "model_size": "13B", "nodes": 1, "gpus_per_node": 8, "gpu_type": "v100-16gb"}, "gpu_type", "does not fit"),
+    (
+        {**GPT3, "model_size": "13B", "nodes": 1, "gpus_per_node": 8, "gpu_type": "v100-16gb"},
+        "gpu_type",
+        "does not fit",
+    ),
     ({**GPT3, "model_size": "13B", "nodes": 1, "gpus_per_node": 8}, "gpu_type", "does not fit"),
     ({**GPT3, "model_size": "175B", "gpu_type": "a100-80gb"}, "gpu_type", "does not fit"),
     ({"model": "gpt", "model_size": "d32", "gpus_per_node": 1, "gpu_type": "v100-16gb"}, "gpu_type", "does not fit"),
@@ -88,10 +97,21 @@ BAD_ANSWERS = [
     ({"platforms": "[tione]", "tione_project_id": "my project"}, "tione_project_id", "letters"),
     ({"platforms": "[tione]", "tione_resource_group": "trsg/1"}, "tione_resource_group", "letters"),
     ({"platforms": "[tione]", "tione_instance_type": "TI GN7"}, "tione_instance_type", "letters"),
-    ({"platforms": "[tione]", "tione_resource_group": "trsg-1", "tione_gpu_type": "H800 SXM"}, "tione_gpu_type", "letters"),
-    ({"platforms": "[tione]", "tione_resource_group": "trsg-1", "tione_cpu_per_node": 0}, "tione_cpu_per_node", "at least 1"),
-    ({"platforms": "[tione]", "tione_resource_group": "trsg-1", "tione_memory_gb_per_node": 0}, "tione_memory_gb_per_node",
-     "at least 1"),
+    (
+        {"platforms": "[tione]", "tione_resource_group": "trsg-1", "tione_gpu_type": "H800 SXM"},
+        "tione_gpu_type",
+        "letters",
+    ),
+    (
+        {"platforms": "[tione]", "tione_resource_group": "trsg-1", "tione_cpu_per_node": 0},
+        "tione_cpu_per_node",
+        "at least 1",
+    ),
+    (
+        {"platforms": "[tione]", "tione_resource_group": "trsg-1", "tione_memory_gb_per_node": 0},
+        "tione_memory_gb_per_node",
+        "at least 1",
+    ),
     ({"platforms": "[tione]", "tione_storage_id": "cfs 1"}, "tione_storage_id", "letters"),
     ({"platforms": "[tione]", "tione_storage_path": "data"}, "tione_storage_path", "absolute"),
     ({"platforms": "[tione]", "tione_vpc_id": "my-vpc"}, "tione_vpc_id", "vpc-"),
@@ -114,7 +134,12 @@ def _id(row) -> str:
 @pytest.mark.parametrize("answers, field, reason", BAD_ANSWERS, ids=[_id(r) for r in BAD_ANSWERS])
 def test_bad_answers_are_refused_before_writing(tmp_path, answers, field, reason):
     dst = tmp_path / "project"
-    data = {"project_name": "Valid Name", "data_dir": "/mnt/shared/v/data", "output_dir": "/mnt/shared/v/runs", **answers}
+    data = {
+        "project_name": "Valid Name",
+        "data_dir": "/mnt/shared/v/data",
+        "output_dir": "/mnt/shared/v/runs",
+        **answers,
+    }
     result = copier_copy(dst, data)
     output = result.stdout + result.stderr
     assert result.returncode != 0, output[-2000:]
@@ -140,8 +165,19 @@ def test_refused_copy_into_an_existing_folder_keeps_exactly_the_users_file(tmp_p
     dst = tmp_path / "existing"
     dst.mkdir()
     (dst / "notes.txt").write_text("mine\n")
-    result = copier_copy(dst, {"project_name": "X", **GPT3, "model_size": "13B", "nodes": 1, "gpus_per_node": 8,
-                               "gpu_type": "v100-16gb", "data_dir": "/mnt/shared/x/data", "output_dir": "/mnt/shared/x/runs"})
+    result = copier_copy(
+        dst,
+        {
+            "project_name": "X",
+            **GPT3,
+            "model_size": "13B",
+            "nodes": 1,
+            "gpus_per_node": 8,
+            "gpu_type": "v100-16gb",
+            "data_dir": "/mnt/shared/x/data",
+            "output_dir": "/mnt/shared/x/runs",
+        },
+    )
     assert result.returncode != 0
     assert "Validation error for question 'gpu_type'" in result.stderr, result.stderr[-2000:]
     assert sorted(p.name for p in dst.iterdir()) == ["notes.txt"]
@@ -157,6 +193,7 @@ def test_refused_copy_into_an_existing_empty_folder_leaves_it_empty(tmp_path):
 
 
 # --- hooks/answers.py on its own: what cookiecutter's pre-generation hook calls --------------------
+
 
 def _answers_module():
     spec = importlib.util.spec_from_file_location("answers_under_test", TEMPLATE / "hooks" / "answers.py")
@@ -177,10 +214,62 @@ def test_answers_module_uses_the_generated_packages_rules_not_a_copy():
     assert answers.problems({"model": "bert"}) == [] and answers.problems({"model": "gpt3"}) == []
 
 
+def test_answers_module_reads_questions_order_and_defaults_from_copier_yml():
+    """No question list or default is copied into hooks/: they come from copier.yml."""
+    import yaml
+
+    answers = _answers_module()
+    spec = yaml.safe_load((TEMPLATE / "copier.yml").read_text())
+    assert answers.question_order() == [k for k in spec if not k.startswith("_")]
+    for name in ("hooks/answers.py", "hooks/copier_extension.py"):
+        text = (TEMPLATE / name).read_text()
+        assert "125m-1gpu" not in text and "h100-80gb" not in text and "/mnt/shared" not in text, name
+
+
+# Answers whose defaults depend on others in every way copier.yml has: Jinja filters, the layout table,
+# arithmetic, questions asked only for some platforms.
+DEFAULT_SETS = {
+    "defaults": {},
+    "gpt3": {"model": "gpt3"},
+    "bert": {"model": "bert"},
+    "gpt3-13b-all-platforms": {
+        "project_name": "Big 13B",
+        "model": "gpt3",
+        "gpt3_layout": "13b-4dp-4pp",
+        "platforms": "[devmachine, kubeflow, tione, slurm]",
+        "tione_resource_group": "trsg-1",
+        "fabric": "roce",
+    },
+}
+
+
+@pytest.mark.parametrize("name", DEFAULT_SETS)
+def test_completed_answers_are_what_copier_records(tmp_path, name):
+    """hooks/answers.py fills a missing answer with the value `copier copy --defaults` records for it."""
+    import yaml
+
+    given = DEFAULT_SETS[name]
+    result = copier_copy(tmp_path / "p", given, extra=["--skip-tasks"])
+    assert result.returncode == 0, (result.stdout + result.stderr)[-2000:]
+    recorded = yaml.safe_load((tmp_path / "p" / ".copier-answers.yml").read_text())
+    recorded = {k: v for k, v in recorded.items() if not k.startswith("_")}
+    completed = _answers_module().complete(given)
+    assert {k: completed.get(k) for k in recorded} == recorded
+
+
 def test_answers_problems_are_one_line_each_naming_field_and_value():
     answers = _answers_module()
-    found = answers.problems({**GPT3, "model_size": "13B", "nodes": 1, "gpus_per_node": 8, "gpu_type": "v100-16gb",
-                              "platforms": ["kubeflow"], "pvc_name": ""})
+    found = answers.problems(
+        {
+            **GPT3,
+            "model_size": "13B",
+            "nodes": 1,
+            "gpus_per_node": 8,
+            "gpu_type": "v100-16gb",
+            "platforms": ["kubeflow"],
+            "pvc_name": "",
+        }
+    )
     assert found[0].startswith("pvc_name=: ") and "PersistentVolumeClaim" in found[0]
     assert found[1].startswith("gpu_type=v100-16gb: does not fit") and "smallest change" in found[1]
     assert all("\n" not in line for line in found)
@@ -190,6 +279,7 @@ def test_answers_problems_are_one_line_each_naming_field_and_value():
 
 
 # --- Why the validators come first: copier's cleanup after a failed post-copy task ------------------
+
 
 def _template_without_early_checks(tmp_path: Path) -> Path:
     """A copy of this template whose only check is the post-copy task (check_project)."""
@@ -208,8 +298,16 @@ def test_post_copy_check_is_the_second_line_and_copier_cleans_only_new_folders(t
     from conftest import BIN, run
 
     src = _template_without_early_checks(tmp_path)
-    data = {"project_name": "Late", **GPT3, "model_size": "13B", "nodes": 1, "gpus_per_node": 8,
-            "gpu_type": "v100-16gb", "data_dir": "/mnt/shared/l/data", "output_dir": "/mnt/shared/l/runs"}
+    data = {
+        "project_name": "Late",
+        **GPT3,
+        "model_size": "13B",
+        "nodes": 1,
+        "gpus_per_node": 8,
+        "gpu_type": "v100-16gb",
+        "data_dir": "/mnt/shared/l/data",
+        "output_dir": "/mnt/shared/l/runs",
+    }
     args = [str(BIN / "copier"), "copy", "--trust", "--defaults"] + [f"--data={k}={v}" for k, v in data.items()]
     # (a) a new destination: check_project refuses the layout, copier removes the folder it created
     new = tmp_path / "new"
@@ -226,33 +324,70 @@ def test_post_copy_check_is_the_second_line_and_copier_cleans_only_new_folders(t
     assert (existing / "config" / "train.yaml").exists() and (existing / "notes.txt").read_text() == "mine\n"
 
 
-
 # --- The validators copier shows while asking (interactive: refused inline, asked again) -----------
+
 
 def _validator(field: str, answers: dict, defaults: bool = False) -> str:
     """Render copier.yml's validator of `field` as copier does, with the RulesExtension loaded."""
     import jinja2
     import yaml
 
-    spec = importlib.util.spec_from_file_location("copier_extension_under_test", TEMPLATE / "hooks" / "copier_extension.py")
+    spec = importlib.util.spec_from_file_location(
+        "copier_extension_under_test", TEMPLATE / "hooks" / "copier_extension.py"
+    )
     extension = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(extension)
     questions = yaml.safe_load((TEMPLATE / "copier.yml").read_text())
-    env = jinja2.Environment(extensions=["jinja2_ansible_filters.AnsibleCoreFiltersExtension", extension.RulesExtension])
-    context = {"gpt3_layouts": questions["gpt3_layouts"]["default"], "_copier_conf": {"defaults": defaults},
-               "project_slug": "run", "platforms": ["devmachine"], **answers}
+    env = jinja2.Environment(
+        extensions=["jinja2_ansible_filters.AnsibleCoreFiltersExtension", extension.RulesExtension]
+    )
+    context = {
+        "gpt3_layouts": questions["gpt3_layouts"]["default"],
+        "_copier_conf": {"defaults": defaults},
+        "project_slug": "run",
+        "platforms": ["devmachine"],
+        **answers,
+    }
     return env.from_string(questions[field]["validator"]).render(context).strip()
 
 
 INTERACTIVE = [
-    ("tensor_parallel", {**GPT3, "model_size": "125M", "nodes": 1, "gpus_per_node": 8, "tensor_parallel": 8}, "attention heads"),
-    ("pipeline_parallel", {**GPT3, "model_size": "1.3B", "nodes": 1, "gpus_per_node": 5, "tensor_parallel": 1,
-                           "pipeline_parallel": 5}, "layers"),
-    ("strategy", {"model": "gpt3", "gpt3_layout": "13b-4dp-4pp", "model_size": "13B", "strategy": "ddp"}, "run.strategy=deepspeed"),
-    ("zero_stage", {**GPT3, "model_size": "125M", "strategy": "deepspeed", "zero_stage": 3, "pipeline_parallel": 2}, "pipeline engine"),
+    (
+        "tensor_parallel",
+        {**GPT3, "model_size": "125M", "nodes": 1, "gpus_per_node": 8, "tensor_parallel": 8},
+        "attention heads",
+    ),
+    (
+        "pipeline_parallel",
+        {**GPT3, "model_size": "1.3B", "nodes": 1, "gpus_per_node": 5, "tensor_parallel": 1, "pipeline_parallel": 5},
+        "layers",
+    ),
+    (
+        "strategy",
+        {"model": "gpt3", "gpt3_layout": "13b-4dp-4pp", "model_size": "13B", "strategy": "ddp"},
+        "run.strategy=deepspeed",
+    ),
+    (
+        "zero_stage",
+        {**GPT3, "model_size": "125M", "strategy": "deepspeed", "zero_stage": 3, "pipeline_parallel": 2},
+        "pipeline engine",
+    ),
     ("nodes", {"platforms": ["kubeflow"], "project_slug": SLUG40, "nodes": 10**16}, "DNS-1123"),
-    ("gpu_type", {**GPT3, "model_size": "13B", "strategy": "deepspeed", "zero_stage": 1, "nodes": 1, "gpus_per_node": 8,
-                  "tensor_parallel": 1, "pipeline_parallel": 1, "gpu_type": "v100-16gb"}, "does not fit"),
+    (
+        "gpu_type",
+        {
+            **GPT3,
+            "model_size": "13B",
+            "strategy": "deepspeed",
+            "zero_stage": 1,
+            "nodes": 1,
+            "gpus_per_node": 8,
+            "tensor_parallel": 1,
+            "pipeline_parallel": 1,
+            "gpu_type": "v100-16gb",
+        },
+        "does not fit",
+    ),
 ]
 
 
@@ -264,9 +399,117 @@ def test_interactive_validator_refuses_at_the_question(field, answers, reason):
     assert _validator(field, answers, defaults=True) == ""
 
 
+PATH_ANSWERS = [
+    ("pretrained_dir", {"model": "bert"}),
+    ("shared_mount", {}),
+    ("data_dir", {"shared_mount": "/mnt"}),
+    ("output_dir", {"shared_mount": "/mnt"}),
+]
+
+
+@pytest.mark.parametrize("field, others", PATH_ANSWERS, ids=[f for f, _ in PATH_ANSWERS])
+@pytest.mark.parametrize(
+    "path", ["/mnt/a'b", '/mnt/a"b', "/mnt/$HOME", "/mnt/a`b`", "/mnt/50%", "/mnt/a#b", "/mnt/a\\b", "/mnt/a\x01b"]
+)
+def test_every_path_answer_refuses_characters_shells_read(field, others, path):
+    message = _validator(field, {**others, field: path})
+    assert message.startswith(f"{field} '{path}' holds a character"), message
+
+
+@pytest.mark.parametrize(
+    "field, example", [("image", "registry.example.com/run:v1"), ("base_image", "nvcr.io/nvidia/pytorch:25.01-py3")]
+)
+def test_every_image_answer_uses_the_one_reference_rule(field, example):
+    for good in ("registry.example.com/run:latest", "localhost:5000/a/b", f"r.io/x@sha256:{'0' * 64}"):
+        assert _validator(field, {field: good}) == "", good
+    message = _validator(field, {field: "Registry/Name:tag with space"})
+    assert (
+        message == f"{field} 'Registry/Name:tag with space' is not a valid image reference; use "
+        f"registry/name:tag, e.g. {example}."
+    )
+
+
+def test_path_and_image_rules_are_written_once():
+    copier_yml = (TEMPLATE / "copier.yml").read_text()
+    assert "`$%#" not in copier_yml and "sha256" not in copier_yml  # the patterns live in copier_extension.py
+    assert copier_yml.count("path_characters_problem(") == 4 and copier_yml.count("image_reference_problem(") == 2
+
+
 def test_interactive_validators_accept_good_answers():
-    good = {"model": "gpt3", "gpt3_layout": "13b-4dp-4pp", "model_size": "13B", "strategy": "deepspeed", "zero_stage": 1,
-            "nodes": 2, "gpus_per_node": 8, "tensor_parallel": 1, "pipeline_parallel": 4, "gpu_type": "a100-80gb"}
-    for field in ("model_size", "strategy", "zero_stage", "nodes", "gpus_per_node", "tensor_parallel",
-                  "pipeline_parallel", "gpu_type"):
+    good = {
+        "model": "gpt3",
+        "gpt3_layout": "13b-4dp-4pp",
+        "model_size": "13B",
+        "strategy": "deepspeed",
+        "zero_stage": 1,
+        "nodes": 2,
+        "gpus_per_node": 8,
+        "tensor_parallel": 1,
+        "pipeline_parallel": 4,
+        "gpu_type": "a100-80gb",
+    }
+    for field in (
+        "model_size",
+        "strategy",
+        "zero_stage",
+        "nodes",
+        "gpus_per_node",
+        "tensor_parallel",
+        "pipeline_parallel",
+        "gpu_type",
+    ):
         assert _validator(field, good) == "", field
+
+
+# --- Routing: the answer a problem is blamed on -----------------------------------------------------
+
+
+def _config_keys(pkg) -> set[str]:
+    import dataclasses
+
+    cfg = pkg["config"].Config()
+    return {
+        f"{section.name}.{f.name}"
+        for section in dataclasses.fields(cfg)
+        for f in dataclasses.fields(getattr(cfg, section.name))
+    }
+
+
+# (answers, the answer blamed first): every kind of rule the answers can break
+ROUTED = [(a, field) for field, a, _ in INTERACTIVE if field != "nodes"] + [
+    ({**GPT3, "gpus_per_node": 4, "tensor_parallel": 8}, "tensor_parallel"),
+    ({**GPT3, "nodes": 1, "gpus_per_node": 6, "tensor_parallel": 2, "pipeline_parallel": 4}, "pipeline_parallel"),
+    ({**GPT3, "pipeline_parallel": 2, "zero_stage": 3}, "zero_stage"),
+    ({"model": "gpt", "model_size": "d32", "gpus_per_node": 1, "gpu_type": "v100-16gb"}, "gpu_type"),
+    ({"strategy": "deepspeed", "zero_stage": 4}, "zero_stage"),  # load_config's ConfigError, by its key
+]
+
+
+def test_the_answer_blamed_comes_from_the_problems_keys_not_their_wording(monkeypatch):
+    """Rewording every rule's message changes no answer blamed: CONFIG_ANSWERS maps the config keys
+    each problem carries (config key -> copier question), and the text is never read."""
+    answers = _answers_module()
+    pkg = answers.package()
+    settings = _config_keys(pkg)
+    assert set(answers.CONFIG_ANSWERS) <= settings
+    assert set(answers.CONFIG_ANSWERS.values()) <= set(answers.question_order())
+    before = []
+    for given, field in ROUTED:
+        found = answers.field_problems(given)
+        assert found and found[0][0] == field, (given, found)
+        for _, problem in found:
+            assert set(getattr(problem, "keys", ())) <= settings, (problem, problem.keys)
+        before.append([blamed for blamed, _ in found])
+
+    class Reworded(pkg["rules"].Problem):
+        def __new__(cls, message, *keys):
+            return super().__new__(cls, "reworded", *keys)
+
+    monkeypatch.setattr(pkg["rules"], "Problem", Reworded)
+    monkeypatch.setattr(pkg["plan"], "Problem", Reworded)
+    after = []
+    for given, _ in ROUTED[:-1]:  # the last is load_config's error, not a rule's problem
+        found = answers.field_problems(given)
+        assert {message for _, message in found} == {"reworded"}, found
+        after.append([blamed for blamed, _ in found])
+    assert after == before[:-1]

@@ -31,8 +31,16 @@ def test_yaml_then_overrides_then_defaults(load):
 
 
 def test_override_values_are_typed(load):
-    cfg = load("", ["schedule.max_steps=1_000", "optim.weight_decay=0", "checkpoint.resume=no",
-                    "run.compile=TRUE", "model.softcap=0"])
+    cfg = load(
+        "",
+        [
+            "schedule.max_steps=1_000",
+            "optim.weight_decay=0",
+            "checkpoint.resume=no",
+            "run.compile=TRUE",
+            "model.softcap=0",
+        ],
+    )
     assert cfg.schedule.max_steps == 1000 and isinstance(cfg.schedule.max_steps, int)
     assert cfg.optim.weight_decay == 0.0 and isinstance(cfg.optim.weight_decay, float)
     assert cfg.checkpoint.resume is False and cfg.run.compile is True
@@ -98,8 +106,10 @@ def test_wrong_type_in_yaml(pkg, load):
 def test_null_for_optional_ints(load):
     cfg = load("model:\n  n_kv_head: 2\nbatch:\n  grad_accum_steps: 4\n")
     assert cfg.model.n_kv_head == 2 and cfg.batch.grad_accum_steps == 4
-    cfg = load("model:\n  n_kv_head: 2\nbatch:\n  grad_accum_steps: 4\n",
-               ["model.n_kv_head=null", "batch.grad_accum_steps=None"])
+    cfg = load(
+        "model:\n  n_kv_head: 2\nbatch:\n  grad_accum_steps: 4\n",
+        ["model.n_kv_head=null", "batch.grad_accum_steps=None"],
+    )
     assert cfg.model.n_kv_head is None and cfg.batch.grad_accum_steps is None
     cfg = load("model:\n  n_kv_head: null\n", ["batch.grad_accum_steps=3"])
     assert cfg.model.n_kv_head is None and cfg.batch.grad_accum_steps == 3
@@ -140,7 +150,9 @@ def test_bad_yaml_files(pkg, load, tmp_path):
 
 def test_fingerprint_follows_model_and_global_batch(load):
     base = load("").model_fingerprint()
-    assert load("", ["optim.lr=0.1", "batch.micro_batch_size=2", "run.output_dir=/elsewhere"]).model_fingerprint() == base
+    assert (
+        load("", ["optim.lr=0.1", "batch.micro_batch_size=2", "run.output_dir=/elsewhere"]).model_fingerprint() == base
+    )
     assert load("", ["model.sequence_len=512"]).model_fingerprint() != base
     assert load("", ["batch.global_batch_size=512"]).model_fingerprint() != base
 
@@ -166,3 +178,18 @@ def test_cli_prints_error_and_exits_1_without_traceback(cli, args, words):
 def test_cli_rejects_an_argument_that_is_no_override(cli):
     proc = cli("check", "optim.lr", expect=2)  # argparse usage error
     assert "section.key=value" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_wrong_value_names_its_key_as_data(pkg, load):
+    """ConfigError.key: the setting a wrong value belongs to, for callers that relate errors to settings."""
+    for override, key in [
+        ("batch.micro_batch_size=abc", "batch.micro_batch_size"),
+        ("run.strategy=fsdp", "run.strategy"),
+        ("deepspeed.zero_stage=4", "deepspeed.zero_stage"),
+    ]:
+        with pytest.raises(pkg.config.ConfigError) as err:
+            load("", [override])
+        assert err.value.key == key and key in str(err.value)
+    with pytest.raises(pkg.config.ConfigError) as err:
+        load("model: [unclosed\n")
+    assert err.value.key is None  # not about one value

@@ -10,8 +10,9 @@ import pytest
     [(32, 8, 1, 4), (32, 8, 2, 2), (32, 8, 4, 1), (256, 16, 8, 2), (48, 4, 3, 4)],
 )
 def test_grad_accum_is_derived(pkg, cfg_with, global_batch, micro, world, accum):
-    cfg = cfg_with(f"batch.global_batch_size={global_batch}", f"batch.micro_batch_size={micro}",
-                   "batch.grad_accum_steps=null")
+    cfg = cfg_with(
+        f"batch.global_batch_size={global_batch}", f"batch.micro_batch_size={micro}", "batch.grad_accum_steps=null"
+    )
     assert pkg.rules.resolve_grad_accum(cfg, world) == accum
     assert micro * accum * world == global_batch
 
@@ -34,35 +35,63 @@ def test_explicit_grad_accum_must_add_up(pkg, cfg_with):
 
 
 def test_check_config_accepts_a_good_config(pkg, cfg_with):
-    cfg = cfg_with("model.size=tiny", "model.n_kv_head=2", "batch.global_batch_size=32",
-                   "batch.micro_batch_size=8", "batch.grad_accum_steps=null")
+    cfg = cfg_with(
+        "model.size=tiny",
+        "model.n_kv_head=2",
+        "batch.global_batch_size=32",
+        "batch.micro_batch_size=8",
+        "batch.grad_accum_steps=null",
+    )
     assert pkg.rules.check_config(cfg, world_size=2) == []
 
 
 @pytest.mark.parametrize("kv", [3, 0, 8])
 def test_check_config_catches_kv_heads_not_dividing_heads(pkg, cfg_with, kv):
-    cfg = cfg_with("model.size=tiny", f"model.n_kv_head={kv}", "batch.global_batch_size=32",
-                   "batch.micro_batch_size=8", "batch.grad_accum_steps=null")
+    cfg = cfg_with(
+        "model.size=tiny",
+        f"model.n_kv_head={kv}",
+        "batch.global_batch_size=32",
+        "batch.micro_batch_size=8",
+        "batch.grad_accum_steps=null",
+    )
     problems = pkg.rules.check_config(cfg, world_size=2)
     assert len(problems) == 1, problems
     assert f"model.n_kv_head={kv}" in problems[0] and "4 query heads" in problems[0]
 
 
 def test_check_config_lists_every_problem(pkg, cfg_with):
-    cfg = cfg_with("model.size=tiny", "model.n_kv_head=3", "batch.global_batch_size=30",
-                   "batch.micro_batch_size=8", "batch.grad_accum_steps=null", "data.val_fraction=1.5",
-                   "schedule.max_steps=10", "schedule.warmup_steps=20", "optim.lr=-1")
+    cfg = cfg_with(
+        "model.size=tiny",
+        "model.n_kv_head=3",
+        "batch.global_batch_size=30",
+        "batch.micro_batch_size=8",
+        "batch.grad_accum_steps=null",
+        "data.val_fraction=1.5",
+        "schedule.max_steps=10",
+        "schedule.warmup_steps=20",
+        "optim.lr=-1",
+    )
     problems = "\n".join(pkg.rules.check_config(cfg, world_size=2))
-    for word in ["model.n_kv_head=3", "batch.global_batch_size=30", "data.val_fraction=1.5",
-                 "schedule.warmup_steps=20", "optim.lr=-1"]:
+    for word in [
+        "model.n_kv_head=3",
+        "batch.global_batch_size=30",
+        "data.val_fraction=1.5",
+        "schedule.warmup_steps=20",
+        "optim.lr=-1",
+    ]:
         assert word in problems
     with pytest.raises(pkg.config.ConfigError):
         pkg.rules.require_valid(cfg, 2)
 
 
 def test_check_config_default_world_is_nodes_times_gpus(pkg, cfg_with):
-    cfg = cfg_with("cluster.nodes=3", "cluster.gpus_per_node=2", "batch.global_batch_size=32",
-                   "batch.micro_batch_size=8", "batch.grad_accum_steps=null")
+    cfg = cfg_with(
+        "cluster.nodes=3",
+        "cluster.gpus_per_node=2",
+        "batch.global_batch_size=32",
+        "batch.micro_batch_size=8",
+        "batch.grad_accum_steps=null",
+    )
     problems = pkg.rules.check_config(cfg)
     assert len(problems) == 1 and "6 processes" in problems[0] and "3 nodes x 2 GPUs" in problems[0]
 
@@ -84,8 +113,9 @@ def test_depth_dial_rounds_width_to_whole_heads(pkg):
 
 def test_odd_head_dim_is_caught(pkg, cfg_with):
     # tiny with 4 heads and n_kv_head 2 is fine; a width that does not split into even heads is not.
-    cfg = cfg_with("model.size=tiny", "batch.global_batch_size=32", "batch.micro_batch_size=8",
-                   "batch.grad_accum_steps=null")
+    cfg = cfg_with(
+        "model.size=tiny", "batch.global_batch_size=32", "batch.micro_batch_size=8", "batch.grad_accum_steps=null"
+    )
     assert pkg.rules.check_config(cfg, world_size=1) == []
     shape = {"n_layer": 2, "n_embd": 60, "n_head": 4, "n_kv_head": 2}  # head_dim 15
     original = pkg.rules.model_shape
@@ -97,12 +127,25 @@ def test_odd_head_dim_is_caught(pkg, cfg_with):
 
 
 def test_check_cli_exit_codes(cli):
-    ok = cli("check", "batch.global_batch_size=32", "batch.micro_batch_size=8", "batch.grad_accum_steps=null",
-             "--world-size", "2")
+    ok = cli(
+        "check",
+        "batch.global_batch_size=32",
+        "batch.micro_batch_size=8",
+        "batch.grad_accum_steps=null",
+        "--world-size",
+        "2",
+    )
     assert ok.stdout.startswith("config OK for 2 processes") and "accum 2" in ok.stdout
 
-    bad = cli("check", "batch.global_batch_size=32", "batch.micro_batch_size=8", "batch.grad_accum_steps=null",
-              "--world-size", "3", expect=1)
+    bad = cli(
+        "check",
+        "batch.global_batch_size=32",
+        "batch.micro_batch_size=8",
+        "batch.grad_accum_steps=null",
+        "--world-size",
+        "3",
+        expect=1,
+    )
     assert "config check failed (1 problem(s))" in bad.stderr and "batch.global_batch_size=32" in bad.stderr
 
     heads = cli("check", "model.size=tiny", "model.n_kv_head=3", expect=1)
@@ -120,3 +163,123 @@ def test_check_project_module_is_quiet(pkg, cli):
     too_many = pkg.config.load_config(cli.root / "config" / "train.yaml").batch.global_batch_size + 1
     bad = cli("check", "--quiet", "--world-size", too_many, expect=1)
     assert "config check failed" in bad.stderr
+
+
+def _settings(pkg) -> set[str]:
+    """Every config key, "section.name"."""
+    import dataclasses
+
+    cfg = pkg.config.Config()
+    return {
+        f"{section.name}.{f.name}"
+        for section in dataclasses.fields(cfg)
+        for f in dataclasses.fields(getattr(cfg, section.name))
+    }
+
+
+def test_problems_carry_their_keys_and_the_key_to_fix(pkg, cfg_with):
+    """Callers relate a problem to settings through its keys, never its wording (the template's hooks
+    blame a copier answer with them); each problem still prints as its one-line message."""
+    cfg = cfg_with(
+        "model.size=tiny",
+        "model.n_kv_head=3",
+        "batch.global_batch_size=30",
+        "batch.micro_batch_size=8",
+        "batch.grad_accum_steps=null",
+        "data.val_fraction=1.5",
+        "schedule.max_steps=10",
+        "schedule.warmup_steps=20",
+        "optim.lr=-1",
+    )
+    problems = pkg.rules.check_config(cfg, world_size=2)
+    fixes = {p.fix_key: p for p in problems}
+    assert set(fixes) == {
+        "model.n_kv_head",
+        "batch.global_batch_size",
+        "data.val_fraction",
+        "schedule.warmup_steps",
+        "optim.lr",
+    }
+    assert "schedule.max_steps" in fixes["schedule.warmup_steps"].keys
+    assert {"batch.micro_batch_size", "cluster.nodes"} <= set(fixes["batch.global_batch_size"].keys)
+    settings = _settings(pkg)
+    for p in problems:
+        assert isinstance(p, pkg.rules.Problem) and isinstance(p, str) and "\n" not in p
+        assert p.keys[0] == p.fix_key and set(p.keys) <= settings, (p, p.keys)
+        assert str(p) == p and p.fix_key in str(p)  # the message names the key it asks to change
+    with pytest.raises(AttributeError):
+        problems[0].fix_key = "optim.lr"
+
+
+@pytest.mark.parametrize(
+    "overrides, fix_key, other",
+    [
+        (
+            ["model.arch=gpt3", "model.size=125M", "parallel.tensor=8", "cluster.gpus_per_node=4"],
+            "parallel.tensor",
+            "cluster.gpus_per_node",
+        ),
+        (
+            ["model.arch=gpt3", "model.size=125M", "parallel.tensor=8", "cluster.gpus_per_node=8"],
+            "parallel.tensor",
+            "model.size",
+        ),
+        (
+            ["model.arch=gpt3", "model.size=1.3B", "parallel.pipeline=5", "cluster.gpus_per_node=5"],
+            "parallel.pipeline",
+            "model.size",
+        ),
+        (
+            ["model.arch=gpt3", "model.size=125M", "parallel.pipeline=4", "cluster.gpus_per_node=6"],
+            "parallel.pipeline",
+            "cluster.gpus_per_node",
+        ),
+        (
+            ["model.arch=gpt3", "model.size=125M", "parallel.pipeline=2", "run.strategy=ddp"],
+            "run.strategy",
+            "parallel.pipeline",
+        ),
+        (
+            [
+                "model.arch=gpt3",
+                "model.size=125M",
+                "parallel.pipeline=2",
+                "run.strategy=deepspeed",
+                "deepspeed.zero_stage=3",
+            ],
+            "deepspeed.zero_stage",
+            "parallel.pipeline",
+        ),
+        (["model.arch=gpt", "parallel.tensor=2"], "parallel.tensor", "model.arch"),
+    ],
+)
+def test_parallel_problems_name_the_key_to_fix(pkg, cfg_with, overrides, fix_key, other):
+    cfg = cfg_with(
+        "cluster.nodes=1",
+        "batch.global_batch_size=512",
+        "batch.micro_batch_size=1",
+        "batch.grad_accum_steps=null",
+        "run.strategy=deepspeed",
+        "deepspeed.zero_stage=1",
+        *overrides,
+    )
+    problems = pkg.rules.check_config(cfg)
+    assert any(p.fix_key == fix_key and other in p.keys for p in problems), [(p, p.keys) for p in problems]
+
+
+def test_a_misfit_is_a_problem_of_the_gpu_type(pkg, cfg_with):
+    cfg = cfg_with(
+        "model.arch=gpt3",
+        "model.size=13B",
+        "cluster.nodes=1",
+        "cluster.gpus_per_node=8",
+        "cluster.gpu_type=v100-16gb",
+        "batch.global_batch_size=1024",
+        "batch.micro_batch_size=1",
+        "batch.grad_accum_steps=null",
+        "run.strategy=deepspeed",
+        "deepspeed.zero_stage=1",
+    )
+    problem = pkg.plan.fit_problem(cfg)
+    assert problem.startswith("does not fit: ") and problem.fix_key == "cluster.gpu_type"
+    assert "model.size" in problem.keys

@@ -25,7 +25,14 @@ import yaml
 
 
 class ConfigError(ValueError):
-    """A configuration mistake the user can fix; printed as one or two lines, no traceback."""
+    """A configuration mistake the user can fix; printed as one or two lines, no traceback.
+
+    `key` is the config key ("section.name") whose value is wrong, when the mistake is one value:
+    callers relate the error to a setting through it, never through the message's wording."""
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key
 
 
 def debug_requested(cfg: Config | None = None) -> bool:
@@ -320,7 +327,7 @@ def _coerce(value: Any, hint: Any, name: str, source: str, from_text: bool) -> A
     base = next((a for a in typing.get_args(hint) if a is not type(None)), hint) if optional else hint
     if optional and (value is None or (from_text and str(value).lower() in ("null", "none", ""))):
         return None
-    wrong = ConfigError(f"{name} in {source}: expected {_type_word(base, optional)}, got {value!r}")
+    wrong = ConfigError(f"{name} in {source}: expected {_type_word(base, optional)}, got {value!r}", key=name)
     if base is bool:
         if isinstance(value, bool):
             return value
@@ -371,9 +378,15 @@ def _check_choices(cfg: Config) -> None:
         section, key = name.split(".")
         value = getattr(getattr(cfg, section), key)
         if value not in allowed:
-            raise ConfigError(f"{name}={value!r} is not one of {', '.join(map(str, allowed))}")
+            raise ConfigError(f"{name}={value!r} is not one of {', '.join(map(str, allowed))}", key=name)
     ds = cfg.deepspeed
     if ds.offload_params and ds.zero_stage != 3:
-        raise ConfigError(f"deepspeed.offload_params=true needs deepspeed.zero_stage=3 (got {ds.zero_stage})")
+        raise ConfigError(
+            f"deepspeed.offload_params=true needs deepspeed.zero_stage=3 (got {ds.zero_stage})",
+            key="deepspeed.offload_params",
+        )
     if ds.offload_optimizer and ds.zero_stage == 0:
-        raise ConfigError("deepspeed.offload_optimizer=true needs deepspeed.zero_stage 1, 2 or 3 (got 0)")
+        raise ConfigError(
+            "deepspeed.offload_optimizer=true needs deepspeed.zero_stage 1, 2 or 3 (got 0)",
+            key="deepspeed.offload_optimizer",
+        )

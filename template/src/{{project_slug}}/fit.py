@@ -17,7 +17,7 @@ import copy
 
 from .config import Config, ConfigError
 from .estimates import GIB, layout_problems, memory, zero_stage
-from .rules import resolve_grad_accum
+from .rules import Problem, resolve_grad_accum
 from .sizes import model_shape
 
 
@@ -200,13 +200,14 @@ def suggest(cfg: Config) -> str | None:
 # --- the one line for copier and check_project ---------------------------------------------------
 
 
-def fit_problem(cfg: Config) -> str | None:
-    """None when the config fits its GPUs; else one line: the figures and the smallest change."""
+def fit_problem(cfg: Config) -> Problem | None:
+    """None when the config fits its GPUs; else one line: the figures and the smallest change.
+    A misfit is a problem of cluster.gpu_type: the GPU is chosen after everything that shapes the memory."""
     m = memory(cfg)
     if m["fits"]:
         return None
-    if m["problems"]:
-        return "refused: " + "; ".join(m["problems"])
+    if m["problems"]:  # the first refusal's fix comes first
+        return Problem("refused: " + "; ".join(m["problems"]), *[k for p in m["problems"] for k in p.keys])
     g = lambda b: f"{b / GIB:.1f}"  # noqa: E731
     act = m["activations_checkpointed" if cfg.model.activation_checkpointing else "activations"]
     where = f", pipeline stage {m['pipeline_stage']} of {m['pipeline']}" if m["pipeline"] > 1 else ""
@@ -217,7 +218,15 @@ def fit_problem(cfg: Config) -> str | None:
         f"per GPU (weights {g(m['weights'])} + grads {g(m['grads'])} + optimizer {g(m['optimizer'])} + "
         f"activations {g(act)}) > {g(m['usable'])} GiB usable of {m['gpu'] / GIB:.0f} GiB"
     )
-    return f"does not fit: {reason}; smallest change: {suggest(cfg) or 'none found (a smaller model or larger GPUs)'}"
+    change = suggest(cfg) or "none found (a smaller model or larger GPUs)"
+    return Problem(
+        f"does not fit: {reason}; smallest change: {change}",
+        "cluster.gpu_type",
+        "model.size",
+        "batch.micro_batch_size",
+        "cluster.nodes",
+        "cluster.gpus_per_node",
+    )
 
 
 def strategy_text(cfg: Config) -> str:

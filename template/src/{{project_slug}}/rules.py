@@ -1,8 +1,10 @@
 """Rules that relate settings to each other, written once and used by `check`, train start
 and the template's post-generation task.
 
-Each rule returns messages that name the field, the value, why it is wrong and what to do.
-No torch here: the rules must run where only copier and PyYAML are installed.
+Each rule returns Problems: one-line messages that name the field, the value, why it is wrong and
+what to do, which also carry, as data, the config keys they concern and the key whose change is the
+fix. Whoever relates a problem to a setting (the template's hooks blame a copier answer) reads
+those, never the wording. No torch here: the rules must run where only copier and PyYAML are installed.
 """
 
 from __future__ import annotations
@@ -10,7 +12,27 @@ from __future__ import annotations
 from .config import Config, ConfigError
 from .sizes import model_shape
 
-__all__ = ["model_shape", "resolve_grad_accum", "check_config", "parallel_problems", "require_valid"]
+__all__ = ["Problem", "model_shape", "resolve_grad_accum", "check_config", "parallel_problems", "require_valid"]
+
+
+class Problem(str):
+    """A rule's message (the string itself, so callers print, join and compare it as text) with
+    `fix_key`, the config key whose change is the fix, and `keys`, every key the rule relates
+    (fix_key first): Problem("parallel.tensor=16 exceeds ...", "parallel.tensor", "cluster.gpus_per_node")."""
+
+    __slots__ = ("fix_key", "keys")
+
+    def __new__(cls, message: str, fix_key: str, *other_keys: str) -> Problem:
+        problem = super().__new__(cls, message)
+        object.__setattr__(problem, "fix_key", fix_key)
+        object.__setattr__(problem, "keys", tuple(dict.fromkeys((fix_key, *other_keys))))
+        return problem
+
+    def __setattr__(self, name: str, value) -> None:
+        raise AttributeError(f"Problem is immutable: cannot set {name}")
+
+    def __reduce__(self):
+        return type(self), (str(self), *self.keys)
 
 
 def resolve_grad_accum(cfg: Config, data_parallel_size: int) -> int:
@@ -22,21 +44,23 @@ def resolve_grad_accum(cfg: Config, data_parallel_size: int) -> int:
             raise ConfigError(
                 f"batch.global_batch_size={b.global_batch_size} is not a multiple of batch.micro_batch_size "
                 f"({b.micro_batch_size}) x data-parallel size ({data_parallel_size}) = {per_step}; "
-                f"set it to {max(per_step, b.global_batch_size // per_step * per_step)} or change micro_batch_size"
+                f"set it to {max(per_step, b.global_batch_size // per_step * per_step)} or change micro_batch_size",
+                key="batch.global_batch_size",
             )
         return b.global_batch_size // per_step
     if b.grad_accum_steps * per_step != b.global_batch_size:
         raise ConfigError(
             f"batch.global_batch_size={b.global_batch_size} != micro_batch_size {b.micro_batch_size} x "
             f"grad_accum_steps {b.grad_accum_steps} x data-parallel size {data_parallel_size} "
-            f"= {b.grad_accum_steps * per_step}; set batch.grad_accum_steps=null to derive it"
+            f"= {b.grad_accum_steps * per_step}; set batch.grad_accum_steps=null to derive it",
+            key="batch.grad_accum_steps",
         )
     return b.grad_accum_steps
 
 
-def check_config(cfg: Config, world_size: int | None = None) -> list[str]:
+def check_config(cfg: Config, world_size: int | None = None) -> list[Problem]:
     """All problems of a config for a world size (default: nodes x gpus_per_node)."""
-    problems: list[str] = []
+    problems: list[Problem] = []
     world = world_size or cfg.cluster.nodes * cfg.cluster.gpus_per_node
     positive = {
         "cluster.nodes": cfg.cluster.nodes,
@@ -50,7 +74,7 @@ def check_config(cfg: Config, world_size: int | None = None) -> list[str]:
         "logging.every_steps": cfg.logging.every_steps,
         "logging.eval_batches": cfg.logging.eval_batches,
     }
-    problems += [f"{name}={value} must be at least 1" for name, value in positive.items() if value < 1]
+    problems += [Problem(f"{name}={value} must be at least 1", name) for name, value in positive.items() if value < 1]
     non_negative = {
         "optim.lr": cfg.optim.lr,
         "optim.weight_decay": cfg.optim.weight_decay,
@@ -59,102 +83,186 @@ def check_config(cfg: Config, world_size: int | None = None) -> list[str]:
         "checkpoint.every_steps": cfg.checkpoint.every_steps,
         "logging.eval_every_steps": cfg.logging.eval_every_steps,
     }
-    problems += [f"{name}={value} must not be negative" for name, value in non_negative.items() if value < 0]
+    problems += [
+        Problem(f"{name}={value} must not be negative", name) for name, value in non_negative.items() if value < 0
+    ]
     if not 0 < cfg.data.val_fraction < 1:
-        problems.append(f"data.val_fraction={cfg.data.val_fraction} must be between 0 and 1, e.g. 0.005")
+        problems.append(
+            Problem(
+                f"data.val_fraction={cfg.data.val_fraction} must be between 0 and 1, e.g. 0.005", "data.val_fraction"
+            )
+        )
     if not 0 <= cfg.schedule.min_lr_ratio <= 1:
-        problems.append(f"schedule.min_lr_ratio={cfg.schedule.min_lr_ratio} must be between 0 and 1")
+        problems.append(
+            Problem(
+                f"schedule.min_lr_ratio={cfg.schedule.min_lr_ratio} must be between 0 and 1", "schedule.min_lr_ratio"
+            )
+        )
     if cfg.schedule.warmup_steps > cfg.schedule.max_steps:
         problems.append(
-            f"schedule.warmup_steps={cfg.schedule.warmup_steps} exceeds schedule.max_steps={cfg.schedule.max_steps}; "
-            "lower the warmup"
+            Problem(
+                f"schedule.warmup_steps={cfg.schedule.warmup_steps} exceeds schedule.max_steps={cfg.schedule.max_steps}; "
+                "lower the warmup",
+                "schedule.warmup_steps",
+                "schedule.max_steps",
+            )
         )
     try:
         shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
-    except ConfigError as exc:
-        return problems + [str(exc)]
+    except ConfigError as exc:  # load_config has refused an unknown model.arch already: the size is wrong
+        return problems + [Problem(str(exc), "model.size", "model.arch")]
     problems += parallel_problems(cfg, shape, world)
     arch = cfg.model.arch
     if arch != "gpt" and cfg.model.n_kv_head is not None:
-        problems.append(f"model.n_kv_head={cfg.model.n_kv_head} applies to model.arch=gpt only; set it to null")
+        problems.append(
+            Problem(
+                f"model.n_kv_head={cfg.model.n_kv_head} applies to model.arch=gpt only; set it to null",
+                "model.n_kv_head",
+                "model.arch",
+            )
+        )
     if arch != "bert" and cfg.model.pretrained:
         problems.append(
-            f"model.pretrained={cfg.model.pretrained!r}: starting from local weights is built for "
-            f'model.arch=bert; set it to "" for {arch}'
+            Problem(
+                f"model.pretrained={cfg.model.pretrained!r}: starting from local weights is built for "
+                f'model.arch=bert; set it to "" for {arch}',
+                "model.pretrained",
+                "model.arch",
+            )
         )
     limit = {"bert": 512}.get(arch)
     if limit and cfg.model.sequence_len > limit:
         problems.append(
-            f"model.sequence_len={cfg.model.sequence_len} exceeds BERT's {limit} position embeddings; "
-            f"use at most {limit}"
+            Problem(
+                f"model.sequence_len={cfg.model.sequence_len} exceeds BERT's {limit} position "
+                f"embeddings; use at most {limit}",
+                "model.sequence_len",
+                "model.arch",
+            )
         )
     if shape["n_kv_head"] < 1 or shape["n_head"] % shape["n_kv_head"]:
         problems.append(
-            f"model.n_kv_head={shape['n_kv_head']} must divide the {shape['n_head']} query heads of "
-            f"model.size={cfg.model.size}; use a divisor of {shape['n_head']} or null"
+            Problem(
+                f"model.n_kv_head={shape['n_kv_head']} must divide the {shape['n_head']} query heads of "
+                f"model.size={cfg.model.size}; use a divisor of {shape['n_head']} or null",
+                "model.n_kv_head",
+                "model.size",
+            )
         )
     if shape["n_embd"] % shape["n_head"] or shape["n_embd"] // shape["n_head"] % 2:
         problems.append(
-            f"model.size={cfg.model.size} needs a width divisible into heads of even size (rotary embeddings pair dimensions)"
+            Problem(
+                f"model.size={cfg.model.size} needs a width divisible into heads of even size "
+                "(rotary embeddings pair dimensions); choose another size",
+                "model.size",
+            )
         )
     if min(cfg.batch.micro_batch_size, cfg.batch.global_batch_size, world) >= 1:
         try:
             resolve_grad_accum(cfg, cfg.data_parallel_size(world))
         except ConfigError as exc:
             origin = "" if world_size else f" = {cfg.cluster.nodes} nodes x {cfg.cluster.gpus_per_node} GPUs per node"
+            split = cfg.parallel.tensor * cfg.parallel.pipeline > 1
             layout = (
                 f", data-parallel {cfg.data_parallel_size(world)} = {world} / (tensor {cfg.parallel.tensor} x "
                 f"pipeline {cfg.parallel.pipeline})"
-                if cfg.parallel.tensor * cfg.parallel.pipeline > 1
+                if split
                 else ""
             )
-            problems.append(f"{exc} (for {world} processes{origin}{layout})")
+            # the data-parallel size comes from the cluster shape (and the layout, when it splits the model)
+            shape_keys = ("cluster.nodes", "cluster.gpus_per_node") + (
+                ("parallel.tensor", "parallel.pipeline") if split else ()
+            )
+            problems.append(
+                Problem(
+                    f"{exc} (for {world} processes{origin}{layout})",
+                    exc.key,
+                    "batch.global_batch_size",
+                    "batch.micro_batch_size",
+                    *shape_keys,
+                )
+            )
     return problems
 
 
-def parallel_problems(cfg: Config, shape: dict, world: int) -> list[str]:
+def parallel_problems(cfg: Config, shape: dict, world: int) -> list[Problem]:
     """Tensor and pipeline degrees against the world size, the model's shape and the strategy."""
     tp, pp, arch = cfg.parallel.tensor, cfg.parallel.pipeline, cfg.model.arch
+    degrees = ("parallel.tensor", "parallel.pipeline")
     if tp < 1 or pp < 1:
-        return [f"parallel.tensor={tp} and parallel.pipeline={pp} must be at least 1"]
+        wrong = "parallel.tensor" if tp < 1 else "parallel.pipeline"
+        return [Problem(f"parallel.tensor={tp} and parallel.pipeline={pp} must be at least 1", wrong, *degrees)]
     if (tp, pp) == (1, 1):
         return []
+    split = "parallel.tensor" if tp > 1 else "parallel.pipeline"  # a degree above 1, which the fix lowers
     if arch != "gpt3":
         return [
-            f"parallel.tensor={tp}, parallel.pipeline={pp}: tensor and pipeline parallelism are built for "
-            f"model.arch=gpt3 only (this is {arch}); set both to 1 and scale {arch} with ZeRO instead"
+            Problem(
+                f"parallel.tensor={tp}, parallel.pipeline={pp}: tensor and pipeline parallelism are built for "
+                f"model.arch=gpt3 only (this is {arch}); set both to 1 and scale {arch} with ZeRO instead",
+                split,
+                *degrees,
+                "model.arch",
+            )
         ]
     problems = []
     if world % (tp * pp):
         problems.append(
-            f"parallel.tensor {tp} x parallel.pipeline {pp} = {tp * pp} does not divide the {world} "
-            f"processes; choose degrees whose product divides {world}"
+            Problem(
+                f"parallel.tensor {tp} x parallel.pipeline {pp} = {tp * pp} does not divide the "
+                f"{world} processes; choose degrees whose product divides {world}",
+                "parallel.pipeline" if pp > 1 else "parallel.tensor",
+                *degrees,
+                "cluster.nodes",
+                "cluster.gpus_per_node",
+            )
         )
     if tp > cfg.cluster.gpus_per_node:
         problems.append(
-            f"parallel.tensor={tp} exceeds cluster.gpus_per_node={cfg.cluster.gpus_per_node}: tensor "
-            "parallelism all-reduces in every layer and must stay inside one node's NVLink"
+            Problem(
+                f"parallel.tensor={tp} exceeds cluster.gpus_per_node={cfg.cluster.gpus_per_node}: "
+                "tensor parallelism all-reduces in every layer and must stay inside one node's NVLink; "
+                f"use at most {cfg.cluster.gpus_per_node}",
+                "parallel.tensor",
+                "cluster.gpus_per_node",
+            )
         )
     if shape["n_head"] % tp:
         problems.append(
-            f"parallel.tensor={tp} does not divide the {shape['n_head']} attention heads of "
-            f"model.size={cfg.model.size}; use a divisor of {shape['n_head']}"
+            Problem(
+                f"parallel.tensor={tp} does not divide the {shape['n_head']} attention heads of "
+                f"model.size={cfg.model.size}; use a divisor of {shape['n_head']}",
+                "parallel.tensor",
+                "model.size",
+            )
         )
     if shape["n_layer"] % pp:
         problems.append(
-            f"parallel.pipeline={pp} does not divide the {shape['n_layer']} layers of "
-            f"model.size={cfg.model.size}; use a divisor of {shape['n_layer']}"
+            Problem(
+                f"parallel.pipeline={pp} does not divide the {shape['n_layer']} layers of "
+                f"model.size={cfg.model.size}; use a divisor of {shape['n_layer']}",
+                "parallel.pipeline",
+                "model.size",
+            )
         )
     if cfg.run.strategy != "deepspeed":
         problems.append(
-            f"parallel.tensor={tp}/parallel.pipeline={pp} run on DeepSpeed's pipeline engine and "
-            "tensor-parallel layers; set run.strategy=deepspeed"
+            Problem(
+                f"parallel.tensor={tp}/parallel.pipeline={pp} run on DeepSpeed's pipeline engine and "
+                "tensor-parallel layers; set run.strategy=deepspeed",
+                "run.strategy",
+                *degrees,
+            )
         )
     elif cfg.deepspeed.zero_stage > 1:
         problems.append(
-            f"deepspeed.zero_stage={cfg.deepspeed.zero_stage} with parallel.tensor={tp}, parallel.pipeline={pp}: "
-            "these layouts run on DeepSpeed's pipeline engine, which shards only optimizer state; "
-            "use deepspeed.zero_stage=1 (or 0)"
+            Problem(
+                f"deepspeed.zero_stage={cfg.deepspeed.zero_stage} with parallel.tensor={tp}, "
+                f"parallel.pipeline={pp}: these layouts run on DeepSpeed's pipeline engine, which "
+                "shards only optimizer state; use deepspeed.zero_stage=1 (or 0)",
+                "deepspeed.zero_stage",
+                *degrees,
+            )
         )
     return problems
 
