@@ -506,7 +506,7 @@ def test_the_answer_blamed_comes_from_the_problems_keys_not_their_wording(monkey
             return super().__new__(cls, "reworded", *keys)
 
     monkeypatch.setattr(pkg["rules"], "Problem", Reworded)
-    monkeypatch.setattr(pkg["plan"], "Problem", Reworded)
+    monkeypatch.setattr(pkg["fit"], "Problem", Reworded)
     after = []
     for given, _ in ROUTED[:-1]:  # the last is load_config's error, not a rule's problem
         found = answers.field_problems(given)

@@ -280,6 +280,6 @@ def test_a_misfit_is_a_problem_of_the_gpu_type(pkg, cfg_with):
         "run.strategy=deepspeed",
         "deepspeed.zero_stage=1",
     )
-    problem = pkg.plan.fit_problem(cfg)
+    problem = pkg.fit.fit_problem(cfg)
     assert problem.startswith("does not fit: ") and problem.fix_key == "cluster.gpu_type"
     assert "model.size" in problem.keys
