@@ -358,3 +358,46 @@ def test_update_across_the_launch_package_move_keeps_user_edits(tmp_path):
         proc = run([sys.executable, "-m", SLUG, "launch", platform, "--dry-run"], cwd=project, env=env)
         assert proc.returncode == 0, f"launch {platform} --dry-run after the update:\n{proc.stdout}\n{proc.stderr}"
     assert check(project).returncode == 0
+
+
+# The last commit before the package was regrouped: plan/doctor/image split, gpus.py, splits.py,
+# trained_model.py, tensor parallelism moved into strategies/, one module per command.
+BEFORE_REGROUPING = "ecc3f6e"
+
+
+def test_update_across_the_package_regrouping_keeps_user_edits(tmp_path):
+    """A project made before the regrouping: `copier update` replaces split modules by their parts,
+    keeps a user's edit in a module that stays and a module the user added, and the package it leaves
+    passes its own shape test (layers, no cycles, no stale module) and runs its commands."""
+    tpl = template_at(BEFORE_REGROUPING, tmp_path / "template")
+    commit_all(tpl, "template before the regrouping", tag="v0.1.0")
+    project = generate(tmp_path, tpl, model="gpt3", gpt3_layout="125m-1gpu", gpus_per_node=2)
+    package = project / "src" / SLUG
+    assert (package / "plan.py").read_text().count("\n") > 500 and not (package / "fit.py").exists()
+    train = package / "train.py"
+    edit(train, "def lr_at(", "USER_MARK = 'kept across the regrouping'\n\n\ndef lr_at(")
+    (package / "my_callbacks.py").write_text('"""A module of the user\'s own."""\n')
+    commit_all(project, "user edits")
+
+    for child in tpl.iterdir():  # the template of today in the same repository, as its next release
+        if child.name != ".git":
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+    snapshot_template(tpl)
+    commit_all(tpl, "template after the regrouping", tag="v0.2.0")
+
+    update = copier(project, "update", "--defaults", "--trust", "--conflict", "inline")
+    assert update.returncode == 0, update.stdout + update.stderr
+    assert "USER_MARK = 'kept across the regrouping'" in train.read_text() and "<<<<<<<" not in train.read_text()
+    assert (package / "my_callbacks.py").is_file() and not list(project.rglob("*.rej"))
+    for new in ("fit.py", "estimates.py", "gpus.py", "trained_model.py", "strategies/tensor_parallel.py"):
+        assert (package / new).is_file(), f"{new} missing after the update"
+    assert "deepspeed" not in (package / "models/gpt3.py").read_text()
+    (package / "my_callbacks.py").unlink()  # the shape test lists every module; the user's own is not in it
+    env = {"PYTHONPATH": str(project / "src")}
+    shape = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_package_shape.py"],
+                cwd=project, env=env)
+    assert shape.returncode == 0, shape.stdout + shape.stderr
+    for command in (["plan"], ["sample", "--help"], ["doctor", "--help"], ["launch", "slurm", "--dry-run"]):
+        proc = run([sys.executable, "-m", SLUG, *command], cwd=project, env=env)
+        assert proc.returncode == 0, f"{' '.join(command)} after the update:\n{proc.stdout}\n{proc.stderr}"
+    assert check(project).returncode == 0
