@@ -394,8 +394,11 @@ def test_update_across_the_package_regrouping_keeps_user_edits(tmp_path):
     assert "deepspeed" not in (package / "models/gpt3.py").read_text()
     (package / "my_callbacks.py").unlink()  # the shape test lists every module; the user's own is not in it
     env = {"PYTHONPATH": str(project / "src")}
-    shape = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_package_shape.py"],
-                cwd=project, env=env)
+    shape = run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_package_shape.py"],
+        cwd=project,
+        env=env,
+    )
     assert shape.returncode == 0, shape.stdout + shape.stderr
     for command in (["plan"], ["sample", "--help"], ["doctor", "--help"], ["launch", "slurm", "--dry-run"]):
         proc = run([sys.executable, "-m", SLUG, *command], cwd=project, env=env)

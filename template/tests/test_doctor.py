@@ -45,6 +45,16 @@ def checks(pkg):
     return pkg.node_checks
 
 
+@pytest.fixture
+def rdma(pkg):
+    return pkg.rdma
+
+
+@pytest.fixture
+def fabric(pkg):
+    return pkg.fabric
+
+
 def rows(stdout: str) -> dict[str, tuple[str, str]]:
     """The table: check name -> (verdict, first line of the detail)."""
     table = {}
@@ -55,21 +65,21 @@ def rows(stdout: str) -> dict[str, tuple[str, str]]:
     return table
 
 
-def port(checks, device, port, state="ACTIVE", link="InfiniBand"):
-    return checks.RdmaPort(device, port, state, link)
+def port(rdma, device, port, state="ACTIVE", link="InfiniBand"):
+    return rdma.RdmaPort(device, port, state, link)
 
 
-def test_ib_hca_selection_follows_nccl_rules(checks):
+def test_ib_hca_selection_follows_nccl_rules(rdma):
     ports = [
-        port(checks, "mlx5_0", 1),
-        port(checks, "mlx5_1", 1),
-        port(checks, "mlx5_1", 2),
-        port(checks, "mlx5_10", 1),
-        port(checks, "ib_bond0", 1),
+        port(rdma, "mlx5_0", 1),
+        port(rdma, "mlx5_1", 1),
+        port(rdma, "mlx5_1", 2),
+        port(rdma, "mlx5_10", 1),
+        port(rdma, "ib_bond0", 1),
     ]
 
     def names(spec):
-        return [f"{p.device}:{p.port}" for p in checks.select_hcas(spec, ports)]
+        return [f"{p.device}:{p.port}" for p in rdma.select_hcas(spec, ports)]
 
     assert names("mlx5") == ["mlx5_0:1", "mlx5_1:1", "mlx5_1:2", "mlx5_10:1"]  # prefix
     assert names("mlx5_1") == ["mlx5_1:1", "mlx5_1:2", "mlx5_10:1"]
@@ -81,7 +91,7 @@ def test_ib_hca_selection_follows_nccl_rules(checks):
     assert names("mlx4") == []
 
 
-def test_rdma_ports_from_ibv_devinfo_and_sysfs(checks, tmp_path):
+def test_rdma_ports_from_ibv_devinfo_and_sysfs(rdma, tmp_path):
     text = (
         "hca_id:\tmlx5_0\n\ttransport:\t\t\tInfiniBand (0)\n\tfw_ver:\t\t\t\t28.39.1002\n"
         "\tphys_port_cnt:\t\t\t1\n\t\tport:\t1\n\t\t\tstate:\t\t\tPORT_ACTIVE (4)\n"
@@ -89,35 +99,35 @@ def test_rdma_ports_from_ibv_devinfo_and_sysfs(checks, tmp_path):
         "hca_id:\tmlx5_1\n\ttransport:\t\t\tInfiniBand (0)\n\tphys_port_cnt:\t\t\t1\n\t\tport:\t1\n"
         "\t\t\tstate:\t\t\tPORT_DOWN (1)\n\t\t\tlink_layer:\t\tEthernet\n"
     )
-    assert [str(p) for p in checks.parse_ibv_devinfo(text)] == ["mlx5_0:1 ACTIVE InfiniBand", "mlx5_1:1 DOWN RoCE"]
-    assert checks.parse_ibv_devinfo("No IB devices found\n") == []
+    assert [str(p) for p in rdma.parse_ibv_devinfo(text)] == ["mlx5_0:1 ACTIVE InfiniBand", "mlx5_1:1 DOWN RoCE"]
+    assert rdma.parse_ibv_devinfo("No IB devices found\n") == []
 
     root = tmp_path / "infiniband"
     for dev, state, link in (("mlx5_0", "4: ACTIVE", "InfiniBand"), ("mlx5_1", "1: DOWN", "Ethernet")):
         (root / dev / "ports" / "1").mkdir(parents=True)
         (root / dev / "ports" / "1" / "state").write_text(state + "\n")
         (root / dev / "ports" / "1" / "link_layer").write_text(link + "\n")
-    assert checks.read_sysfs(root) == checks.parse_ibv_devinfo(text)
-    assert checks.read_sysfs(tmp_path / "absent") == []
+    assert rdma.read_sysfs(root) == rdma.parse_ibv_devinfo(text)
+    assert rdma.read_sysfs(tmp_path / "absent") == []
 
 
-def test_settings_environment_wins_and_decides_the_fabric(checks, tmp_path):
+def test_settings_environment_wins_and_decides_the_fabric(checks, fabric, rdma, tmp_path):
     env_file = tmp_path / "nccl.env"
     env_file.write_text(
         "# RoCE\nNCCL_IB_DISABLE=0\nNCCL_IB_HCA=mlx5\nNCCL_IB_GID_INDEX=3\nNCCL_SOCKET_IFNAME=nosuch0\n"
     )
-    plain = checks.load_settings(env_file, env={})
-    expect = checks.expectation(plain)
+    plain = fabric.load_settings(env_file, env={})
+    expect = fabric.expectation(plain)
     assert (expect.rdma, expect.link) == (True, "RoCE") and str(env_file) in expect.source
-    assert checks.check_fabric(plain, expect, None).verdict == "ok"
+    assert fabric.check_fabric(plain, expect, None).verdict == "ok"
 
     # The platform injected NCCL_IB_DISABLE=1: it wins, and doctor says so.
-    platform = checks.load_settings(env_file, env={"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "nosuch1"})
-    expect = checks.expectation(platform)
+    platform = fabric.load_settings(env_file, env={"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "nosuch1"})
+    expect = fabric.expectation(platform)
     assert expect.rdma is False and "(environment)" in expect.source
-    fabric = checks.check_fabric(platform, expect, None)
-    assert fabric.verdict == "warn" and "overrides" in fabric.detail
-    assert checks.expectation(platform, "infiniband").rdma is True
+    overridden = fabric.check_fabric(platform, expect, None)
+    assert overridden.verdict == "warn" and "overrides" in overridden.detail
+    assert fabric.expectation(platform, "infiniband").rdma is True
 
     # A missing interface from the file is skipped by the node launcher (warn); from the environment
     # it breaks NCCL and Gloo (FAIL).
@@ -126,17 +136,17 @@ def test_settings_environment_wins_and_decides_the_fabric(checks, tmp_path):
     assert checks.check_interface(plain, "GLOO_SOCKET_IFNAME", ["lo"]).verdict == "ok"  # not set
 
     # No RDMA device although RDMA is expected: both lines fail and name the tools to check with.
-    rdma = checks.check_rdma([], (False, "ibv_devinfo is not installed"), checks.expectation(plain))
-    hca = checks.check_hca(plain, [], checks.expectation(plain))
-    assert rdma.verdict == hca.verdict == "FAIL" and "ibv_devinfo" in rdma.detail and "NCCL_IB_HCA" in hca.detail
-    assert checks.check_hca(platform, [], checks.expectation(platform)).verdict == "n/a"
+    ports = rdma.check_rdma([], (False, "ibv_devinfo is not installed"), fabric.expectation(plain))
+    hca = rdma.check_hca(plain, [], fabric.expectation(plain))
+    assert ports.verdict == hca.verdict == "FAIL" and "ibv_devinfo" in ports.detail and "NCCL_IB_HCA" in hca.detail
+    assert rdma.check_hca(platform, [], fabric.expectation(platform)).verdict == "n/a"
 
 
-def test_shm_and_memlock_verdicts(checks, pkg, tmp_path):
+def test_shm_and_memlock_verdicts(checks, fabric, tmp_path):
     assert checks.check_shm(1 << 20).verdict == "warn"  # asks 1 GiB per GPU for a million GPUs
     assert checks.check_shm(0, str(tmp_path / "absent")).verdict == "warn"
-    tcp = pkg.nccl_log.Expectation(rdma=False, source="tcp")
-    rdma = pkg.nccl_log.Expectation(rdma=True, link="IB", source="ib")
+    tcp = fabric.Expectation(rdma=False, source="tcp")
+    rdma = fabric.Expectation(rdma=True, link="IB", source="ib")
     assert checks.check_memlock(tcp).verdict == "ok"
     soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
     want = "ok" if soft == resource.RLIM_INFINITY else ("warn" if soft >= 1 << 30 else "FAIL")

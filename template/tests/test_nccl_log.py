@@ -1,4 +1,5 @@
-"""NCCL log analysis (nccl_log.py): transports, GPUDirect RDMA, RoCE, the socket fallback, several ranks.
+"""NCCL log analysis (nccl_log.py reads, nccl_verdict.py judges): transports, GPUDirect RDMA, RoCE,
+the socket fallback, several ranks.
 
     python -m pytest -q tests/test_nccl_log.py
 
@@ -56,6 +57,12 @@ def nl(pkg):
     return pkg.nccl_log
 
 
+@pytest.fixture
+def judge(pkg):
+    """judge(log, RDMA_IB): doctor's NCCL lines for a parsed log, against a fabric given by Expectation's fields."""
+    return lambda log, fabric: pkg.nccl_verdict.assess(log, pkg.fabric.Expectation(**fabric))
+
+
 def verdicts(checks) -> dict[str, str]:
     return {c.name: c.verdict for c in checks}
 
@@ -69,7 +76,7 @@ RDMA_ROCE = dict(rdma=True, link="RoCE", source="NCCL_IB_DISABLE=0 (config/nccl.
 TCP = dict(rdma=False, link=None, source="NCCL_IB_DISABLE=1 (config/nccl.env)")
 
 
-def test_infiniband_with_gpudirect_rdma(nl):
+def test_infiniband_with_gpudirect_rdma(nl, judge):
     log = nl.parse(node_log("gpu-a", "10.0.0.1"), "rank0.log")
     assert log.versions == {"2.21.5+cuda12.4"} and log.cuda_drivers == {"12.4"}
     assert log.networks == {"IB"} and log.hosts == {"gpu-a"}
@@ -78,7 +85,7 @@ def test_infiniband_with_gpudirect_rdma(nl):
     assert len(log.net_connections) == 4 and all(c.gdr and c.net == "IB" for c in log.net_connections)
     assert log.settings["NCCL_SOCKET_IFNAME"] == {"eth0"}
 
-    checks = nl.assess(log, nl.Expectation(**RDMA_IB))
+    checks = judge(log, RDMA_IB)
     assert verdicts(checks) == {
         "NCCL log": "ok",
         "NCCL version": "ok",
@@ -93,30 +100,30 @@ def test_infiniband_with_gpudirect_rdma(nl):
     assert "mlx5_0:1/IB mlx5_1:1/IB" in detail(checks, "NCCL network")
 
 
-def test_infiniband_without_gpudirect_rdma_is_a_warning(nl):
+def test_infiniband_without_gpudirect_rdma_is_a_warning(nl, judge):
     log = nl.parse(node_log("gpu-a", "10.0.0.1", net_path="NET/IB/0"))
-    checks = nl.assess(log, nl.Expectation(**RDMA_IB))
+    checks = judge(log, RDMA_IB)
     assert verdicts(checks)["GPUDirect RDMA"] == "warn" and "FAIL" not in verdicts(checks).values()
     assert "0/4 NET/IB connections use GDRDMA" in detail(checks, "GPUDirect RDMA")
     assert "nvidia-peermem" in detail(checks, "GPUDirect RDMA")
 
 
-def test_roce_ports_against_roce_and_infiniband_configs(nl):
+def test_roce_ports_against_roce_and_infiniband_configs(nl, judge):
     log = nl.parse(node_log("gpu-a", "10.0.0.1", links="[0]mlx5_0:1/RoCE [1]mlx5_1:1/RoCE"))
     assert {p.link for p in log.ib_ports} == {"RoCE"}
-    assert verdicts(nl.assess(log, nl.Expectation(**RDMA_ROCE)))["NCCL network"] == "ok"
+    assert verdicts(judge(log, RDMA_ROCE))["NCCL network"] == "ok"
     # RoCE ports under an InfiniBand config: NCCL_IB_GID_INDEX is missing; worth a warning, not a failure.
-    checks = nl.assess(log, nl.Expectation(**RDMA_IB))
+    checks = judge(log, RDMA_IB)
     assert verdicts(checks)["NCCL network"] == "warn" and "NCCL_IB_GID_INDEX" in detail(checks, "NCCL network")
 
 
-def test_socket_fallback_fails_when_rdma_is_expected(nl):
+def test_socket_fallback_fails_when_rdma_is_expected(nl, judge):
     text = node_log("gpu-a", "10.0.0.1", net="Socket", net_path="NET/Socket/0")
     text += info("gpu-a", 0, "NCCL_IB_DISABLE set by environment to 1.") + "\n"
     log = nl.parse(text, "rank0.log")
     assert log.ib_no_device and log.networks == {"Socket"} and log.socket_ifaces == {"eth0:10.0.0.1"}
 
-    checks = nl.assess(log, nl.Expectation(**RDMA_IB))
+    checks = judge(log, RDMA_IB)
     assert verdicts(checks)["NCCL network"] == "FAIL" and verdicts(checks)["NCCL transports"] == "FAIL"
     network = detail(checks, "NCCL network")
     assert "No device found" in network and "NCCL_IB_DISABLE=1" in network and "ibv_devinfo" in network
@@ -124,22 +131,22 @@ def test_socket_fallback_fails_when_rdma_is_expected(nl):
     assert verdicts(checks)["GPUDirect RDMA"] == "n/a"
     # Channel lines alone (the `Using network` lines cut off) still fail, with the causes.
     cut = nl.parse("\n".join(line for line in text.splitlines() if "Using network" not in line))
-    checks = nl.assess(cut, nl.Expectation(**RDMA_IB))
+    checks = judge(cut, RDMA_IB)
     assert verdicts(checks)["NCCL transports"] == "FAIL" and "ibv_devinfo" in detail(checks, "NCCL transports")
 
 
-def test_sockets_are_fine_on_a_tcp_fabric(nl):
+def test_sockets_are_fine_on_a_tcp_fabric(nl, judge):
     log = nl.parse(node_log("gpu-a", "10.0.0.1", net="Socket", net_path="NET/Socket/0"))
-    checks = nl.assess(log, nl.Expectation(**TCP))
+    checks = judge(log, TCP)
     assert "FAIL" not in verdicts(checks).values() and "warn" not in verdicts(checks).values()
     assert "NET/Socket eth0:10.0.0.1" in detail(checks, "socket interface")
     assert "inter-node NET/Socket x4" in detail(checks, "NCCL transports")
     # The other way round, RDMA on a cluster the answers call TCP, is only a warning.
-    rdma = nl.assess(nl.parse(node_log("gpu-a", "10.0.0.1")), nl.Expectation(**TCP))
+    rdma = judge(nl.parse(node_log("gpu-a", "10.0.0.1")), TCP)
     assert verdicts(rdma)["NCCL network"] == "warn"
 
 
-def test_mixed_intra_node_and_inter_node_transports(nl):
+def test_mixed_intra_node_and_inter_node_transports(nl, judge, pkg):
     text = node_log("gpu-a", "10.0.0.1", local="P2P/CUMEM/read")
     text += (
         "\n".join(
@@ -156,12 +163,12 @@ def test_mixed_intra_node_and_inter_node_transports(nl):
     kinds = sorted({c.kind for c in log.connections})
     assert kinds == ["NET/IB", "P2P/CUMEM", "P2P/direct", "SHM"]
     assert log.nvls_channels == 16
-    checks = nl.assess(log, nl.Expectation(**RDMA_IB))
+    checks = judge(log, RDMA_IB)
     assert "FAIL" not in verdicts(checks).values()
     assert detail(checks, "NCCL transports") == (
         "inter-node NET/IB x5; intra-node P2P/CUMEM x2, P2P/direct x1, SHM x1; NVLS 16 channels"
     )
-    rows = nl.connection_table(log)
+    rows = pkg.nccl_verdict.connection_table(log)
     assert any("rank   1 -> 2   send     NET/IB/0/GDRDMA" in r and r.endswith("channels 0-1") for r in rows)
     assert any("NET/IB/1(0)/GDRDMA" in r and r.endswith("channels 2") for r in rows)
 
@@ -175,8 +182,8 @@ def test_mixed_intra_node_and_inter_node_transports(nl):
         "\x00\x01binary\xff junk NCCL without a level\n",
     ],
 )
-def test_logs_without_nccl_lines_say_how_to_get_them(nl, text):
-    checks = nl.assess(nl.parse(text, "job.out"), nl.Expectation(**RDMA_IB))
+def test_logs_without_nccl_lines_say_how_to_get_them(nl, judge, text):
+    checks = judge(nl.parse(text, "job.out"), RDMA_IB)
     assert [(c.name, c.verdict) for c in checks] == [("NCCL log", "FAIL")]
     assert "no NCCL lines in job.out" in checks[0].detail and "TRAIN_DEBUG=1" in checks[0].detail
 
@@ -189,7 +196,7 @@ def test_missing_paths_and_empty_folders_are_errors(nl, tmp_path):
         nl.log_files([str(tmp_path / "empty")])
 
 
-def test_several_rank_files_make_one_job(nl, tmp_path):
+def test_several_rank_files_make_one_job(nl, judge, tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
     (logs / "rank0.log").write_text(node_log("gpu-a", "10.0.0.1", base=0, peer=2))
@@ -199,7 +206,7 @@ def test_several_rank_files_make_one_job(nl, tmp_path):
     job = nl.merge(parsed)
     assert job.hosts == {"gpu-a", "gpu-b"} and job.ranks == {0, 1, 2, 3}
     assert job.bootstrap_ifaces == {"eth0:10.0.0.1", "eth0:10.0.0.2"}
-    checks = nl.assess(job, nl.Expectation(**RDMA_IB))
+    checks = judge(job, RDMA_IB)
     assert "2 file(s)" in detail(checks, "NCCL log") and "hosts gpu-a, gpu-b" in detail(checks, "NCCL log")
     assert verdicts(checks)["NCCL version"] == "warn"  # two NCCL versions in one job
     assert "inter-node NET/IB x8" in detail(checks, "NCCL transports")
@@ -208,7 +215,7 @@ def test_several_rank_files_make_one_job(nl, tmp_path):
     assert twice.connections == job.connections
 
 
-def test_prefixes_old_formats_plugins_and_warnings(nl):
+def test_prefixes_old_formats_plugins_and_warnings(nl, judge):
     text = "\n".join(
         [
             "[rank3]:gpu-c:5001:5090 [3] NCCL INFO Using network IBext_v8",
@@ -223,7 +230,7 @@ def test_prefixes_old_formats_plugins_and_warnings(nl):
     assert log.hosts == {"gpu-c"} and log.networks == {"IBext_v8"}
     assert {str(p) for p in log.ib_ports} == {"mlx5_0:1/IB"}
     assert {(c.channel, c.net, c.gdr) for c in log.connections} == {(0, "IBext_v8", True), (1, "IBext_v8", False)}
-    checks = nl.assess(log, nl.Expectation(**RDMA_IB))
+    checks = judge(log, RDMA_IB)
     v = verdicts(checks)
     assert v["NCCL network"] == "ok" and v["NCCL transports"] == "ok"  # the RDMA plugin is RDMA
     assert v["GPUDirect RDMA"] == "warn" and v["NCCL warnings"] == "warn"

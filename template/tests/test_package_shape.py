@@ -16,7 +16,9 @@ PACKAGE_DIR = next(p.parent for p in (Path(__file__).resolve().parents[1] / "src
 
 # Lowest first. A module may import its own layer and those below, never one above.
 LAYERS = {
-    "settings": {  # plain Python: configuration, the rules between settings, tables, platform variables
+    # plain Python: configuration, the rules between settings, tables, platform variables, and what doctor and
+    # debug-dump read (NCCL's log, the fabric settings, RDMA ports, the local ranks and their stacks)
+    "settings": {
         "config",
         "sizes",
         "rules",
@@ -29,6 +31,12 @@ LAYERS = {
         "network",
         "nccl_env",
         "nccl_log",
+        "nccl_verdict",
+        "verdicts",
+        "fabric",
+        "rdma",
+        "local_ranks",
+        "rank_stacks",
         "faults",
         "preemption",
         "demo_corpus",

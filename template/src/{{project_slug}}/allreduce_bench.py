@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from .nccl_log import FAIL, OK, Check
+from .verdicts import FAIL, OK, Check
 
 MIB = 1 << 20
 RESULT_MARK = "DOCTOR_ALLREDUCE "  # the line of rank 0's output that carries its result

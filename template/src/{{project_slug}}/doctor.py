@@ -14,7 +14,8 @@ chose (nccl_log.py reads it), or Gloo between two processes on CPU; both report 
 nccl-tests define it. The settings are those the node launcher applies: config/nccl.env, with what the
 environment (the platform) already set winning.
 
-The node checks are node_checks.py, the all-reduce allreduce_bench.py, the log analysis nccl_log.py.
+The node checks are node_checks.py (fabric.py: the settings and what they promise; rdma.py: the
+RDMA ports), the all-reduce allreduce_bench.py, the log analysis nccl_log.py and nccl_verdict.py.
 """
 
 from __future__ import annotations
@@ -28,10 +29,13 @@ from pathlib import Path
 
 from .allreduce_bench import describe_result, job_allreduce, local_allreduce
 from .config import Config, ConfigError
+from .fabric import Expectation, Settings, check_fabric, expectation, load_settings
 from .nccl_env import apply_nccl_env
-from .nccl_log import FAIL, NA, WARN, Check, Expectation, LogError, assess, connection_table, merge, parse, read_logs
-from .node_checks import Settings, check_fabric, check_node, expectation, gpu_info, load_settings
+from .nccl_log import LogError, merge, parse, read_logs
+from .nccl_verdict import assess, connection_table
+from .node_checks import check_node, gpu_info
 from .project import project_root
+from .verdicts import FAIL, NA, WARN, Check
 
 MIB = 1 << 20
 

@@ -158,7 +158,7 @@ class DevMachine(Platform):
         return pid is not None and process_alive(pid)
 
     def status(self, job: Job) -> int:
-        from ..debug_dump import find_ranks
+        from ..local_ranks import find_ranks
         from ..metrics import format_step
 
         output_dir = Path(job.extra.get("output_dir") or under_root(self.cfg.run.output_dir))

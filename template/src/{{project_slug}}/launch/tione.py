@@ -9,11 +9,11 @@ DescribeTrainingTask, DescribeLogs, StopTrainingTask; API version 2021-11-11, th
     <package> launch tione --action cancel                   # StopTrainingTask: SIGTERM, the ranks save
     <package> launch tione --console                         # no API access: what to type into the console
 
-launch/tione/task.yaml holds the request copier rendered from the answers (mode, image, instances,
-CFS/GooseFSx mount, VPC, logs), field names as the API spells them; each submission completes it with
-a unique Name and the start command (launch/tione/start-<mode>.sh in the image, with the overrides),
-and checks every field against the SDK's request models before anything is sent. The Ray mode has no
-API equivalent: `launch tione` prints the console settings for it instead.
+launch/tione/task.yaml holds the request copier rendered from the answers; tione_request.py completes
+it for each submission (a unique Name, the start command with the overrides) and checks every field
+against the SDK's request models before anything is sent; this module holds the API client and the
+actions. The Ray mode has no API equivalent: `launch tione` prints the console settings for it instead
+(tione_console.py).
 
 Credentials come from the SDK's usual places, never from the project: TENCENTCLOUD_SECRET_ID and
 TENCENTCLOUD_SECRET_KEY (and TENCENTCLOUD_SESSION_TOKEN for temporary keys), else the [default]
@@ -26,17 +26,12 @@ from __future__ import annotations
 import configparser
 import json
 import os
-import re
 import shlex
 import sys
 import time
-import warnings
 from argparse import ArgumentParser
-from copy import deepcopy
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-
-import yaml
 
 from ..config import ConfigError
 from ..project import project_root
@@ -45,8 +40,8 @@ from . import jobs
 from .base import Platform
 from .jobs import Job
 from .tione_console import print_console_settings, start_script
+from .tione_request import TASK_FILE, api_mode, build_request, load_task, request_problems, unknown_fields
 
-TASK_FILE = Path("launch") / "tione" / "task.yaml"
 INSTALL = "pip install tencentcloud-sdk-python-tione"
 # TI-ONE's task states (DescribeTrainingTask Status) and what they mean here.
 STATES = {
@@ -60,7 +55,6 @@ STATES = {
     "SUBMIT_FAILED": "submission failed",
 }
 ACTIVE = {"SUBMITTING", "STARTING", "RUNNING", "STOPPING"}
-NAME_PATTERN = re.compile(r"[\w\u4e00-\u9fff][\w\u4e00-\u9fff-]{0,59}")  # the API's rule: 60 characters at most
 POLL_SECONDS = 5
 
 
@@ -78,94 +72,6 @@ def add_arguments(p: ArgumentParser) -> None:
         "file's, else the public one; http://HOST:PORT for a local test endpoint)",
     )
     p.add_argument("--pod", help="logs: only this pod's lines (default: every pod of the task)")
-
-
-# --- The request ------------------------------------------------------------------------------------
-
-
-def load_task(path: Path) -> dict:
-    """task.yaml: {region, request, [endpoint, code_dir]}; ConfigError naming the file and the fix."""
-    try:
-        task = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path} cannot be read ({exc.strerror}); re-render it with `copier update`") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
-    if not isinstance(task, dict) or not isinstance(task.get("request"), dict):
-        raise ConfigError(
-            f"{path} must hold `region:` and a `request:` mapping (the CreateTrainingTask fields); "
-            "re-render it with `copier update`"
-        )
-    if not task.get("region"):
-        raise ConfigError(
-            f"{path}: `region` is empty: set it (e.g. ap-guangzhou), or `copier update --data tione_region=ap-shanghai`"
-        )
-    return task
-
-
-def unknown_fields(model_name: str, request: dict) -> list[str]:
-    """Fields the SDK's model (and the models nested in it) does not know: the SDK warns about them
-    ('X fileds are useless.') and would drop them silently."""
-    from tencentcloud.tione.v20211111 import models
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        getattr(models, model_name)()._deserialize(request)
-    found = []
-    for warning in caught:
-        text = str(warning.message)
-        if text.endswith("fileds are useless."):
-            found += text.removesuffix(" fileds are useless.").split(",")
-    return sorted(found)
-
-
-def request_problems(request: dict) -> tuple[list[str], list[str]]:
-    """(mistakes, values still to fill in) of a request: the first are refused always, the second only
-    when submitting (a dry run prints the request with a note)."""
-    mistakes = [
-        f"unknown field(s) {', '.join(names)}"
-        for names in [unknown_fields("CreateTrainingTaskRequest", request)]
-        if names
-    ]
-    if not NAME_PATTERN.fullmatch(str(request.get("Name", ""))):
-        mistakes.append(
-            f"Name {request.get('Name')!r} must be 1-60 letters, digits, '_' or '-', starting with a "
-            "letter or digit (--name)"
-        )
-    if not request.get("ResourceConfigInfos"):
-        mistakes.append("ResourceConfigInfos is empty: the task needs instances")
-    missing = []
-    for info in request.get("ResourceConfigInfos") or []:
-        if not request.get("ResourceGroupId") and not info.get("InstanceType"):
-            missing.append(
-                f"{info.get('Role', 'WORKER')} instances have no InstanceType and the task no "
-                "ResourceGroupId: `copier update --data tione_instance_type=<spec>` (pay as you go) or "
-                "--data tione_resource_group=<id> (a prepaid resource group)"
-            )
-    for config in request.get("DataConfigs") or []:
-        source = config.get("CFSSource") or config.get("GooseFSSource") or {}
-        if not source.get("Id"):
-            missing.append(
-                f"the {config.get('DataSourceType', '')} mount at {config.get('MappingPath')} has no Id: "
-                "`copier update --data tione_storage_id=<cfs-... or the GooseFSx id>`"
-            )
-    if (request.get("ImageInfo") or {}).get("ImageType") == "TCR" and not request["ImageInfo"].get("RegistryId"):
-        missing.append("ImageInfo.RegistryId is empty: the TCR instance id (tcr-...) of the image's registry")
-    return mistakes, missing
-
-
-def build_request(task: dict, mode: str | None, script: Path, name: str | None, extra_args: list[str]) -> dict:
-    """The CreateTrainingTask request: task.yaml's, a unique Name and the start command with the overrides."""
-    request = deepcopy(task["request"])
-    request["Name"] = name or f"{request.get('Name') or 'train'}-{time.strftime('%Y%m%d-%H%M%S')}"
-    code_dir = str(task.get("code_dir") or project_root()).rstrip("/")
-    start = shlex.join(["bash", f"{code_dir}/launch/tione/{script.name}", *extra_args])
-    request["StartCmdInfo"] = (
-        {"PsStartCmd": start, "WorkerStartCmd": start} if mode == "PS_WORKER" else {"StartCmd": start}
-    )
-    if mode:
-        request["TrainingMode"] = mode
-    return request
 
 
 # --- The API ------------------------------------------------------------------------------------------
@@ -239,11 +145,6 @@ class Api:
                 f"TI-ONE {action} failed: {code}: {message}{fix}"
                 + (f" (request id {request_id})" if request_id else "")
             ) from None
-
-
-def api_mode(script: Path) -> str | None:
-    """TrainingMode of the API for the generated start script; None for Ray, which the API lacks."""
-    return {"start-ddp.sh": "DDP", "start-mpi.sh": "MPI", "start-ps-worker.sh": "PS_WORKER"}.get(script.name)
 
 
 def instant(timestamp: str) -> datetime:
