@@ -115,7 +115,9 @@ def open_parquet(path: Path):
             f"{path} has no 'text' column (columns: {schema.names}); rename the column holding the documents to 'text'"
         )
     kind = schema.field("text").type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+    if pa.types.is_dictionary(kind):  # dictionary-encoded strings read back as strings
+        kind = kind.value_type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or str(kind) == "string_view"):
         raise ConfigError(f"{path}: the 'text' column holds {kind}, not strings; store the documents as text")
     return table
 
