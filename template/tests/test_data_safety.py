@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-PREPARE = ["data.raw=", "data.tokenizer=", "data.vocab_size=300", "model.sequence_len=64"]
+# The shared suite's family (conftest TINY_MODEL), whatever the project's: a BPE tokenizer.
+FAMILY = ["model.arch=gpt", "model.pretrained="]
+PREPARE = [*FAMILY, "data.raw=", "data.tokenizer=", "data.vocab_size=300", "model.sequence_len=64"]
 
 
 def snapshot(folder: Path) -> dict[str, str]:
@@ -156,6 +158,7 @@ def small_corpus(demo_data, tmp_path) -> Path:
 
 def prepare(cli, data_dir: Path, *extra: str):
     settings = [
+        *FAMILY,
         "data.raw=",
         "data.tokenizer=",
         "data.vocab_size=512",
