@@ -41,7 +41,16 @@ LAYERS = {
         "preemption",
         "demo_corpus",
     },
-    "blocks": {"distributed", "metrics", "models", "data", "mlm_data", "splits", "checkpoint"},  # torch building blocks
+    "blocks": {
+        "distributed",
+        "metrics",
+        "models",
+        "data",
+        "documents",
+        "mlm_data",
+        "splits",
+        "checkpoint",
+    },  # torch building blocks
     "strategies": {"strategies"},  # how a model is spread over processes, and the formats they save
     "jobs": {"train", "evaluate", "sample", "trained_model", "prepare_data"},  # what runs in a process
     "commands": {  # what a user or a platform starts

@@ -51,7 +51,11 @@ def load_trained_model(cfg: Config, ckpt: str | None, device: torch.device):
     path = Path(ckpt) if ckpt else find_checkpoint(ckpt_dir)
     if path is None:
         raise ConfigError(f"no checkpoint found in {ckpt_dir}; train first or pass --checkpoint")
-    state = read_checkpoint(path)
+    # A folder's run state is read first: refused before its shards are consolidated (minutes when large).
+    state = read_checkpoint(path) if path.is_file() else None
+    run_state = state if state is not None else deepspeed.load_model_states(path)
+    checkpoint.check_data(run_state, Path(cfg.data.dir), path, "give --checkpoint of a run trained on data.dir")
+    state = state if state is not None else read_checkpoint(path)
     meta = read_meta(Path(cfg.data.dir))
     # The checkpoint's own model settings win, so eval and sample need no training overrides.
     cfg = dataclasses.replace(cfg, model=ModelConfig(**state["config"]["model"]))
