@@ -16,6 +16,13 @@ default, rendered as copier renders it. Each problem names the config keys it co
 whose change is the fix; CONFIG_ANSWERS turns those into the answer to blame, whatever the wording.
 Only rules between answers that never reach train.yaml (Kubernetes names, platform needs) live here.
 Each problem is one line: "<answer>=<value>: <why>; <what to do>".
+
+Before any of that, the answers as given (--data, --data-file, cookiecutter's key=value):
+given_problems() refuses what copier would drop silently or crash on (unknown names, with the
+closest question; derived ones; "two" for a number; values outside the choices), and
+question_problems() renders copier.yml's own validators on the completed answers, so that one
+line names the first bad answer wherever it came from. reserved_slugs() derives the names
+project_slug may not take (the standard library, keywords, what the package imports and requires).
 """
 
 from __future__ import annotations
@@ -292,7 +299,7 @@ def _choices(question: dict) -> list:
 
 
 def _whole(value) -> int | None:
-    """An integer answer as text or YAML; None for anything copier's int() would refuse or truncate."""
+    """An integer answer as text or YAML; None where copier's int() would fail, truncate (1.5) or count (true)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
@@ -314,7 +321,7 @@ def _list_problem(name: str, value, allowed: list) -> str:
         return f"{name} '{value}' is not a list; give one such as {example}"
     wrong = [item for item in items if item not in allowed]
     if wrong:
-        return f"{name}: '{wrong[0]}' is not one of {', '.join(map(str, allowed))}; e.g. {example}"
+        return f"{name} item '{wrong[0]}' is not one of {', '.join(map(str, allowed))}; e.g. {example}"
     return ""
 
 
@@ -331,6 +338,9 @@ def given_problems(data: dict) -> list[tuple[str, str]]:
             found.append((name, unknown))
             continue
         question, allowed = questions()[name], _choices(questions()[name])
+        if value is None and question.get("type", "yaml") not in ("yaml", "json"):  # `name:` in a --data-file
+            found.append((name, f"{name} has no value; give one or leave {name} out for its default"))
+            continue
         if question.get("multiselect"):
             problem = _list_problem(name, value, allowed)
             if problem:
@@ -380,11 +390,11 @@ def _imported_modules() -> set[str]:
     """Top-level modules the generated package and its tests import (absolute imports only)."""
     names = set()
     for path in [*(TEMPLATE / "src").rglob("*"), *(TEMPLATE / "tests").rglob("*")]:
-        if ".py" not in path.name or not path.is_file():
+        if ".py" not in path.name or path.suffix == ".pyc" or not path.is_file():
             continue
         try:
             tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError):
+        except (SyntaxError, ValueError):  # ValueError: undecodable or NUL bytes
             continue  # a Jinja template of a module: the plain modules import the same things
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
