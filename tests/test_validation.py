@@ -84,7 +84,7 @@ BAD_ANSWERS = [
     ({"output_dir": "/mnt/shared/v/data"}, "output_dir", "is data_dir itself"),
     ({"output_dir": "/mnt/shared/v/data/./"}, "output_dir", "is data_dir itself"),
     ({"output_dir": "/mnt/shared/v/data/runs"}, "output_dir", "lies inside data_dir '/mnt/shared/v/data'"),
-    ({"output_dir": "/mnt/shared/v"}, "output_dir", "holds data_dir '/mnt/shared/v/data'; e.g."),
+    ({"output_dir": "/mnt/shared/v"}, "output_dir", "holds data_dir '/mnt/shared/v/data': keep them apart"),
     # numbers: whole, and within the question's bound
     ({"nodes": "two"}, "nodes", "not a whole number; give one such as nodes=1"),
     ({"nodes": "1.5"}, "nodes", "not a whole number"),
@@ -448,6 +448,7 @@ def _template_without_early_checks(tmp_path: Path) -> Path:
     shutil.copytree(TEMPLATE / "hooks", src / "hooks", ignore=shutil.ignore_patterns("__pycache__"))
     text = (TEMPLATE / "copier.yml").read_text()
     text = re.sub(r"\{\{ answer_problems\([^)]*\) \}\}", "", text).replace("{{ refuse_bad_answers() }}", "ok")
+    text = text.replace("{{ refuse_bad_given_answers() }}", "ok")
     (src / "copier.yml").write_text(text)
     return src
 
