@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from .bounds import count, positive_float
 from .config import Config, ConfigError
 from .env_files import read_env_file
 from .nccl_env import apply_nccl_env
@@ -33,12 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--num-nodes",
-        type=int,
+        type=count,
         help="Ray nodes to wait for before training (default: $RAY_NUM_NODES, else cluster.nodes)",
     )
     p.add_argument(
         "--num-workers",
-        type=int,
+        type=count,
         help="training processes (default: $RAY_NUM_WORKERS, else cluster.nodes x cluster.gpus_per_node)",
     )
     p.add_argument(
@@ -47,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=os.environ.get("RAY_USE_GPU", "auto"),
         help="one GPU per worker; auto = when the cluster has GPUs",
     )
-    p.add_argument("--wait-timeout", type=float, default=900, help="seconds to wait for every node to join")
+    p.add_argument("--wait-timeout", type=positive_float, default=900, help="seconds to wait for every node to join")
     p.add_argument("--dry-run", action="store_true", help="print the plan, connect to nothing")
 
 
