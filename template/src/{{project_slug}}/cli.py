@@ -93,5 +93,11 @@ def main(argv: list[str] | None = None) -> int:
         require_in_bounds(cfg)  # before any command computes with a count of 0
         return command_module(args.command).run(cfg, args)
     except ConfigError as exc:
+        from .supervise import hand_to_supervisor
+
+        # In a rank under torchrun: a failing exit would be restarted into the same mistake, so
+        # the supervisor prints it once and ends the job (supervise.py).
+        if hand_to_supervisor(str(exc)):
+            return 0
         print(f"error: {exc}", file=sys.stderr)
         return 1
