@@ -180,7 +180,7 @@ def mpi_hosts(env: Mapping[str, str]) -> list[tuple[str, int]]:
         for item in env["NODE_IP_SLOT_LIST"].split(","):
             host, _, slots = item.strip().rpartition(":")
             if not host or not slots.isdigit() or int(slots) < 1:
-                raise TopologyError(f"NODE_IP_SLOT_LIST item {item!r} must look like ip:slots, slots at least 1")
+                raise TopologyError(f"NODE_IP_SLOT_LIST item {item!r} must be ip:slots, slots at least 1; {SET_BY_JOB}")
             hosts.append((host, int(slots)))
         return hosts
     path = env.get("OMPI_MCA_orte_default_hostfile", "/etc/mpi/hostfile")
