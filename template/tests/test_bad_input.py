@@ -70,6 +70,8 @@ OPTIONS = {
     "plan --tokens 0": (["plan", "--tokens", "0"], ["--tokens", "above 0"]),
     "node --wait-timeout -5": (["node", "--dry-run", "--wait-timeout", "-5"], ["--wait-timeout", "above 0"]),
     "eval --batches 0": (["eval", "--batches", "0"], ["--batches", "at least 1"]),
+    "ray-train --num-nodes 0": (["ray-train", "--dry-run", "--num-nodes", "0"], ["--num-nodes", "at least 1"]),
+    "doctor --iters 0": (["doctor", "--iters", "0"], ["--iters", "at least 1"]),
     "sample --top-k -5": (["sample", "--top-k", "-5"], ["--top-k", "at least 0", "'-5'"]),
     "sample --max-new-tokens 0": (["sample", "--max-new-tokens", "0"], ["--max-new-tokens", "at least 1"]),
     "sample --max-new-tokens -3": (["sample", "--max-new-tokens", "-3"], ["--max-new-tokens", "at least 1"]),
@@ -144,6 +146,12 @@ def test_platform_variable_out_of_range(cli, name):
     proc = cli("node", "--dry-run", env=only(variables), expect=1, timeout=120)
     assert "the platform sets it" in assert_one_line(proc, words)  # so the fix is in the job's settings
     assert "$ " not in proc.stdout
+
+
+@pytest.mark.parametrize("variable, value", [("RAY_NUM_NODES", "0"), ("RAY_NUM_WORKERS", "x")])
+def test_ray_counts_from_the_environment(cli, variable, value):
+    proc = cli("ray-train", "--dry-run", env={variable: value}, expect=1)
+    assert_one_line(proc, [f"{variable}={value!r}", "at least 1", "unset it"])
 
 
 def test_node_rank_past_the_nodes_and_a_rank_variable_that_is_no_number(cli):

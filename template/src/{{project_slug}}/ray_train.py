@@ -107,16 +107,15 @@ def env_count(name: str) -> int | None:
     value = os.environ.get(name, "").strip()
     if not value:
         return None
-    if not value.isdigit():
-        raise ConfigError(f"{name}={value!r} must be a whole number")
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"{name}={value!r} must be a whole number of at least 1; fix or unset it")
     return int(value)
 
 
 def run(cfg: Config, args: argparse.Namespace) -> int:
+    # argparse, env_count and bounds.py have refused counts below 1
     num_nodes = args.num_nodes or env_count("RAY_NUM_NODES") or cfg.cluster.nodes
     num_workers = args.num_workers or env_count("RAY_NUM_WORKERS") or cfg.cluster.nodes * cfg.cluster.gpus_per_node
-    if num_nodes < 1 or num_workers < 1:
-        raise ConfigError(f"--num-nodes {num_nodes} and --num-workers {num_workers} must be at least 1")
     plan = (
         f"Ray Train: {num_workers} worker(s) on {num_nodes} node(s), cluster {args.address}, "
         f"GPUs {args.use_gpu}, output {cfg.run.output_dir}"
