@@ -127,7 +127,12 @@ def run_supervised(
             if stop_at is None and os.path.exists(fatal_file):
                 stop_at = time.monotonic() + FATAL_GRACE_SECONDS
             elif stop_at is not None and time.monotonic() > stop_at:
-                child.terminate()  # torchrun stops the ranks still waiting for the reporting one
+                # torchrun stops the ranks still waiting for the reporting one; DeepSpeed's runner
+                # does not, so its whole group is signalled
+                if whole_group_seconds is not None and forward_signals:
+                    os.killpg(child.pid, signal.SIGTERM)
+                else:
+                    child.terminate()
                 stop_at = float("inf")
         if whole_group_seconds is not None and forward_signals:
             _wait_for_group(child.pid, whole_group_seconds)
