@@ -10,11 +10,13 @@ words that name the input and the fix, and no traceback anywhere in the output.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import shutil
 import sys
 import time
+import typing
 from pathlib import Path
 
 import pytest
@@ -125,6 +127,19 @@ def assert_one_line(proc, words: list[str]) -> str:
     for word in words:
         assert word in lines[0], (word, lines[0])
     return lines[0]
+
+
+def test_every_number_in_the_config_has_a_range(pkg):
+    """A new numeric setting gets its range in bounds.py (deepspeed.zero_stage has its choices)."""
+    cfg = pkg.config.Config()
+    numbers = set()
+    for section in dataclasses.fields(cfg):
+        hints = typing.get_type_hints(type(getattr(cfg, section.name)))
+        for setting in dataclasses.fields(getattr(cfg, section.name)):
+            types = set(typing.get_args(hints[setting.name])) or {hints[setting.name]}
+            if types & {int, float}:
+                numbers.add(f"{section.name}.{setting.name}")
+    assert numbers - {"deepspeed.zero_stage"} == set(pkg.bounds.BOUNDS)
 
 
 @pytest.mark.parametrize("name", CONFIG)
