@@ -115,8 +115,10 @@ PLATFORM_NAMES |= {"NODE_IP_SLOT_LIST", "HEAD_ADDR", "HEAD_PORT", "TF_CONFIG", "
 
 
 def only(variables: dict) -> dict:
-    """The runner's environment without any platform's variables, plus these."""
+    """The runner's environment without any platform's variables, plus these (SLURM_CONF, where
+    scontrol finds the cluster, is the machine's, not the job's)."""
     cleared = {k: None for k in os.environ if k.startswith(PLATFORM_PREFIXES) or k in PLATFORM_NAMES}
+    cleared.pop("SLURM_CONF", None)
     return {**cleared, "OMPI_MCA_orte_default_hostfile": None, **variables}
 
 
