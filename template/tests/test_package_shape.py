@@ -20,6 +20,7 @@ LAYERS = {
     # debug-dump read (NCCL's log, the fabric settings, RDMA ports, the local ranks and their stacks)
     "settings": {
         "config",
+        "bounds",
         "sizes",
         "rules",
         "gpus",
