@@ -171,7 +171,7 @@ def prepare(cli, data_dir: Path, *extra: str):
 @pytest.mark.parametrize("strategy", ["ddp", "deepspeed"])
 def test_a_run_refuses_data_prepared_again(cli, small_corpus, train_overrides, tmp_path, strategy):
     if strategy == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
-        pytest.skip("DeepSpeed is not installed")
+        pytest.fail("DeepSpeed is not installed: DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed")
     data_dir, out = small_corpus, tmp_path / "run"
     assert prepare(cli, data_dir).returncode == 0
     first = json.loads((data_dir / "meta.json").read_text())
