@@ -39,6 +39,9 @@ LAYERS = {
         "rank_stacks",
         "faults",
         "preemption",
+        "checkpoint_files",
+        "run_lock",
+        "unrecoverable",
         "demo_corpus",
     },
     "blocks": {"distributed", "metrics", "models", "data", "mlm_data", "splits", "checkpoint"},  # torch building blocks

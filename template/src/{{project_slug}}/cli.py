@@ -4,7 +4,7 @@
     <package> --help | <package> <command> --help
 
 Every command reads config/train.yaml (or --config) and accepts overrides as `section.key=value`
-arguments or `--set section.key=value`. A user mistake prints one message and exits 1.
+arguments or `--set section.key=value`. A user mistake prints one message and exits 1 (unrecoverable.py).
 
 A command's module has `add_arguments(parser)` and `run(cfg, args) -> int`. Only the module of the
 command being run is imported, so torch-free commands (check, plan, image, launch, debug-dump) start
@@ -19,6 +19,7 @@ import importlib
 import sys
 from types import ModuleType
 
+from . import unrecoverable
 from .config import ConfigError, add_config_arguments, load_config
 
 # command: (module, one-line help), in the order a project uses them
@@ -84,5 +85,4 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, args.overrides)
         return command_module(args.command).run(cfg, args)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return unrecoverable.report(exc)  # one line; a rank under the node supervisor also records it

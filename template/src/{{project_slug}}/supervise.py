@@ -8,7 +8,8 @@ step itself; forwarding there would hand torchrun a second signal while it shuts
 breaks its grace period, so under Slurm this process only ignores them.
 
 Afterwards: preempted.json written during this run (preemption.py) -> exit 143 and a line that
-says the checkpoint is saved; otherwise torchrun's own status.
+says the checkpoint is saved; a failure a restart cannot fix, which a rank wrote to the file named
+by TRAIN_FAILURE_FILE (unrecoverable.py) -> its one line and exit 1; otherwise torchrun's own status.
 """
 
 from __future__ import annotations
@@ -17,11 +18,18 @@ import ctypes
 import os
 import signal
 import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
+from . import unrecoverable
 from .preemption import EXIT_PREEMPTED, read_marker
 
 FORWARDED = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
+FAILURE_GRACE = 20.0
+"""Seconds the ranks get to end by themselves after one of them recorded a failure (they all do
+when the failure is one every rank knows of); then the child is told to stop."""
 _PR_SET_PDEATHSIG = 1
 
 
@@ -46,6 +54,23 @@ def _wait_for_group(pgid: int, seconds: float) -> None:
         time.sleep(0.2)
 
 
+def _wait_ending_on_failure(child: subprocess.Popen, failure_file: str) -> int:
+    """child's exit status; once a rank has recorded a failure, child gets FAILURE_GRACE seconds
+    to end by itself before it is sent SIGTERM (its ranks would otherwise wait in a collective)."""
+    recorded = None
+    while True:
+        try:
+            return child.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            if recorded is None and unrecoverable.read(failure_file):
+                recorded = time.monotonic()
+            if recorded is not None and time.monotonic() - recorded > FAILURE_GRACE:
+                child.send_signal(signal.SIGTERM)
+                recorded = float("inf")  # once
+        except InterruptedError:
+            continue
+
+
 def run_supervised(
     cmd: list[str], output_dir: str, forward_signals: bool, log=print, whole_group_seconds: float | None = None
 ) -> int:
@@ -55,9 +80,12 @@ def run_supervised(
     up to this long for the rest of the group. For launchers that do not pass signals on
     themselves (DeepSpeed's single-node runner dies on SIGTERM and leaves its ranks running)."""
     started = time.time()
+    fd, failure_file = tempfile.mkstemp(prefix="train-failure-")
+    os.close(fd)
+    env = {**os.environ, unrecoverable.FAILURE_FILE: failure_file}
     # A new session keeps a terminal's Ctrl-C (sent to the whole foreground group) from reaching
     # torchrun twice: once from the terminal, once forwarded.
-    child = subprocess.Popen(cmd, start_new_session=forward_signals, preexec_fn=_stop_with_parent)
+    child = subprocess.Popen(cmd, start_new_session=forward_signals, preexec_fn=_stop_with_parent, env=env)
 
     def on_signal(signum, frame):
         if not forward_signals:
@@ -72,17 +100,17 @@ def run_supervised(
 
     previous = {sig: signal.signal(sig, on_signal) for sig in FORWARDED}
     try:
-        while True:
-            try:
-                code = child.wait()
-                break
-            except InterruptedError:
-                continue
+        code = _wait_ending_on_failure(child, failure_file)
         if whole_group_seconds is not None and forward_signals:
             _wait_for_group(child.pid, whole_group_seconds)
+        failure = unrecoverable.read(failure_file)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        Path(failure_file).unlink(missing_ok=True)
+    if failure:
+        print(f"error: {failure}", file=sys.stderr, flush=True)
+        return 1
     record = read_marker(output_dir, since=started)
     if record is not None:
         log(
