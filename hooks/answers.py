@@ -16,14 +16,25 @@ default, rendered as copier renders it. Each problem names the config keys it co
 whose change is the fix; CONFIG_ANSWERS turns those into the answer to blame, whatever the wording.
 Only rules between answers that never reach train.yaml (Kubernetes names, platform needs) live here.
 Each problem is one line: "<answer>=<value>: <why>; <what to do>".
+
+Before any of that, the answers as given (--data, --data-file, cookiecutter's key=value):
+given_problems() refuses what copier would drop silently or crash on (unknown names, with the
+closest question; derived ones; "two" for a number; values outside the choices), and
+question_problems() renders copier.yml's own validators on the completed answers, so that one
+line names the first bad answer wherever it came from. reserved_slugs() derives the names
+project_slug may not take (the standard library, keywords, what the package imports and requires).
 """
 
 from __future__ import annotations
 
+import ast
+import difflib
 import functools
 import hashlib
 import importlib
 import importlib.util
+import keyword
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -256,6 +267,186 @@ def line(answers: dict, field: str, message: str) -> str:
 def problems(answers: dict) -> list[str]:
     """Every cross-field problem of a full set of answers, one line each; empty when they are fine."""
     return [line(answers, field, message) for field, message in field_problems(answers)]
+
+
+# --- answers as given (--data, --data-file, cookiecutter's key=value), before copier types them --------
+
+WHOLE_NUMBER = re.compile(r"\s*[+-]?[0-9]+\s*")
+FALSE_WORDS = ("", "0", "false", "no", "off", "n", "f", "none", "null")
+
+
+def computed_names() -> set[str]:
+    """Hidden questions (`when: false`): copier derives them, and a given answer would replace the derivation."""
+    return {name for name, question in questions().items() if question.get("when") is False}
+
+
+def unknown_name_problem(name: str) -> str:
+    """Why `name` is not an answer this template takes ("" when it is one), with the closest question."""
+    if name in computed_names():
+        return f"answer '{name}' is computed from the other answers, not asked; leave it out"
+    if name in questions():
+        return ""
+    asked = [q for q in questions() if q not in computed_names()]
+    close = difflib.get_close_matches(name.lower().replace("-", "_"), asked, n=1)
+    if close:
+        return f"unknown answer '{name}': did you mean '{close[0]}'?"
+    return f"unknown answer '{name}': no question has that name (README.md lists them)"
+
+
+def _choices(question: dict) -> list:
+    choices = question.get("choices") or []
+    return list(choices.values()) if isinstance(choices, dict) else list(choices)
+
+
+def _whole(value) -> int | None:
+    """An integer answer as text or YAML; None where copier's int() would fail, truncate (1.5) or count (true)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and WHOLE_NUMBER.fullmatch(value):
+        return int(value)
+    return None
+
+
+def _list_problem(name: str, value, allowed: list) -> str:
+    example = f"{name}=[{', '.join(map(str, allowed[:2]))}]"
+    try:
+        items = yaml.safe_load(value) if isinstance(value, str) else value
+    except yaml.YAMLError:
+        items = None
+    if not isinstance(items, list):
+        return f"{name} '{value}' is not a list; give one such as {example}"
+    wrong = [item for item in items if item not in allowed]
+    if wrong:
+        return f"{name} item '{wrong[0]}' is not one of {', '.join(map(str, allowed))}; e.g. {example}"
+    return ""
+
+
+def given_problems(data: dict) -> list[tuple[str, str]]:
+    """(answer, message) for answers copier would drop or stop on with a traceback: an unknown or
+    computed name, a number that is not whole, a value outside the question's choices, a list that
+    is not one (copier would drop unknown list items silently). Keys starting with '_' are copier's."""
+    found = []
+    for name, value in data.items():
+        if str(name).startswith("_"):
+            continue
+        unknown = unknown_name_problem(str(name))
+        if unknown:
+            found.append((name, unknown))
+            continue
+        question, allowed = questions()[name], _choices(questions()[name])
+        if value is None and question.get("type", "yaml") not in ("yaml", "json"):  # `name:` in a --data-file
+            found.append((name, f"{name} has no value; give one or leave {name} out for its default"))
+            continue
+        if question.get("multiselect"):
+            problem = _list_problem(name, value, allowed)
+            if problem:
+                found.append((name, problem))
+            continue
+        if question.get("type") == "int":
+            number = _whole(value)
+            if number is None:
+                example = complete({}).get(name, 1)
+                found.append((name, f"{name} '{value}' is not a whole number; give one such as {name}={example}"))
+                continue
+            value = number
+        if allowed and value not in allowed and str(value) not in map(str, allowed):
+            found.append((name, f"{name} '{value}' is not one of {', '.join(map(str, allowed))}"))
+    return found
+
+
+def _truthy(rendered) -> bool:
+    return rendered if isinstance(rendered, bool) else str(rendered).strip().lower() not in FALSE_WORDS
+
+
+def question_problems(answers: dict, given=()) -> list[tuple[str, str]]:
+    """(question, message) for each question whose copier.yml validator refuses its answer, in
+    question order, as copier applies them: a given answer even when its question is not asked, a
+    default only when it is. Cross-field rules stay silent here (answer_problems, as under
+    --defaults): field_problems reports them."""
+    a = complete(answers)
+    context = {**a, "_copier_conf": {"defaults": True}}
+    found = []
+    for name, question in questions().items():
+        if "validator" not in question or name not in a:
+            continue
+        when = question.get("when", True)
+        if name in given or _truthy(_default_template(when).render(context) if isinstance(when, str) else when):
+            message = " ".join(_default_template(question["validator"]).render(context).split())
+            if message:
+                found.append((name, message))
+    return found
+
+
+# --- project_slug: names the package must not take --------------------------------------------------
+
+SLUG = re.compile(r"[a-z][a-z0-9]{0,39}")
+
+
+def _imported_modules() -> set[str]:
+    """Top-level modules the generated package and its tests import (absolute imports only)."""
+    names = set()
+    for path in [*(TEMPLATE / "src").rglob("*"), *(TEMPLATE / "tests").rglob("*")]:
+        if ".py" not in path.name or path.suffix == ".pyc" or not path.is_file():
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, ValueError):  # ValueError: undecodable or NUL bytes
+            continue  # a Jinja template of a module: the plain modules import the same things
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names.add(node.module.split(".")[0])
+    return names
+
+
+def _requirements() -> set[str]:
+    """Distribution names in template/pyproject.toml.jinja (dependencies, extras, build), for every model."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: the imported modules above still cover what the code uses
+        return set()
+    text = (TEMPLATE / "pyproject.toml.jinja").read_text()
+    names = set()
+    for model in _choices(questions()["model"]):
+        spec = tomllib.loads(jinja2.Environment().from_string(text).render(model=model, project_slug="x"))
+        project = spec.get("project", {})
+        requirements = [*project.get("dependencies", []), *spec.get("build-system", {}).get("requires", [])]
+        requirements += [r for extra in project.get("optional-dependencies", {}).values() for r in extra]
+        names.update(re.match(r"[A-Za-z0-9._-]+", r)[0].lower().replace("-", "_") for r in requirements)
+    return names
+
+
+@functools.cache
+def reserved_slugs() -> dict[str, str]:
+    """Names project_slug must not take, each with why. The slug names the package on sys.path (src/ is
+    first when the project runs `python -m <slug>`) and the distribution `pip install -e .` installs."""
+    reserved = {
+        name: f"is the name of the dependency {name}: `pip install -e .` would replace it" for name in _requirements()
+    }
+    shadows = "the package would shadow it and the project could not start"
+    reserved.update(
+        {name: f"is Python's standard-library module {name}: {shadows}" for name in sys.stdlib_module_names}
+    )
+    reserved.update(
+        {name: f"is the name of the module {name} the project imports: {shadows}" for name in _imported_modules()}
+    )
+    reserved.update({name: "is a Python soft keyword (match, case and type statements)" for name in keyword.softkwlist})
+    reserved.update({name: f"is a Python keyword: `import {name}` is a syntax error" for name in keyword.kwlist})
+    return {name: why for name, why in reserved.items() if SLUG.fullmatch(name)}
+
+
+def slug_problem(slug: str) -> str:
+    """Why project_slug cannot be `slug` (a module the project would shadow, a keyword), "" when it can."""
+    why = reserved_slugs().get(slug)
+    if not why:
+        return ""
+    suggestion = next(s for s in (slug[:35] + tail for tail in ("train", "run", "proj")) if s not in reserved_slugs())
+    return f"project_slug '{slug}' {why}; choose another, e.g. '{suggestion}'."
 
 
 def main(argv: list[str]) -> int:

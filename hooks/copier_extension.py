@@ -13,16 +13,29 @@ Globals it adds:
                                              With --defaults it stays silent: copier would print a
                                              traceback, and refuse_bad_answers reports the same line
     refuse_bad_answers()                     in the default of a hidden question asked last: stops copier
-                                             (exit 1) with "Validation error for question '<field>':
-                                             <field>=<value>" and the reason on a second line, for the
-                                             first problem left: hidden questions have no validators,
-                                             and older copier versions did not validate defaults
+                                             (exit 1) with the one line "Validation error for question
+                                             '<field>': <field>=<value>: <why>; <fix>" for the first
+                                             problem left: hidden questions have no validators, and
+                                             older copier versions did not validate defaults
     path_characters_problem('data_dir', data_dir)
                                              "" or why the path holds a character that shell, sbatch or
                                              env files read specially: the one rule for every path answer
     image_reference_problem('image', image, 'registry.example.com/run:v1')
                                              "" or why the answer is not an image reference, with the
                                              example as the fix: the one rule for every image answer
+    refuse_bad_given_answers()               in the default of a hidden question asked first: stops copier
+                                             (exit 1, one line, no traceback) on an answer given with
+                                             --data/--data-file that copier would drop or crash on (an
+                                             unknown name, "two" for a number, a value outside the
+                                             choices) and, with --defaults, on the first answer any
+                                             validator or cross-field rule refuses
+    slug_problem(project_slug)               "" or why the slug would shadow a module the project
+                                             imports (standard library, dependencies) or is a keyword
+    path_placement_problem('data_dir', data_dir, example, shared_mount, platforms)
+                                             "" or why the path is the root folder, or lies outside the
+                                             shared mount (Kubeflow), both judged on the normalised path
+    paths_apart_problem(data_dir, output_dir)
+                                             "" or why output_dir is, lies inside or holds data_dir
 The cross-field rules come from hooks/answers.py, which runs the generated package's rules.py/plan.py.
 """
 
@@ -30,6 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import posixpath
 import re
 import sys
 from pathlib import Path
@@ -107,14 +121,43 @@ def answer_problems(context, *fields: str, upto: str | None = None) -> str:
     return ""
 
 
+def _refuse(field: str, message: str):
+    """Stop copier with one line naming the answer; an answer that is no question is named as given."""
+    rules = _answers_module()
+    if field in rules.questions() and field not in rules.computed_names():
+        raise _refusal()(f"Validation error for question '{field}': {message}")
+    raise _refusal()(message)
+
+
 @pass_context
 def refuse_bad_answers(context) -> str:
     """Raise, naming the answer to change, when the full set of answers breaks a rule."""
     answers = _given(context)
     rules = _answers_module()
     for field, message in rules.field_problems(answers):
-        value = rules.line(answers, field, "").rstrip(": ")
-        raise _refusal()(f"Validation error for question '{field}': {value}\n{' '.join(message.split())}")
+        _refuse(field, rules.line(answers, field, message))
+    return "ok"
+
+
+@pass_context
+def refuse_bad_given_answers(context) -> str:
+    """Raise on the first answer given (--data, --data-file, cookiecutter's hook) that copier would drop
+    silently or stop on with a traceback, before copier types a single one; with --defaults also on the
+    first answer, given or default, that a validator or a cross-field rule refuses. Interactive runs
+    check the rest while asking (the validators), and refuse_bad_answers at the end."""
+    rules = _answers_module()
+    try:
+        given = dict(context["_copier_conf"]["data"])
+    except (KeyError, TypeError):
+        given = {}
+    for field, message in rules.given_problems(given):
+        _refuse(field, message)
+    if _non_interactive(context):
+        answers = _given(context)  # the given ones and, on `copier update`, the recorded ones
+        for field, message in rules.question_problems(answers, given):
+            _refuse(field, message)
+        for field, message in rules.field_problems(answers):
+            _refuse(field, rules.line(answers, field, message))
     return "ok"
 
 
@@ -128,6 +171,58 @@ def path_characters_problem(field: str, value: str) -> str:
     )
 
 
+def slug_problem(slug: str) -> str:
+    """Why project_slug cannot be `slug`, "" when it can (hooks/answers.py derives the names)."""
+    return _answers_module().slug_problem(str(slug))
+
+
+def _normalised(path: str) -> str:
+    """posixpath.normpath, with POSIX's leading '//' (which Linux reads as '/') made one slash."""
+    normal = posixpath.normpath(str(path))
+    return "/" + normal.lstrip("/") if normal.startswith("//") else normal
+
+
+def path_placement_problem(field: str, value: str, example: str, mount: str = "", platforms=()) -> str:
+    """Why the absolute path answer `field` cannot be used where it points, "" when it can. Judged on
+    the normalised path, so `/srv/../etc` is /etc: the root folder (data and checkpoints would
+    be written among the system's folders), or, for Kubeflow, a path outside the shared mount (the
+    pods see only the volume mounted there)."""
+    path = _normalised(value)
+    meant = f" (that is {path})" if path != str(value) else ""
+    if path == "/":
+        return f"{field} '{value}' is the root folder{meant}; give a folder of its own, e.g. {example}."
+    if mount and "kubeflow" in platforms and not path.startswith(_normalised(mount).rstrip("/") + "/"):
+        return (
+            f"{field} '{value}'{meant} must lie under shared_mount {mount}, where the pods mount the shared "
+            f"volume; e.g. {example}."
+        )
+    return ""
+
+
+def paths_apart_problem(data_dir: str, output_dir: str) -> str:
+    """Why output_dir cannot be where it is relative to data_dir, "" when the two are apart: cleaning
+    one (a new dataset, old runs) must never delete the other, and data globs must not meet checkpoints."""
+    data, output = _normalised(data_dir), _normalised(output_dir)
+    if output == data:
+        where = "is data_dir itself"
+    elif output.startswith(data.rstrip("/") + "/"):
+        where = f"lies inside data_dir '{data_dir}'"
+    elif data.startswith(output.rstrip("/") + "/"):
+        where = f"holds data_dir '{data_dir}'"
+    else:
+        return ""
+    parent = posixpath.dirname(data)
+    apart = next(
+        candidate
+        for candidate in (posixpath.join(parent, name) for name in ("runs", "outputs", "checkpoints"))
+        if candidate != data and not candidate.startswith(data + "/")
+    )
+    return (
+        f"output_dir '{output_dir}' {where}: keep them apart so that cleaning one never deletes the other "
+        f"and token shards never mix with checkpoints; e.g. output_dir={apart}."
+    )
+
+
 def image_reference_problem(field: str, value: str, example: str) -> str:
     """Why the answer `field` is not an image reference, "" when it is one."""
     if IMAGE_REFERENCE.fullmatch(str(value)):
@@ -136,8 +231,7 @@ def image_reference_problem(field: str, value: str, example: str) -> str:
 
 
 class RulesExtension(Extension):
-    """Adds the rules' globals (answer_problems, refuse_bad_answers, path_characters_problem,
-    image_reference_problem) to copier's Jinja environment."""
+    """Adds the rules' globals (listed in the module's docstring) to copier's Jinja environment."""
 
     def __init__(self, environment):
         super().__init__(environment)
@@ -145,3 +239,7 @@ class RulesExtension(Extension):
         environment.globals["refuse_bad_answers"] = refuse_bad_answers
         environment.globals["path_characters_problem"] = path_characters_problem
         environment.globals["image_reference_problem"] = image_reference_problem
+        environment.globals["refuse_bad_given_answers"] = refuse_bad_given_answers
+        environment.globals["slug_problem"] = slug_problem
+        environment.globals["path_placement_problem"] = path_placement_problem
+        environment.globals["paths_apart_problem"] = paths_apart_problem

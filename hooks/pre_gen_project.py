@@ -7,10 +7,13 @@ created. On success it writes the answers, typed the way
 copier.yml asks for them, to .cookiecutter-answers.json for post_gen_project.py.
 
 Checks, in order, all from the one set of rules:
-  1. types: integer questions hold integers, platforms is a comma-separated list;
-  2. copier's own per-question validators (copier.yml), by a copier run with pretend=True
+  1. names: a key=value on the command line that no question has (`node=4` for `nodes`);
+     cookiecutter drops those before this hook runs, so they are read back from its command line;
+  2. types: integer questions hold whole numbers, choices hold one of theirs, platforms is a
+     comma-separated list (hooks/answers.py given_problems: copier's wording);
+  3. copier's own per-question validators (copier.yml), by a copier run with pretend=True
      (nothing written);
-  3. hooks/answers.py problems(): cross-field rules of the generated package (rules.py, plan.py).
+  4. hooks/answers.py problems(): cross-field rules of the generated package (rules.py, plan.py).
 Run: cookiecutter /path/to/template   (see README.md, "cookiecutter")
 """
 
@@ -42,7 +45,35 @@ def template_root() -> Path:
     )
 
 
-def typed_answers(root: Path) -> tuple[dict, list[str]]:
+def answers_module(root: Path):
+    """hooks/answers.py of the template cookiecutter read: the questions and the rules."""
+    spec = importlib.util.spec_from_file_location("dtt_hooks_answers", root / "hooks" / "answers.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def command_line_answers() -> dict[str, str]:
+    """The key=value answers of the cookiecutter command that runs this hook. cookiecutter drops a key
+    cookiecutter.json lacks before any hook runs, so a typo such as node=4 would pass unseen: the
+    command line is read back from the parent process (Linux /proc; elsewhere, and under cookiecutter's
+    Python API, nothing is read and such keys stay unchecked)."""
+    try:
+        argv = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().rstrip(b"\0").decode().split("\0")
+        start = next(i for i, arg in enumerate(argv) if Path(arg).name == "cookiecutter")
+        from cookiecutter.cli import main as cookiecutter_cli
+
+        parsed = cookiecutter_cli.make_context("cookiecutter", argv[start + 1 :], resilient_parsing=True)
+    except Exception:  # noqa: BLE001 - not a cookiecutter command line: nothing to check
+        return {}
+    given = parsed.params.get("extra_context") or {}
+    if isinstance(given, dict):  # cookiecutter's own callback has split key=value already
+        return {str(key): value for key, value in given.items()}
+    return dict(pair.split("=", 1) for pair in given if "=" in pair)
+
+
+def typed_answers(root: Path, rules) -> tuple[dict, list[str]]:
     """cookiecutter's string answers as copier takes them: ints as ints, platforms as a list."""
     import yaml
 
@@ -62,11 +93,11 @@ def typed_answers(root: Path) -> tuple[dict, list[str]]:
                     f"e.g. {key}=devmachine,slurm"
                 )
             value = items
-        elif question.get("type") == "int":
-            try:
+        else:
+            wrong = rules.given_problems({key: value})
+            problems += [f"{field}: {message}" for field, message in wrong]
+            if question.get("type") == "int" and not wrong:
                 value = int(str(value).strip())
-            except ValueError:
-                problems.append(f"{key}: '{value}' is not a whole number")
         answers[key] = value
     return answers, problems
 
@@ -95,22 +126,17 @@ def copier_validators(root: Path, answers: dict) -> list[str]:
     return []
 
 
-def shared_rules(root: Path, answers: dict) -> list[str]:
-    """Cross-field problems from hooks/answers.py (the generated package's rules.py and plan.py)."""
-    spec = importlib.util.spec_from_file_location("dtt_hooks_answers", root / "hooks" / "answers.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module.problems(answers)  # lines "<field>=<value>: <why>; <what to do>"
-
-
 def main() -> int:
     root = template_root()
-    answers, problems = typed_answers(root)
+    rules = answers_module(root)
+    unknown = {key: value for key, value in command_line_answers().items() if key not in CONTEXT}
+    problems = [f"{field}: {message}" for field, message in rules.given_problems(unknown)]
+    if not problems:
+        answers, problems = typed_answers(root, rules)
     if not problems:
         problems = copier_validators(root, answers)
-    if not problems:
-        problems = shared_rules(root, answers)
+    if not problems:  # cross-field rules (rules.py, plan.py): lines "<field>=<value>: <why>; <what to do>"
+        problems = rules.problems(answers)
     if problems:
         print("cookiecutter: the answers are not accepted, nothing was written:", file=sys.stderr)
         for line in problems:

@@ -63,7 +63,8 @@ def test_a_layout_that_does_not_fit_is_refused(tmp_path):
     )
     out = result.stdout + result.stderr
     assert result.returncode != 0, out
-    line = next((x for x in out.splitlines() if x.startswith("does not fit: ")), None)
+    refusal = "Validation error for question 'gpu_type': gpu_type=v100-16gb: does not fit: "
+    line = next((x for x in out.splitlines() if x.startswith(refusal)), None)  # one line: answer, why, fix
     assert line, out
     assert "gpt3 13B on 1 x 8 v100-16gb" in line and "GiB usable of 16 GiB" in line
     suggestion = line.split("; smallest change: ", 1)[1]

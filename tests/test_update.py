@@ -142,7 +142,7 @@ def test_update_keeps_user_edits_then_nodes_rerenders_every_launch_file(tmp_path
     devmachine = (project / "launch/devmachine/train.sh").read_text()
     # The dev-machine script takes the node count at run time; it kept v0.2.0's line.
     assert "NNODES=${NNODES:-1}" in devmachine and "# Launch script line added in v0.2.0." in devmachine
-    assert "4 node(s) x 8 GPU(s)" in (project / "launch/kubeflow/pytorchjob.yaml").read_text()
+    assert "4 nodes x 8 GPUs" in (project / "launch/kubeflow/pytorchjob.yaml").read_text()
     assert yaml.safe_load((project / ".copier-answers.yml").read_text())["nodes"] == 4
     checked = check(project)
     assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -3,17 +3,22 @@
     pytest tests/test_validation.py -q
 
 Each row of BAD_ANSWERS is a real `copier copy --defaults --data ...` into a folder that does not
-exist: copier must exit non-zero, name the question ("Validation error for question '<field>'" or,
-for a value outside a question's choices, "Invalid choice for '<field>'"), give a one-line reason,
-and leave no destination behind. Cross-field rows go through hooks/copier_extension.py, which runs
-the generated package's rules.py and fit.py (hooks/answers.py); the last tests check that module
-directly and that a refused copy into an existing folder leaves the user's file alone.
+exist: copier must exit non-zero and print one line, no traceback, naming the question
+("Validation error for question '<field>': ...") with the reason and the fix, and leave no
+destination behind. UNKNOWN_ANSWERS does the same for names no question has; UPDATES for `copier
+update --data` in a generated project, which must stay byte for byte as it was. Cross-field rows go
+through hooks/copier_extension.py, which runs the generated package's rules.py and fit.py
+(hooks/answers.py); the last tests check that module directly and that a refused copy into an
+existing folder leaves the user's file alone.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import keyword
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,17 +49,61 @@ BAD_ANSWERS = [
     ({"nccl_ib_hca": "mlx5 0"}, "nccl_ib_hca", "device names"),
     ({"fabric": "roce", "nccl_ib_gid_index": 300}, "nccl_ib_gid_index", "255"),
     ({"fabric": "roce", "nccl_ib_tc": -1}, "nccl_ib_tc", "255"),
-    ({"fabric": "myrinet"}, "fabric", ""),
-    ({"model": "t5"}, "model", ""),
+    ({"fabric": "myrinet"}, "fabric", "not one of infiniband, roce, tcp"),
+    ({"model": "t5"}, "model", "not one of gpt, bert, gpt3"),
     ({"model": "gpt", "model_size": "125M"}, "model_size", "gpt size"),
     ({"model": "bert", "model_size": "d12"}, "model_size", "bert size"),
     ({"model": "gpt3", "model_size": "1B"}, "model_size", "gpt3 size"),
     ({"model": "bert", "pretrained_dir": "models/bert"}, "pretrained_dir", "absolute"),
-    ({"model": "gpt3", "gpt3_layout": "1b-2pp"}, "gpt3_layout", ""),
-    ({"strategy": "deepspeed", "zero_stage": 4}, "zero_stage", ""),
-    ({"strategy": "megatron"}, "strategy", ""),
-    ({"gpu_type": "tpu-v5"}, "gpu_type", ""),
+    ({"model": "gpt3", "gpt3_layout": "1b-2pp"}, "gpt3_layout", "not one of 125m-1gpu"),
+    ({"strategy": "deepspeed", "zero_stage": 4}, "zero_stage", "not one of 0, 1, 2, 3"),
+    ({"strategy": "megatron"}, "strategy", "not one of ddp, deepspeed"),
+    ({"gpu_type": "tpu-v5"}, "gpu_type", "not one of h100-80gb"),
     ({"platforms": "[]"}, "platforms", "at least one"),
+    ({"platforms": "[devmachine, aws]"}, "platforms", "'aws' is not one of devmachine"),
+    ({"platforms": "devmachine"}, "platforms", "not a list; give one such as platforms=["),
+    # project_slug: a name the package would shadow (stdlib, dependencies, what it imports), a keyword
+    ({"project_slug": "torch"}, "project_slug", "module torch the project imports"),
+    ({"project_slug": "deepspeed"}, "project_slug", "e.g. 'deepspeedtrain'"),
+    ({"project_slug": "json"}, "project_slug", "could not start"),
+    ({"project_slug": "site"}, "project_slug", "standard-library module site"),
+    ({"project_slug": "pyyaml"}, "project_slug", "pip install -e ."),
+    ({"project_slug": "import"}, "project_slug", "Python keyword"),
+    ({"project_slug": "match"}, "project_slug", "soft keyword"),
+    ({"project_name": "Numpy"}, "project_slug", "project_slug 'numpy'"),  # the slug derived from the name
+    # paths judged normalised: the root folder, outside the shared mount, data and outputs apart
+    ({"shared_mount": "/mnt/.."}, "shared_mount", "root folder (that is /)"),
+    ({"data_dir": "/"}, "data_dir", "root folder"),
+    ({"output_dir": "/"}, "output_dir", "root folder"),
+    (
+        {"platforms": "[kubeflow]", "data_dir": "/mnt/shared/../etc/d"},
+        "data_dir",
+        "(that is /mnt/etc/d) must lie under",
+    ),
+    ({"platforms": "[kubeflow]", "output_dir": "/mnt/shared/v/../../r"}, "output_dir", "shared_mount /mnt/shared"),
+    ({"output_dir": "/mnt/shared/v/data"}, "output_dir", "is data_dir itself"),
+    ({"output_dir": "/mnt/shared/v/data/./"}, "output_dir", "is data_dir itself"),
+    ({"output_dir": "/mnt/shared/v/data/runs"}, "output_dir", "lies inside data_dir '/mnt/shared/v/data'"),
+    ({"output_dir": "/mnt/shared/v"}, "output_dir", "holds data_dir '/mnt/shared/v/data': keep them apart"),
+    # numbers: whole, and within the question's bound
+    ({"nodes": "two"}, "nodes", "not a whole number; give one such as nodes=1"),
+    ({"nodes": "1.5"}, "nodes", "not a whole number"),
+    ({"nodes": -2}, "nodes", "at least 1"),
+    ({"gpus_per_node": "eight"}, "gpus_per_node", "gpus_per_node=8"),
+    ({"gpus_per_node": -1}, "gpus_per_node", "at least 1"),
+    ({**GPT3, "tensor_parallel": "1.5"}, "tensor_parallel", "not a whole number"),
+    ({**GPT3, "tensor_parallel": 0}, "tensor_parallel", "between 1 and gpus_per_node"),
+    ({**GPT3, "pipeline_parallel": "2x"}, "pipeline_parallel", "not a whole number"),
+    ({**GPT3, "pipeline_parallel": 0}, "pipeline_parallel", "at least 1"),
+    ({"strategy": "deepspeed", "zero_stage": "one"}, "zero_stage", "not a whole number"),
+    ({"fabric": "roce", "nccl_ib_gid_index": "3a"}, "nccl_ib_gid_index", "not a whole number"),
+    ({"fabric": "roce", "nccl_ib_tc": "1e2"}, "nccl_ib_tc", "not a whole number"),
+    ({"platforms": "[slurm]", "slurm_cpus_per_gpu": "8.0"}, "slurm_cpus_per_gpu", "not a whole number"),
+    (
+        {"platforms": "[tione]", "tione_resource_group": "trsg-1", "tione_cpu_per_node": "many"},
+        "tione_cpu_per_node",
+        "not a whole number",
+    ),
     # tensor / pipeline degrees against the world size and the model's shape
     ({**GPT3, "gpus_per_node": 4, "tensor_parallel": 8}, "tensor_parallel", "gpus_per_node"),
     ({**GPT3, "gpus_per_node": 4, "pipeline_parallel": 3}, "pipeline_parallel", "divide"),
@@ -126,6 +175,34 @@ BAD_ANSWERS = [
 ]
 
 
+# Names that are no question (copier and cookiecutter would drop them silently) and derived ones
+# (an answer would replace the derivation): (answers, the one line printed)
+UNKNOWN_ANSWERS = [
+    ({"node": 4}, "unknown answer 'node': did you mean 'nodes'?"),
+    ({"gpus-per-node": 4}, "unknown answer 'gpus-per-node': did you mean 'gpus_per_node'?"),
+    ({"nodes": 2, "Model": "bert"}, "unknown answer 'Model': did you mean 'model'?"),
+    ({"foo": "bar"}, "unknown answer 'foo': no question has that name (README.md lists them)"),
+    ({"answers_check": "ok"}, "answer 'answers_check' is computed from the other answers, not asked; leave it out"),
+    ({"gpt3_layouts": "{}"}, "answer 'gpt3_layouts' is computed from the other answers, not asked; leave it out"),
+]
+
+# What copier prints besides the refusal: the template's uncommitted changes, the version it renders.
+COPIER_NOISE = re.compile(r"DirtyLocalWarning|^\s+warn\($|^(Copying from|Keeping|Updating to) template version")
+
+
+def refusal_line(result) -> str:
+    """The one line a refused copier run prints; fails on a traceback, a zero exit or more lines."""
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-2000:]
+    assert "Traceback" not in output, output[-3000:]
+    lines = [line for line in output.splitlines() if line.strip() and not COPIER_NOISE.search(line)]
+    assert len(lines) == 1, output[-2000:]
+    return lines[0]
+
+
+VALID = {"project_name": "Valid Name", "data_dir": "/mnt/shared/v/data", "output_dir": "/mnt/shared/v/runs"}
+
+
 def _id(row) -> str:
     answers, field, _ = row
     return f"{field}:" + ",".join(f"{k}={str(v)[:12]}" for k, v in answers.items())
@@ -134,23 +211,104 @@ def _id(row) -> str:
 @pytest.mark.parametrize("answers, field, reason", BAD_ANSWERS, ids=[_id(r) for r in BAD_ANSWERS])
 def test_bad_answers_are_refused_before_writing(tmp_path, answers, field, reason):
     dst = tmp_path / "project"
-    data = {
-        "project_name": "Valid Name",
-        "data_dir": "/mnt/shared/v/data",
-        "output_dir": "/mnt/shared/v/runs",
-        **answers,
-    }
-    result = copier_copy(dst, data)
-    output = result.stdout + result.stderr
-    assert result.returncode != 0, output[-2000:]
-    # copier's own validators: one line; the cross-field check: "<field>=<value>" and the reason below
-    validation = re.search(rf"Validation error for question '{field}': (.+(?:\n.+)?)", output)
-    choice = re.search(rf"Invalid choice for '{field}'.*", output)
-    assert validation or choice, output[-2000:]
-    if validation:  # why and what to do, in one or two lines
-        message = validation.group(1).strip()
-        assert len(message) > 20 and reason in message, message
+    result = copier_copy(dst, {**VALID, **answers})
+    line = refusal_line(result)
+    validation = re.fullmatch(rf"Validation error for question '{field}': (.+)", line)
+    assert validation, line
+    message = validation.group(1).strip()  # the answer, why and what to do
+    assert len(message) > 20 and field in message and reason in message, message
     assert not dst.exists(), f"copier left {sorted(p.name for p in dst.iterdir())}"
+
+
+@pytest.mark.parametrize("answers, expected", UNKNOWN_ANSWERS, ids=[next(iter(a)) for a, _ in UNKNOWN_ANSWERS])
+def test_unknown_answer_names_are_refused_with_the_closest_question(tmp_path, answers, expected):
+    dst = tmp_path / "project"
+    assert refusal_line(copier_copy(dst, {**VALID, **answers})) == expected
+    assert not dst.exists()
+
+
+# --data-file answers are YAML: copier would truncate 1.5 to 1, take true as 1 and fail on null
+DATA_FILES = [
+    (
+        "nodes: 1.5\n",
+        "Validation error for question 'nodes': nodes '1.5' is not a whole number; give one such as nodes=1",
+    ),
+    (
+        "nodes: true\n",
+        "Validation error for question 'nodes': nodes 'True' is not a whole number; give one such as nodes=1",
+    ),
+    (
+        "project_slug:\n",
+        "Validation error for question 'project_slug': project_slug has no value; give one or leave project_slug out for its default",
+    ),
+    (
+        "platforms: [devmachine, aws]\n",
+        "Validation error for question 'platforms': platforms item 'aws' is not one of devmachine, kubeflow, tione, slurm; e.g. platforms=[devmachine, kubeflow]",
+    ),
+    ("nodes: 2\nnode: 4\n", "unknown answer 'node': did you mean 'nodes'?"),
+]
+
+
+@pytest.mark.parametrize(
+    "text, expected", DATA_FILES, ids=[t.split(":")[0] + ":" + t.split(":")[1].strip()[:8] for t, _ in DATA_FILES]
+)
+def test_data_file_answers_are_refused_like_data(tmp_path, text, expected):
+    (tmp_path / "answers.yml").write_text(text)
+    dst = tmp_path / "project"
+    assert refusal_line(copier_copy(dst, VALID, extra=["--data-file", str(tmp_path / "answers.yml")])) == expected
+    assert not dst.exists()
+
+
+# `copier update --data` in a generated, committed project: (answer given, the line printed)
+UPDATES = [
+    ("project_slug=json", "Validation error for question 'project_slug': project_slug 'json' is the name"),
+    ("project_slug=class", "Validation error for question 'project_slug': project_slug 'class' is a Python keyword"),
+    ("node=4", "unknown answer 'node': did you mean 'nodes'?"),
+    ("nodes=two", "Validation error for question 'nodes': nodes 'two' is not a whole number"),
+    ("nodes=0", "Validation error for question 'nodes': nodes=0 is not allowed"),
+    ("output_dir=/", "Validation error for question 'output_dir': output_dir '/' is the root folder"),
+]
+
+
+def _tree_digest(root: Path) -> dict[str, str]:
+    """sha256 of every file of the work tree (git's own index is refreshed by any `git status`)."""
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in root.rglob("*")
+        if p.is_file() and ".git" not in p.relative_to(root).parts
+    }
+
+
+@pytest.fixture(scope="module")
+def committed_project(tmp_path_factory) -> Path:
+    from test_update import commit_all, git, snapshot_template
+
+    root = tmp_path_factory.mktemp("update")
+    (root / "template").mkdir()
+    template = snapshot_template(root / "template")
+    commit_all(template, "template", tag="v1.0.0")
+    project = root / "project"
+    data = {**VALID, "project_name": "Upd", "data_dir": f"{root}/data", "output_dir": f"{root}/runs"}
+    result = copier_copy(project, data, src=f"git+file://{template}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    git(project, "init", "-q", "-b", "main")
+    commit_all(project, "generated")
+    return project
+
+
+@pytest.mark.parametrize("given, expected", UPDATES, ids=[g for g, _ in UPDATES])
+def test_update_with_a_bad_answer_is_refused_and_changes_nothing(committed_project, given, expected):
+    from conftest import BIN, run
+
+    def state():
+        head = run(["git", "rev-parse", "HEAD"], cwd=committed_project).stdout
+        return _tree_digest(committed_project), head, run(["git", "stash", "list"], cwd=committed_project).stdout
+
+    before = state()
+    result = run([str(BIN / "copier"), "update", "--trust", "--defaults", "--data", given], cwd=committed_project)
+    assert refusal_line(result).startswith(expected), result.stderr[-2000:]
+    assert state() == before
+    assert run(["git", "status", "--porcelain"], cwd=committed_project).stdout == ""
 
 
 def test_table_covers_forty_sets_and_every_question_with_a_rule():
@@ -290,6 +448,7 @@ def _template_without_early_checks(tmp_path: Path) -> Path:
     shutil.copytree(TEMPLATE / "hooks", src / "hooks", ignore=shutil.ignore_patterns("__pycache__"))
     text = (TEMPLATE / "copier.yml").read_text()
     text = re.sub(r"\{\{ answer_problems\([^)]*\) \}\}", "", text).replace("{{ refuse_bad_answers() }}", "ok")
+    text = text.replace("{{ refuse_bad_given_answers() }}", "ok")
     (src / "copier.yml").write_text(text)
     return src
 
@@ -433,6 +592,61 @@ def test_path_and_image_rules_are_written_once():
     copier_yml = (TEMPLATE / "copier.yml").read_text()
     assert "`$%#" not in copier_yml and "sha256" not in copier_yml  # the patterns live in copier_extension.py
     assert copier_yml.count("path_characters_problem(") == 4 and copier_yml.count("image_reference_problem(") == 2
+    assert copier_yml.count("path_placement_problem(") == 3 and copier_yml.count("paths_apart_problem(") == 1
+
+
+# (field, answers, the message): paths judged on their normalised form, while the user answers
+PLACEMENTS = [
+    ("shared_mount", {"shared_mount": "/srv/.."}, "shared_mount '/srv/..' is the root folder (that is /); give"),
+    ("data_dir", {"shared_mount": "/mnt", "data_dir": "//"}, "data_dir '//' is the root folder (that is /); give"),
+    (
+        "data_dir",
+        {"platforms": ["kubeflow"], "shared_mount": "/mnt/s", "data_dir": "/mnt/s/../etc"},
+        "data_dir '/mnt/s/../etc' (that is /mnt/etc) must lie under shared_mount /mnt/s, where the pods mount "
+        "the shared volume; e.g. /mnt/s/run/data.",
+    ),
+    (
+        "output_dir",
+        {"shared_mount": "/m", "data_dir": "/m/d", "output_dir": "/m/d/../d/r"},
+        "output_dir '/m/d/../d/r' lies inside data_dir '/m/d': keep them apart so that cleaning one never "
+        "deletes the other and token shards never mix with checkpoints; e.g. output_dir=/m/runs.",
+    ),
+    (
+        "output_dir",
+        {"shared_mount": "/m", "data_dir": "/m/runs", "output_dir": "/m"},
+        "output_dir '/m' holds data_dir '/m/runs': keep them apart so that cleaning one never deletes the other "
+        "and token shards never mix with checkpoints; e.g. output_dir=/m/outputs.",
+    ),
+]
+
+
+@pytest.mark.parametrize("field, answers, message", PLACEMENTS, ids=[f"{f}:{a[f]}" for f, a, _ in PLACEMENTS])
+def test_interactive_path_validators_judge_the_normalised_path(field, answers, message):
+    assert _validator(field, answers).startswith(message)
+
+
+def test_paths_apart_from_each_other_and_under_the_mount_pass():
+    good = {"platforms": ["kubeflow"], "shared_mount": "/m", "data_dir": "/m/a/../data", "output_dir": "/m/data2"}
+    for field in ("shared_mount", "data_dir", "output_dir"):
+        assert _validator(field, good) == "", field
+
+
+def test_slug_refusals_are_derived_from_python_and_the_package_not_typed():
+    """The reserved slugs come from the standard library of the running Python, the keywords, the
+    modules the package and its tests import, and template/pyproject.toml.jinja's requirements."""
+    answers = _answers_module()
+    reserved = answers.reserved_slugs()
+    slug = re.compile(r"[a-z][a-z0-9]{0,39}")
+    assert {name for name in sys.stdlib_module_names if slug.fullmatch(name)} <= set(reserved)
+    assert {name for name in keyword.kwlist + keyword.softkwlist if slug.fullmatch(name)} <= set(reserved)
+    expected = {"torch", "numpy", "yaml", "deepspeed", "transformers", "tokenizers", "pytest", "pyarrow", "tensorboard"}
+    assert expected | {"pyyaml", "setuptools", "kubernetes", "docker", "ray", "tencentcloud"} <= set(reserved)
+    hooks = (TEMPLATE / "hooks" / "answers.py").read_text() + (TEMPLATE / "hooks" / "copier_extension.py").read_text()
+    assert not [name for name in expected - {"yaml", "deepspeed"} if name in hooks]  # those two name other things
+    assert _validator("project_slug", {"project_slug": "torch"}).endswith("choose another, e.g. 'torchtrain'.")
+    assert _validator("project_slug", {"project_slug": "a" * 36}) == ""
+    for fine in ("gptpretrain", "run", "bertmlm", "cirun", "upd"):
+        assert _validator("project_slug", {"project_slug": fine}) == "", fine
 
 
 def test_interactive_validators_accept_good_answers():

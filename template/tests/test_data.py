@@ -56,6 +56,9 @@ def test_prepare_data_reads_parquet_jsonl_and_txt(cli, mixed_inputs):
         "data.vocab_size=400",
         "data.val_fraction=0.1",
         "data.shard_tokens=1000",
+        "model.sequence_len=64",  # a small corpus: prepare-data refuses splits shorter than one sequence
+        "model.arch=gpt",  # byte-level BPE in a bert project too (its WordPiece does not round-trip)
+        "model.pretrained=",
     )
     assert "4 input file(s)" in proc.stdout and "trained a" in proc.stdout
 
@@ -89,6 +92,9 @@ def test_given_tokenizer_is_reused(cli, demo_data, mixed_inputs, tmp_path):
         f"data.tokenizer={given}",
         "data.vocab_size=300",
         "data.val_fraction=0.1",
+        "model.sequence_len=64",
+        "model.arch=gpt",  # the demo data's BPE tokenizer has no BERT special tokens
+        "model.pretrained=",
     )
     assert f"using tokenizer {given}" in proc.stdout
     meta = json.loads((out / "meta.json").read_text())

@@ -116,15 +116,17 @@ def test_grouped_query_attention_equals_repeated_kv_heads(gpt, n_kv_head):
 
 
 def greedy_without_cache(model, prompt, steps):
+    """Full passes over the last sequence_len tokens (all of them while they fit: a sliding window)."""
     ids = list(prompt)
     for _ in range(steps):
-        ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
+        ids.append(int(model(torch.tensor([ids[-model.config.sequence_len :]]))[0, -1].argmax()))
     return ids[len(prompt) :]
 
 
 @pytest.mark.parametrize("n_kv_head", [4, 2])
 def test_kv_cache_greedy_generation_equals_full_recompute(gpt, n_kv_head):
-    # sequence_len 16: 30 new tokens run past the training context (rotary tables cover 10x).
+    # sequence_len 16: 7 prompt tokens + 30 new ones, the first 9 from the KV cache, the rest from
+    # a sliding window over the last 16 (positions past the training context are never used).
     model = randomize(make(gpt, n_kv_head=n_kv_head, sequence_len=16))
     prompt = tokens(1, 7, seed=3)[0].tolist()
     with torch.no_grad():
@@ -158,6 +160,22 @@ def test_sampling_is_reproducible_with_a_seeded_generator(gpt):
     assert sample(0) == sample(0)
     assert sample(0) != sample(1)
     assert all(0 <= t < VOCAB for t in sample(2))
+
+
+def test_generation_slides_over_the_context_far_past_it(gpt):
+    """sequence_len 16 and rotary tables for 160 positions: 200 new tokens after a 40-token prompt
+    (itself longer than the context) come out, seeded sampling repeats them, greedy matches full passes."""
+    model = randomize(make(gpt, sequence_len=16))
+    prompt = tokens(1, 40, seed=4)[0].tolist()
+
+    def sample(seed):
+        return model.generate(prompt, 200, temperature=1.0, top_k=20, generator=torch.Generator().manual_seed(seed))
+
+    first = sample(7)
+    assert len(first) == 200 and all(0 <= t < VOCAB for t in first)
+    assert sample(7) == first and sample(8) != first
+    with torch.no_grad():
+        assert model.generate(prompt, 40, temperature=0) == greedy_without_cache(model, prompt, 40)
 
 
 def test_top_k_1_is_greedy(gpt):

@@ -20,6 +20,7 @@ LAYERS = {
     # debug-dump read (NCCL's log, the fabric settings, RDMA ports, the local ranks and their stacks)
     "settings": {
         "config",
+        "bounds",
         "sizes",
         "rules",
         "gpus",
@@ -44,7 +45,16 @@ LAYERS = {
         "unrecoverable",
         "demo_corpus",
     },
-    "blocks": {"distributed", "metrics", "models", "data", "mlm_data", "splits", "checkpoint"},  # torch building blocks
+    "blocks": {
+        "distributed",
+        "metrics",
+        "models",
+        "data",
+        "documents",
+        "mlm_data",
+        "splits",
+        "checkpoint",
+    },  # torch building blocks
     "strategies": {"strategies"},  # how a model is spread over processes, and the formats they save
     "jobs": {"train", "evaluate", "sample", "trained_model", "prepare_data"},  # what runs in a process
     "commands": {  # what a user or a platform starts

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .bounds import count
 from .config import Config
 from .estimates import GIB, memory
 from .fit import fit_problem
@@ -61,7 +62,7 @@ def run_check(cfg: Config, world_size: int | None = None, quiet: bool = False) -
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--world-size", type=int, help="processes to check for (default: nodes x gpus_per_node)")
+    p.add_argument("--world-size", type=count, help="processes to check for (default: nodes x gpus_per_node)")
     p.add_argument("--quiet", action="store_true", help="print problems only (copier's post-generation check)")
 
 

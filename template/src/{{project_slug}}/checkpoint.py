@@ -11,8 +11,9 @@ checkpoint kept.
 
 Besides model and optimizer, `run_state` records what continuing exactly needs: the step (the
 learning rate and the data position follow from it: lr_at(step), micro_batch_start(step, ...)),
-the data position of every rank, every rank's RNG states, the config and its fingerprint, and the
-layout (world size, data-parallel size). No gradient scaler: training runs in bf16 or fp32.
+the data position of every rank, every rank's RNG states, the config and its fingerprint, the
+fingerprint of the prepared data (a resume, eval or sample on other data is refused: check_data),
+and the layout (world size, data-parallel size). No gradient scaler: training runs in bf16 or fp32.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch.distributed as dist
 from . import checkpoint_files as files
 from .checkpoint_files import atomic_write as _atomic_write
 from .config import Config, ConfigError
+from .data import data_fingerprint, find_data
 from .distributed import gather_objects, print0, share_from_main
 from .unrecoverable import raise_on_every_rank
 
@@ -86,12 +88,22 @@ def restore_rank_rng(saved, rank: int, seed: int) -> None:
         torch.manual_seed(seed + rank)
 
 
-def run_state(cfg: Config, step: int, world_size: int, data_parallel_size: int, data_positions: list[int]) -> dict:
-    """Everything besides weights and optimizer that a resume checks or restores (collective)."""
+def run_state(
+    cfg: Config,
+    step: int,
+    world_size: int,
+    data_parallel_size: int,
+    data_positions: list[int],
+    trained_on: str | None = None,
+) -> dict:
+    """Everything besides weights and optimizer that a resume checks or restores (collective).
+    trained_on: the fingerprint of the data the run opened at its start (a prepare-data --force
+    while it trains does not change what it reads)."""
     return {
         "rng": every_rank_rng(),
         "config": cfg.to_dict(),
         "fingerprint": cfg.model_fingerprint(),
+        "data_fingerprint": trained_on,
         "world_size": world_size,
         "data_parallel_size": data_parallel_size,
         "samples_seen": step * cfg.batch.global_batch_size,
@@ -107,6 +119,7 @@ def check_compatible(state: dict, cfg: Config, world_size: int, where, can_resha
             "batch.global_batch_size, parallel.*); restore those settings, or start a new run in a folder "
             f"of its own: run.output_dir={files.unused_sibling(Path(cfg.run.output_dir))}"
         )
+    check_data(state, Path(cfg.data.dir), where, "to train on the new data, use a new run.output_dir")
     notes = []
     saved_world = state.get("world_size", world_size)
     if saved_world != world_size:
@@ -127,6 +140,24 @@ def check_compatible(state: dict, cfg: Config, world_size: int, where, can_resha
     if changed:
         notes.append("settings changed since the checkpoint: " + ", ".join(changed))
     return notes
+
+
+def check_data(state: dict, data_dir: Path, where, otherwise: str) -> None:
+    """Refuse a checkpoint trained on other data than data_dir holds now: its token ids would mean
+    other tokens. Checkpoints written before they recorded their data pass unchecked."""
+    trained_on = state.get("data_fingerprint")
+    if trained_on is None:
+        return
+    current = data_fingerprint(data_dir)
+    if trained_on == current:
+        return
+    trained_dir = Path(state.get("config", {}).get("data", {}).get("dir") or data_dir)
+    kept = find_data(trained_on, list(dict.fromkeys([data_dir, trained_dir])))
+    fix = f"run with data.dir={kept}, which holds it" if kept else "set data.dir to a folder holding that data"
+    raise ConfigError(
+        f"{where} was trained on data with fingerprint {trained_on} (data.dir={trained_dir}), but data.dir={data_dir} "
+        f"now holds fingerprint {current} (prepared again since?); {fix}, or {otherwise}"
+    )
 
 
 def _changed_settings(old: dict, new: dict, prefix: str = "") -> list[str]:

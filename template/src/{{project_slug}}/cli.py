@@ -20,6 +20,7 @@ import sys
 from types import ModuleType
 
 from . import unrecoverable
+from .bounds import require_in_bounds
 from .config import ConfigError, add_config_arguments, load_config
 
 # command: (module, one-line help), in the order a project uses them
@@ -39,13 +40,20 @@ COMMANDS = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage mistake is one line too (exit 2, argparse's code); `--help` shows the usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
 def command_module(command: str) -> ModuleType:
     return importlib.import_module(f".{COMMANDS[command][0]}", __package__)
 
 
 def build_parser(commands=None) -> argparse.ArgumentParser:
     """The parser listing every command; the options of `commands` (default: all) are added."""
-    parser = argparse.ArgumentParser(prog=__package__, description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog=__package__, description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
     for name, (_, summary) in COMMANDS.items():
         p = sub.add_parser(name, help=summary, description=summary)
@@ -83,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_with_overrides(build_parser([command] if command in COMMANDS else ()), argv)
     try:
         cfg = load_config(args.config, args.overrides)
+        require_in_bounds(cfg)  # before any command computes with a count of 0
         return command_module(args.command).run(cfg, args)
     except ConfigError as exc:
-        return unrecoverable.report(exc)  # one line; a rank under the node supervisor also records it
+        # One line; in a rank under the node supervisor, handed to it instead (unrecoverable.py)
+        return unrecoverable.report(exc)

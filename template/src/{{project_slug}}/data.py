@@ -1,11 +1,15 @@
 """Tokenizer and packed token shards.
 
 Layout of the data folder (on shared storage, read by every rank):
-  raw/               input documents: *.parquet (a `text` column), *.jsonl (a "text" field), *.txt
+  raw/               input documents: *.parquet, *.jsonl, *.txt (read by documents.py)
   tokenizer.json     BPE tokenizer (trained by prepare-data or given by the user)
   train_00000.bin    token ids, uint16 or uint32, documents separated by the <|bos|> token
   val_00000.bin      held-out documents, same format
-  meta.json          dtype, vocabulary size, shard token counts, bytes of validation text
+  meta.json          dtype, vocabulary size, shard token counts and the data's fingerprint
+  previous-<time>/   what `prepare-data --force` replaced (a complete data folder without raw/)
+
+The fingerprint (data_fingerprint) names the tokenizer and the token ids together; every checkpoint
+records the one it was trained on, and a resume, eval or sample on other data is refused.
 
 Training reads fixed-length sequences in order; the position in the stream is a pure function of
 the optimizer step, so every rank knows its slice without coordination and resume is exact.
@@ -13,7 +17,7 @@ the optimizer step, so every rank knows its slice without coordination and resum
 
 from __future__ import annotations
 
-import glob
+import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,52 +30,6 @@ from .config import ConfigError
 BOS = "<|bos|>"
 META = "meta.json"
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # bert vocabularies must hold these
-
-
-def iter_documents(paths: list[Path]) -> Iterator[str]:
-    """Yield text documents from parquet (`text` column), jsonl ("text" field) or txt (one document per file)."""
-    for path in paths:
-        suffix = path.suffix.lower()
-        if suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            table = pq.ParquetFile(path)
-            if "text" not in table.schema_arrow.names:
-                raise ConfigError(
-                    f"{path} has no 'text' column (columns: {table.schema_arrow.names}); "
-                    "rename the column holding the documents to 'text'"
-                )
-            for batch in table.iter_batches(columns=["text"], batch_size=1024):
-                yield from (t for t in batch.column(0).to_pylist() if t)
-        elif suffix in (".jsonl", ".json"):
-            with path.open(encoding="utf-8") as f:
-                for line_no, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        text = json.loads(line)["text"]
-                    except (json.JSONDecodeError, KeyError, TypeError):
-                        raise ConfigError(f"{path}:{line_no} is not a JSON object with a 'text' field") from None
-                    if text:
-                        yield text
-        elif suffix == ".txt":
-            text = path.read_text(encoding="utf-8", errors="replace")
-            if text.strip():
-                yield text
-        else:
-            raise ConfigError(f"{path}: unsupported file type '{suffix}'; use .parquet, .jsonl or .txt")
-
-
-def find_raw_files(data_dir: Path, pattern: str) -> list[Path]:
-    pattern = pattern or "raw/*"
-    full = pattern if Path(pattern).is_absolute() else str(data_dir / pattern)
-    files = sorted(Path(p) for p in glob.glob(full, recursive=True) if Path(p).is_file())
-    if not files:
-        raise ConfigError(
-            f"no input files match {full}; put .parquet/.jsonl/.txt files there, set data.raw, "
-            "or run prepare-data --demo-corpus"
-        )
-    return files
 
 
 def train_tokenizer(texts: Iterator[str], vocab_size: int, arch: str = "gpt"):
@@ -264,3 +222,53 @@ def read_meta(data_dir: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"{path} not found: run `prepare-data` first (data.dir={data_dir})")
     return json.loads(path.read_text())
+
+
+# Bytes read from each end of every shard for the fingerprint: cheap on terabytes, and a corpus
+# tokenized again differs there (documents are shuffled into shards) or in the shards' sizes.
+_FINGERPRINT_SAMPLE = 1 << 16
+
+
+def compute_fingerprint(data_dir: Path, meta: dict) -> str:
+    """16 hex digits of SHA-256 over what fixes the token ids training reads: meta's dtype, vocab
+    size, separator and shard list, the whole tokenizer.json, and each shard's name, size in bytes
+    and first and last 64 KiB. Not a hash of every byte: that would read the whole corpus (hours
+    for terabytes) at every resume, eval and sample, and guards only against editing a shard by hand."""
+    digest = hashlib.sha256()
+    described = {key: meta.get(key) for key in ("dtype", "vocab_size", "bos_id", "train", "val")}
+    digest.update(json.dumps(described, sort_keys=True).encode())
+    try:
+        digest.update((data_dir / meta["tokenizer"]).read_bytes())
+        for shard in meta["train"] + meta["val"]:
+            path = data_dir / shard["file"]
+            size = path.stat().st_size
+            digest.update(f"{shard['file']}:{size}".encode())
+            with path.open("rb") as f:
+                digest.update(f.read(_FINGERPRINT_SAMPLE))
+                if size > _FINGERPRINT_SAMPLE:
+                    f.seek(max(_FINGERPRINT_SAMPLE, size - _FINGERPRINT_SAMPLE))
+                    digest.update(f.read())
+    except FileNotFoundError as exc:
+        raise ConfigError(
+            f"{exc.filename} is missing, but {data_dir / META} names it; run prepare-data again"
+        ) from None
+    return digest.hexdigest()[:16]
+
+
+def data_fingerprint(data_dir: Path, meta: dict | None = None) -> str:
+    """The fingerprint meta.json records (computed for data prepared before meta.json held one)."""
+    meta = read_meta(data_dir) if meta is None else meta
+    return meta.get("fingerprint") or compute_fingerprint(data_dir, meta)
+
+
+def find_data(fingerprint: str, folders: list[Path]) -> Path | None:
+    """The first of folders, or of the previous-*/ folders prepare-data --force left in them,
+    whose data has this fingerprint."""
+    for folder in folders:
+        for candidate in [folder, *sorted(folder.glob("previous-*"), reverse=True)]:
+            try:
+                if (candidate / META).is_file() and data_fingerprint(candidate) == fingerprint:
+                    return candidate
+            except (ConfigError, OSError, ValueError):  # a damaged folder is simply not the one
+                continue
+    return None

@@ -28,6 +28,7 @@ import textwrap
 from pathlib import Path
 
 from .allreduce_bench import describe_result, job_allreduce, local_allreduce
+from .bounds import count, positive_float
 from .config import Config, ConfigError
 from .fabric import Expectation, Settings, check_fabric, expectation, load_settings
 from .nccl_env import apply_nccl_env
@@ -59,16 +60,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="judge against this fabric instead of NCCL_IB_DISABLE (logs from another cluster)",
     )
     p.add_argument("--no-allreduce", action="store_true", help="only the node checks, no all-reduce")
-    p.add_argument("--size-mb", type=float, help="all-reduce message size in MiB (default: 256 on GPUs, 16 on CPU)")
-    p.add_argument("--iters", type=int, default=5, help="timed all-reduces after one warm-up (default: 5)")
-    p.add_argument("--nproc", type=int, help="local processes for the all-reduce (default: one per GPU; 2 on CPU)")
+    p.add_argument(
+        "--size-mb", type=positive_float, help="all-reduce message size in MiB (default: 256 on GPUs, 16 on CPU)"
+    )
+    p.add_argument("--iters", type=count, default=5, help="timed all-reduces after one warm-up (default: 5)")
+    p.add_argument("--nproc", type=count, help="local processes for the all-reduce (default: one per GPU; 2 on CPU)")
     p.add_argument(
         "--net-loopback",
         action="store_true",
         help="NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0: local GPUs exchange data "
         "through the network, so one node tests its RDMA path",
     )
-    p.add_argument("--timeout", type=float, default=300, help="seconds the all-reduce may take (default: 300)")
+    p.add_argument("--timeout", type=positive_float, default=300, help="seconds the all-reduce may take (default: 300)")
     p.add_argument("--log-dir", help="where the workers' NCCL logs are kept (default: a new temporary folder)")
 
 

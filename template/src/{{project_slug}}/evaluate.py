@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from .bounds import count
 from .config import Config
 from .data import TokenData, load_tokenizer, read_meta, token_byte_lengths
 from .distributed import DistInfo, all_reduce_sum, autocast_context, init_distributed, print0, shutdown
@@ -97,7 +98,7 @@ def run_eval(cfg: Config, ckpt: str | None = None, num_batches: int | None = Non
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", help="checkpoint file or folder (default: latest)")
-    p.add_argument("--batches", type=int, help="micro batches per rank (default: logging.eval_batches)")
+    p.add_argument("--batches", type=count, help="micro batches per rank (default: logging.eval_batches)")
 
 
 def run(cfg: Config, args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ import os
 import sys
 
 from . import run_lock
+from .bounds import positive_float
 from .config import Config
 from .nccl_env import apply_nccl_env
 from .topology import TopologyError, default_nproc, detect, process_ranks
@@ -71,7 +72,9 @@ def run_node(
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the topology and the command, do not run")
-    p.add_argument("--wait-timeout", type=float, default=900, help="seconds a worker node waits for the master")
+    p.add_argument(
+        "--wait-timeout", type=positive_float, default=900, help="seconds a worker node waits for the master"
+    )
     p.add_argument("--debug", action="store_true", help="TRAIN_DEBUG=1: NCCL INFO logs, flight recorder dumps")
 
 

@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 
+from .bounds import positive_float
 from .config import Config, ConfigError
 from .estimates import GIB, RESERVE, memory, timing, zero_stage
 from .fit import changed, strategy_text, suggest, with_strategy
@@ -41,7 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="assume full activation checkpointing (default: model.activation_checkpointing)",
     )
-    p.add_argument("--tokens", type=float, help="training tokens (default: max_steps x global batch x sequence_len)")
+    p.add_argument(
+        "--tokens", type=positive_float, help="training tokens (default: max_steps x global batch x sequence_len)"
+    )
     p.add_argument("--mfu", type=float, default=0.4, help="assumed model FLOPs utilisation (default 0.4)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 

@@ -3,6 +3,7 @@
     <package> prepare-data                  # reads data.dir/raw/*.{parquet,jsonl,txt}
     <package> prepare-data --demo-corpus    # first writes a small corpus from Python's docstrings
     <package> prepare-data data.tokenizer=/mnt/shared/models/bert-large-uncased   # a local tokenizer
+    <package> prepare-data --force          # replace prepared data; the old moves to previous-<time>/
 
 The tokenizer: data.tokenizer when set (tokenizer.json, vocab.txt or a folder with either); for
 model.arch=bert with model.pretrained, the tokenizer in that folder; else one trained on the raw
@@ -11,6 +12,12 @@ saved as data.dir/tokenizer.json either way, so training never needs the origina
 
 Runs in one process on a CPU machine; every training node then reads the result from shared storage.
 Documents are shuffled in blocks with a fixed seed so training can read the shards in order.
+
+Nothing is half written: the files are made in a hidden folder inside data.dir and moved into place
+(meta.json last) only when all of them are good, so a refused or interrupted run leaves data.dir as
+it was. Prepared data is never replaced silently: runs trained on it need its exact token ids, and
+checkpoints record its fingerprint (data.py). With --force the replaced files move, whole, to
+data.dir/previous-<UTC time>/, a data folder those runs can continue from.
 """
 
 from __future__ import annotations
@@ -18,7 +25,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import random
+import re
+import shutil
 import time
 from pathlib import Path
 
@@ -30,34 +40,95 @@ from .data import (
     META,
     ShardWriter,
     bos_id,
-    find_raw_files,
-    iter_documents,
+    compute_fingerprint,
+    data_fingerprint,
     load_tokenizer,
     train_tokenizer,
 )
 from .demo_corpus import write_demo_corpus
+from .documents import check_input_file, find_raw_files, iter_documents
 
 _BLOCK_DOCS = 4096  # documents shuffled and encoded together
+TOKENIZER = "tokenizer.json"
+_OUTPUT = re.compile(r"(meta\.json|tokenizer\.json|(train|val)_\d{5}\.bin(\.tmp)?)")  # what a run replaces
 
 
-def prepare_data(cfg: Config, demo_corpus: bool = False) -> dict:
+def prepare_data(cfg: Config, demo_corpus: bool = False, force: bool = False) -> dict:
     data_dir = Path(cfg.data.dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    replaced = _replaced_fingerprint(data_dir, force)
     started = time.time()
-    if demo_corpus:
-        print(f"writing the demo corpus to {write_demo_corpus(data_dir / 'raw')}", flush=True)
-    files = find_raw_files(data_dir, cfg.data.raw)
-    print(f"{len(files)} input file(s), first: {files[0]}", flush=True)
+    created = [d for d in (data_dir, data_dir / "raw") if not d.exists()]  # removed again if this run fails
+    staging = data_dir / f".prepare-data-{os.getpid()}"
+    demo = None
+    try:
+        if demo_corpus:
+            demo = write_demo_corpus(data_dir / "raw")
+            print(f"writing the demo corpus to {demo}", flush=True)
+        files = find_raw_files(data_dir, cfg.data.raw)
+        for path in files:  # before hours of tokenizing: empty, binary and broken files
+            check_input_file(path)
+        print(f"{len(files)} input file(s), first: {files[0]}", flush=True)
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        meta = _write_data(cfg, files, staging, data_dir / TOKENIZER)
+        _check_long_enough(cfg, meta, files)
+        previous = _install(staging, data_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if demo is not None and demo.parent in created:
+            demo.unlink(missing_ok=True)
+        for folder in reversed(created):
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    n_train = sum(s["tokens"] for s in meta["train"])
+    n_val = sum(s["tokens"] for s in meta["val"])
+    print(
+        f"wrote {n_train:,} train and {n_val:,} val tokens ({meta['dtype']}) to {data_dir} "
+        f"in {time.time() - started:.1f}s; data fingerprint {meta['fingerprint']}",
+        flush=True,
+    )
+    if previous is not None and replaced is None:
+        print(f"moved the files of an unfinished prepare-data (no {META}) to {previous}", flush=True)
+    elif previous is not None:
+        same = " (the same data: nothing changes for its runs)" if replaced == meta["fingerprint"] else ""
+        print(
+            f"the data it replaced (fingerprint {replaced}){same} is in {previous}: runs trained on it "
+            f"continue with data.dir={previous}; delete that folder when no run needs it",
+            flush=True,
+        )
+    return meta
 
-    tokenizer_path = data_dir / "tokenizer.json"
+
+def _replaced_fingerprint(data_dir: Path, force: bool) -> str | None:
+    """Refuse to replace prepared data unless forced; the fingerprint of what --force replaces."""
+    if not (data_dir / META).is_file():
+        return None
+    try:
+        fingerprint = data_fingerprint(data_dir)
+    except (ConfigError, OSError, ValueError, KeyError, TypeError):
+        fingerprint = "unreadable"  # a damaged meta.json is still not overwritten unasked
+    if not force:
+        raise ConfigError(
+            f"{data_dir} already holds prepared data (fingerprint {fingerprint}), and runs trained on it need "
+            f"exactly its tokenizer and token ids; use another data.dir, or add --force to replace it (the "
+            f"current {TOKENIZER}, {META} and shards then move to {data_dir}/previous-<UTC time>/)"
+        )
+    return fingerprint
+
+
+def _write_data(cfg: Config, files: list[Path], folder: Path, tokenizer_path: Path) -> dict:
+    """Tokenizer, shards and meta.json (with the fingerprint) in folder; returns the meta."""
     tok = obtain_tokenizer(cfg, files, tokenizer_path)
-    tok.save(str(tokenizer_path))
+    tok.save(str(folder / TOKENIZER))
 
     vocab = tok.get_vocab_size()
     dtype = np.dtype(np.uint16 if vocab <= 2**16 else np.uint32)
     # Documents are separated by <|bos|> (gpt) or [SEP] (bert: mlm_data cuts [CLS] ... [SEP] windows).
     sep = tok.token_to_id("[SEP]") if cfg.model.arch == "bert" else bos_id(tok)
-    writers = {s: ShardWriter(data_dir, s, dtype, cfg.data.shard_tokens) for s in ("train", "val")}
+    writers = {s: ShardWriter(folder, s, dtype, cfg.data.shard_tokens) for s in ("train", "val")}
     rng = random.Random(cfg.run.seed)
     docs = iter_documents(files)
     first_block = True
@@ -74,19 +145,56 @@ def prepare_data(cfg: Config, demo_corpus: bool = False) -> dict:
         "dtype": dtype.name,
         "vocab_size": vocab,
         "bos_id": sep,
-        "tokenizer": "tokenizer.json",
+        "tokenizer": TOKENIZER,
         "train": writers["train"].shards,
         "val": writers["val"].shards,
+        "prepared_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    (data_dir / META).write_text(json.dumps(meta, indent=2))
-    n_train = sum(s["tokens"] for s in meta["train"])
-    n_val = sum(s["tokens"] for s in meta["val"])
-    print(
-        f"wrote {n_train:,} train and {n_val:,} val tokens ({dtype.name}) to {data_dir} "
-        f"in {time.time() - started:.1f}s",
-        flush=True,
-    )
+    meta["fingerprint"] = compute_fingerprint(folder, meta)
+    (folder / META).write_text(json.dumps(meta, indent=2))
     return meta
+
+
+def _check_long_enough(cfg: Config, meta: dict, files: list[Path]) -> None:
+    """Refuse data that holds no whole training sequence (sequence_len + 1 tokens) in a split:
+    training would stop at its start (sequences do not cross shards)."""
+    need = cfg.model.sequence_len + 1
+    longest = {split: max((s["tokens"] for s in meta[split]), default=0) for split in ("train", "val")}
+    short = [split for split, tokens in longest.items() if tokens < need]
+    if not short:
+        return
+    inputs = (
+        f"the documents of {files[0]}"
+        if len(files) == 1
+        else f"the documents of {len(files)} files in {files[0].parent}"
+    )
+    fix = "add documents or lower model.sequence_len"
+    if short == ["val"]:
+        fix = f"raise data.val_fraction (now {cfg.data.val_fraction}), add documents or lower model.sequence_len"
+    raise ConfigError(
+        f"{inputs} are too short for one sequence: {longest['train']:,} train and {longest['val']:,} val tokens "
+        f"(largest shard), model.sequence_len={need - 1} needs {need} in {' and in '.join(short)}; {fix}"
+    )
+
+
+def _install(staging: Path, data_dir: Path) -> Path | None:
+    """Move the staged files into data_dir, meta.json last; files of an earlier run first move
+    (meta.json first) to a new previous-<UTC time>/ folder, which is returned."""
+    old = [p for p in data_dir.iterdir() if p.is_file() and _OUTPUT.fullmatch(p.name)]
+    previous = None
+    if old:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        previous = data_dir / f"previous-{stamp}"
+        suffix = 1
+        while previous.exists():
+            suffix += 1
+            previous = data_dir / f"previous-{stamp}-{suffix}"
+        previous.mkdir()
+        for path in sorted(old, key=lambda p: p.name != META):
+            os.replace(path, previous / path.name)
+    for path in sorted(staging.iterdir(), key=lambda p: p.name == META):
+        os.replace(path, data_dir / path.name)
+    return previous
 
 
 def obtain_tokenizer(cfg: Config, files: list[Path], tokenizer_path: Path):
@@ -134,8 +242,13 @@ def _take_chars(docs, limit: int):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--demo-corpus", action="store_true", help="first write a small corpus from Python's docstrings")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace data already prepared in data.dir (the old files move to data.dir/previous-<UTC time>/)",
+    )
 
 
 def run(cfg: Config, args: argparse.Namespace) -> int:
-    prepare_data(cfg, demo_corpus=args.demo_corpus)
+    prepare_data(cfg, demo_corpus=args.demo_corpus, force=args.force)
     return 0

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from .bounds import count, positive_float
 from .config import Config, ConfigError
 from .env_files import read_env_file
 from .nccl_env import apply_nccl_env
@@ -33,12 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--num-nodes",
-        type=int,
+        type=count,
         help="Ray nodes to wait for before training (default: $RAY_NUM_NODES, else cluster.nodes)",
     )
     p.add_argument(
         "--num-workers",
-        type=int,
+        type=count,
         help="training processes (default: $RAY_NUM_WORKERS, else cluster.nodes x cluster.gpus_per_node)",
     )
     p.add_argument(
@@ -47,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=os.environ.get("RAY_USE_GPU", "auto"),
         help="one GPU per worker; auto = when the cluster has GPUs",
     )
-    p.add_argument("--wait-timeout", type=float, default=900, help="seconds to wait for every node to join")
+    p.add_argument("--wait-timeout", type=positive_float, default=900, help="seconds to wait for every node to join")
     p.add_argument("--dry-run", action="store_true", help="print the plan, connect to nothing")
 
 
@@ -106,16 +107,15 @@ def env_count(name: str) -> int | None:
     value = os.environ.get(name, "").strip()
     if not value:
         return None
-    if not value.isdigit():
-        raise ConfigError(f"{name}={value!r} must be a whole number")
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"{name}={value!r} must be a whole number of at least 1; fix or unset it")
     return int(value)
 
 
 def run(cfg: Config, args: argparse.Namespace) -> int:
+    # argparse, env_count and bounds.py have refused counts below 1
     num_nodes = args.num_nodes or env_count("RAY_NUM_NODES") or cfg.cluster.nodes
     num_workers = args.num_workers or env_count("RAY_NUM_WORKERS") or cfg.cluster.nodes * cfg.cluster.gpus_per_node
-    if num_nodes < 1 or num_workers < 1:
-        raise ConfigError(f"--num-nodes {num_nodes} and --num-workers {num_workers} must be at least 1")
     plan = (
         f"Ray Train: {num_workers} worker(s) on {num_nodes} node(s), cluster {args.address}, "
         f"GPUs {args.use_gpu}, output {cfg.run.output_dir}"

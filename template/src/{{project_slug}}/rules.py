@@ -9,6 +9,7 @@ those, never the wording. No torch here: the rules must run where only copier an
 
 from __future__ import annotations
 
+from .bounds import bound_problems
 from .config import Config, ConfigError
 from .sizes import model_shape
 
@@ -62,42 +63,9 @@ def check_config(cfg: Config, world_size: int | None = None) -> list[Problem]:
     """All problems of a config for a world size (default: nodes x gpus_per_node)."""
     problems: list[Problem] = []
     world = world_size or cfg.cluster.nodes * cfg.cluster.gpus_per_node
-    positive = {
-        "cluster.nodes": cfg.cluster.nodes,
-        "cluster.gpus_per_node": cfg.cluster.gpus_per_node,
-        "model.sequence_len": cfg.model.sequence_len,
-        "batch.global_batch_size": cfg.batch.global_batch_size,
-        "batch.micro_batch_size": cfg.batch.micro_batch_size,
-        "schedule.max_steps": cfg.schedule.max_steps,
-        "data.vocab_size": cfg.data.vocab_size,
-        "checkpoint.keep_last": cfg.checkpoint.keep_last,
-        "logging.every_steps": cfg.logging.every_steps,
-        "logging.eval_batches": cfg.logging.eval_batches,
-    }
-    problems += [Problem(f"{name}={value} must be at least 1", name) for name, value in positive.items() if value < 1]
-    non_negative = {
-        "optim.lr": cfg.optim.lr,
-        "optim.weight_decay": cfg.optim.weight_decay,
-        "optim.grad_clip": cfg.optim.grad_clip,
-        "schedule.warmup_steps": cfg.schedule.warmup_steps,
-        "checkpoint.every_steps": cfg.checkpoint.every_steps,
-        "logging.eval_every_steps": cfg.logging.eval_every_steps,
-    }
-    problems += [
-        Problem(f"{name}={value} must not be negative", name) for name, value in non_negative.items() if value < 0
-    ]
-    if not 0 < cfg.data.val_fraction < 1:
-        problems.append(
-            Problem(
-                f"data.val_fraction={cfg.data.val_fraction} must be between 0 and 1, e.g. 0.005", "data.val_fraction"
-            )
-        )
-    if not 0 <= cfg.schedule.min_lr_ratio <= 1:
-        problems.append(
-            Problem(
-                f"schedule.min_lr_ratio={cfg.schedule.min_lr_ratio} must be between 0 and 1", "schedule.min_lr_ratio"
-            )
-        )
+    # Each setting's own range (bounds.py); the rules below relate settings to each other.
+    # (model.n_kv_head's own rule below says more: which head count it must divide.)
+    problems += [Problem(message, key) for key, message in bound_problems(cfg) if key != "model.n_kv_head"]
     if cfg.schedule.warmup_steps > cfg.schedule.max_steps:
         problems.append(
             Problem(
@@ -131,6 +99,15 @@ def check_config(cfg: Config, world_size: int | None = None) -> list[Problem]:
             )
         )
     limit = {"bert": 512}.get(arch)
+    if arch == "bert" and cfg.model.sequence_len < 3:
+        problems.append(
+            Problem(
+                f"model.sequence_len={cfg.model.sequence_len} leaves no room for text between BERT's [CLS] and "
+                "[SEP]; use at least 3 (e.g. 128)",
+                "model.sequence_len",
+                "model.arch",
+            )
+        )
     if limit and cfg.model.sequence_len > limit:
         problems.append(
             Problem(
@@ -157,7 +134,14 @@ def check_config(cfg: Config, world_size: int | None = None) -> list[Problem]:
                 "model.size",
             )
         )
-    if min(cfg.batch.micro_batch_size, cfg.batch.global_batch_size, world) >= 1:
+    counts = (
+        cfg.batch.micro_batch_size,
+        cfg.batch.global_batch_size,
+        world,
+        cfg.parallel.tensor,
+        cfg.parallel.pipeline,
+    )
+    if min(counts) >= 1 and (cfg.batch.grad_accum_steps or 1) >= 1:
         try:
             resolve_grad_accum(cfg, cfg.data_parallel_size(world))
         except ConfigError as exc:
@@ -189,10 +173,7 @@ def parallel_problems(cfg: Config, shape: dict, world: int) -> list[Problem]:
     """Tensor and pipeline degrees against the world size, the model's shape and the strategy."""
     tp, pp, arch = cfg.parallel.tensor, cfg.parallel.pipeline, cfg.model.arch
     degrees = ("parallel.tensor", "parallel.pipeline")
-    if tp < 1 or pp < 1:
-        wrong = "parallel.tensor" if tp < 1 else "parallel.pipeline"
-        return [Problem(f"parallel.tensor={tp} and parallel.pipeline={pp} must be at least 1", wrong, *degrees)]
-    if (tp, pp) == (1, 1):
+    if min(tp, pp) < 1 or (tp, pp) == (1, 1):  # a degree below 1 is reported by bounds.py
         return []
     split = "parallel.tensor" if tp > 1 else "parallel.pipeline"  # a degree above 1, which the fix lowers
     if arch != "gpt3":

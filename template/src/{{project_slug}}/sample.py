@@ -2,6 +2,10 @@
 
 <package> sample --prompt "The module" --max-new-tokens 100 --temperature 0.8
 <package> sample --prompt "The capital of France is [MASK]." --top-k 5      # bert: fill-mask
+
+Past the model's context (model.sequence_len) gpt and gpt3 slide a window: each new token is read
+from the last sequence_len tokens, and a longer prompt from its end (a note says so). BERT reads a
+prompt whole, so one longer than its context is refused.
 """
 
 from __future__ import annotations
@@ -11,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from .config import Config
+from .bounds import count, non_negative_float, non_negative_int
+from .config import Config, ConfigError
 from .data import bos_id, load_tokenizer, read_meta
 from .distributed import autocast_context, pick_device
 from .trained_model import load_trained_model
@@ -38,12 +43,18 @@ def run_sample(
     print(f"sampling from {path} (step {step})", flush=True)
     if cfg.model.arch == "bert":
         return [
-            fill_mask(model, tok, prompt, top_k or DEFAULT_TOP_K["bert"], device, cfg.run.dtype) for prompt in prompts
+            fill_mask(model, tok, prompt, top_k or DEFAULT_TOP_K["bert"], device, cfg.run.dtype, cfg.model.sequence_len)
+            for prompt in prompts
         ]
     generator = torch.Generator(device=device).manual_seed(seed)
     texts = []
+    context = cfg.model.sequence_len
     for prompt in prompts:
         ids = [bos_id(tok), *tok.encode(prompt, add_special_tokens=False).ids]
+        if len(ids) > context:
+            print(f"note: the prompt is {len(ids)} tokens; the model reads its last {context} (model.sequence_len)")
+        elif len(ids) + max_new_tokens > context:
+            print(f"note: past {context} tokens (model.sequence_len) each new one is read from the last {context}")
         with autocast_context(device, cfg.run.dtype):
             new = model.generate(ids, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator)
         text = prompt + tok.decode(new)
@@ -53,7 +64,7 @@ def run_sample(
 
 
 @torch.no_grad()
-def fill_mask(model, tok, prompt: str, top_k: int, device: torch.device, dtype: str) -> str:
+def fill_mask(model, tok, prompt: str, top_k: int, device: torch.device, dtype: str, context: int) -> str:
     """Print the top_k predictions (with probabilities) for each [MASK] of the prompt; return the
     prompt with every [MASK] replaced by its most likely token. A prompt without [MASK] gets one
     appended, so `sample` with the default prompt shows something."""
@@ -62,6 +73,11 @@ def fill_mask(model, tok, prompt: str, top_k: int, device: torch.device, dtype: 
     ids = tok.encode(prompt, add_special_tokens=False).ids
     mask_id = tok.token_to_id(MASK)
     ids = [tok.token_to_id("[CLS]"), *ids, tok.token_to_id("[SEP]")]
+    if len(ids) > context:
+        raise ConfigError(
+            f"--prompt is {len(ids)} tokens with [CLS] and [SEP]; this BERT reads at most {context} "
+            "(model.sequence_len): shorten the prompt"
+        )
     with autocast_context(device, dtype):
         logits = model(torch.tensor([ids], device=device))[0].float()
     probs = logits.softmax(dim=-1)
@@ -79,15 +95,15 @@ def fill_mask(model, tok, prompt: str, top_k: int, device: torch.device, dtype: 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", action="append", help='prompt text (repeatable; default: "The")')
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--max-new-tokens", type=count, default=64, help="gpt/gpt3: tokens to generate (default 64)")
+    p.add_argument("--temperature", type=non_negative_float, default=0.8, help="0 = greedy")
     p.add_argument(
         "--top-k",
-        type=int,
+        type=non_negative_int,
         help=f"gpt/gpt3: sample among the k likeliest tokens (default "
         f"{DEFAULT_TOP_K['gpt']}, 0 = all); bert: predictions shown per {MASK} (default {DEFAULT_TOP_K['bert']})",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=non_negative_int, default=0)
     p.add_argument("--checkpoint", help="checkpoint file or folder (default: latest)")
 
 

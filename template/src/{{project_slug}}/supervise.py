@@ -7,9 +7,16 @@ shell's `kill` signal only this process, hence the forwarding. Slurm signals eve
 step itself; forwarding there would hand torchrun a second signal while it shuts down, which
 breaks its grace period, so under Slurm this process only ignores them.
 
+A failure no restart can fix (a ConfigError in a rank: a checkpoint of another model or of other
+data, a tokenizer without BERT's tokens, run.device=cuda without a GPU, an output folder in use, a
+full disk) would meet every restart torchrun makes under --max-restarts. The ranks hand it to this
+supervisor instead of failing (unrecoverable.py, TRAIN_FAILURE_FILE); it gives torchrun
+FAILURE_GRACE_SECONDS to end by itself (every rank usually meets the same failure), then stops it,
+and raises the message as its own ConfigError: one line, printed once, exit 1. Most mistakes never
+get that far: torchrun.check_before_start finds them before torchrun starts.
+
 Afterwards: preempted.json written during this run (preemption.py) -> exit 143 and a line that
-says the checkpoint is saved; a failure a restart cannot fix, which a rank wrote to the file named
-by TRAIN_FAILURE_FILE (unrecoverable.py) -> its one line and exit 1; otherwise torchrun's own status.
+says the checkpoint is saved; otherwise torchrun's own status.
 """
 
 from __future__ import annotations
@@ -18,19 +25,17 @@ import ctypes
 import os
 import signal
 import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 from . import unrecoverable
+from .config import ConfigError
 from .preemption import EXIT_PREEMPTED, read_marker
 
 FORWARDED = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
-FAILURE_GRACE = 20.0
-"""Seconds the ranks get to end by themselves after one of them recorded a failure (they all do
-when the failure is one every rank knows of); then the child is told to stop."""
 _PR_SET_PDEATHSIG = 1
+FAILURE_GRACE_SECONDS = 10.0
+"""After a rank records a failure, how long torchrun may take to end by itself before it is stopped
+(ranks that did not meet the failure may be waiting for the others in a collective)."""
 
 
 def _stop_with_parent() -> None:
@@ -54,63 +59,72 @@ def _wait_for_group(pgid: int, seconds: float) -> None:
         time.sleep(0.2)
 
 
-def _wait_ending_on_failure(child: subprocess.Popen, failure_file: str) -> int:
-    """child's exit status; once a rank has recorded a failure, child gets FAILURE_GRACE seconds
-    to end by itself before it is sent SIGTERM (its ranks would otherwise wait in a collective)."""
-    recorded = None
+def _wait_ending_on_failure(child: subprocess.Popen, failure_path: str, whole_group: bool) -> int:
+    """child's exit status. Once a rank has recorded a failure, child gets FAILURE_GRACE_SECONDS to
+    end by itself, then SIGTERM: torchrun stops the ranks still waiting for the one that failed;
+    DeepSpeed's runner does not, so with whole_group its whole process group is signalled."""
+    stop_at = None
     while True:
         try:
-            return child.wait(timeout=1.0)
-        except subprocess.TimeoutExpired:
-            if recorded is None and unrecoverable.read(failure_file):
-                recorded = time.monotonic()
-            if recorded is not None and time.monotonic() - recorded > FAILURE_GRACE:
-                child.send_signal(signal.SIGTERM)
-                recorded = float("inf")  # once
-        except InterruptedError:
-            continue
+            return child.wait(timeout=0.5)
+        except (InterruptedError, subprocess.TimeoutExpired):
+            pass
+        if stop_at is None and unrecoverable.recorded(failure_path) is not None:
+            stop_at = time.monotonic() + FAILURE_GRACE_SECONDS
+        elif stop_at is not None and time.monotonic() > stop_at:
+            stop_at = float("inf")  # once
+            try:
+                if whole_group:
+                    os.killpg(child.pid, signal.SIGTERM)
+                else:
+                    child.terminate()
+            except ProcessLookupError:
+                pass
 
 
 def run_supervised(
     cmd: list[str], output_dir: str, forward_signals: bool, log=print, whole_group_seconds: float | None = None
 ) -> int:
     """Run cmd, pass stop signals on, return its status (EXIT_PREEMPTED after a preemption save).
+    A failure a rank handed over (unrecoverable.py) is raised here as a ConfigError.
 
     whole_group_seconds: send the signals to cmd's whole process group, and after cmd exits wait
     up to this long for the rest of the group. For launchers that do not pass signals on
     themselves (DeepSpeed's single-node runner dies on SIGTERM and leaves its ranks running)."""
     started = time.time()
-    fd, failure_file = tempfile.mkstemp(prefix="train-failure-")
-    os.close(fd)
-    env = {**os.environ, unrecoverable.FAILURE_FILE: failure_file}
-    # A new session keeps a terminal's Ctrl-C (sent to the whole foreground group) from reaching
-    # torchrun twice: once from the terminal, once forwarded.
-    child = subprocess.Popen(cmd, start_new_session=forward_signals, preexec_fn=_stop_with_parent, env=env)
+    whole_group = whole_group_seconds is not None and forward_signals
+    with unrecoverable.failure_file() as failure_path:
+        # A new session keeps a terminal's Ctrl-C (sent to the whole foreground group) from reaching
+        # torchrun twice: once from the terminal, once forwarded.
+        child = subprocess.Popen(
+            cmd,
+            env={**os.environ, unrecoverable.FAILURE_FILE: failure_path},
+            start_new_session=forward_signals,
+            preexec_fn=_stop_with_parent,
+        )
 
-    def on_signal(signum, frame):
-        if not forward_signals:
-            return
+        def on_signal(signum, frame):
+            if not forward_signals:
+                return
+            try:
+                if whole_group_seconds is not None:
+                    os.killpg(child.pid, signum)
+                elif child.poll() is None:
+                    child.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in FORWARDED}
         try:
-            if whole_group_seconds is not None:
-                os.killpg(child.pid, signum)
-            elif child.poll() is None:
-                child.send_signal(signum)
-        except ProcessLookupError:
-            pass
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in FORWARDED}
-    try:
-        code = _wait_ending_on_failure(child, failure_file)
-        if whole_group_seconds is not None and forward_signals:
-            _wait_for_group(child.pid, whole_group_seconds)
-        failure = unrecoverable.read(failure_file)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        Path(failure_file).unlink(missing_ok=True)
-    if failure:
-        print(f"error: {failure}", file=sys.stderr, flush=True)
-        return 1
+            code = _wait_ending_on_failure(child, failure_path, whole_group)
+            if whole_group:
+                _wait_for_group(child.pid, whole_group_seconds)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        failure = unrecoverable.recorded(failure_path)
+    if failure is not None:
+        raise ConfigError(failure)
     record = read_marker(output_dir, since=started)
     if record is not None:
         log(

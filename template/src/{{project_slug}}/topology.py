@@ -83,21 +83,24 @@ def default_nproc(gpus_per_node: int) -> int:
 # ---------------------------------------------------------------------------------------------
 # Readers: one per platform, env -> Topology
 
+SET_BY_JOB = "the platform sets it: fix the job's settings (or the value exported by hand)"
 
-def _int(env: Mapping[str, str], name: str) -> int:
+
+def _int(env: Mapping[str, str], name: str, least: int = 0) -> int:
+    """A whole-number variable of at least `least` (1 for a count of nodes or GPUs)."""
     value = env.get(name, "")
-    if not re.fullmatch(r"[0-9]+", value.strip()):
-        raise TopologyError(f"{name}={value!r} is not a non-negative integer")
+    if not re.fullmatch(r"[0-9]+", value.strip()) or int(value) < least:
+        raise TopologyError(f"{name}={value!r} must be a whole number of at least {least}; {SET_BY_JOB}")
     return int(value)
 
 
 def _port(env: Mapping[str, str], name: str) -> int:
     if name not in env:
         return DEFAULT_PORT
-    port = _int(env, name)
-    if not 0 < port < 65536:
-        raise TopologyError(f"{name}={port} is not a TCP port (1-65535)")
-    return port
+    port = env[name].strip()
+    if port.isdigit() and 0 < int(port) < 65536:
+        return int(port)
+    raise TopologyError(f"{name}={port if port.isdigit() else repr(env[name])} is not a port (1-65535); {SET_BY_JOB}")
 
 
 def _require(env: Mapping[str, str], platform: str, *names: str) -> None:
@@ -108,9 +111,11 @@ def _require(env: Mapping[str, str], platform: str, *names: str) -> None:
 
 def _check_rank(platform: str, rank_name: str, rank: int, size_name: str, size: int) -> None:
     if size < 1:
-        raise TopologyError(f"{platform}: {size_name}={size} must be at least 1")
+        raise TopologyError(f"{platform}: {size_name}={size} must be at least 1; {SET_BY_JOB}")
     if not 0 <= rank < size:
-        raise TopologyError(f"{platform}: {rank_name}={rank} is outside 0..{size - 1} given by {size_name}={size}")
+        raise TopologyError(
+            f"{platform}: {rank_name}={rank} is not in 0..{size - 1} ({size_name}={size}); {SET_BY_JOB}"
+        )
 
 
 def read_kubeflow(env: Mapping[str, str], nproc: int, nnodes_default: int) -> Topology:
@@ -118,15 +123,15 @@ def read_kubeflow(env: Mapping[str, str], nproc: int, nnodes_default: int) -> To
     spec = env["PET_NNODES"].strip()
     match = re.fullmatch(r"([0-9]+)(?::([0-9]+))?", spec)
     if not match:
-        raise TopologyError(f"PET_NNODES={spec!r} must be a node count or min:max")
+        raise TopologyError(f"PET_NNODES={spec!r} must be a node count or min:max; {SET_BY_JOB}")
     low, high = int(match.group(1)), int(match.group(2) or match.group(1))
     if not 1 <= low <= high:
-        raise TopologyError(f"PET_NNODES={spec!r}: the minimum must be between 1 and the maximum")
+        raise TopologyError(f"PET_NNODES={spec!r}: the minimum must be between 1 and the maximum; {SET_BY_JOB}")
     node_rank = _int(env, "PET_NODE_RANK") if "PET_NODE_RANK" in env else _int(env, "RANK") if "RANK" in env else 0
     _check_rank("kubeflow", "PET_NODE_RANK", node_rank, "PET_NNODES", high)
     per_node = env.get("PET_NPROC_PER_NODE", "auto").strip()
-    if per_node not in ("auto", "gpu", "cpu") and not per_node.isdigit():
-        raise TopologyError(f"PET_NPROC_PER_NODE={per_node!r} must be a number or auto")
+    if per_node not in ("auto", "gpu", "cpu") and not (per_node.isdigit() and int(per_node) > 0):
+        raise TopologyError(f"PET_NPROC_PER_NODE={per_node!r} must be auto or at least 1; {SET_BY_JOB}")
     if env.get("PET_RDZV_ENDPOINT"):
         # elasticPolicy: the operator names the c10d store (worker-0's Service unless rdzvHost is
         # set) and, for Worker-only jobs, injects no PET_MASTER_ADDR and no PET_NODE_RANK.
@@ -152,7 +157,7 @@ def read_kubeflow(env: Mapping[str, str], nproc: int, nnodes_default: int) -> To
 
 def read_tione_ddp(env: Mapping[str, str], nproc: int, nnodes_default: int) -> Topology:
     _require(env, "tione-ddp", "WORLD_SIZE", "RANK", "MASTER_ADDR")
-    nnodes, node_rank = _int(env, "WORLD_SIZE"), _int(env, "RANK")  # both count nodes on TI-ONE
+    nnodes, node_rank = _int(env, "WORLD_SIZE", 1), _int(env, "RANK")  # both count nodes on TI-ONE
     _check_rank("tione-ddp", "RANK", node_rank, "WORLD_SIZE", nnodes)
     if "INDEX" in env and _int(env, "INDEX") != node_rank:
         raise TopologyError(f"tione-ddp: INDEX={env['INDEX']} and RANK={node_rank} disagree about this node's rank")
@@ -160,12 +165,12 @@ def read_tione_ddp(env: Mapping[str, str], nproc: int, nnodes_default: int) -> T
         listed = [n for n in env["NODE_LIST"].split(",") if n.strip()]
         if len(listed) != nnodes:
             raise TopologyError(f"tione-ddp: NODE_LIST names {len(listed)} nodes but WORLD_SIZE={nnodes}")
-    per_node = _int(env, "GPU_NUM_PER_NODE") if env.get("GPU_NUM_PER_NODE") else nproc
+    per_node = _int(env, "GPU_NUM_PER_NODE", 1) if env.get("GPU_NUM_PER_NODE") else nproc
     if env.get("GPU_NUM") and _int(env, "GPU_NUM") != per_node * nnodes:
         raise TopologyError(
             f"tione-ddp: GPU_NUM={env['GPU_NUM']} != GPU_NUM_PER_NODE={per_node} x WORLD_SIZE={nnodes} nodes"
         )
-    return Topology("tione-ddp", nnodes, node_rank, per_node or nproc, env["MASTER_ADDR"], _port(env, "MASTER_PORT"))
+    return Topology("tione-ddp", nnodes, node_rank, per_node, env["MASTER_ADDR"], _port(env, "MASTER_PORT"))
 
 
 def mpi_hosts(env: Mapping[str, str]) -> list[tuple[str, int]]:
@@ -174,8 +179,8 @@ def mpi_hosts(env: Mapping[str, str]) -> list[tuple[str, int]]:
         hosts = []
         for item in env["NODE_IP_SLOT_LIST"].split(","):
             host, _, slots = item.strip().rpartition(":")
-            if not host or not slots.isdigit():
-                raise TopologyError(f"NODE_IP_SLOT_LIST item {item!r} must look like ip:slots")
+            if not host or not slots.isdigit() or int(slots) < 1:
+                raise TopologyError(f"NODE_IP_SLOT_LIST item {item!r} must be ip:slots, slots at least 1; {SET_BY_JOB}")
             hosts.append((host, int(slots)))
         return hosts
     path = env.get("OMPI_MCA_orte_default_hostfile", "/etc/mpi/hostfile")
@@ -185,12 +190,10 @@ def mpi_hosts(env: Mapping[str, str]) -> list[tuple[str, int]]:
         raise TopologyError(
             f"MPI hostfile {path} (OMPI_MCA_orte_default_hostfile) cannot be read: {exc.strerror}"
         ) from None
-    hosts = []
     # Entries are separated by newlines or, as TI-ONE documents it, by spaces on one line.
-    for host, slots in re.findall(r"(\S+)\s+slots=(\d+)", text):
-        hosts.append((host, int(slots)))
-    if not hosts:
-        raise TopologyError(f"MPI hostfile {path} lists no 'host slots=N' entries")
+    hosts = [(host, int(slots)) for host, slots in re.findall(r"(\S+)\s+slots=(\d+)", text)]
+    if not hosts or min(slots for _, slots in hosts) < 1:
+        raise TopologyError(f"MPI hostfile {path} must list 'host slots=N' entries with N at least 1")
     return hosts
 
 
@@ -224,9 +227,9 @@ def read_tione_mpi(env: Mapping[str, str], nproc: int, nnodes_default: int) -> T
 
 def read_openmpi(env: Mapping[str, str], nproc: int, nnodes_default: int) -> Topology:
     """One process per GPU started by mpirun: ranks come from OpenMPI, the master is the first host."""
-    rank, size = _int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_SIZE")
+    rank, size = _int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_SIZE", 1)
     _check_rank("openmpi", "OMPI_COMM_WORLD_RANK", rank, "OMPI_COMM_WORLD_SIZE", size)
-    local_size = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE") if env.get("OMPI_COMM_WORLD_LOCAL_SIZE") else size
+    local_size = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1) if env.get("OMPI_COMM_WORLD_LOCAL_SIZE") else size
     if env.get("MASTER_ADDR"):
         master = env["MASTER_ADDR"]
     elif (
@@ -249,7 +252,7 @@ def read_openmpi(env: Mapping[str, str], nproc: int, nnodes_default: int) -> Top
 def read_tione_ray(env: Mapping[str, str], nproc: int, nnodes_default: int) -> Topology:
     _require(env, "tione-ray", "HEAD_ADDR", "HEAD_PORT")
     node_rank = _int(env, "RANK") if env.get("RANK") else 0
-    nnodes = _int(env, "WORLD_SIZE") if env.get("WORLD_SIZE") else nnodes_default
+    nnodes = _int(env, "WORLD_SIZE", 1) if env.get("WORLD_SIZE") else nnodes_default
     _check_rank("tione-ray", "RANK", node_rank, "the node count (WORLD_SIZE or cluster.nodes)", nnodes)
     return Topology("tione-ray", nnodes, node_rank, nproc, env["HEAD_ADDR"], _port(env, "HEAD_PORT"))
 
@@ -272,7 +275,7 @@ def read_tione_ps(env: Mapping[str, str], nproc: int, nnodes_default: int) -> To
     node_rank = index + (len(cluster.get("chief", [])) if kind == "worker" else 0)
     _check_rank("tione-ps", "TF_CONFIG task.index", node_rank, "the worker list", len(world))
     host, _, port = world[0].rpartition(":")
-    per_node = _int(env, "GPU_NUM_PER_NODE") if env.get("GPU_NUM_PER_NODE") else nproc
+    per_node = _int(env, "GPU_NUM_PER_NODE", 1) if env.get("GPU_NUM_PER_NODE") else nproc
     # The platform opened worker 0's TF port and no TF server uses it in a PyTorch job: torch's
     # store takes it unless MASTER_PORT says otherwise.
     master_port = _port(env, "MASTER_PORT") if "MASTER_PORT" in env else int(port) if port.isdigit() else DEFAULT_PORT
@@ -287,21 +290,25 @@ def slurm_hostnames(nodelist: str) -> list[str]:
         raise TopologyError("slurm: `scontrol` is not on PATH, so SLURM_JOB_NODELIST cannot be expanded") from None
     hosts = out.stdout.split()
     if out.returncode != 0 or not hosts:
-        raise TopologyError(f"slurm: `scontrol show hostnames {nodelist}` failed: {out.stderr.strip()}")
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise TopologyError(f"slurm: `scontrol show hostnames {nodelist}` failed ({last}): check SLURM_JOB_NODELIST")
     return hosts
 
 
 def read_slurm(env: Mapping[str, str], nproc: int, nnodes_default: int) -> Topology:
     _require(env, "slurm", "SLURM_NNODES", "SLURM_JOB_NODELIST")
-    nnodes = _int(env, "SLURM_NNODES")
+    nnodes = _int(env, "SLURM_NNODES", 1)
     node_rank = _int(env, "SLURM_NODEID") if env.get("SLURM_NODEID") else 0
     _check_rank("slurm", "SLURM_NODEID", node_rank, "SLURM_NNODES", nnodes)
     hosts = slurm_hostnames(env["SLURM_JOB_NODELIST"])
     if len(hosts) != nnodes:
         raise TopologyError(f"slurm: SLURM_JOB_NODELIST expands to {len(hosts)} hosts but SLURM_NNODES={nnodes}")
-    tasks = env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0]  # '2(x3)' means 2 tasks on each of 3 nodes
-    per_task = tasks.isdigit() and int(tasks) > 1 and "SLURM_PROCID" in env and "SLURM_STEP_ID" in env
-    per_node = int(tasks) if per_task else (_int(env, "SLURM_GPUS_ON_NODE") if env.get("SLURM_GPUS_ON_NODE") else nproc)
+    # '2(x3)' means 2 tasks on each of 3 nodes
+    tasks = _int(
+        {"SLURM_NTASKS_PER_NODE": env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0]}, "SLURM_NTASKS_PER_NODE", 1
+    )
+    per_task = tasks > 1 and "SLURM_PROCID" in env and "SLURM_STEP_ID" in env
+    per_node = tasks if per_task else (_int(env, "SLURM_GPUS_ON_NODE", 1) if env.get("SLURM_GPUS_ON_NODE") else nproc)
     # The port follows the job id so two jobs sharing a first node do not collide.
     port = _port(env, "MASTER_PORT") if "MASTER_PORT" in env else 20000 + _int(env, "SLURM_JOB_ID") % 20000
     return Topology(
@@ -370,16 +377,16 @@ def process_ranks(env: Mapping[str, str]) -> tuple[int, int, int]:
     SLURM_LOCALID and SLURM_NTASKS. RANK without LOCAL_RANK is not trusted: TI-ONE's DDP mode
     injects RANK and WORLD_SIZE counting nodes, not processes."""
     if "LOCAL_RANK" in env and "RANK" in env:
-        return int(env["RANK"]), int(env["LOCAL_RANK"]), int(env.get("WORLD_SIZE", "1"))
-    if "OMPI_COMM_WORLD_RANK" in env:
-        return (
-            int(env["OMPI_COMM_WORLD_RANK"]),
-            int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")),
-            int(env["OMPI_COMM_WORLD_SIZE"]),
-        )
-    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
-        return int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", "0")), int(env["SLURM_NTASKS"])
-    return 0, 0, 1
+        names = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+    elif "OMPI_COMM_WORLD_RANK" in env:
+        names = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE")
+    elif "SLURM_PROCID" in env and "SLURM_STEP_ID" in env and _int({"SLURM_NTASKS": "1", **env}, "SLURM_NTASKS", 1) > 1:
+        names = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS")
+    else:
+        return 0, 0, 1
+    rank, local, size = names
+    with_defaults = {local: "0", size: "1", **env}
+    return _int(env, rank), _int(with_defaults, local), _int(with_defaults, size, 1)
 
 
 def platform_max_restarts(env: Mapping[str, str]) -> int | None:

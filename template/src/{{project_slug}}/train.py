@@ -29,7 +29,7 @@ import torch
 
 from . import checkpoint, checkpoint_files, faults, preemption, run_lock
 from .config import Config, ConfigError, save_config
-from .data import TokenData, load_tokenizer, micro_batch_start, read_meta, token_byte_lengths
+from .data import TokenData, data_fingerprint, load_tokenizer, micro_batch_start, read_meta, token_byte_lengths
 from .distributed import (
     DistInfo,
     all_reduce_mean,
@@ -112,6 +112,7 @@ def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | N
     ckpt_dir = out / "checkpoints"
     data_dir = Path(cfg.data.dir)
     meta = read_meta(data_dir)
+    trained_on = data_fingerprint(data_dir, meta)  # recorded in every checkpoint of this run
     train_data = open_split(cfg, data_dir, "train")
     val_data = open_split(cfg, data_dir, "val")
     token_bytes = torch.from_numpy(token_byte_lengths(load_tokenizer(data_dir / meta["tokenizer"]))).to(device)
@@ -149,7 +150,8 @@ def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | N
         positions = [
             micro_batch_start(done, 0, r, b.global_batch_size, b.micro_batch_size, accum) for r in range(data_parallel)
         ]
-        strategy.save(ckpt_dir, done, checkpoint.run_state(cfg, done, info.world_size, data_parallel, positions))
+        state = checkpoint.run_state(cfg, done, info.world_size, data_parallel, positions, trained_on)
+        strategy.save(ckpt_dir, done, state)
 
     # Records after the checkpoint's step were written by the attempt that died: they are redone.
     logger = MetricsLogger(out, info.is_main, cfg.logging.tensorboard, resume_step=start_step)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint_files
+from . import checkpoint, checkpoint_files
 from .config import Config, ConfigError, ModelConfig
 from .data import read_meta
 from .models import build_model
@@ -68,7 +68,12 @@ def load_trained_model(cfg: Config, ckpt: str | None, device: torch.device):
         raise ConfigError(f"no checkpoint found in {ckpt_dir}; train first or pass --checkpoint")
     if ckpt and (wrong := checkpoint_files.problem(path)):
         raise ConfigError(f"--checkpoint {ckpt} is damaged: {wrong}; pass another checkpoint")
-    state = read_checkpoint(path)
+    # Intact; then its data. A folder's run state is read first: refused before its shards are
+    # consolidated (minutes when large).
+    state = read_checkpoint(path) if path.is_file() else None
+    run_state = state if state is not None else deepspeed.load_model_states(path)
+    checkpoint.check_data(run_state, Path(cfg.data.dir), path, "give --checkpoint of a run trained on data.dir")
+    state = state if state is not None else read_checkpoint(path)
     meta = read_meta(Path(cfg.data.dir))
     # The checkpoint's own model settings win, so eval and sample need no training overrides.
     cfg = dataclasses.replace(cfg, model=ModelConfig(**state["config"]["model"]))

@@ -42,7 +42,7 @@ from ..network import wait_for_master
 from ..project import project_root, under_root
 from ..supervise import run_supervised
 from ..topology import default_nproc
-from ..torchrun import train_entry
+from ..torchrun import check_before_start, train_entry
 
 INSTALL = "DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed"
 HOSTFILE = Path("launch") / "devmachine" / "hostfile"
@@ -244,6 +244,7 @@ def launch(plan: Plan, args: Namespace, cfg: Config, package: str, dry_run: bool
             "1) install it (pdsh: `apt-get install pdsh`; openmpi: `apt-get install openmpi-bin`); 2) another "
             "--ds-launcher; 3) --no-ssh with --node-rank on every node"
         )
+    check_before_start(cfg, sum(slots for _, slots in plan.hosts))
     apply_nccl_env()
     if plan.mode == "ssh":
         # After apply_nccl_env: what it skipped (an interface this node lacks) is not passed on either.

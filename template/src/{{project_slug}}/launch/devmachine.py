@@ -22,6 +22,7 @@ import socket
 from argparse import ArgumentParser, Namespace
 from pathlib import Path
 
+from ..bounds import count, non_negative_int, positive_float, tcp_port
 from ..config import Config, ConfigError
 from ..project import under_root
 from ..topology import Topology, default_nproc
@@ -32,7 +33,7 @@ from .jobs import Job
 
 
 def devmachine_topology(args: Namespace, cfg: Config) -> Topology:
-    nnodes = args.nnodes or 1  # several dev machines are always named explicitly
+    nnodes = args.nnodes or 1  # several dev machines are always named explicitly (argparse refuses 0)
     if nnodes > 1 and args.node_rank is None:
         raise ConfigError(f"--nnodes {nnodes}: pass --node-rank (0 on the master node, 1..{nnodes - 1} on the others)")
     if nnodes > 1 and not args.master_addr:
@@ -44,7 +45,7 @@ def devmachine_topology(args: Namespace, cfg: Config) -> Topology:
         platform="devmachine",
         nnodes=nnodes,
         node_rank=node_rank,
-        nproc_per_node=args.nproc_per_node or default_nproc(cfg.cluster.gpus_per_node),
+        nproc_per_node=args.nproc_per_node or default_nproc(cfg.cluster.gpus_per_node),  # argparse refuses 0
         master_addr=args.master_addr or "127.0.0.1",
         master_port=args.master_port,
     )
@@ -90,14 +91,18 @@ class DevMachine(Platform):
 
     @staticmethod
     def add_arguments(p: ArgumentParser) -> None:
-        p.add_argument("--nnodes", type=int, help="nodes in the job (default: 1)")
-        p.add_argument("--node-rank", type=int, help="this node's rank, 0 on the master")
+        p.add_argument("--nnodes", type=count, help="nodes in the job (default: 1)")
+        p.add_argument("--node-rank", type=non_negative_int, help="this node's rank, 0 on the master")
         p.add_argument("--master-addr", help="address of node 0 (multi-node only)")
-        p.add_argument("--master-port", type=int, default=29500)
-        p.add_argument("--nproc-per-node", type=int, help="processes on this node (default: GPUs, or CPU cores)")
-        p.add_argument("--wait-timeout", type=float, default=900, help="seconds a worker node waits for the master")
+        p.add_argument("--master-port", type=tcp_port, default=29500)
+        p.add_argument("--nproc-per-node", type=count, help="processes on this node (default: GPUs, or CPU cores)")
+        p.add_argument(
+            "--wait-timeout", type=positive_float, default=900, help="seconds a worker node waits for the master"
+        )
         p.add_argument("--debug", action="store_true", help="TRAIN_DEBUG=1: NCCL INFO logs, flight recorder dumps")
-        p.add_argument("--rank", type=int, default=0, help="logs: the local rank whose log to show (default 0)")
+        p.add_argument(
+            "--rank", type=non_negative_int, default=0, help="logs: the local rank whose log to show (default 0)"
+        )
         deepspeed.add_arguments(p)  # --launcher torchrun|deepspeed, --hostfile, --ds-launcher, --no-ssh
 
     def dry_run(self) -> int:

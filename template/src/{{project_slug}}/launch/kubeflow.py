@@ -28,6 +28,7 @@ from pathlib import Path
 
 import yaml
 
+from ..bounds import non_negative_int
 from ..config import ConfigError
 from ..project import project_root
 from . import jobs
@@ -58,7 +59,9 @@ def add_arguments(p: ArgumentParser) -> None:
     p.add_argument("--namespace", help="namespace to use instead of the manifest's")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then in-cluster)")
     p.add_argument("--context", help="kubeconfig context (default: the current context)")
-    p.add_argument("--node-rank", type=int, default=0, help="logs: the node whose pod to read (0 = master)")
+    p.add_argument(
+        "--node-rank", type=non_negative_int, default=0, help="logs: the node whose pod to read (0 = master)"
+    )
     p.add_argument(
         "--wait", type=float, default=600, help="logs: seconds to wait for the pod to exist and start (default 600)"
     )

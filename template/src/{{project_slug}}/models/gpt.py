@@ -195,13 +195,19 @@ class GPT(nn.Module):
         top_k: int | None = None,
         generator: torch.Generator | None = None,
     ) -> list[int]:
-        """Sample continuation tokens with a KV cache: one full pass over the prompt, then one
-        token at a time. temperature 0 is greedy."""
+        """Sample continuation tokens. While the context (config.sequence_len) has room, with a KV
+        cache: one pass over the prompt, then one token at a time. Past it, a sliding window: each
+        token is read from the last sequence_len tokens in a full pass, at the positions the model
+        was trained on (a longer prompt is read from its end). temperature 0 is greedy."""
         device = self.wte.weight.device
+        context = self.config.sequence_len
         cache = KVCache(self.config.n_layer)
-        ids = torch.tensor([prompt], dtype=torch.long, device=device)
+        tokens = list(prompt)
+        ids = torch.tensor([tokens[-context:]], dtype=torch.long, device=device)
         out: list[int] = []
         for _ in range(max_new_tokens):
+            if len(tokens) > context:  # the cache would pass the context: start over at position 0
+                ids, cache = torch.tensor([tokens[-context:]], dtype=torch.long, device=device), None
             logits = self(ids, cache=cache)[:, -1, :]
             if temperature == 0:
                 nxt = logits.argmax(dim=-1, keepdim=True)
@@ -212,5 +218,6 @@ class GPT(nn.Module):
                     logits = logits.masked_fill(logits < kth, float("-inf"))
                 nxt = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
             out.append(int(nxt))
+            tokens.append(int(nxt))
             ids = nxt
         return out
