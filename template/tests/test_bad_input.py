@@ -248,7 +248,8 @@ def test_a_mistake_met_in_the_ranks_ends_the_job_at_once(cli, run_2proc, demo_da
         timeout=180,
     )
     elapsed = time.monotonic() - start
-    line = assert_one_line(proc, ["step_00000030.pt", "different model", "checkpoint.resume=false"])
+    # The way out is a folder of its own (checkpoint.resume=false would not start over on this one).
+    line = assert_one_line(proc, ["step_00000030.pt", "different model", f"run.output_dir={out}-2"])
     assert (proc.stdout + proc.stderr).count(line.removeprefix("error: ")) == 1
     assert elapsed < 90, elapsed  # one attempt (restarts would each import torch and load again)
     attempts = {p.name for p in (out / "logs").rglob("attempt_*")}
