@@ -383,6 +383,8 @@ def run(name, slow=False, fill_after=None):
     results[name] = {"code": proc.wait(), "log": open(log).read()}
     results[name]["tree"] = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in Path(out, "checkpoints").iterdir()}
     results[name]["attempts"] = sorted({p.name for p in Path(out, "logs").rglob("attempt_*")})
+    results[name]["rank_logs"] = {str(p): p.read_text(errors="replace")[-3000:]
+                                  for p in Path(out, "logs").rglob("attempt_0/*/*") if p.is_file()}
 run("fills up", slow=True, fill_after="step     25/30")
 run("again, no room")
 os.remove(out + "/filler")
@@ -445,7 +447,8 @@ def test_a_disk_that_fills_up_during_a_save_stops_with_one_line_and_keeps_the_ru
         r"it needs about 4.1 MiB, [\d,.]+ [KM]iB free there. step_00000020.pt is kept: make room there .* to resume",
         last_line(filled["log"]),
     ), last_line(filled["log"])
-    assert filled["attempts"] == ["attempt_0"]  # not restarted into the same full disk
+    # not restarted into the same full disk
+    assert filled["attempts"] == ["attempt_0"], json.dumps(filled["rank_logs"], indent=1)[-8000:]
     assert filled["tree"] == kept  # the earlier checkpoints byte for byte, and no partial file
     again = results["again, no room"]
     assert again["code"] == 1 and "Traceback" not in again["log"]

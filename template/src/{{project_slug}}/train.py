@@ -46,7 +46,7 @@ from .metrics import MetricsLogger, format_step, mfu, peak_flops
 from .rules import require_valid, resolve_grad_accum
 from .splits import open_split
 from .strategies import build_strategy
-from .unrecoverable import raise_on_every_rank
+from .unrecoverable import SharedFailure, raise_on_every_rank
 
 
 def lr_at(step: int, cfg: Config) -> float:
@@ -78,6 +78,11 @@ def run_training(cfg: Config) -> int:
                 lock.release()
         finish()
         return code
+    except SharedFailure:
+        # Every rank raised it at the same point: they end together, or a rank that leaves at once
+        # could tear down a peer still completing the collective that shared it (Gloo aborts it).
+        finish()
+        raise
     finally:
         shutdown()
 

@@ -29,12 +29,17 @@ from .config import ConfigError
 FAILURE_FILE = "TRAIN_FAILURE_FILE"
 
 
-class ReportedByRankZero(ConfigError):
+class SharedFailure(ConfigError):
+    """A failure every rank raises at the same point, after the collective that shared it: no rank
+    is left waiting in another, so they can end together as after a finished run (train.py)."""
+
+
+class ReportedByRankZero(SharedFailure):
     """The failure rank 0 prints for the whole job, raised on the other ranks (which stay quiet)."""
 
 
 def raise_on_every_rank(message: str, is_main: bool, key: str | None = None):
-    raise (ConfigError if is_main else ReportedByRankZero)(message, key=key)
+    raise (SharedFailure if is_main else ReportedByRankZero)(message, key=key)
 
 
 def hand_over(message: str) -> bool:
