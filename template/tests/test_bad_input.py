@@ -248,7 +248,8 @@ def test_a_mistake_met_in_the_ranks_ends_the_job_at_once(cli, run_2proc, demo_da
         timeout=180,
     )
     elapsed = time.monotonic() - start
-    line = assert_one_line(proc, ["step_00000030.pt", "different model", "checkpoint.resume=false"])
+    # The way out is a folder of its own (checkpoint.resume=false would not start over on this one).
+    line = assert_one_line(proc, ["step_00000030.pt", "different model", f"run.output_dir={out}-2"])
     assert (proc.stdout + proc.stderr).count(line.removeprefix("error: ")) == 1
     assert elapsed < 90, elapsed  # one attempt (restarts would each import torch and load again)
     attempts = {p.name for p in (out / "logs").rglob("attempt_*")}
@@ -259,9 +260,9 @@ def test_a_mistake_met_in_the_ranks_ends_the_job_at_once(cli, run_2proc, demo_da
 RANK_PROGRAM = """
 import os, sys, time
 sys.path.insert(0, {src!r})
-from {package}.supervise import hand_to_supervisor
+from {package}.unrecoverable import hand_over
 if os.environ["RANK"] == "1":
-    hand_to_supervisor("data.dir: only rank 1 found this mistake")
+    hand_over("data.dir: only rank 1 found this mistake")
     sys.exit(0)
 open({pid_file!r}, "w").write(str(os.getpid()))
 time.sleep(600)  # rank 0 waits, as in a collective, for a rank that is gone
@@ -270,7 +271,7 @@ time.sleep(600)  # rank 0 waits, as in a collective, for a rank that is gone
 
 def test_a_rank_left_waiting_is_stopped(pkg, cli, tmp_path):
     """When only one rank meets the mistake the others would wait in their next collective: the
-    supervisor gives torchrun FATAL_GRACE_SECONDS to end, then stops it and the waiting rank."""
+    supervisor gives torchrun FAILURE_GRACE_SECONDS to end, then stops it and the waiting rank."""
     program = tmp_path / "rank.py"
     pid_file = tmp_path / "rank0.pid"
     program.write_text(RANK_PROGRAM.format(src=str(cli.root / "src"), package=pkg.name, pid_file=str(pid_file)))
@@ -280,7 +281,7 @@ def test_a_rank_left_waiting_is_stopped(pkg, cli, tmp_path):
     with pytest.raises(pkg.config.ConfigError) as err:
         pkg.supervise.run_supervised(cmd, str(tmp_path), forward_signals=True)
     assert str(err.value) == "data.dir: only rank 1 found this mistake"
-    assert time.monotonic() - start < pkg.supervise.FATAL_GRACE_SECONDS + 60
+    assert time.monotonic() - start < pkg.supervise.FAILURE_GRACE_SECONDS + 60
     waiting = int(pid_file.read_text())
     assert not Path(f"/proc/{waiting}").exists() or "zombie" in Path(f"/proc/{waiting}/status").read_text()
 

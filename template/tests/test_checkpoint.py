@@ -25,8 +25,17 @@ def test_save_load_and_keep_last(pkg, tmp_path):
         path = ck.save(folder, step, state(step), keep_last=2)
         assert path == folder / f"step_{step:08d}.pt"
         assert ck.find_latest(folder) == path
-    assert names(folder) == ["latest", "step_00000040.pt", "step_00000050.pt"]
+    # Each checkpoint with its manifest (run id, size, sha256), written before the checkpoint's rename.
+    assert names(folder) == [
+        "latest",
+        "step_00000040.pt",
+        "step_00000040.pt.json",
+        "step_00000050.pt",
+        "step_00000050.pt.json",
+    ]
     assert (folder / "latest").read_text() == "step_00000050.pt"
+    manifest = json.loads((folder / "step_00000050.pt.json").read_text())
+    assert manifest["step"] == 50 and manifest["files"]["step_00000050.pt"] == pkg.checkpoint_files.file_entry(path)
     loaded = ck.load(ck.find_latest(folder))
     assert loaded["step"] == 50 and loaded["note"] == "step 50"
     assert torch.equal(loaded["weights"], torch.full((4, 4), 50.0))
@@ -91,7 +100,7 @@ def test_failed_save_never_leaves_a_half_written_file(pkg, tmp_path):
     broken = {"big": torch.zeros(1_000_000), "bad": Unpicklable()}
     with pytest.raises(RuntimeError, match="half way"):
         ck.save(tmp_path, 20, broken, keep_last=1)
-    assert names(tmp_path) == ["latest", "step_00000010.pt"]  # no step 20, no temporary file
+    assert names(tmp_path) == ["latest", "step_00000010.pt", "step_00000010.pt.json"]  # no step 20, no temporary file
     assert ck.find_latest(tmp_path) == tmp_path / "step_00000010.pt"
     assert ck.load(ck.find_latest(tmp_path))["step"] == 10
     # Failing to overwrite an existing step keeps the old content intact.
@@ -114,7 +123,7 @@ def test_interrupted_write_leaves_the_previous_file(pkg, tmp_path):
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        pkg.checkpoint._atomic_write(target, write_half)
+        pkg.checkpoint_files.atomic_write(target, write_half)
     assert target.read_bytes() == b"previous complete file"
     assert names(tmp_path) == ["step_00000010.pt"]
 

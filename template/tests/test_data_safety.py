@@ -207,8 +207,9 @@ def test_a_run_refuses_data_prepared_again(cli, small_corpus, train_overrides, t
     assert re.search(r"resumed from \S+step_00000004\S* at step 4", resumed.stdout), resumed.stdout
 
 
-def test_checkpoints_without_a_data_fingerprint_still_load(cli, small_corpus, train_overrides, tmp_path):
-    """Written before checkpoints recorded their data: eval, sample and resume pass unchecked."""
+def test_checkpoints_without_a_data_fingerprint_still_load(pkg, cli, small_corpus, train_overrides, tmp_path):
+    """Written before checkpoints recorded their data (and before they had manifests): eval, sample
+    and resume pass unchecked."""
     data_dir, out = small_corpus, tmp_path / "run"
     assert prepare(cli, data_dir).returncode == 0
     run = tiny_run(train_overrides, data_dir, out)
@@ -217,6 +218,7 @@ def test_checkpoints_without_a_data_fingerprint_still_load(cli, small_corpus, tr
     state = torch.load(path, weights_only=False)
     assert state.pop("data_fingerprint") == json.loads((data_dir / "meta.json").read_text())["fingerprint"]
     torch.save(state, path)
+    pkg.checkpoint_files.manifest_path(path).unlink()
     assert "step 2 | val loss" in cli("eval", *run).stdout
     assert "resumed from" in cli("train", *run, "schedule.max_steps=4").stdout
     assert torch.load(out / "checkpoints" / "step_00000004.pt", weights_only=False)["data_fingerprint"]

@@ -40,6 +40,9 @@ LAYERS = {
         "rank_stacks",
         "faults",
         "preemption",
+        "checkpoint_files",
+        "run_lock",
+        "unrecoverable",
         "demo_corpus",
     },
     "blocks": {

@@ -33,8 +33,11 @@ def test_two_processes_train_and_log(run_2proc, metrics):
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
         "latest",
         "step_00000010.pt",
+        "step_00000010.pt.json",  # each checkpoint's manifest: run id, size, sha256
         "step_00000020.pt",
+        "step_00000020.pt.json",
         "step_00000030.pt",
+        "step_00000030.pt.json",
     ]
     assert "size: tiny" in (out / "config.yaml").read_text()
 
@@ -98,7 +101,13 @@ def test_resume_continues_exactly(resumed, run_2proc, metrics):
     assert val[1]["val_loss"] == reference_val[0]["val_loss"]
     # keep_last=2: only the two newest checkpoints survive, `latest` names the final one.
     ckpt = out / "checkpoints"
-    assert sorted(p.name for p in ckpt.iterdir()) == ["latest", "step_00000025.pt", "step_00000030.pt"]
+    assert sorted(p.name for p in ckpt.iterdir()) == [
+        "latest",
+        "step_00000025.pt",
+        "step_00000025.pt.json",
+        "step_00000030.pt",
+        "step_00000030.pt.json",
+    ]
     assert (ckpt / "latest").read_text() == "step_00000030.pt"
     final = torch.load(ckpt / "step_00000030.pt", weights_only=False)
     uninterrupted = torch.load(run_2proc[0] / "checkpoints" / "step_00000030.pt", weights_only=False)
@@ -124,7 +133,8 @@ def test_resume_refuses_a_checkpoint_of_another_model(resumed, cli, demo_data, t
         "train", *train_overrides, "model.sequence_len=32", f"data.dir={demo_data}", f"run.output_dir={out}", expect=1
     )
     assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
-    assert "different model" in proc.stderr and "checkpoint.resume=false" in proc.stderr
+    # The way out is a folder of its own (checkpoint.resume=false would not start over on this one).
+    assert "different model" in proc.stderr and f"run.output_dir={out}-2" in proc.stderr
     assert not (out / "metrics.jsonl").exists()
 
 

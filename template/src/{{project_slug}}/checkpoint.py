@@ -1,10 +1,13 @@
-"""Checkpoints: atomic save, keep the last K, find the latest, what a resume must restore and refuse.
+"""Checkpoints: atomic save, keep the last K, find the newest intact one, what a resume must restore and refuse.
 
 A DDP checkpoint is one file `step_XXXXXXXX.pt` in output_dir/checkpoints (DeepSpeed's are folders,
 see strategies/deepspeed.py, under the same rules). It is written under a temporary name, fsynced,
-then renamed, and the `latest` pointer is replaced last, so a crash at any moment leaves the
-previous checkpoint intact. Only global rank 0 writes (DDP replicas are equal), but the file holds
-every rank's random state.
+its manifest (run id, size, sha256: checkpoint_files.py) written, then renamed, and the `latest`
+pointer is replaced last, so a crash at any moment leaves the previous checkpoint intact. A resume
+verifies the checkpoint against its manifest and passes over a damaged one, naming it, to the
+newest intact one. Only global rank 0 writes (DDP replicas are equal), but the file holds every
+rank's random state. A save that finds no room raises SaveFailed: one line, the previous
+checkpoint kept.
 
 Besides model and optimizer, `run_state` records what continuing exactly needs: the step (the
 learning rate and the data position follow from it: lr_at(step), micro_batch_start(step, ...)),
@@ -15,65 +18,32 @@ and the layout (world size, data-parallel size). No gradient scaler: training ru
 
 from __future__ import annotations
 
-import os
 import random
-import re
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import faults
+from . import checkpoint_files as files
+from .checkpoint_files import atomic_write as _atomic_write
 from .config import Config, ConfigError
 from .data import data_fingerprint, find_data
+from .distributed import gather_objects, print0, share_from_main
+from .unrecoverable import raise_on_every_rank
 
-LATEST = "latest"
-_NAME = re.compile(r"step_(\d{8})\.pt")
+list_checkpoints = files.list_files
+named_by_latest = files.named_by_latest  # what the `latest` pointer names (a DDP file or a DeepSpeed folder)
 
 
 def checkpoint_path(folder: Path, step: int) -> Path:
     return folder / f"step_{step:08d}.pt"
 
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(folder: Path) -> None:
-    """Flush every file under folder (and the folders themselves) to stable storage."""
-    for root, _, files in os.walk(folder):
-        for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(Path(root))
-
-
 def write_latest(folder: Path, name: str) -> None:
     """Point `latest` at name (a file or folder in folder): the last act of every save."""
-    _atomic_write(folder / LATEST, lambda f: f.write(name.encode()), commit_hook=False)
-
-
-def _atomic_write(path: Path, write, commit_hook: bool = True) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        if commit_hook:
-            faults.pause_before_commit(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
+    _atomic_write(folder / files.LATEST, lambda f: f.write(name.encode()), commit_hook=False)
 
 
 def rng_state() -> dict:
@@ -146,8 +116,8 @@ def check_compatible(state: dict, cfg: Config, world_size: int, where, can_resha
     if state.get("fingerprint") != cfg.model_fingerprint():
         raise ConfigError(
             f"{where} was written with a different model, global batch or parallel layout (model section, "
-            "batch.global_batch_size, parallel.*); restore those settings, use a new run.output_dir, "
-            "or set checkpoint.resume=false to start over"
+            "batch.global_batch_size, parallel.*); restore those settings, or start a new run in a folder "
+            f"of its own: run.output_dir={files.unused_sibling(Path(cfg.run.output_dir))}"
         )
     check_data(state, Path(cfg.data.dir), where, "to train on the new data, use a new run.output_dir")
     notes = []
@@ -201,39 +171,74 @@ def _changed_settings(old: dict, new: dict, prefix: str = "") -> list[str]:
     return changes
 
 
-def save(folder: Path, step: int, state: dict, keep_last: int) -> Path:
-    """Write state for `step`, point `latest` at it, then delete all but the newest keep_last."""
+def save(folder: Path, step: int, state: dict, keep_last: int, run_id: str | None = None) -> Path:
+    """Write state for `step` with its manifest, point `latest` at it, then delete all but the
+    newest keep_last of this run's checkpoints (another run's are left alone)."""
     folder.mkdir(parents=True, exist_ok=True)
     path = checkpoint_path(folder, step)
-    _atomic_write(path, lambda f: torch.save(state, f))
+    writer = None
+
+    def write(f) -> None:
+        nonlocal writer
+        writer = files.HashingWriter(f)
+        torch.save(state, writer)
+
+    def write_manifest() -> None:
+        files.write_manifest(files.manifest_path(path), run_id, step, {path.name: writer.entry()})
+
+    try:
+        _atomic_write(path, write, before_rename=write_manifest)
+    except (OSError, RuntimeError) as exc:  # the partial file is gone by now
+        needed = state_bytes(state)
+        reason = files.room_reason(exc, folder, needed, writer.error if writer else None)
+        if reason is None:
+            raise
+        raise files.save_failed(reason, folder, path.name, needed) from None
     write_latest(folder, path.name)
-    for old in list_checkpoints(folder)[:-keep_last]:
+    for old in files.own(list_checkpoints(folder), run_id)[:-keep_last]:
         old.unlink(missing_ok=True)
+        files.manifest_path(old).unlink(missing_ok=True)
     return path
 
 
-def list_checkpoints(folder: Path) -> list[Path]:
-    if not folder.is_dir():
-        return []
-    return sorted(p for p in folder.iterdir() if _NAME.fullmatch(p.name))
+def state_bytes(state) -> int:
+    """About the size torch.save gives state: the bytes of its tensors."""
+    if isinstance(state, torch.Tensor):
+        return state.untyped_storage().nbytes()
+    if isinstance(state, dict):
+        return sum(state_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(state_bytes(v) for v in state)
+    return 64
 
 
 def find_latest(folder: Path, listing=list_checkpoints) -> Path | None:
     """The checkpoint `latest` names; if that is missing, the highest step `listing` finds on disk
-    (files here; DeepSpeed's strategy passes its folder listing)."""
-    pointer = folder / LATEST
-    if pointer.is_file():
-        named = folder / pointer.read_text().strip()
-        if named in listing(folder):
-            return named
-    found = listing(folder)
-    return found[-1] if found else None
+    (files here; DeepSpeed's strategy passes its folder listing). Not verified: see newest_intact."""
+    found = files.candidates(folder, listing)
+    return found[0] if found else None
 
 
-def named_by_latest(folder: Path) -> Path | None:
-    """What the `latest` pointer names (a DDP file or a DeepSpeed folder), or None."""
-    pointer = folder / LATEST
-    return folder / pointer.read_text().strip() if pointer.is_file() else None
+def newest_intact(folder: Path, listing=list_checkpoints) -> Path | None:
+    """Collective: the newest checkpoint that matches its manifest, skipping damaged ones with one
+    line each; the ranks verify a checkpoint's files together. ConfigError when every one is damaged."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    damaged = []
+    for path in share_from_main(files.candidates(folder, listing)):  # rank 0's listing for all
+        wrong = next(filter(None, gather_objects(files.problem(path, part=(rank, world)))), None)
+        if wrong is None:
+            return path
+        print0(f"skipping damaged checkpoint {path}: {wrong}", file=sys.stderr)
+        damaged.append(path.name)
+    if damaged:
+        raise_on_every_rank(
+            f"every checkpoint in {folder} is damaged ({', '.join(damaged)}): nothing to resume from. Move them "
+            f"out of {folder} to start this run over, or start a new run in a folder of its own "
+            f"(run.output_dir={files.unused_sibling(folder.parent)})",
+            rank == 0,
+            key="run.output_dir",
+        )
+    return None
 
 
 def load(path: Path, map_location="cpu") -> dict:

@@ -4,7 +4,7 @@
     <package> --help | <package> <command> --help
 
 Every command reads config/train.yaml (or --config) and accepts overrides as `section.key=value`
-arguments or `--set section.key=value`. A user mistake prints one message and exits 1.
+arguments or `--set section.key=value`. A user mistake prints one message and exits 1 (unrecoverable.py).
 
 A command's module has `add_arguments(parser)` and `run(cfg, args) -> int`. Only the module of the
 command being run is imported, so torch-free commands (check, plan, image, launch, debug-dump) start
@@ -19,6 +19,7 @@ import importlib
 import sys
 from types import ModuleType
 
+from . import unrecoverable
 from .bounds import require_in_bounds
 from .config import ConfigError, add_config_arguments, load_config
 
@@ -93,11 +94,5 @@ def main(argv: list[str] | None = None) -> int:
         require_in_bounds(cfg)  # before any command computes with a count of 0
         return command_module(args.command).run(cfg, args)
     except ConfigError as exc:
-        from .supervise import hand_to_supervisor
-
-        # In a rank under torchrun: a failing exit would be restarted into the same mistake, so
-        # the supervisor prints it once and ends the job (supervise.py).
-        if hand_to_supervisor(str(exc)):
-            return 0
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        # One line; in a rank under the node supervisor, handed to it instead (unrecoverable.py)
+        return unrecoverable.report(exc)

@@ -138,7 +138,8 @@ class CheckpointConfig:
     keep_last: int = 3
     """Checkpoints kept on disk; older ones are deleted after a successful save."""
     resume: bool = True
-    """Continue from the latest checkpoint in output_dir/checkpoints when one exists."""
+    """Continue from the newest intact checkpoint in output_dir/checkpoints when one exists. false:
+    this is a new run, refused on a folder that holds an earlier one (never overwritten)."""
     reshard: bool = False
     """Allow resuming a checkpoint written by another number of data-parallel ranks. DDP only
     (every rank holds the whole model; the data stream depends on the global batch alone); the

@@ -107,6 +107,24 @@ def barrier() -> None:
         dist.barrier()
 
 
+def share_from_main(value):
+    """Collective: global rank 0's value (any picklable object) on every rank."""
+    if not dist.is_initialized():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def gather_objects(value) -> list:
+    """Collective: every rank's value, in rank order, on every rank."""
+    if not dist.is_initialized():
+        return [value]
+    found = [None] * dist.get_world_size()
+    dist.all_gather_object(found, value)
+    return found
+
+
 def print0(*args, **kwargs) -> None:
     """Print on global rank 0 only."""
     if not dist.is_initialized() or dist.get_rank() == 0:

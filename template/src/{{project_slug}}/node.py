@@ -16,6 +16,7 @@ import argparse
 import os
 import sys
 
+from . import run_lock
 from .bounds import positive_float
 from .config import Config
 from .nccl_env import apply_nccl_env
@@ -59,6 +60,9 @@ def run_node(
         return 0
     apply_nccl_env(log=lambda m: None)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = topo.master_addr, str(topo.master_port)
+    identity = run_lock.job_identity(os.environ, topo)
+    if identity:  # rank 0 holds run.output_dir under it: a requeue or restart of the job re-enters
+        os.environ[run_lock.IDENTITY] = identity
     # exec `train`: the rank keeps its pid (mpirun and srun watch it and signal it) and shows as
     # `-m <package> train`, which debug-dump and the MPIJob preStop hook look for.
     cmd = [sys.executable, "-u", *train_entry(package, config, overrides)]  # -u: lines reach mpirun as printed

@@ -15,6 +15,7 @@ import socket
 import sys
 from pathlib import Path
 
+from . import run_lock
 from .config import Config, ConfigError, debug_requested
 from .nccl_env import apply_nccl_env
 from .network import address_towards, wait_for_master
@@ -151,15 +152,21 @@ def run_torchrun(
     if dry_run:
         return 0
     check_before_start(cfg, None if topo.min_nnodes else topo.nnodes * topo.nproc_per_node)
-    apply_nccl_env()
-    if topo.nnodes > 1 and topo.node_rank != 0:
-        wait_for_master(topo.master_addr, topo.master_port, wait_timeout, log=lambda m: print(m, flush=True))
-    # Restarted ranks must not share the agent's rendezvous store: its keys outlive an attempt and
-    # the new ranks would read the dead ranks' addresses (pytorch/pytorch#135712: "Connection
-    # refused" after a restart). Each attempt then gets a fresh store of its own.
-    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    if log_dir:
-        print(f"every rank's output also goes to {log_dir}/<run>/attempt_<n>/<local rank>/", flush=True)
-    return run_supervised(
-        cmd, cfg.run.output_dir, forward_signals=topo.platform != "slurm", log=lambda m: print(m, flush=True)
-    )
+    # The output folder is held here, across torchrun's restarts, until the job ends; the ranks
+    # inherit the job's identity and enter. Node 0 takes it, the others only check it (and refuse
+    # at once when another run holds it, as node 0 does).
+    identity = run_lock.job_identity(os.environ, topo) or f"launch pid {os.getpid()} on {socket.gethostname()}"
+    with run_lock.acquire(cfg.run.output_dir, identity, write=topo.node_rank == 0, take_over_job=True):
+        os.environ[run_lock.IDENTITY] = identity
+        apply_nccl_env()
+        if topo.nnodes > 1 and topo.node_rank != 0:
+            wait_for_master(topo.master_addr, topo.master_port, wait_timeout, log=lambda m: print(m, flush=True))
+        # Restarted ranks must not share the agent's rendezvous store: its keys outlive an attempt and
+        # the new ranks would read the dead ranks' addresses (pytorch/pytorch#135712: "Connection
+        # refused" after a restart). Each attempt then gets a fresh store of its own.
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+        if log_dir:
+            print(f"every rank's output also goes to {log_dir}/<run>/attempt_<n>/<local rank>/", flush=True)
+        return run_supervised(
+            cmd, cfg.run.output_dir, forward_signals=topo.platform != "slurm", log=lambda m: print(m, flush=True)
+        )

@@ -12,20 +12,23 @@ so a resumed run reads exactly the data it would have read.
 Faults: a resume restores every rank's state (checkpoint.py), so the run continues bit for bit
 as if never stopped; SIGTERM/SIGUSR1 make all ranks save at the next step boundary and exit with
 EXIT_PREEMPTED (preemption.py); torchrun's --max-restarts brings a crashed rank back, which then
-resumes from the latest checkpoint.
+resumes from the latest intact checkpoint. Before anything is written, rank 0 claims the output
+folder for this job (run_lock.py) and refuses a folder that holds another run or lacks room for
+the next checkpoint (checkpoint_files.refuse_to_start); every rank follows its verdict.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import time
 from pathlib import Path
 
 import torch
 
-from . import checkpoint, faults, preemption
-from .config import Config, save_config
+from . import checkpoint, checkpoint_files, faults, preemption, run_lock
+from .config import Config, ConfigError, save_config
 from .data import TokenData, data_fingerprint, load_tokenizer, micro_batch_start, read_meta, token_byte_lengths
 from .distributed import (
     DistInfo,
@@ -35,6 +38,7 @@ from .distributed import (
     finish,
     init_distributed,
     print0,
+    share_from_main,
     shutdown,
 )
 from .evaluate import evaluate, format_scores, val_scores
@@ -42,6 +46,7 @@ from .metrics import MetricsLogger, format_step, mfu, peak_flops
 from .rules import require_valid, resolve_grad_accum
 from .splits import open_split
 from .strategies import build_strategy
+from .unrecoverable import SharedFailure, raise_on_every_rank
 
 
 def lr_at(step: int, cfg: Config) -> float:
@@ -64,15 +69,48 @@ def micro_batches(data: TokenData, step: int, accum: int, data_rank: int, b, dev
 def run_training(cfg: Config) -> int:
     info = init_distributed(cfg.run.device, collective_timeout(cfg))
     try:
-        code = _train(cfg, info)
+        require_valid(cfg, info.world_size)  # before the folder is claimed: a mistake leaves no trace there
+        lock, resume = claim_output_dir(cfg, info)
+        try:
+            code = _train(cfg, info, resume, lock)
+        finally:
+            if lock is not None:
+                lock.release()
         finish()
         return code
+    except SharedFailure:
+        # Every rank raised it at the same point: they end together, or a rank that leaves at once
+        # could tear down a peer still completing the collective that shared it (Gloo aborts it).
+        finish()
+        raise
     finally:
         shutdown()
 
 
-def _train(cfg: Config, info: DistInfo) -> int:
-    require_valid(cfg, info.world_size)
+def claim_output_dir(cfg: Config, info: DistInfo) -> tuple[run_lock.RunLock | None, bool]:
+    """Collective: rank 0 holds run.output_dir for this job (or finds its supervisor holding it),
+    refuses a folder of another run under checkpoint.resume=false and a disk without room; every
+    rank ends with rank 0's verdict. Returns the lock (rank 0) and whether to resume: a restart of
+    the job that started the run in this folder continues it whatever checkpoint.resume says."""
+    out, lock, verdict = Path(cfg.run.output_dir), None, None
+    if info.is_main:
+        try:
+            lock = run_lock.acquire(out, run_lock.job_identity(os.environ))
+            resume = cfg.checkpoint.resume or run_lock.last_job(out) == lock.job
+            checkpoint_files.refuse_to_start(out, resume)
+            verdict = (None, resume)
+        except ConfigError as exc:
+            if lock is not None:
+                lock.release()
+                lock = None
+            verdict = (str(exc), False)
+    message, resume = share_from_main(verdict)
+    if message:
+        raise_on_every_rank(message, info.is_main, key="run.output_dir")
+    return lock, resume
+
+
+def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | None) -> int:
     accum = resolve_grad_accum(cfg, cfg.data_parallel_size(info.world_size))
     device, T = info.device, cfg.model.sequence_len
     out = Path(cfg.run.output_dir)
@@ -90,10 +128,11 @@ def _train(cfg: Config, info: DistInfo) -> int:
     # Builds and wraps the model, owns optimizer and checkpoints.
     strategy = build_strategy(cfg, info, meta["vocab_size"], accum)
     num_params, flops_per_token, peak = strategy.num_params, strategy.flops_per_token, peak_flops(device)
-    start_step = strategy.resume(ckpt_dir)
+    start_step = strategy.resume(ckpt_dir, resume)
     stop = preemption.StopRequest()
-    if info.is_main:
+    if info.is_main:  # the first writes of this run to the folder, after every refusal
         out.mkdir(parents=True, exist_ok=True)
+        run_lock.record_job(out, lock.job)
         save_config(cfg, out / "config.yaml")
         preemption.clear_marker(out)
     autocast = autocast_context(device, cfg.run.dtype)

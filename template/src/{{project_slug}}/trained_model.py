@@ -7,28 +7,43 @@
 
 Each format is read by the strategy that writes it; this module only picks the reader and builds
 the model the checkpoint was trained as, so eval and sample run in one process whatever the
-training layout.
+training layout. A checkpoint is verified first (checkpoint_files.problem): the newest intact one is
+used, a damaged one is passed over with one line naming it, and a damaged --checkpoint is refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 
 import torch
 
-from . import checkpoint
+from . import checkpoint, checkpoint_files
 from .config import Config, ConfigError, ModelConfig
 from .data import read_meta
 from .models import build_model
 from .strategies import ddp, deepspeed, pipeline
 
 
-def find_checkpoint(ckpt_dir: Path) -> Path | None:
-    """The newest checkpoint in output_dir/checkpoints: a DDP file step_N.pt or a DeepSpeed folder
-    step_N/ (a run may hold both after switching run.strategy; the higher step wins)."""
-    found = [p for p in (checkpoint.find_latest(ckpt_dir), deepspeed.find_latest(ckpt_dir)) if p is not None]
-    return max(found, key=lambda p: int(p.name.removeprefix("step_").removesuffix(".pt"))) if found else None
+def find_checkpoint(ckpt_dir: Path, say=lambda line: print(line, file=sys.stderr, flush=True)) -> Path | None:
+    """The newest intact checkpoint in output_dir/checkpoints: a DDP file step_N.pt or a DeepSpeed
+    folder step_N/ (a run may hold both after switching run.strategy; the higher step wins). A
+    damaged one is passed over with a line naming it; ConfigError when all of them are damaged."""
+    found = [
+        checkpoint_files.candidates(ckpt_dir, listing)
+        for listing in (checkpoint_files.list_files, checkpoint_files.list_folders)
+    ]
+    damaged = []
+    for path in sorted([p for kind in found for p in kind], key=lambda p: -checkpoint_files.step_of(p)):
+        wrong = checkpoint_files.problem(path)
+        if wrong is None:
+            return path
+        say(f"skipping damaged checkpoint {path}: {wrong}")
+        damaged.append(path.name)
+    if damaged:
+        raise ConfigError(f"every checkpoint in {ckpt_dir} is damaged ({', '.join(damaged)}); pass --checkpoint")
+    return None
 
 
 def read_checkpoint(path: Path) -> dict:
@@ -51,7 +66,10 @@ def load_trained_model(cfg: Config, ckpt: str | None, device: torch.device):
     path = Path(ckpt) if ckpt else find_checkpoint(ckpt_dir)
     if path is None:
         raise ConfigError(f"no checkpoint found in {ckpt_dir}; train first or pass --checkpoint")
-    # A folder's run state is read first: refused before its shards are consolidated (minutes when large).
+    if ckpt and (wrong := checkpoint_files.problem(path)):
+        raise ConfigError(f"--checkpoint {ckpt} is damaged: {wrong}; pass another checkpoint")
+    # Intact; then its data. A folder's run state is read first: refused before its shards are
+    # consolidated (minutes when large).
     state = read_checkpoint(path) if path.is_file() else None
     run_state = state if state is not None else deepspeed.load_model_states(path)
     checkpoint.check_data(run_state, Path(cfg.data.dir), path, "give --checkpoint of a run trained on data.dir")

@@ -12,9 +12,10 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .. import checkpoint
+from .. import checkpoint, checkpoint_files
 from ..config import Config, ConfigError
-from ..distributed import DistInfo, barrier, print0
+from ..distributed import DistInfo, print0, share_from_main
+from ..unrecoverable import raise_on_every_rank
 from .param_groups import param_groups
 
 
@@ -39,6 +40,7 @@ class DDPStrategy:
         self.cfg, self.info, self.accum = cfg, info, accum
         self.data_rank = info.rank  # every rank is a data-parallel rank
         self.module = model  # unwrapped: evaluation, state_dict
+        self.run_id = None  # set by resume: the resumed checkpoint's run, or a new one
         self.optimizer = build_optimizer(model, cfg, info.device)
         # compile first, then DDP: DDP's bucketing hooks see the compiled module's parameters.
         runnable = torch.compile(model) if cfg.run.compile and info.device.type == "cuda" else model
@@ -70,19 +72,28 @@ class DDPStrategy:
         return grad_norm
 
     def save(self, ckpt_dir: Path, step: int, extra: dict) -> None:
+        failed = None
         if self.info.is_main:
             state = {"step": step, "model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(), **extra}
-            path = checkpoint.save(ckpt_dir, step, state, self.cfg.checkpoint.keep_last)
-            print0(f"saved {path}")
-        barrier()  # nobody runs ahead of a checkpoint it may need to resume from
+            try:
+                path = checkpoint.save(ckpt_dir, step, state, self.cfg.checkpoint.keep_last, self.run_id)
+                print0(f"saved {path}")
+            except checkpoint_files.SaveFailed as exc:
+                failed = str(exc)
+        # Nobody runs ahead of a checkpoint it may need to resume from, and all stop if it failed.
+        failed = share_from_main(failed)
+        if failed:
+            raise_on_every_rank(failed, self.info.is_main, key="run.output_dir")
 
-    def resume(self, ckpt_dir: Path) -> int:
-        latest = checkpoint.find_latest(ckpt_dir) if self.cfg.checkpoint.resume else None
+    def resume(self, ckpt_dir: Path, allowed: bool) -> int:
+        latest = checkpoint.newest_intact(ckpt_dir) if allowed else None
+        self.run_id = (checkpoint_files.run_id_of(latest) if latest else None) or checkpoint_files.new_run_id()
         if latest is None:
-            if self.cfg.checkpoint.resume and any(p.is_dir() for p in ckpt_dir.glob("step_*")):
+            if allowed and checkpoint_files.list_folders(ckpt_dir):
                 raise ConfigError(
-                    f"{ckpt_dir} holds DeepSpeed checkpoints (folders) but run.strategy=ddp; "
-                    "use run.strategy=deepspeed, a new run.output_dir, or checkpoint.resume=false"
+                    f"{ckpt_dir} holds DeepSpeed checkpoints (folders) but run.strategy=ddp; continue that run "
+                    "with run.strategy=deepspeed, or start a new one in a folder of its own: "
+                    f"run.output_dir={checkpoint_files.unused_sibling(ckpt_dir.parent)}"
                 )
             return 0
         state = checkpoint.load(latest)

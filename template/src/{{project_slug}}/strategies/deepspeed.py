@@ -10,28 +10,30 @@ Checkpoints are DeepSpeed's: a folder per step `step_XXXXXXXX/` under output_dir
 written by every rank (ZeRO shards), plus a `latest` file naming the newest folder (DeepSpeed's own
 format, so its tools such as zero_to_fp32.py read it). Every rank writes into
 checkpoints/.staging/<tag>/ and fsyncs its files; only then rank 0 renames the folder into place and
-replaces `latest`, so a crash mid-save leaves the previous checkpoint the one that loads. The
-rename needs run.output_dir on storage every node sees (it has to be, to resume anywhere).
+replaces `latest`, so a crash mid-save leaves the previous checkpoint the one that loads. Before
+the rename the ranks hash the folder's files between them and rank 0 writes its manifest.json
+(checkpoint_files.py: run id, sizes, sha256), which a resume verifies the same way, shared out. A
+save that finds no room on any rank stops every rank with one line; the previous checkpoint stays.
+The rename needs run.output_dir on storage every node sees (it has to be, to resume anywhere).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
-from .. import checkpoint, faults
+from .. import checkpoint, checkpoint_files, faults
 from ..config import Config, ConfigError
-from ..distributed import DistInfo, barrier, print0
+from ..distributed import DistInfo, barrier, gather_objects, print0, share_from_main
+from ..unrecoverable import raise_on_every_rank
 from .param_groups import param_groups
 
 INSTALL = "DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed"
-_TAG = re.compile(r"step_(\d{8})")
 STAGING = ".staging"  # where a save is written before it is renamed into place
 
 
@@ -80,10 +82,7 @@ def deepspeed_config(cfg: Config, accum: int, data_parallel_size: int, device: t
     }
 
 
-def _checkpoint_dirs(folder: Path) -> list[Path]:
-    if not folder.is_dir():
-        return []
-    return sorted(p for p in folder.iterdir() if p.is_dir() and _TAG.fullmatch(p.name))
+_checkpoint_dirs = checkpoint_files.list_folders
 
 
 def find_latest(folder: Path) -> Path | None:
@@ -165,6 +164,7 @@ class DeepSpeedStrategy:
         self.runnable = self.engine
         self.module = self.engine.module  # evaluation runs on it (ZeRO-3 hooks gather the weights)
         self._grad_norm = None
+        self.run_id = None  # set by resume: the resumed checkpoint's run, or a new one
 
     def _init_process_group(self, deepspeed) -> None:
         for key, value in {
@@ -218,11 +218,33 @@ class DeepSpeedStrategy:
         if self.info.is_main:
             shutil.rmtree(staging / tag, ignore_errors=True)  # left by a save that crashed
         barrier()
-        # Every rank writes its shard; DeepSpeed's own `latest` is not written: ours comes last.
-        self.engine.save_checkpoint(str(staging), tag=tag, client_state={"step": step, **extra}, save_latest=False)
-        checkpoint.fsync_tree(staging / tag)  # this rank's files (and, harmlessly, the others')
-        barrier()
+        needed = self._checkpoint_bytes(ckpt_dir)
+        reason = None
+        try:
+            # Every rank writes its shard; DeepSpeed's own `latest` is not written: ours comes last.
+            self.engine.save_checkpoint(str(staging), tag=tag, client_state={"step": step, **extra}, save_latest=False)
+        except (OSError, RuntimeError) as exc:
+            reason = checkpoint_files.room_reason(exc, staging, needed)
+            if reason is None:
+                raise
+            barrier()  # the ranks whose writes went through wait in DeepSpeed's closing barrier
+        if reason is None:
+            try:
+                checkpoint_files.fsync_tree(staging / tag)  # this rank's files (and, harmlessly, the others')
+            except OSError as exc:
+                reason = checkpoint_files.room_reason(exc, staging, needed)
+                if reason is None:
+                    raise
+        failed = next(filter(None, gather_objects(reason)), None)
+        if failed:
+            message = None
+            if self.info.is_main:
+                shutil.rmtree(staging / tag, ignore_errors=True)  # frees what the partial save took
+                message = str(checkpoint_files.save_failed(failed, ckpt_dir, tag, needed))
+            raise_on_every_rank(share_from_main(message), self.info.is_main, key="run.output_dir")
+        files = self._hash_shares(staging / tag)
         if self.info.is_main:
+            checkpoint_files.write_manifest(staging / tag / checkpoint_files.MANIFEST, self.run_id, step, files)
             faults.pause_before_commit(staging / tag)
             final = ckpt_dir / tag
             if final.exists():  # the same step saved by an attempt that died before `latest` moved
@@ -230,26 +252,46 @@ class DeepSpeedStrategy:
             os.replace(staging / tag, final)
             for script in (p for p in staging.iterdir() if p.is_file()):
                 os.replace(script, ckpt_dir / script.name)  # zero_to_fp32.py: run next to `latest`
-            checkpoint.fsync_tree(final)
+            checkpoint_files.fsync_tree(final)
             checkpoint.write_latest(ckpt_dir, tag)
-            for old in _checkpoint_dirs(ckpt_dir)[: -self.cfg.checkpoint.keep_last]:
+            for old in checkpoint_files.own(_checkpoint_dirs(ckpt_dir), self.run_id)[: -self.cfg.checkpoint.keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
             print0(f"saved {final}")
         barrier()
 
-    def resume(self, ckpt_dir: Path) -> int:
-        latest = find_latest(ckpt_dir) if self.cfg.checkpoint.resume else None
+    def _hash_shares(self, folder: Path) -> dict:
+        """Collective: size and sha256 of every file in folder, each rank hashing its share. The
+        names are the union of every rank's listing (a shared file system may show a node its own
+        files before the others')."""
+        seen = gather_objects(sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()))
+        names = sorted(set().union(*seen))
+        rank, world = self.info.rank, self.info.world_size
+        mine = {name: checkpoint_files.file_entry(folder / name) for name in names[rank::world]}
+        return {name: entry for share in gather_objects(mine) for name, entry in share.items()}
+
+    def _checkpoint_bytes(self, ckpt_dir: Path) -> int:
+        """About the size of the next checkpoint: the last one's, or (none yet) fp32 weights plus
+        AdamW's master copy and two moments."""
+        previous = checkpoint.find_latest(ckpt_dir, listing=_checkpoint_dirs)
+        return checkpoint_files.size_on_disk(previous) if previous else 16 * getattr(self, "num_params", 0)
+
+    def resume(self, ckpt_dir: Path, allowed: bool) -> int:
+        latest = checkpoint.newest_intact(ckpt_dir, listing=_checkpoint_dirs) if allowed else None
+        self.run_id = (checkpoint_files.run_id_of(latest) if latest else None) or checkpoint_files.new_run_id()
         if latest is None:
-            if self.cfg.checkpoint.resume and checkpoint.find_latest(ckpt_dir) is not None:
+            if allowed and checkpoint_files.list_files(ckpt_dir):
                 raise ConfigError(
-                    f"{ckpt_dir} holds DDP checkpoints (*.pt) but run.strategy=deepspeed; "
-                    "use run.strategy=ddp, a new run.output_dir, or checkpoint.resume=false"
+                    f"{ckpt_dir} holds DDP checkpoints (*.pt) but run.strategy=deepspeed; continue that run with "
+                    "run.strategy=ddp, or start a new one in a folder of its own: "
+                    f"run.output_dir={checkpoint_files.unused_sibling(ckpt_dir.parent)}"
                 )
             return 0
         # Check the fingerprint before DeepSpeed loads tensors of a possibly different shape.
         states = sorted(latest.glob("*mp_rank_*model_states.pt"))  # not the pipeline's layer_* files
         if not states:
-            raise ConfigError(f"{latest} holds no DeepSpeed model states; delete it or set checkpoint.resume=false")
+            raise ConfigError(
+                f"{latest} holds no DeepSpeed model states; move it out of {ckpt_dir} to resume from the one before"
+            )
         saved = torch.load(states[0], map_location="cpu", weights_only=False)
         notes = checkpoint.check_compatible(saved, self.cfg, self.info.world_size, latest, can_reshard=False)
         _, client = self.engine.load_checkpoint(str(ckpt_dir), tag=latest.name)
