@@ -40,6 +40,7 @@ import tempfile
 from pathlib import Path
 
 import jinja2
+import jinja2.meta
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -379,6 +380,26 @@ def question_problems(answers: dict, given=()) -> list[tuple[str, str]]:
             if message:
                 found.append((name, message))
     return found
+
+
+def settled_question_problems(given: dict) -> list[tuple[str, str]]:
+    """question_problems for an interactive run, before any question is asked: only the given
+    answers whose validator reads nothing but given answers, so the verdict is the one copier would
+    reach at that question, without copier's traceback there. Validators that read answers still to
+    be asked, or the cross-field rules, judge when their question comes."""
+    names = set(question_order())
+    settled = {
+        name
+        for name in given
+        if "validator" in questions().get(name, {})
+        and "answer_problems" not in questions()[name]["validator"]
+        and _read_answers(questions()[name]["validator"]) & names <= set(given)
+    }
+    return [(name, message) for name, message in question_problems(given, given) if name in settled]
+
+
+def _read_answers(source: str) -> set[str]:
+    return jinja2.meta.find_undeclared_variables(_jinja().parse(source))
 
 
 # --- project_slug: names the package must not take --------------------------------------------------

@@ -158,6 +158,9 @@ def refuse_bad_given_answers(context) -> str:
             _refuse(field, message)
         for field, message in rules.field_problems(answers):
             _refuse(field, rules.line(answers, field, message))
+    else:
+        for field, message in rules.settled_question_problems(given):
+            _refuse(field, message)
     return "ok"
 
 

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TEMPLATE, copier_copy
+from conftest import BIN, TEMPLATE, copier_copy, run
 
 SLUG40 = "a" * 40
 GPT3 = {"model": "gpt3", "gpt3_layout": "custom"}
@@ -259,6 +259,32 @@ def test_data_file_answers_are_refused_like_data(tmp_path, text, expected):
     assert not dst.exists()
 
 
+# Interactive runs (no --defaults) with answers given by --data: a given answer that its question's
+# validator refuses, judged on given answers only, is one line before the first question is asked.
+INTERACTIVE = [
+    ({"project_slug": "torch"}, "project_slug", "the name of the module torch"),
+    ({"project_slug": "Bad-Slug"}, "project_slug", "1-40 lowercase letters and digits"),
+    ({"project_name": " "}, "project_name", "must not be empty"),
+    (
+        {"project_slug": "x", "platforms": "[devmachine]", "shared_mount": "/mnt/shared", "data_dir": "/a/.."},
+        "data_dir",
+        "is the root folder (that is /)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "given, field, reason", INTERACTIVE, ids=[r[1] + "-" + str(i) for i, r in enumerate(INTERACTIVE)]
+)
+def test_interactive_copy_refuses_a_bad_given_answer_in_one_line(tmp_path, given, field, reason):
+    dst = tmp_path / "project"
+    cmd = [str(BIN / "copier"), "copy", "--trust", "--vcs-ref=HEAD", "--data", "project_name=X"]
+    cmd += [arg for key, value in given.items() for arg in ("--data", f"{key}={value}")]
+    line = refusal_line(run([*cmd, str(TEMPLATE), str(dst)]))
+    assert line.startswith(f"Validation error for question '{field}': ") and reason in line, line
+    assert not dst.exists()
+
+
 # `copier update --data` in a generated, committed project: (answer given, the line printed)
 UPDATES = [
     ("project_slug=json", "Validation error for question 'project_slug': project_slug 'json' is the name"),
@@ -298,7 +324,6 @@ def committed_project(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("given, expected", UPDATES, ids=[g for g, _ in UPDATES])
 def test_update_with_a_bad_answer_is_refused_and_changes_nothing(committed_project, given, expected):
-    from conftest import BIN, run
 
     def state():
         head = run(["git", "rev-parse", "HEAD"], cwd=committed_project).stdout
@@ -454,7 +479,6 @@ def _template_without_early_checks(tmp_path: Path) -> Path:
 
 
 def test_post_copy_check_is_the_second_line_and_copier_cleans_only_new_folders(tmp_path):
-    from conftest import BIN, run
 
     src = _template_without_early_checks(tmp_path)
     data = {

@@ -188,6 +188,14 @@ def tree_hashes(folder: Path) -> dict[str, str]:
     }
 
 
+DAMAGED_META = {
+    "meta.json cut short": '{"dtype": "uint16", "vocab_si',
+    "meta.json not an object": "[]",
+    "meta.json without shards": '{"dtype": "uint16", "vocab_size": 512, "tokenizer": "tokenizer.json"}',
+    "meta.json with a bad dtype": '{"dtype": "int3", "vocab_size": 512, "tokenizer": "t", "train": [], "val": []}',
+}
+
+
 @pytest.fixture
 def broken_data(demo_data, tmp_path):
     """Copies of the demo data, each broken in one way."""
@@ -199,6 +207,8 @@ def broken_data(demo_data, tmp_path):
             (data / "tokenizer.json").unlink()
         elif how == "no shard":
             sorted(data.glob("train_*.bin"))[0].unlink()
+        elif how in DAMAGED_META:
+            (data / "meta.json").write_text(DAMAGED_META[how])
         return data
 
     return _broken
@@ -209,6 +219,10 @@ def broken_data(demo_data, tmp_path):
     [
         ("no tokenizer", [], ["tokenizer.json not found", "prepare-data"]),
         ("no shard", [], ["train_00000.bin", "missing", "run prepare-data again"]),
+        ("meta.json cut short", [], ["meta.json is damaged (not readable JSON", "prepare-data --force"]),
+        ("meta.json not an object", [], ["meta.json is damaged (not a JSON object)", "prepare-data --force"]),
+        ("meta.json without shards", [], ["meta.json is damaged (no train, val)", "prepare-data --force"]),
+        ("meta.json with a bad dtype", [], ["dtype 'int3' is not a NumPy dtype", "prepare-data --force"]),
         ("intact", ["model.sequence_len=100000"], ["fewer than 100001 tokens", "model.sequence_len"]),
         ("intact", ["schedule.warmup_steps=50", "schedule.max_steps=10"], ["schedule.warmup_steps=50"]),
     ],
@@ -218,10 +232,27 @@ def test_mistakes_every_rank_would_meet_are_found_before_torchrun(
 ):
     data = broken_data(how)
     before = tree_hashes(data)
+    records = cli.root / ".jobs" / "devmachine.jsonl"
+    recorded = records.read_text() if records.exists() else ""
     args = ["launch", "devmachine", "--nproc-per-node", 2, *train_overrides, f"data.dir={data}"]
     proc = cli(*args, f"run.output_dir={tmp_path / 'run'}", "cluster.max_restarts=3", *overrides, expect=1)
     assert_one_line(proc, words)
     assert not (tmp_path / "run" / "logs").exists()  # torchrun never started
+    assert tree_hashes(data) == before
+    assert (records.read_text() if records.exists() else "") == recorded  # a refused launch is no job
+
+
+@pytest.mark.parametrize("command", [["eval"], ["sample", "--prompt", "a"], ["prepare-data"]])
+def test_a_damaged_meta_json_is_one_line_for_every_command(cli, run_2proc, broken_data, train_overrides, command):
+    data = broken_data("meta.json cut short")
+    before = tree_hashes(data)
+    overrides = [f"data.dir={data}", f"run.output_dir={run_2proc[0]}"]
+    if command == ["prepare-data"]:  # replacing it is what --force is for; unasked, it stays
+        proc = cli("prepare-data", *overrides, expect=1)
+        assert_one_line(proc, ["already holds prepared data (fingerprint unreadable)", "--force"])
+    else:
+        proc = cli(*command, *train_overrides, *overrides, expect=1)
+        assert_one_line(proc, [f"{data / 'meta.json'} is damaged", "prepare-data --force"])
     assert tree_hashes(data) == before
 
 

@@ -221,7 +221,39 @@ def read_meta(data_dir: Path) -> dict:
     path = data_dir / META
     if not path.is_file():
         raise ConfigError(f"{path} not found: run `prepare-data` first (data.dir={data_dir})")
-    return json.loads(path.read_text())
+    try:
+        meta = json.loads(path.read_text())
+        problem = _meta_problem(meta)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        problem = f"not readable JSON: {exc}"
+    if problem:
+        raise ConfigError(
+            f"{path} is damaged ({problem}): run `prepare-data --force` to prepare data.dir={data_dir} again",
+            key="data.dir",
+        )
+    return meta
+
+
+def _meta_problem(meta) -> str | None:
+    """What makes a parsed meta.json unusable (edited by hand, or written by something else)."""
+    if not isinstance(meta, dict):
+        return "not a JSON object"
+    missing = [key for key in ("dtype", "vocab_size", "tokenizer", "train", "val") if key not in meta]
+    if missing:
+        return "no " + ", ".join(missing)
+    try:
+        np.dtype(meta["dtype"])
+    except TypeError:
+        return f"dtype {meta['dtype']!r} is not a NumPy dtype"
+    if not isinstance(meta["vocab_size"], int) or isinstance(meta["vocab_size"], bool) or meta["vocab_size"] < 1:
+        return f"vocab_size {meta['vocab_size']!r} is not a positive whole number"
+    for split in ("train", "val"):
+        shards = meta[split]
+        if not isinstance(shards, list) or not all(
+            isinstance(s, dict) and isinstance(s.get("file"), str) and isinstance(s.get("tokens"), int) for s in shards
+        ):
+            return f"{split} is not a list of shards with a file and a token count"
+    return None
 
 
 # Bytes read from each end of every shard for the fingerprint: cheap on terabytes, and a corpus

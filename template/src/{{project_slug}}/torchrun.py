@@ -13,6 +13,7 @@ import os
 import shlex
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from . import run_lock
@@ -135,10 +136,17 @@ def check_before_start(cfg: Config, world_size: int | None) -> None:
 
 
 def run_torchrun(
-    topo: Topology, cfg: Config, entry: list[str], dry_run: bool, wait_timeout: float, log_dir: str | None = None
+    topo: Topology,
+    cfg: Config,
+    entry: list[str],
+    dry_run: bool,
+    wait_timeout: float,
+    log_dir: str | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> int:
     """torchrun for this node under the supervisor. log_dir: every rank's output also goes to a file
-    there (always under TRAIN_DEBUG=1, at <output_dir>/logs/<host>)."""
+    there (always under TRAIN_DEBUG=1, at <output_dir>/logs/<host>). on_start: called once the
+    checks passed and the output folder is held, just before torchrun starts (a refused launch is no job)."""
     if cfg.run.debug:
         os.environ["TRAIN_DEBUG"] = "1"  # the ranks and apply_nccl_env read it
     # An elastic PyTorchJob names its own restart budget (elasticPolicy.maxRestarts).
@@ -158,6 +166,8 @@ def run_torchrun(
     identity = run_lock.job_identity(os.environ, topo) or f"launch pid {os.getpid()} on {socket.gethostname()}"
     with run_lock.acquire(cfg.run.output_dir, identity, write=topo.node_rank == 0, take_over_job=True):
         os.environ[run_lock.IDENTITY] = identity
+        if on_start is not None:
+            on_start()
         apply_nccl_env()
         if topo.nnodes > 1 and topo.node_rank != 0:
             wait_for_master(topo.master_addr, topo.master_port, wait_timeout, log=lambda m: print(m, flush=True))

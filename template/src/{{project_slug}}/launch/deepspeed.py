@@ -32,6 +32,7 @@ import shlex
 import shutil
 import sys
 from argparse import ArgumentParser, Namespace
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -227,8 +228,11 @@ def write_remote_env(cfg: Config, values: dict[str, str]) -> Path:
     return path
 
 
-def launch(plan: Plan, args: Namespace, cfg: Config, package: str, dry_run: bool) -> int:
-    """Run DeepSpeed's runner for the plan (plan_launch) under the supervisor; dry_run: print it only."""
+def launch(
+    plan: Plan, args: Namespace, cfg: Config, package: str, dry_run: bool, on_start: Callable[[], None] | None = None
+) -> int:
+    """Run DeepSpeed's runner for the plan (plan_launch) under the supervisor; dry_run: print it only.
+    on_start: called once the checks passed, just before the runner starts."""
     cmd = runner_command(plan, args, package)
     print(plan.describe(), flush=True)
     print("$ " + shlex.join(cmd), flush=True)
@@ -245,6 +249,8 @@ def launch(plan: Plan, args: Namespace, cfg: Config, package: str, dry_run: bool
             "--ds-launcher; 3) --no-ssh with --node-rank on every node"
         )
     check_before_start(cfg, sum(slots for _, slots in plan.hosts))
+    if on_start is not None:
+        on_start()
     apply_nccl_env()
     if plan.mode == "ssh":
         # After apply_nccl_env: what it skipped (an interface this node lacks) is not passed on either.

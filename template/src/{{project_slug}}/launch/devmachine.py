@@ -20,6 +20,7 @@ import os
 import signal
 import socket
 from argparse import ArgumentParser, Namespace
+from functools import partial
 from pathlib import Path
 
 from ..bounds import count, non_negative_int, positive_float, tcp_port
@@ -117,13 +118,10 @@ class DevMachine(Platform):
             os.environ["TRAIN_DEBUG"] = "1"
         if args.launcher == "deepspeed":
             plan = deepspeed.plan_launch(args, cfg)
-            if not dry_run:
-                self._record(f"deepspeed launcher, {plan.describe()}")
-            return deepspeed.launch(plan, args, cfg, self.package, dry_run)
+            on_start = partial(self._record, f"deepspeed launcher, {plan.describe()}")
+            return deepspeed.launch(plan, args, cfg, self.package, dry_run, on_start=on_start)
         deepspeed.refuse_deepspeed_options(args)
         topo = devmachine_topology(args, cfg)
-        if not dry_run:
-            self._record(f"torchrun, {topo.nnodes} node(s) x {topo.nproc_per_node} process(es), node {topo.node_rank}")
         return run_torchrun(
             topo,
             cfg,
@@ -131,6 +129,11 @@ class DevMachine(Platform):
             dry_run,
             args.wait_timeout,
             log_dir=str(rank_logs_dir(cfg.run.output_dir)),
+            # Recorded once the checks passed and the folder is held: a refused launch is no job.
+            on_start=partial(
+                self._record,
+                f"torchrun, {topo.nnodes} node(s) x {topo.nproc_per_node} process(es), node {topo.node_rank}",
+            ),
         )
 
     def _record(self, how: str) -> None:
