@@ -324,7 +324,6 @@ def committed_project(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("given, expected", UPDATES, ids=[g for g, _ in UPDATES])
 def test_update_with_a_bad_answer_is_refused_and_changes_nothing(committed_project, given, expected):
-
     def state():
         head = run(["git", "rev-parse", "HEAD"], cwd=committed_project).stdout
         return _tree_digest(committed_project), head, run(["git", "stash", "list"], cwd=committed_project).stdout
@@ -479,7 +478,6 @@ def _template_without_early_checks(tmp_path: Path) -> Path:
 
 
 def test_post_copy_check_is_the_second_line_and_copier_cleans_only_new_folders(tmp_path):
-
     src = _template_without_early_checks(tmp_path)
     data = {
         "project_name": "Late",
