@@ -468,17 +468,14 @@ def test_modules_load_before_srun_and_dry_run(slurm_cluster, tmp_path):
     log = (tmp_path / "runs" / "slurm" / f"slurmmod-{submitted_job(result.stdout)}.out").read_text()
     assert log.startswith("stand-in module: load cuda/12.4 nccl\n"), log
     assert sorted(re.findall(r"^node rank\s+(\d)$", log, re.MULTILINE)) == ["0", "1"], log
-    # Both nodes meet at the first host's c10d rendezvous (torchrun restarts a failed group from there).
-    assert (
-        len(
-            re.findall(
-                r"torch\.distributed\.run --nproc-per-node 1 .*--nnodes 2 --rdzv-backend c10d "
-                r"--rdzv-endpoint node1:\d+ ",
-                log,
-            )
-        )
-        == 2
-    ), log
+    # Both nodes meet at the first host's c10d rendezvous (torchrun restarts a failed group from there),
+    # the ordered one that keeps SLURM_NODEID 0 at global rank 0 (rendezvous.py).
+    rendezvous = re.findall(
+        r"-m slurmmod\.rendezvous --nproc-per-node 1 .*--nnodes 2 --rdzv-backend c10d-ordered "
+        r"--rdzv-endpoint node1:\d+ --rdzv-conf is_host=(true|false),node_rank=([01]) ",
+        log,
+    )
+    assert sorted(rendezvous) == [("false", "1"), ("true", "0")], log
     assert "process(es)" not in log and not (tmp_path / "runs" / "metrics.jsonl").exists()
 
 
