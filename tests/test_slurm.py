@@ -113,7 +113,15 @@ ANSWER_SETS = {
         slurm_account="proj-1",
         slurm_modules="cuda/12.4 nccl/2.21",
     ),
+    "gres-typed": dict(nodes=2, gpus_per_node=4, slurm_gpu_request="gres", slurm_gpu_type="v100"),
 }
+
+
+def gpu_option(answers: dict) -> tuple[str, str]:
+    """The #SBATCH option and value that ask for the answers' GPUs per node."""
+    amount = f"{answers['slurm_gpu_type']}:{answers['gpus_per_node']}" if answers.get("slurm_gpu_type") else ""
+    amount = amount or str(answers["gpus_per_node"])
+    return ("gres", f"gpu:{amount}") if answers.get("slurm_gpu_request") == "gres" else ("gpus-per-node", amount)
 
 
 @pytest.mark.parametrize("name", list(ANSWER_SETS))
@@ -136,7 +144,8 @@ def test_sbatch_lines_follow_the_answers(tmp_path, name):
     assert opts["job-name"] == "slurmshape"
     assert opts["nodes"] == str(answers["nodes"])
     assert opts["ntasks-per-node"] == "1"  # one node launcher per node; torchrun starts one process per GPU
-    assert opts["gpus-per-node"] == str(answers["gpus_per_node"])
+    option, value = gpu_option(answers)
+    assert opts[option] == value and not {"gres", "gpus-per-node"} - {option} & set(opts)  # one way, not both
     assert opts["cpus-per-task"] == str(answers.get("slurm_cpus_per_gpu", 8) * answers["gpus_per_node"])
     assert opts["time"] == answers.get("slurm_time", "24:00:00")
     assert opts["output"] == f'"{tmp_path}/runs/slurm/%x-%j.out"'
@@ -399,6 +408,43 @@ def test_two_node_training_job(slurm_cluster, slurm_project, slurm_data):
     assert record["TimeLimit"] == "10", record  # the answer's slurm_time reached the job
 
 
+def test_gres_request_is_scheduled_and_trains(slurm_cluster, slurm_data, tmp_path):
+    """slurm_gpu_request=gres: `#SBATCH --gres=gpu:standin:1` goes to a real slurmctld, whose nodes
+    offer stand-in GPUs of that type (tests/infra/slurm.sh); the job holds one per node and trains
+    on both nodes (on CPU). A type the nodes lack is refused at submit: the answer reaches Slurm."""
+    answers = dict(project_name="Slurm Gres", platforms="[devmachine,slurm]", nodes=2, gpus_per_node=1)
+    answers |= dict(slurm_time="00:10:00", slurm_gpu_request="gres", data_dir=str(slurm_data))
+    project = render(tmp_path / "p", **answers, slurm_gpu_type="standin", output_dir=str(tmp_path / "runs"))
+    opts = sbatch_options((project / "launch" / "slurm" / "train.sbatch").read_text())
+    assert opts["gres"] == "gpu:standin:1" and "gpus-per-node" not in opts
+
+    result = cli(project, "launch", "slurm", "--sbatch-arg=--cpus-per-task=1", *TINY_RUN, env=slurm_cluster)
+    assert result.returncode == 0, result.stdout + result.stderr
+    job_id = submitted_job(result.stdout)
+    held = run(["scontrol", "show", "job", job_id], env=slurm_cluster).stdout
+    assert re.search(r"\bTresPerNode=gres:gpu:standin:1\b", held), held
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        jobcomp = SLURM_DIR / "log" / "jobcomp.txt"
+        if f"JobId={job_id} " in (jobcomp.read_text() if jobcomp.is_file() else ""):
+            break
+        time.sleep(2)
+    log = (tmp_path / "runs" / "slurm" / f"slurmgres-{job_id}.out").read_text()
+    errors = (tmp_path / "runs" / "slurm" / f"slurmgres-{job_id}.err").read_text()
+    assert job_record(job_id)["JobState"] == "COMPLETED", log + errors
+    assert re.findall(r"^node rank\s+(\d)$", log, re.MULTILINE) in (["0", "1"], ["1", "0"]), log + errors
+    assert "2 process(es) on cpu" in log, log + errors
+    metrics = (tmp_path / "runs" / "metrics.jsonl").read_text().splitlines()
+    assert [r["step"] for r in map(json.loads, metrics) if "loss" in r] == [5, 10], metrics
+
+    other = render(tmp_path / "v100", **answers, slurm_gpu_type="v100", output_dir=str(tmp_path / "runs-v100"))
+    test_only = ["sbatch", "--test-only", "--cpus-per-task=1", "launch/slurm/train.sbatch"]
+    accepted = run(test_only, cwd=project, env=slurm_cluster)
+    assert accepted.returncode == 0 and "to start at" in accepted.stderr, accepted
+    refused = run(test_only, cwd=other, env=slurm_cluster)
+    assert refused.returncode != 0 and "Requested node configuration is not available" in refused.stderr, refused
+
+
 def test_modules_load_before_srun_and_dry_run(slurm_cluster, tmp_path):
     """The answered modules are loaded in the job (a stand-in `module` command records the call),
     and DRY_RUN=1 makes every node print its topology and torchrun command without training."""
@@ -422,17 +468,14 @@ def test_modules_load_before_srun_and_dry_run(slurm_cluster, tmp_path):
     log = (tmp_path / "runs" / "slurm" / f"slurmmod-{submitted_job(result.stdout)}.out").read_text()
     assert log.startswith("stand-in module: load cuda/12.4 nccl\n"), log
     assert sorted(re.findall(r"^node rank\s+(\d)$", log, re.MULTILINE)) == ["0", "1"], log
-    # Both nodes meet at the first host's c10d rendezvous (torchrun restarts a failed group from there).
-    assert (
-        len(
-            re.findall(
-                r"torch\.distributed\.run --nproc-per-node 1 .*--nnodes 2 --rdzv-backend c10d "
-                r"--rdzv-endpoint node1:\d+ ",
-                log,
-            )
-        )
-        == 2
-    ), log
+    # Both nodes meet at the first host's c10d rendezvous (torchrun restarts a failed group from there),
+    # the ordered one that keeps SLURM_NODEID 0 at global rank 0 (rendezvous.py).
+    rendezvous = re.findall(
+        r"-m slurmmod\.rendezvous --nproc-per-node 1 .*--nnodes 2 --rdzv-backend c10d-ordered "
+        r"--rdzv-endpoint node1:\d+ --rdzv-conf is_host=(true|false),node_rank=([01]) ",
+        log,
+    )
+    assert sorted(rendezvous) == [("false", "1"), ("true", "0")], log
     assert "process(es)" not in log and not (tmp_path / "runs" / "metrics.jsonl").exists()
 
 
@@ -490,7 +533,9 @@ def test_deepspeed_sbatch_lines_follow_the_answers(tmp_path, name):
     opts = sbatch_options(script)
     assert opts["job-name"] == "slurmshape" and opts["nodes"] == str(answers["nodes"])
     # One Slurm task per GPU: DeepSpeed's slurm launcher starts every rank with srun.
-    assert opts["ntasks-per-node"] == opts["gpus-per-node"] == str(answers["gpus_per_node"])
+    assert opts["ntasks-per-node"] == str(answers["gpus_per_node"])
+    option, value = gpu_option(answers)
+    assert opts[option] == value and not {"gres", "gpus-per-node"} - {option} & set(opts)  # one way, not both
     assert opts["cpus-per-task"] == str(answers.get("slurm_cpus_per_gpu", 8))  # per rank, not per node
     assert opts["time"] == answers.get("slurm_time", "24:00:00")
     assert opts["output"] == f'"{tmp_path}/runs/slurm/%x-%j.out"'

@@ -172,6 +172,8 @@ BAD_ANSWERS = [
     ({"platforms": "[slurm]", "slurm_account": "team a"}, "slurm_account", "letters"),
     ({"platforms": "[slurm]", "slurm_modules": "cuda; reboot"}, "slurm_modules", "module names"),
     ({"platforms": "[slurm]", "slurm_cpus_per_gpu": 0}, "slurm_cpus_per_gpu", "at least 1"),
+    ({"platforms": "[slurm]", "slurm_gpu_request": "gpus"}, "slurm_gpu_request", "not one of gpus-per-node, gres"),
+    ({"platforms": "[slurm]", "slurm_gpu_type": "gpu:v100:4"}, "slurm_gpu_type", "the type alone, e.g. v100"),
 ]
 
 

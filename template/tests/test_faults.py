@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from conftest import TRAIN_OVERRIDES
+from conftest import TRAIN_OVERRIDES, subprocess_env
+from test_launch import flag, torchrun_args
 
 # Slow steps give the test time to act in the middle of a run (faults.py).
 SLOW = {"TRAIN_FAULT_STEP_SECONDS": "0.3"}
@@ -145,6 +147,60 @@ def test_a_killed_rank_on_another_node_restarts_both_nodes(cli, demo_data, run_2
     assert codes == [0, 0], text[-6000:]
     assert "resumed from" in text
     assert_same_run(metrics, out, run_2proc[0])
+
+
+def test_global_rank_0_stays_on_node_0_when_node_1_starts_first(cli, demo_data, metrics, tmp_path, port, pkg):
+    """torchrun's plain c10d rendezvous numbers the nodes by address and agent pid: on one machine
+    the agent started first would run global rank 0. The two launchers' own commands (their
+    --dry-run) run here with node 1's agent started first: global rank 0 runs under node 0's agent,
+    and again after SIGKILL of node 1's rank made both agents restart from the checkpoint."""
+    out = tmp_path / "run"
+    commands = {}
+    for rank in (0, 1):
+        dry = cli(
+            *("launch", "devmachine", "--dry-run", "--nnodes", "2", "--node-rank", rank, "--nproc-per-node", "1"),
+            *("--master-addr", "127.0.0.1", "--master-port", port, *TRAIN_OVERRIDES),
+            *(f"data.dir={demo_data}", f"run.output_dir={out}"),
+        )
+        commands[rank] = torchrun_args(dry.stdout)
+        assert flag(commands[rank], "--rdzv-conf") == f"is_host={'true' if rank == 0 else 'false'},node_rank={rank}"
+        assert commands[rank][1:3] == ["-m", f"{cli.package}.rendezvous"], commands[rank]
+    # What the node supervisor gives its ranks: one job identity across restarts (run_lock.py).
+    env = subprocess_env({**SLOW, pkg.run_lock.IDENTITY: f"two-node test at 127.0.0.1:{port}"})
+    agents, logs = {}, {rank: tmp_path / f"node{rank}.log" for rank in (0, 1)}
+    try:
+        for rank in (1, 0):  # node 1's agent first: the lower pid, plain c10d's first node here
+            with open(logs[rank], "w") as log:
+                agents[rank] = subprocess.Popen(
+                    commands[rank], cwd=cli.root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            time.sleep(2)
+        wait_for(
+            lambda: (out / "checkpoints" / "step_00000010.pt").exists() and len(rank_pids(out)) == 2,
+            "checkpoint of step 10",
+            agents[0],
+            logs[0],
+        )
+        first = rank_pids(out)
+        assert _launched_by(first[0], agents[0].pid) and _launched_by(first[1], agents[1].pid), first
+        os.kill(first[1], signal.SIGKILL)
+        wait_for(
+            lambda: len(now := rank_pids(out)) == 2 and not set(now.values()) & set(first.values()),
+            "both ranks restarted",
+            agents[0],
+            logs[0],
+        )
+        again = rank_pids(out)
+        assert _launched_by(again[0], agents[0].pid) and _launched_by(again[1], agents[1].pid), again
+        codes = [agents[rank].wait(timeout=300) for rank in (0, 1)]
+    finally:
+        for agent in agents.values():
+            cli.stop(agent)
+    text = "".join(log.read_text() for log in logs.values())
+    assert codes == [0, 0], text[-6000:]
+    assert "resumed from" in logs[0].read_text(), text[-6000:]  # rank 0 printed it, on node 0
+    train, _ = metrics(out)
+    assert train[-1]["step"] == 30, train
 
 
 def _launched_by(pid: int, ancestor: int) -> bool:

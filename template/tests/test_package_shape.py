@@ -68,6 +68,7 @@ LAYERS = {
         "debug_dump",
         "supervise",
         "torchrun",
+        "rendezvous",
         "node",
         "launch",
         "ray_train",

@@ -115,9 +115,10 @@ def assert_one_job_of_two(results: dict, master: str, output_dir: Path, metrics)
     for name, (_, log) in results.items():
         args = torchrun_args(log)
         assert flag(args, "--nproc-per-node") == "1" and flag(args, "--nnodes") == "2", (name, args)
-    # Global rank 0 (which prints) is on whichever node the c10d rendezvous sorts first.
+    # Global rank 0 (which prints) runs on the node the platform names as node 0 (rendezvous.py).
     log = "".join(text for _, text in results.values())
     assert log.count("| 2 process(es) on cpu |") == 1, log[-4000:]
+    assert "| 2 process(es) on cpu |" in results[master][1], f"rank 0 did not run on {master}:\n{log[-4000:]}"
     assert "x 2 data-parallel ranks" in log
     records, _ = metrics(output_dir)
     assert [r["step"] for r in records] == [5, 10]
@@ -150,7 +151,7 @@ def test_kubeflow_pytorchjob_worker_starts_first(cli, tmp_path, overrides, metri
     for name, rank in (("master", "0"), ("worker", "1")):
         args = torchrun_args(results[name][1])
         assert flag(args, "--rdzv-endpoint") == f"127.0.0.1:{port}"
-        assert flag(args, "--rdzv-conf") == f"is_host={'true' if rank == '0' else 'false'}"
+        assert flag(args, "--rdzv-conf") == f"is_host={'true' if rank == '0' else 'false'},node_rank={rank}"
         assert "kubeflow" in results[name][1].split("$ ")[0]  # the topology table names the platform
     assert_one_job_of_two(results, "master", tmp_path / "run", metrics)
 
@@ -172,9 +173,8 @@ def test_tione_ddp_counts_nodes_not_processes(cli, tmp_path, overrides, metrics)
     results = run_nodes(cli, tmp_path, nodes, overrides)
     for name in ("node0", "node1"):
         assert "tione-ddp" in results[name][1].split("$ ")[0]
-        assert (
-            flag(torchrun_args(results[name][1]), "--rdzv-conf") == f"is_host={'true' if name == 'node0' else 'false'}"
-        )
+        conf = f"is_host={'true' if name == 'node0' else 'false'},node_rank={name[-1]}"
+        assert flag(torchrun_args(results[name][1]), "--rdzv-conf") == conf
     assert_one_job_of_two(results, "node0", tmp_path / "run", metrics)
 
 
@@ -210,7 +210,7 @@ def test_tione_ps_worker(cli, tmp_path, overrides, metrics):
     for name in ("worker0", "worker1"):
         args = torchrun_args(results[name][1])
         assert flag(args, "--rdzv-endpoint") == f"127.0.0.1:{torch_port}"
-        assert flag(args, "--rdzv-conf") == f"is_host={'true' if name == 'worker0' else 'false'}"
+        assert flag(args, "--rdzv-conf") == f"is_host={'true' if name == 'worker0' else 'false'},node_rank={name[-1]}"
     assert_one_job_of_two(results, "worker0", tmp_path / "run", metrics)
 
 

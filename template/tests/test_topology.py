@@ -393,18 +393,19 @@ def flag(cmd: list[str], name: str) -> str:
 
 
 def test_torchrun_multi_node_uses_c10d_hosted_on_node_0(topology, torchrun):
-    """c10d, not static: after a failure every node's agent joins the next round (restarts)."""
+    """c10d, not static: after a failure every node's agent joins the next round (restarts). Its
+    ordered variant (rendezvous.py) gives the node ranks to the rendezvous: node 0 runs rank 0."""
     worker = torchrun.torchrun_command(topology.detect(TIONE_DDP, 8, 1), ENTRY, max_restarts=3, grace_seconds=90)
-    assert worker[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert worker[:3] == [sys.executable, "-m", f"{torchrun.__package__}.rendezvous"]
     assert flag(worker, "--nproc-per-node") == "1" and flag(worker, "--nnodes") == "2"
-    assert flag(worker, "--rdzv-backend") == "c10d" and flag(worker, "--rdzv-endpoint") == "10.35.110.11:23456"
-    assert flag(worker, "--rdzv-conf") == "is_host=false"  # TIONE_DDP is node 1
+    assert flag(worker, "--rdzv-backend") == "c10d-ordered" and flag(worker, "--rdzv-endpoint") == "10.35.110.11:23456"
+    assert flag(worker, "--rdzv-conf") == "is_host=false,node_rank=1"  # TIONE_DDP is node 1
     assert flag(worker, "--max-restarts") == "3" and flag(worker, "--shutdown-timeout") == "90"
     assert "SIGUSR1" in flag(worker, "--signals-to-handle").split(",")
     assert "--standalone" not in worker and "--node-rank" not in worker and "--master-addr" not in worker
     assert worker[-len(ENTRY) :] == ENTRY
     master = torchrun.torchrun_command(topology.detect({**TIONE_DDP, "RANK": "0", "INDEX": "0"}, 8, 1), ENTRY)
-    assert flag(master, "--rdzv-conf") == "is_host=true"
+    assert flag(master, "--rdzv-conf") == "is_host=true,node_rank=0"
 
 
 def test_per_rank_log_files_only_when_asked(topology, torchrun):

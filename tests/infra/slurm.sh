@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # A real two-node Slurm cluster on this one host, for the Slurm launch tests: munged, slurmctld and
-# two slurmd (node1, node2) started by hand, without systemd. CPU only, no GPUs, no accounting.
+# two slurmd (node1, node2) started by hand, without systemd. No GPUs and no accounting; each node
+# offers $SLURM_TEST_GPUS stand-in GPUs of type "standin" as a generic resource (gres.conf, each
+# "device" a link to /dev/null), so that `--gres=gpu:N`, `--gres=gpu:standin:N` and
+# `--gpus-per-node=N` are parsed and scheduled as on a GPU cluster; the jobs train on CPU.
 #
 #   bash tests/infra/slurm.sh            # start it (a second call finds it running and returns at once)
 #   bash tests/infra/slurm.sh status     # sinfo of the running cluster; exit 1 when it is not up
@@ -16,8 +19,11 @@ set -euo pipefail
 DIR=${SLURM_TEST_DIR:-/tmp/dtt-slurm}
 CPUS=${SLURM_TEST_CPUS:-$(nproc)}         # CPUs each node offers; both nodes share this host's cores
 CTLD_PORT=${SLURM_TEST_CTLD_PORT:-16817}  # away from 6817, where a real slurmctld would listen
+NODE_PORT=${SLURM_TEST_NODE_PORT:-17001}  # node1's slurmd; node2's is the next one
+GPUS=${SLURM_TEST_GPUS:-2}                # stand-in GPUs (GRES gpu:standin) each node offers
 NODES=(node1 node2)
 CONF=$DIR/slurm.conf
+GRES_CONF=$DIR/gres.conf                  # slurmd reads gres.conf next to slurm.conf
 ETC_CONF=/etc/slurm/slurm.conf
 export SLURM_CONF=$CONF
 
@@ -67,7 +73,7 @@ start_munge() {
 }
 
 render_config() {
-  local host ports=17001 n
+  local host ports=$NODE_PORT n
   host=$(hostname -s)
   {
     echo "# Written by tests/infra/slurm.sh: a two-node test cluster on $host. Do not edit; rerun the script."
@@ -101,12 +107,22 @@ render_config() {
     echo "EnforcePartLimits=ALL"
     echo "JobCompType=jobcomp/filetxt"
     echo "JobCompLoc=$DIR/log/jobcomp.txt"
+    # GPUs as a generic resource (gres.conf): requests for them schedule; task/none binds nothing.
+    echo "GresTypes=gpu"
     for n in "${NODES[@]}"; do
-      echo "NodeName=$n NodeHostname=$host NodeAddr=127.0.0.1 Port=$ports CPUs=$CPUS State=UNKNOWN"
+      echo "NodeName=$n NodeHostname=$host NodeAddr=127.0.0.1 Port=$ports CPUs=$CPUS Gres=gpu:standin:$GPUS State=UNKNOWN"
       ports=$((ports + 1))
     done
     echo "PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP"
   }
+}
+
+render_gres_config() {
+  # slurmd drops a GPU without a device file ("file-less GPU") and wants a character or block
+  # device: links to /dev/null serve, both slurmd share them.
+  echo "# Written by tests/infra/slurm.sh: stand-in GPUs for scheduling, no hardware behind them."
+  echo "AutoDetect=off"
+  echo "NodeName=$(IFS=,; echo "${NODES[*]}") Name=gpu Type=standin File=$DIR/dev/gpu[0-$((GPUS - 1))]"
 }
 
 link_etc_config() {
@@ -139,6 +155,9 @@ start() {
   stop_daemons quiet  # a cluster from an older config of this script, or one half up
   mkdir -p "$DIR"/{state,spool,run,log}
   echo "$want" >"$CONF"
+  mkdir -p "$DIR/dev"
+  for i in $(seq 0 $((GPUS - 1))); do ln -sfn /dev/null "$DIR/dev/gpu$i"; done
+  render_gres_config >"$GRES_CONF"
   link_etc_config
   hosts_entries
   start_munge

@@ -26,6 +26,9 @@ from .topology import Topology, platform_max_restarts
 STOP_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 """Signals torchrun forwards to the ranks: its defaults plus SIGUSR1 (Slurm's --signal warning)."""
 
+ORDERED_RENDEZVOUS = "c10d-ordered"
+"""rendezvous.py's c10d backend: group ranks follow the platform's node ranks (global rank 0 on node 0)."""
+
 
 def torchrun_command(
     topo: Topology,
@@ -79,19 +82,21 @@ def torchrun_command(
             + entry
         )
     # c10d rendezvous (not static): after a failure every node's agent re-joins the next round, so
-    # restarts work across nodes. Node 0's agent hosts the store at master_addr:master_port. Global
-    # ranks follow the sorted host names, so rank 0 (logs, checkpoints) need not be on node 0.
+    # restarts work across nodes. Node 0's agent hosts the store at master_addr:master_port. Plain
+    # c10d numbers the nodes by address and pid, so global rank 0 (logs, checkpoints) could run on
+    # any node: rendezvous.py's backend numbers them by the platform's node rank instead.
+    cmd[1:3] = ["-m", f"{__package__}.rendezvous"]
     return (
         cmd
         + [
             "--nnodes",
             str(topo.nnodes),
             "--rdzv-backend",
-            "c10d",
+            ORDERED_RENDEZVOUS,
             "--rdzv-endpoint",
             f"{topo.master_addr}:{topo.master_port}",
             "--rdzv-conf",
-            f"is_host={'true' if topo.node_rank == 0 else 'false'}",
+            f"is_host={'true' if topo.node_rank == 0 else 'false'},node_rank={topo.node_rank}",
         ]
         + entry
     )
