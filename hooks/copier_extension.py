@@ -36,6 +36,15 @@ Globals it adds:
                                              shared mount (Kubeflow), both judged on the normalised path
     paths_apart_problem(data_dir, output_dir)
                                              "" or why output_dir is, lies inside or holds data_dir
+    node_labels_problem('k8s_node_labels', text), node_label_terms(text)
+                                             "" or why the text is not key=value|value,key labels; and
+                                             the node-affinity expressions it stands for
+    tolerations_problem('k8s_tolerations', text), toleration_items(text)
+                                             "" or why the text is not key[=value][:effect] taints; and
+                                             the pod tolerations it stands for
+    quantity_problem('k8s_cpu_limit', value, 'cpu', request)
+                                             "" or why the value is not a Kubernetes quantity (or is a
+                                             limit below its request)
 The cross-field rules come from hooks/answers.py, which runs the generated package's rules.py/plan.py.
 """
 
@@ -233,6 +242,112 @@ def image_reference_problem(field: str, value: str, example: str) -> str:
     return f"{field} '{value}' is not a valid image reference; use registry/name:tag, e.g. {example}."
 
 
+# Kubernetes label keys and values (apimachinery's validation): an optional DNS-subdomain prefix
+# and a name of at most 63 characters; values of at most 63, possibly empty.
+LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+LABEL_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+# A resource quantity without sign: digits with a binary (Ki..Ei) or decimal (m, k..E) suffix, or an exponent.
+QUANTITY = re.compile(r"(?P<number>[0-9]+(\.[0-9]*)?|\.[0-9]+)(?P<suffix>[KMGTPE]i|[mkMGTPE]|[eE][+-]?[0-9]+)?")
+QUANTITY_FACTORS = {
+    "": 1,
+    "m": 1e-3,
+    **{s: 1000.0**i for i, s in enumerate("kMGTPE", 1)},
+    **{s + "i": 1024.0**i for i, s in enumerate("KMGTPE", 1)},
+}
+
+
+def _items(text: str) -> list[str]:
+    return [item.strip() for item in str(text).split(",") if item.strip()]
+
+
+def _label_key_problem(key: str) -> str:
+    prefix, slash, name = key.rpartition("/")
+    if slash and not (LABEL_PREFIX.fullmatch(prefix) and len(prefix) <= 253):
+        return f"its prefix '{prefix}' is not a DNS subdomain"
+    if not LABEL_NAME.fullmatch(name):
+        return f"'{name}' is not a label name (letters, digits, '-', '_', '.'; at most 63)"
+    return ""
+
+
+def node_label_terms(text: str) -> list[dict]:
+    """k8s_node_labels as node-affinity match expressions: key=v1|v2 -> In [v1, v2], key -> Exists."""
+    terms = []
+    for item in _items(text):
+        key, equals, values = item.partition("=")
+        if equals:
+            terms.append({"key": key.strip(), "operator": "In", "values": [v.strip() for v in values.split("|")]})
+        else:
+            terms.append({"key": key.strip(), "operator": "Exists"})
+    return terms
+
+
+def node_labels_problem(field: str, text: str) -> str:
+    """Why k8s_node_labels cannot be used, "" when every item is a label key with legal values."""
+    example = "e.g. nvidia.com/gpu.product=NVIDIA-A800-SXM4-80GB,nvidia.com/cuda.driver.major=535"
+    for term in node_label_terms(text):
+        why = _label_key_problem(term["key"])
+        bad = [v for v in term.get("values", []) if not LABEL_NAME.fullmatch(v)]
+        if why or bad:
+            why = why or f"'{bad[0]}' is not a label value (letters, digits, '-', '_', '.'; at most 63)"
+            return f"{field} '{text}': label {term['key']}: {why}; write key=value, key=v1|v2 or key, {example}."
+    return ""
+
+
+def toleration_items(text: str) -> list[dict]:
+    """k8s_tolerations as pod tolerations: key=value:Effect -> Equal, key[:Effect] -> Exists."""
+    tolerations = []
+    for item in _items(text):
+        taint, _, effect = item.partition(":")
+        key, equals, value = taint.partition("=")
+        toleration = {"key": key.strip(), "operator": "Equal" if equals else "Exists"}
+        if equals:
+            toleration["value"] = value.strip()
+        if effect.strip():
+            toleration["effect"] = effect.strip()
+        tolerations.append(toleration)
+    return tolerations
+
+
+def tolerations_problem(field: str, text: str) -> str:
+    """Why k8s_tolerations cannot be used, "" when every item is key[=value][:effect]."""
+    for toleration in toleration_items(text):
+        key, effect = toleration["key"], toleration.get("effect")
+        why = _label_key_problem(key) if key else "an empty key"
+        if not why and toleration.get("value") and not LABEL_NAME.fullmatch(toleration["value"]):
+            why = f"'{toleration['value']}' is not a taint value"
+        if not why and effect and effect not in TAINT_EFFECTS:
+            why = f"effect '{effect}' is not one of {', '.join(TAINT_EFFECTS)}"
+        if why:
+            return f"{field} '{text}': {why}; write key[=value][:effect], e.g. nvidia.com/gpu:NoSchedule."
+    return ""
+
+
+def quantity_value(text: str) -> float | None:
+    """The number a Kubernetes quantity stands for (cores, bytes), None when it is not one."""
+    match = QUANTITY.fullmatch(str(text).strip())
+    if not match:
+        return None
+    suffix = match["suffix"] or ""
+    if suffix[:1] in "eE" and suffix:
+        return float(match["number"] + suffix)
+    return float(match["number"]) * QUANTITY_FACTORS[suffix]
+
+
+def quantity_problem(field: str, value: str, resource: str, request: str = "") -> str:
+    """Why a cpu or memory answer is not a positive quantity, or is a limit below its `request`."""
+    if not str(value).strip():
+        return ""
+    example = "64 or 500m" if resource == "cpu" else "512Gi or 64000Mi"
+    amount = quantity_value(value)
+    if amount is None or amount <= 0:
+        return f"{field} '{value}' is not a {resource} quantity Kubernetes reads; use e.g. {example} (or empty)."
+    wanted = quantity_value(request) if str(request).strip() else None
+    if wanted is not None and amount < wanted:
+        return f"{field} '{value}' is below the request {request}: a limit must be at least the request; raise it."
+    return ""
+
+
 class RulesExtension(Extension):
     """Adds the rules' globals (listed in the module's docstring) to copier's Jinja environment."""
 
@@ -246,3 +361,8 @@ class RulesExtension(Extension):
         environment.globals["slug_problem"] = slug_problem
         environment.globals["path_placement_problem"] = path_placement_problem
         environment.globals["paths_apart_problem"] = paths_apart_problem
+        environment.globals["node_labels_problem"] = node_labels_problem
+        environment.globals["node_label_terms"] = node_label_terms
+        environment.globals["tolerations_problem"] = tolerations_problem
+        environment.globals["toleration_items"] = toleration_items
+        environment.globals["quantity_problem"] = quantity_problem

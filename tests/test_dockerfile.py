@@ -374,7 +374,25 @@ def test_nccl_env_follows_the_fabric(project):
     if fabric == "roce":
         assert nccl["NCCL_IB_GID_INDEX"] == str(project.given["nccl_ib_gid_index"])
         assert nccl["NCCL_IB_TC"] == str(project.given["nccl_ib_tc"])
-        assert ib == {"NCCL_IB_DISABLE", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_IB_TC"}
+        # TI-ONE's RoCE tunables (injected there, written here for other RoCE clusters), each with its reason.
+        tunables = {
+            "NCCL_IB_SL": "3",
+            "NCCL_IB_QPS_PER_CONNECTION": "4",
+            "NCCL_IB_TIMEOUT": "24",
+            "NCCL_NET_GDR_LEVEL": "2",
+            "NCCL_PXN_DISABLE": "1",
+        }
+        assert {k: nccl[k] for k in tunables} == tunables
+        reasons = {key: why for key, _, why in project.env_file("nccl.env")}
+        assert "160" in reasons["NCCL_IB_TC"] and "lossless" in reasons["NCCL_IB_SL"]
+        assert "ECMP" in reasons["NCCL_IB_QPS_PER_CONNECTION"] and "69 s" in reasons["NCCL_IB_TIMEOUT"]
+        assert "PXB" in reasons["NCCL_NET_GDR_LEVEL"] and "PXN" in reasons["NCCL_PXN_DISABLE"]
+        assert ib == {"NCCL_IB_DISABLE", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "NCCL_IB_TC", *tunables} - {
+            "NCCL_NET_GDR_LEVEL",
+            "NCCL_PXN_DISABLE",
+        }
+    else:
+        assert not {"NCCL_IB_SL", "NCCL_IB_QPS_PER_CONNECTION", "NCCL_NET_GDR_LEVEL", "NCCL_PXN_DISABLE"} & set(nccl)
     assert nccl["NCCL_DEBUG"] == "WARN"  # quiet unless TRAIN_DEBUG=1
 
 

@@ -68,7 +68,61 @@ ANSWER_SETS = {
     },
     # The longest slug (40) with many nodes: pod and Service names must still fit 63 characters.
     "long-name": {"project_name": "x" * 60, "nodes": 16, "gpus_per_node": 8},
+    # Every placement answer set, as the nanochat PyTorchJob places its pods: one RDMA device per
+    # GPU, GPU type and driver pinned by node labels, tolerated taints, CPU and memory, gang scheduling.
+    "placement": {
+        "project_name": "Placed",
+        "nodes": 2,
+        "gpus_per_node": 8,
+        "fabric": "roce",
+        "strategy": "deepspeed",
+        "rdma_resource": "rdma/hca_shared_devices_ib",
+        "rdma_per_pod": 8,
+        "k8s_node_labels": "nvidia.com/gpu.product=NVIDIA-A800-SXM4-80GB|NVIDIA-H800,"
+        "nvidia.com/cuda.driver.major=535,feature.node.kubernetes.io/rdma.capable",
+        "k8s_tolerations": "nvidia.com/gpu:NoSchedule,dedicated=training:NoExecute,spot",
+        "k8s_cpu_request": "64",
+        "k8s_cpu_limit": "96",
+        "k8s_memory_request": "512Gi",
+        "k8s_gang_scheduler": "volcano",
+        "k8s_queue": "training",
+        "k8s_priority_class": "high-priority",
+    },
+    # scheduler-plugins coscheduling with its own scheduler name; only a memory limit.
+    "coscheduling": {
+        "project_name": "Cosched",
+        "nodes": 3,
+        "gpus_per_node": 4,
+        "k8s_gang_scheduler": "scheduler-plugins",
+        "k8s_memory_limit": "256Gi",
+        "k8s_node_labels": "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3",
+    },
 }
+# The placement of the "placement" set as the manifests must carry it.
+PLACED_AFFINITY = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {
+                    "matchExpressions": [
+                        {
+                            "key": "nvidia.com/gpu.product",
+                            "operator": "In",
+                            "values": ["NVIDIA-A800-SXM4-80GB", "NVIDIA-H800"],
+                        },
+                        {"key": "nvidia.com/cuda.driver.major", "operator": "In", "values": ["535"]},
+                        {"key": "feature.node.kubernetes.io/rdma.capable", "operator": "Exists"},
+                    ]
+                }
+            ]
+        }
+    }
+}
+PLACED_TOLERATIONS = [
+    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "dedicated", "operator": "Equal", "value": "training", "effect": "NoExecute"},
+    {"key": "spot", "operator": "Exists"},
+]
 DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 # SIGTERM to SIGKILL in every pod: cluster.stop_grace_seconds (120, config/train.yaml) + 60 s.
 GRACE_SECONDS = 180
@@ -295,8 +349,21 @@ def assert_pod_content(project: Project, pod: dict, container: dict) -> None:
     a = project.answers
     # rdma_resource is not asked on a TCP fabric, so it is not among the answers there.
     gpus, rdma = a["gpus_per_node"], a.get("rdma_resource", "")
-    expected = {"nvidia.com/gpu": gpus, **({rdma: 1} if rdma and a["fabric"] != "tcp" else {})}
-    assert container["resources"] == {"requests": expected, "limits": expected}
+    devices = {"nvidia.com/gpu": gpus, **({rdma: a.get("rdma_per_pod", 1)} if rdma and a["fabric"] != "tcp" else {})}
+    asked = lambda **keys: {name: a[key] for name, key in keys.items() if a.get(key)}  # noqa: E731
+    assert container["resources"] == {
+        "requests": {**devices, **asked(cpu="k8s_cpu_request", memory="k8s_memory_request")},
+        "limits": {
+            **devices,
+            **asked(
+                cpu="k8s_cpu_limit", memory="k8s_memory_limit" if a.get("k8s_memory_limit") else "k8s_memory_request"
+            ),
+        },
+    }
+    if a.get("rdma_resource") and a["fabric"] != "tcp":
+        assert a["rdma_per_pod"] == project.given.get("rdma_per_pod", 1)  # older projects' count unless asked
+    if project.given.get("k8s_memory_request") and not project.given.get("k8s_memory_limit"):  # limit = request
+        assert container["resources"]["limits"]["memory"] == project.given["k8s_memory_request"]
     if a["fabric"] != "tcp":
         assert (rdma == "") == (project.given.get("rdma_resource") == "")
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -315,6 +382,69 @@ def assert_pod_content(project: Project, pod: dict, container: dict) -> None:
     assert pod.get("imagePullSecrets") == ([{"name": secret}] if secret else None)
     assert (secret == "regcred") == ("image_pull_secret" in project.given)
     assert pod["containers"] == [container]
+
+
+def placed_pods(project: Project) -> dict[str, dict]:
+    """Every pod spec of every manifest, by kind and role; the TrainJob's as the runtime patch gives it."""
+    pods = {
+        f"pytorchjob {role}": s["template"]["spec"] for role, s in replica_specs(project.manifest("pytorchjob")).items()
+    }
+    pods["trainjob node"] = runtime_pod(project.manifest("trainjob"))["spec"]
+    if project.answers["strategy"] == "deepspeed":
+        for role, spec in mpi_specs(project.manifest("mpijob")).items():
+            pods[f"mpijob {role}"] = spec["template"]["spec"]
+    return pods
+
+
+def test_placement_answers_reach_every_pod(project):
+    """Node labels, tolerations, scheduler and priority class are in every pod that can carry them, and
+    nowhere when not asked: a TrainJob's runtime patch has no schedulerName or priorityClassName (the
+    runtime's pod template decides), and the MPIJob Launcher (no GPU) is not pinned to GPU nodes."""
+    a = project.answers
+    gang, given = a.get("k8s_gang_scheduler", "none"), project.given
+    labels = given.get("k8s_node_labels", "")
+    for where, pod in placed_pods(project).items():
+        pinned = bool(labels) and where != "mpijob Launcher"
+        if pinned and labels == ANSWER_SETS["placement"]["k8s_node_labels"]:
+            assert pod["affinity"] == PLACED_AFFINITY, where
+        elif pinned:  # one key=value label: one In expression
+            key, value = labels.split("=")
+            (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+                "nodeSelectorTerms"
+            ]
+            assert term == {"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]}, where
+        else:
+            assert "affinity" not in pod, where
+        assert pod.get("tolerations") == (PLACED_TOLERATIONS if given.get("k8s_tolerations") else None), where
+        carries = where != "trainjob node"
+        expected_scheduler = a["k8s_scheduler_name"] if gang != "none" and carries else None
+        assert pod.get("schedulerName") == expected_scheduler, where
+        expected_priority = a.get("k8s_priority_class") or None
+        assert pod.get("priorityClassName") == (expected_priority if carries else None), where
+    if gang == "scheduler-plugins":
+        assert a["k8s_scheduler_name"] == "scheduler-plugins-scheduler"  # the chart's second scheduler
+    # Gang scheduling: a PodGroup of every pod of the job (the MPIJob's Launcher included).
+    policy = {"minAvailable": a["nodes"], "queue": a.get("k8s_queue"), "priorityClass": a.get("k8s_priority_class")}
+    policy = {key: value for key, value in policy.items() if value}
+    assert project.manifest("pytorchjob")["spec"]["runPolicy"].get("schedulingPolicy") == (
+        policy if gang != "none" else None
+    )
+    if a["strategy"] == "deepspeed":
+        mpi_policy = project.manifest("mpijob")["spec"]["runPolicy"].get("schedulingPolicy")
+        assert mpi_policy == ({**policy, "minAvailable": a["nodes"] + 1} if gang != "none" else None)
+    annotations = project.manifest("trainjob")["metadata"].get("annotations")
+    queue = a.get("k8s_queue") if gang == "volcano" else ""
+    assert annotations == ({"scheduling.volcano.sh/queue-name": queue} if queue else None)
+
+
+def test_placement_in_the_readme(project):
+    readme = (project.path / "launch" / "kubeflow" / "README.md").read_text()
+    a = project.answers
+    gang = a["k8s_gang_scheduler"]
+    assert (f"`--gang-scheduler-name={gang}`" in readme) == (gang != "none")
+    assert (f"Nodes labelled `{a['k8s_node_labels']}`" in readme) == bool(a["k8s_node_labels"])
+    if a.get("rdma_resource") and a["fabric"] != "tcp":
+        assert f"({a['rdma_per_pod']} per pod: `rdma_per_pod`)" in readme
 
 
 def test_no_secret_values_in_manifests(project):
@@ -369,6 +499,27 @@ def test_dry_run_prints_exactly_the_manifest(solo, kind):
     assert len(commands) == (2 if kind == "pytorchjob" else 1)
     for command in commands:
         assert command == [solo.slug, "node", "optim.lr=0.001", "schedule.max_steps=5"]
+
+
+@pytest.fixture(scope="module")
+def placed(tmp_path_factory) -> Project:
+    project = render_kubeflow(tmp_path_factory.mktemp("placed") / "p", **ANSWER_SETS["placement"])
+    project.given = ANSWER_SETS["placement"]
+    return project
+
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob", "mpijob"])
+def test_dry_run_shows_the_placement(placed, kind):
+    proc = placed.cli("launch", "kubeflow", "--manifest", kind, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    shown = yaml.safe_load(proc.stdout)
+    assert shown == placed.manifest(kind) and validation_errors(shown) == []
+    for text in ("rdma/hca_shared_devices_ib: 8", "nvidia.com/gpu.product", "NoExecute", "512Gi"):
+        assert text in proc.stdout, (kind, text)
+    if kind != "trainjob":
+        assert "schedulerName: volcano" in proc.stdout and "minAvailable" in proc.stdout
+    else:
+        assert "scheduling.volcano.sh/queue-name: training" in proc.stdout
 
 
 def test_bad_job_name_is_refused_before_any_cluster_call(solo):
@@ -487,7 +638,8 @@ def test_mpijob_says_what_the_answers_say(project):
     spec = job["spec"]
     assert spec["slotsPerWorker"] == a["gpus_per_node"] and spec["mpiImplementation"] == "OpenMPI"
     assert spec["sshAuthMountPath"] == "/root/.ssh" and spec["launcherCreationPolicy"] == "WaitForWorkersReady"
-    assert spec["runPolicy"] == {"backoffLimit": 3, "cleanPodPolicy": "Running"}
+    run_policy = {k: v for k, v in spec["runPolicy"].items() if k != "schedulingPolicy"}  # the placement test's
+    assert run_policy == {"backoffLimit": 3, "cleanPodPolicy": "Running"}
     assert set(mpi_specs(job)) == {"Launcher", "Worker"}
     for role in ("Launcher", "Worker"):  # the Launcher is a batch Job: OnFailure restarts count to backoffLimit
         assert mpi_specs(job)[role]["restartPolicy"] == "OnFailure"

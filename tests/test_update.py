@@ -404,3 +404,64 @@ def test_update_across_the_package_regrouping_keeps_user_edits(tmp_path):
         proc = run([sys.executable, "-m", SLUG, *command], cwd=project, env=env)
         assert proc.returncode == 0, f"{' '.join(command)} after the update:\n{proc.stdout}\n{proc.stderr}"
     assert check(project).returncode == 0
+
+
+# The last commit before the Kubeflow placement answers (rdma_per_pod, node labels, tolerations, CPU and
+# memory, gang scheduling, priority class).
+BEFORE_PLACEMENT = "e59413c"
+
+
+def test_update_keeps_older_kubeflow_manifests_then_takes_placement_answers(tmp_path):
+    """A Kubeflow project made before the placement questions: `copier update` with the defaults leaves
+    its manifests byte for byte as they were; answering the new questions on a later update renders
+    them, and the manifests still pass their CRD schemas."""
+    from k8s_schemas import validation_errors
+
+    tpl = template_at(BEFORE_PLACEMENT, tmp_path / "template")
+    commit_all(tpl, "template before the placement answers", tag="v0.1.0")
+    project = generate(tmp_path, tpl, strategy="deepspeed", nodes=2, gpus_per_node=2)
+    kubeflow = project / "launch" / "kubeflow"
+    before = {p.name: p.read_text() for p in sorted(kubeflow.glob("*.yaml"))}
+    assert set(before) == {"pytorchjob.yaml", "trainjob.yaml", "mpijob.yaml"}
+
+    for child in tpl.iterdir():  # the template of today in the same repository, as its next release
+        if child.name != ".git":
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+    snapshot_template(tpl)
+    commit_all(tpl, "template with the placement answers", tag="v0.2.0")
+
+    update = copier(project, "update", "--defaults", "--trust", "--conflict", "inline")
+    assert update.returncode == 0, update.stdout + update.stderr
+    assert {p.name: p.read_text() for p in sorted(kubeflow.glob("*.yaml"))} == before
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    assert (answers["rdma_per_pod"], answers["k8s_gang_scheduler"], answers["k8s_node_labels"]) == (1, "none", "")
+    commit_all(project, "updated")
+
+    update = copier(
+        project,
+        "update",
+        "--defaults",
+        "--trust",
+        "--data",
+        "rdma_per_pod=2",
+        "--data",
+        "k8s_node_labels=nvidia.com/gpu.product=NVIDIA-A800-SXM4-80GB",
+        "--data",
+        "k8s_tolerations=nvidia.com/gpu:NoSchedule",
+        "--data",
+        "k8s_memory_request=64Gi",
+        "--data",
+        "k8s_gang_scheduler=scheduler-plugins",
+    )
+    assert update.returncode == 0, update.stdout + update.stderr
+    for name in before:
+        job = yaml.safe_load((kubeflow / name).read_text())
+        assert validation_errors(job) == [], name
+    job = yaml.safe_load((kubeflow / "pytorchjob.yaml").read_text())
+    assert job["spec"]["runPolicy"]["schedulingPolicy"] == {"minAvailable": 2}
+    pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert pod["schedulerName"] == "scheduler-plugins-scheduler"
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    resources = pod["containers"][0]["resources"]
+    assert resources["requests"]["rdma/hca"] == 2 and resources["limits"]["memory"] == "64Gi"
+    assert check(project).returncode == 0

@@ -138,6 +138,28 @@ BAD_ANSWERS = [
     ({"platforms": "[kubeflow]", "pvc_name": ""}, "pvc_name", "Kubernetes name"),
     ({"platforms": "[kubeflow]", "rdma_resource": "hca"}, "rdma_resource", "domain/name"),
     ({"platforms": "[kubeflow]", "image_pull_secret": "Bad_Secret"}, "image_pull_secret", "Secret"),
+    # Kubernetes placement: counts, label and taint syntax, quantities, scheduler names
+    ({"platforms": "[kubeflow]", "rdma_per_pod": 0}, "rdma_per_pod", "between 1 and 64"),
+    ({"platforms": "[kubeflow]", "k8s_node_labels": "gpu=A800 SXM"}, "k8s_node_labels", "label value"),
+    ({"platforms": "[kubeflow]", "k8s_node_labels": "Bad_Prefix/gpu=a"}, "k8s_node_labels", "DNS subdomain"),
+    ({"platforms": "[kubeflow]", "k8s_tolerations": "nvidia.com/gpu:NoRun"}, "k8s_tolerations", "NoSchedule"),
+    ({"platforms": "[kubeflow]", "k8s_tolerations": "=x:NoSchedule"}, "k8s_tolerations", "empty key"),
+    ({"platforms": "[kubeflow]", "k8s_cpu_request": "64 cores"}, "k8s_cpu_request", "cpu quantity"),
+    ({"platforms": "[kubeflow]", "k8s_cpu_request": "64", "k8s_cpu_limit": "32"}, "k8s_cpu_limit", "below the request"),
+    ({"platforms": "[kubeflow]", "k8s_memory_request": "16GB"}, "k8s_memory_request", "512Gi"),
+    (
+        {"platforms": "[kubeflow]", "k8s_memory_request": "64Gi", "k8s_memory_limit": "60000Mi"},
+        "k8s_memory_limit",
+        "below the request",
+    ),
+    ({"platforms": "[kubeflow]", "k8s_gang_scheduler": "yunikorn"}, "k8s_gang_scheduler", "not one of none, volcano"),
+    (
+        {"platforms": "[kubeflow]", "k8s_gang_scheduler": "volcano", "k8s_scheduler_name": "Volcano"},
+        "k8s_scheduler_name",
+        "scheduler name",
+    ),
+    ({"platforms": "[kubeflow]", "k8s_gang_scheduler": "volcano", "k8s_queue": "GPU queue"}, "k8s_queue", "queue"),
+    ({"platforms": "[kubeflow]", "k8s_priority_class": "High"}, "k8s_priority_class", "PriorityClass"),
     # what each platform needs
     ({"platforms": "[kubeflow]", "data_dir": "/data/run"}, "data_dir", "shared_mount"),
     ({"platforms": "[kubeflow]", "output_dir": "/outputs"}, "output_dir", "shared_mount"),

@@ -10,6 +10,7 @@ machine without GPUs the NCCL lines are n/a; the GPU path (NCCL, its log) is not
 
 from __future__ import annotations
 
+import os
 import re
 import resource
 import sys
@@ -28,6 +29,12 @@ CLEAN = {
         "NCCL_SOCKET_IFNAME",
         "GLOO_SOCKET_IFNAME",
         "TRAIN_DEBUG",
+        "NCCL_IB_TC",
+        "NCCL_IB_SL",
+        "NCCL_IB_QPS_PER_CONNECTION",
+        "NCCL_IB_TIMEOUT",
+        "NCCL_NET_GDR_LEVEL",
+        "NCCL_PXN_DISABLE",
         "RANK",
         "LOCAL_RANK",
         "WORLD_SIZE",
@@ -140,6 +147,64 @@ def test_settings_environment_wins_and_decides_the_fabric(checks, fabric, rdma, 
     hca = rdma.check_hca(plain, [], fabric.expectation(plain))
     assert ports.verdict == hca.verdict == "FAIL" and "ibv_devinfo" in ports.detail and "NCCL_IB_HCA" in hca.detail
     assert rdma.check_hca(platform, [], fabric.expectation(platform)).verdict == "n/a"
+
+
+# A RoCE nccl.env as the template writes it (fabric roce), with TI-ONE's tunables.
+ROCE_ENV = (
+    "NCCL_SOCKET_IFNAME=lo\nGLOO_SOCKET_IFNAME=lo\nNCCL_IB_DISABLE=0\nNCCL_IB_HCA=mlx5\nNCCL_IB_GID_INDEX=3\n"
+    "NCCL_IB_TC=106\nNCCL_IB_SL=3\nNCCL_IB_QPS_PER_CONNECTION=4\nNCCL_IB_TIMEOUT=24\n"
+    "NCCL_NET_GDR_LEVEL=2\nNCCL_PXN_DISABLE=1\n"
+)
+
+
+def test_apply_nccl_env_keeps_what_the_platform_injected(pkg, tmp_path, monkeypatch):
+    values = pkg.env_files.read_env_file(write(tmp_path / "nccl.env", ROCE_ENV))
+    for key in values:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.delenv("TRAIN_DEBUG", raising=False)
+    # TI-ONE's HCC machines inject their own traffic class and timeout.
+    monkeypatch.setenv("NCCL_IB_TC", "160")
+    monkeypatch.setenv("NCCL_IB_TIMEOUT", "22")
+    said = []
+    pkg.nccl_env.apply_nccl_env(log=said.append, values=values)
+    assert os.environ["NCCL_IB_TC"] == "160" and os.environ["NCCL_IB_TIMEOUT"] == "22"
+    for key in ("NCCL_IB_SL", "NCCL_IB_QPS_PER_CONNECTION", "NCCL_NET_GDR_LEVEL", "NCCL_PXN_DISABLE"):
+        assert os.environ[key] == values[key], key
+    assert said == ["kept the platform's NCCL_IB_TC, NCCL_IB_TIMEOUT over config/nccl.env"]
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_settings_in_effect_name_their_source(fabric, tmp_path):
+    env_file = write(tmp_path / "nccl.env", ROCE_ENV.replace("NCCL_IB_TIMEOUT=24\n", ""))
+    injected = {"NCCL_IB_TC": "160", "NCCL_IB_SL": "3", "NCCL_CHECK_DISABLE": "1", "PATH": "/bin"}
+    rows = {r.name: r for r in fabric.settings_in_effect(fabric.load_settings(env_file, env=injected))}
+    source = {name: (r.value, r.source, r.note) for name, r in rows.items()}
+    # The platform's value wins and says what it overrides; an equal one overrides nothing.
+    assert source["NCCL_IB_TC"] == ("160", "environment", f"over {env_file}'s 106")
+    assert source["NCCL_IB_SL"] == ("3", "environment", "")
+    assert source["NCCL_IB_QPS_PER_CONNECTION"] == ("4", str(env_file), "")
+    assert source["NCCL_PXN_DISABLE"] == ("1", str(env_file), "")
+    # Set by nobody: NCCL's own default.
+    assert source["NCCL_IB_TIMEOUT"] == ("20", "NCCL's default", "")
+    # Injected variables the file does not name are listed too; other variables are not.
+    assert source["NCCL_CHECK_DISABLE"] == ("1", "environment", "") and "PATH" not in rows
+    assert list(rows)[:3] == ["NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE"]  # the file's order
+
+
+def test_doctor_reports_the_nccl_settings_in_effect(cli, tmp_path):
+    env_file = write(tmp_path / "nccl.env", ROCE_ENV)
+    proc = cli("doctor", "--nccl-env", env_file, "--no-allreduce", env={**CLEAN, "NCCL_IB_TC": "160"}, expect=None)
+    section = proc.stdout.split("NCCL settings in effect", 1)[1].splitlines()[1:]
+    listed = {line.split()[0]: line.split(None, 2)[1:] for line in section if line.startswith("  ")}
+    assert listed["NCCL_IB_TC"] == ["160", f"environment (over {env_file}'s 106)"]
+    for name, value in (("NCCL_IB_SL", "3"), ("NCCL_IB_QPS_PER_CONNECTION", "4"), ("NCCL_NET_GDR_LEVEL", "2")):
+        assert listed[name] == [value, str(env_file)], name
+    assert listed["NCCL_IB_TIMEOUT"] == ["24", str(env_file)]
+    assert "kept the platform's NCCL_IB_TC over config/nccl.env" in proc.stdout
 
 
 def test_shm_and_memlock_verdicts(checks, fabric, tmp_path):

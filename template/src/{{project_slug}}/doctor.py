@@ -12,7 +12,8 @@ config/nccl.env describes (NCCL_IB_DISABLE=0: RDMA expected), RDMA devices (/sys
 limit; then a short all-reduce: NCCL on GPUs with NCCL_DEBUG=INFO, whose log tells which transport NCCL
 chose (nccl_log.py reads it), or Gloo between two processes on CPU; both report the bus bandwidth as
 nccl-tests define it. The settings are those the node launcher applies: config/nccl.env, with what the
-environment (the platform) already set winning.
+environment (the platform) already set winning; after the table doctor lists each NCCL setting in effect
+and its source (environment, config/nccl.env, NCCL's default).
 
 The node checks are node_checks.py (fabric.py: the settings and what they promise; rdma.py: the
 RDMA ports), the all-reduce allreduce_bench.py, the log analysis nccl_log.py and nccl_verdict.py.
@@ -30,7 +31,7 @@ from pathlib import Path
 from .allreduce_bench import describe_result, job_allreduce, local_allreduce
 from .bounds import count, positive_float
 from .config import Config, ConfigError
-from .fabric import Expectation, Settings, check_fabric, expectation, load_settings
+from .fabric import Expectation, InEffect, Settings, check_fabric, expectation, load_settings, settings_in_effect
 from .nccl_env import apply_nccl_env
 from .nccl_log import LogError, merge, parse, read_logs
 from .nccl_verdict import assess, connection_table
@@ -89,6 +90,16 @@ def print_table(title: str, checks: list[Check], notes: list[str] = ()) -> None:
         print(f"note: {note}")
 
 
+def print_settings(rows: list[InEffect]) -> None:
+    """The NCCL settings the ranks get and where each came from (environment, config/nccl.env, NCCL)."""
+    print("NCCL settings in effect (source: the environment = the platform or your shell, which wins):")
+    name_width = max(len(r.name) for r in rows)
+    value_width = min(max(len(r.value) for r in rows), 40)
+    for r in rows:
+        note = f" ({r.note})" if r.note else ""
+        print(f"  {r.name:<{name_width}}  {r.value:<{value_width}}  {r.source}{note}")
+
+
 def final_verdict(checks: list[Check]) -> int:
     failed = [c.name for c in checks if c.verdict == FAIL]
     warned = [c.name for c in checks if c.verdict == WARN]
@@ -134,6 +145,7 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
     expect = expectation(settings, args.fabric)
     if args.nccl_log:
         return analyse_logs(args, settings, expect)
+    in_effect = settings_in_effect(settings)  # read before apply_nccl_env adds the file's values
 
     from .topology import process_ranks
 
@@ -155,6 +167,7 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
         if local_rank != 0:  # one table per node
             return 0
         print_table(title, checks, notes)
+        print_settings(in_effect)
         return final_verdict(checks)
 
     backend = "nccl" if gpus else "gloo"
@@ -185,6 +198,7 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
                 )
             )
             print_table(title, checks, notes)
+            print_settings(in_effect)
             return final_verdict(checks)
         result, error, logs = local_allreduce(nproc, backend, nbytes, args.iters, args.timeout, extra, log_dir)
         texts = [(str(p), p.read_text(errors="replace")) for p in logs]
@@ -198,6 +212,7 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
             checks.append(Check(name, NA, "no GPU: the all-reduce ran on Gloo"))
     if rank == 0 or local_rank == 0:
         print_table(title, checks, notes)
+        print_settings(in_effect)
         return final_verdict(checks)
     return 1 if any(c.verdict == FAIL for c in checks) else 0
 

@@ -6,6 +6,7 @@ or sockets, InfiniBand or RoCE.
     settings = load_settings(Path("config/nccl.env"))   # the file, with the environment winning
     expect = expectation(settings)                      # RDMA expected? InfiniBand or RoCE?
     check_fabric(settings, expect, None)                # doctor's `fabric` line
+    settings_in_effect(settings)                        # every NCCL value in force and where it came from
 
 The node checks (node_checks.py, rdma.py) and the NCCL log's verdict (nccl_verdict.py) read both.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .env_files import read_env_file
@@ -30,6 +31,35 @@ SETTINGS = (
     "NCCL_SOCKET_IFNAME",
     "GLOO_SOCKET_IFNAME",
 )
+
+# Variables of the environment doctor lists among the settings in effect (a platform injects more
+# than config/nccl.env names: TI-ONE's NCCL_CHECK_DISABLE, NCCL_LL_THRESHOLD, ...).
+REPORTED_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_")
+# What NCCL does when neither the environment nor config/nccl.env sets these: the fabric settings and
+# the RoCE tunables of TI-ONE's machines (values of NCCL 2.2x's documentation).
+NCCL_DEFAULTS = {
+    "NCCL_IB_DISABLE": "0",
+    "NCCL_IB_HCA": "every RDMA device",
+    "NCCL_IB_GID_INDEX": "-1 (NCCL picks a GID)",
+    "NCCL_IB_TC": "0",
+    "NCCL_IB_SL": "0",
+    "NCCL_IB_QPS_PER_CONNECTION": "1",
+    "NCCL_IB_TIMEOUT": "20",
+    "NCCL_NET_GDR_LEVEL": "chosen from the PCIe topology",
+    "NCCL_PXN_DISABLE": "0",
+    "NCCL_SOCKET_IFNAME": "ib*, else any interface but lo and docker*",
+}
+DEFAULT_SOURCE = "NCCL's default"
+
+
+@dataclass(frozen=True)
+class InEffect:
+    """One setting the ranks get: its value and where it came from (source; note: what it overrides)."""
+
+    name: str
+    value: str
+    source: str
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -51,6 +81,8 @@ class Settings:
     file: dict[str, str]
     effective: dict[str, str]
     from_env: set[str]
+    environment: dict[str, str] = field(default_factory=dict)
+    """The NCCL/Gloo variables the environment held when the settings were read (before the launcher's)."""
 
     def source(self, key: str) -> str:
         return "environment" if key in self.from_env else self.name
@@ -72,7 +104,27 @@ def load_settings(path: Path, env: Mapping[str, str] = os.environ) -> Settings:
         if key in env:
             effective[key] = env[key]
             from_env.add(key)
-    return Settings(path, file, effective, from_env)
+    environment = {key: value for key, value in env.items() if key.startswith(REPORTED_PREFIXES)}
+    return Settings(path, file, effective, from_env, environment)
+
+
+def settings_in_effect(settings: Settings) -> list[InEffect]:
+    """Every NCCL/Gloo setting of the file, of NCCL_DEFAULTS and of the environment, with its source: the
+    environment (the platform, or your shell) wins over the file, as apply_nccl_env applies them;
+    what neither sets is NCCL's default."""
+    names = list(settings.file) + [n for n in NCCL_DEFAULTS if n not in settings.file]
+    names += sorted(n for n in settings.environment if n not in names)
+    rows = []
+    for name in names:
+        if name in settings.environment:
+            value, theirs = settings.environment[name], settings.file.get(name)
+            note = f"over {settings.name}'s {theirs}" if theirs is not None and theirs != value else ""
+            rows.append(InEffect(name, value, "environment", note))
+        elif name in settings.file:
+            rows.append(InEffect(name, settings.file[name], settings.name))
+        else:
+            rows.append(InEffect(name, NCCL_DEFAULTS[name], DEFAULT_SOURCE))
+    return rows
 
 
 def expectation(settings: Settings, fabric: str | None = None) -> Expectation:
