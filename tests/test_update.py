@@ -474,3 +474,27 @@ def test_migration_keeps_the_global_batch_of_a_project_made_before_it_was_asked(
     checked = check(project)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "global batch 256 = micro 8 x accum 1 x data-parallel 32" in checked.stdout
+
+
+def test_weak_scaling_update_grows_the_global_batch_with_the_nodes(tmp_path):
+    """scaling=weak keeps the batch per GPU: 128 sequences on each of 2 GPUs is 256 per step on one
+    node and 512 on two, the micro batch and the accumulation unchanged."""
+    tpl = snapshot_template(tmp_path / "template")
+    commit_all(tpl, "template", tag="v0.2.0")
+    project = generate(tmp_path, tpl, platforms="[devmachine]", gpus_per_node=2, scaling="weak")
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    assert answers["batch_per_gpu"] == 128 and "global_batch_size" not in answers
+    cfg_path = project / "config/train.yaml"
+    assert yaml.safe_load(cfg_path.read_text())["batch"] == {
+        "scaling": "weak",
+        "global_batch_size": 256,
+        "micro_batch_size": 16,
+        "grad_accum_steps": None,
+    }
+    update = copier(project, "update", "--defaults", "--trust", "--conflict", "inline", "--data", "nodes=2")
+    assert update.returncode == 0, update.stdout + update.stderr
+    batch = yaml.safe_load(cfg_path.read_text())["batch"]
+    assert (batch["global_batch_size"], batch["micro_batch_size"]) == (512, 16)
+    checked = check(project)
+    assert "global batch 512 = micro 16 x accum 8 x data-parallel 4" in checked.stdout, checked.stdout + checked.stderr
+    assert "weak scaling" in checked.stdout
