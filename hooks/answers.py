@@ -69,8 +69,6 @@ CONFIG_ANSWERS = {
     "batch.scaling": "scaling",
     "batch.global_batch_size": "global_batch_size",
 }
-# Under weak scaling the global batch is rendered from batch_per_gpu (global_batch_size is not asked).
-WEAK_SCALING_ANSWERS = {"global_batch_size": "batch_per_gpu"}
 
 # Pods the operators create from the job name (= project_slug): the longest suffix for `nodes`.
 # PyTorchJob: <name>-master-0, <name>-worker-<i>; MPIJob: <name>-launcher, <name>-worker-<i>;
@@ -204,8 +202,6 @@ def config_problems(a: dict, fit: bool = True) -> list[tuple[str, str]]:
         except config_error as exc:
             return [(blamed_answer(exc.key, (exc.key,) if exc.key else ()), str(exc))]
     found = [(blamed_answer(p.fix_key, p.keys), p) for p in pkg["rules"].check_config(cfg)]
-    if a.get("scaling") == "weak":
-        found = [(WEAK_SCALING_ANSWERS.get(blamed, blamed), p) for blamed, p in found]
     if not found and fit:
         try:
             problem = pkg["fit"].fit_problem(cfg)
