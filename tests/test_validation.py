@@ -302,6 +302,13 @@ UPDATES = [
     ("nodes=two", "Validation error for question 'nodes': nodes 'two' is not a whole number"),
     ("nodes=0", "Validation error for question 'nodes': nodes=0 is not allowed"),
     ("output_dir=/", "Validation error for question 'output_dir': output_dir '/' is the root folder"),
+    # strong scaling keeps 256 sequences per step, which 3 nodes x 8 GPUs cannot split
+    (
+        "nodes=3",
+        "Validation error for question 'global_batch_size': global_batch_size=256: batch.global_batch_size=256 is not "
+        "a multiple of batch.micro_batch_size (16) x data-parallel size (24) = 384; set it to 384, or run on 8 or 16 "
+        "data-parallel ranks",
+    ),
 ]
 
 
