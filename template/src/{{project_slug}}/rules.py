@@ -116,12 +116,10 @@ def _split(b, global_batch: int, data_parallel_size: int, where: str = "") -> in
     if global_batch % per_step == 0:
         return global_batch // per_step
     below, above = global_batch // per_step * per_step, (global_batch // per_step + 1) * per_step
-    micro = next(
-        (m for m in range(b.micro_batch_size - 1, 0, -1) if global_batch % (m * data_parallel_size) == 0), None
-    )
-    ranks = [
-        d for d in range(1, global_batch // b.micro_batch_size + 1) if global_batch % (d * b.micro_batch_size) == 0
-    ]
+    # the largest smaller micro batch that splits it over these ranks; the rank counts this micro batch splits it over
+    smaller = [m for m in _divisors(global_batch // data_parallel_size) if m < b.micro_batch_size]
+    micro = smaller[-1] if global_batch % data_parallel_size == 0 and smaller else None
+    ranks = _divisors(global_batch // b.micro_batch_size) if global_batch % b.micro_batch_size == 0 else []
     closest = sorted(ranks, key=lambda d: (abs(d - data_parallel_size), d))[:2]
     raise ConfigError(
         f"batch.global_batch_size={global_batch} is not a multiple of batch.micro_batch_size "
@@ -131,6 +129,12 @@ def _split(b, global_batch: int, data_parallel_size: int, where: str = "") -> in
         + (f", or run on {' or '.join(map(str, sorted(closest)))} data-parallel ranks" if closest else ""),
         key="batch.global_batch_size",
     )
+
+
+def _divisors(n: int) -> list[int]:
+    """The divisors of n in increasing order (n >= 0; none for 0)."""
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
 
 
 def _explicit(b, global_batch: int, data_parallel_size: int, where: str) -> int:
