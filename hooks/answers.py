@@ -66,6 +66,8 @@ CONFIG_ANSWERS = {
     "data.dir": "data_dir",
     "run.output_dir": "output_dir",
     "cluster.gpu_type": "gpu_type",
+    "batch.scaling": "scaling",
+    "batch.global_batch_size": "global_batch_size",
 }
 
 # Pods the operators create from the job name (= project_slug): the longest suffix for `nodes`.

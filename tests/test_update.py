@@ -124,14 +124,23 @@ def test_update_keeps_user_edits_then_nodes_rerenders_every_launch_file(tmp_path
     assert current.returncode == 0, current.stdout + current.stderr
     commit_all(project, "update to v0.2.0")
 
-    # A new shape: every launch file and the config follow, the user's edits stay.
+    # A new shape: every launch file and the config follow, the user's edits stay, and the recipe
+    # too (strong scaling): the global batch and the token budget are kept, the accumulation shrinks.
+    before = yaml.safe_load(cfg_path.read_text())
+    assert "micro 16 x accum 2 x data-parallel 8" in check(project).stdout
     reshape = copier(project, "update", "--defaults", "--trust", "--conflict", "inline", "--data", "nodes=4")
     assert reshape.returncode == 0, reshape.stdout + reshape.stderr
     cfg = yaml.safe_load(cfg_path.read_text())
     assert cfg["cluster"]["nodes"] == 4 and cfg["cluster"]["gpus_per_node"] == 8
     batch = cfg["batch"]
-    assert batch["global_batch_size"] % (batch["micro_batch_size"] * 4 * 8) == 0, batch
-    assert batch["global_batch_size"] == 512, "gpt: 256 sequences rounded up to micro 16 x 32 ranks"
+    assert batch["scaling"] == "strong" and batch["global_batch_size"] == before["batch"]["global_batch_size"] == 256
+    tokens = cfg["schedule"]["max_steps"] * batch["global_batch_size"]
+    assert tokens == before["schedule"]["max_steps"] * before["batch"]["global_batch_size"]
+    # micro 16 x 32 ranks would exceed 256 sequences: the micro batch is lowered to fit, never raised
+    assert batch["micro_batch_size"] == 8 and batch["grad_accum_steps"] is None
+    assert (
+        "grad_accum_steps: null # null = global / (micro x data-parallel size): 1 on 4 x 8 GPUs" in cfg_path.read_text()
+    )
     assert cfg["optim"]["lr"] == 0.0006 and cfg["schedule"]["warmup_steps"] == 250
     sbatch = (project / "launch/slurm/train.sbatch").read_text()
     assert re.findall(r"^#SBATCH --nodes=(\S+)$", sbatch, re.M) == ["4"]
@@ -146,6 +155,8 @@ def test_update_keeps_user_edits_then_nodes_rerenders_every_launch_file(tmp_path
     assert yaml.safe_load((project / ".copier-answers.yml").read_text())["nodes"] == 4
     checked = check(project)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "global batch 256 = micro 8 x accum 1 x data-parallel 32" in checked.stdout
+    assert yaml.safe_load((project / ".copier-answers.yml").read_text())["global_batch_size"] == 256
 
 
 def test_conflicting_edit_leaves_markers_and_check_fails(tmp_path):
@@ -465,3 +476,86 @@ def test_update_keeps_older_kubeflow_manifests_then_takes_placement_answers(tmp_
     resources = pod["containers"][0]["resources"]
     assert resources["requests"]["rdma/hca"] == 2 and resources["limits"]["memory"] == "64Gi"
     assert check(project).returncode == 0
+
+
+# The batch section of the template before 0.2.0: the global batch derived from the node count.
+BATCH_BEFORE_0_2 = """{#- The family's global batch (sequences), rounded to whole micro batches x data-parallel ranks. #}
+{%- set world = nodes * gpus_per_node %}
+{%- set dp = [1, world // (tp * pp)] | max %}
+{%- set accum = [1, paper_batch // (micro * dp)] | max %}
+
+batch:
+  global_batch_size: {{ micro * dp * accum }}   # sequences per optimizer step, all ranks together
+  micro_batch_size: {{ micro }}   # sequences per forward/backward on one rank (one pipeline micro batch)
+  grad_accum_steps: null # null = global / (micro x data-parallel size)
+
+"""
+
+
+def test_migration_keeps_the_global_batch_of_a_project_made_before_it_was_asked(tmp_path):
+    """Before 0.2.0 every render derived the global batch from nodes x gpus_per_node: a 1 x 8 gpt
+    project had 256 sequences per step, and `--data nodes=4` made it 512. The migration records the
+    project's 256 as the global_batch_size answer, so the update to 4 nodes keeps the recipe."""
+    tpl = snapshot_template(tmp_path / "template")
+    questions = (tpl / "copier.yml").read_text()
+    old = re.sub(r"\n# --- Batch: the recipe.*?\n(?=shared_mount:\n)", "\n", questions, flags=re.S)
+    assert old != questions and "\nscaling:" not in old and "\nglobal_batch_size:" not in old
+    (tpl / "copier.yml").write_text(old)
+    yaml_jinja, readme = tpl / "template/config/train.yaml.jinja", tpl / "template/README.md.jinja"
+    config_now, readme_now = yaml_jinja.read_text(), readme.read_text()
+    config_then = re.sub(
+        r"\{#- The recipe:.*?grad_accum_steps: null[^\n]*\n\n", BATCH_BEFORE_0_2, config_now, flags=re.S
+    )
+    assert config_then != config_now and "scaling" not in config_then
+    yaml_jinja.write_text(config_then)
+    readme.write_text(re.sub(r"## Scaling out\n.*?(?=## Files\n)", "", readme_now, flags=re.S))
+    commit_all(tpl, "template before the global batch was asked", tag="v0.1.0")
+    project = generate(tmp_path, tpl, platforms="[devmachine]")
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    assert "global_batch_size" not in answers and "scaling" not in answers
+    cfg_path = project / "config/train.yaml"
+    before = yaml.safe_load(cfg_path.read_text())
+    assert before["batch"] == {"global_batch_size": 256, "micro_batch_size": 16, "grad_accum_steps": None}
+    (tpl / "copier.yml").write_text(questions)
+    yaml_jinja.write_text(config_now)
+    readme.write_text(readme_now)
+    commit_all(tpl, "global batch asked, strong scaling", tag="v0.2.0")
+
+    update = copier(project, "update", "--defaults", "--trust", "--conflict", "inline", "--data", "nodes=4")
+    assert update.returncode == 0, update.stdout + update.stderr
+    assert "answer 'global_batch_size' = 256, taken from config/train.yaml batch.global_batch_size" in update.stderr
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    assert answers["global_batch_size"] == 256 and answers["scaling"] == "strong" and answers["nodes"] == 4
+    assert answers["_commit"] == "v0.2.0"
+    text = cfg_path.read_text()
+    assert "<<<<<<<" not in text and not list(project.rglob("*.rej"))
+    cfg = yaml.safe_load(text)
+    assert cfg["cluster"]["nodes"] == 4 and cfg["batch"]["scaling"] == "strong"
+    assert cfg["batch"]["global_batch_size"] == 256 and cfg["schedule"]["max_steps"] == before["schedule"]["max_steps"]
+    checked = check(project)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "global batch 256 = micro 8 x accum 1 x data-parallel 32" in checked.stdout
+
+
+def test_weak_scaling_update_grows_the_global_batch_with_the_nodes(tmp_path):
+    """scaling=weak keeps the batch per GPU: 128 sequences on each of 2 GPUs is 256 per step on one
+    node and 512 on two, the micro batch and the accumulation unchanged."""
+    tpl = snapshot_template(tmp_path / "template")
+    commit_all(tpl, "template", tag="v0.2.0")
+    project = generate(tmp_path, tpl, platforms="[devmachine]", gpus_per_node=2, scaling="weak")
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    assert answers["batch_per_gpu"] == 128 and "global_batch_size" not in answers
+    cfg_path = project / "config/train.yaml"
+    assert yaml.safe_load(cfg_path.read_text())["batch"] == {
+        "scaling": "weak",
+        "global_batch_size": 256,
+        "micro_batch_size": 16,
+        "grad_accum_steps": None,
+    }
+    update = copier(project, "update", "--defaults", "--trust", "--conflict", "inline", "--data", "nodes=2")
+    assert update.returncode == 0, update.stdout + update.stderr
+    batch = yaml.safe_load(cfg_path.read_text())["batch"]
+    assert (batch["global_batch_size"], batch["micro_batch_size"]) == (512, 16)
+    checked = check(project)
+    assert "global batch 512 = micro 16 x accum 8 x data-parallel 4" in checked.stdout, checked.stdout + checked.stderr
+    assert "weak scaling" in checked.stdout

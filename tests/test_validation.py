@@ -90,6 +90,15 @@ BAD_ANSWERS = [
     ({"nodes": "1.5"}, "nodes", "not a whole number"),
     ({"nodes": -2}, "nodes", "at least 1"),
     ({"gpus_per_node": "eight"}, "gpus_per_node", "gpus_per_node=8"),
+    # the batch: a global batch the data-parallel GPUs cannot split names the nearest values that can
+    ({"scaling": "sideways"}, "scaling", "not one of strong, weak"),
+    ({"global_batch_size": 0}, "global_batch_size", "at least 1 sequence per step"),
+    (
+        {"gpus_per_node": 3, "global_batch_size": 256},
+        "global_batch_size",
+        "(16) x data-parallel size (3) = 48; set it to 240 or 288, or run on 2 or 4 data-parallel ranks",
+    ),
+    ({"scaling": "weak", "batch_per_gpu": 0}, "batch_per_gpu", "at least 1 sequence per GPU"),
     ({"gpus_per_node": -1}, "gpus_per_node", "at least 1"),
     ({**GPT3, "tensor_parallel": "1.5"}, "tensor_parallel", "not a whole number"),
     ({**GPT3, "tensor_parallel": 0}, "tensor_parallel", "between 1 and gpus_per_node"),
@@ -317,6 +326,13 @@ UPDATES = [
     ("nodes=two", "Validation error for question 'nodes': nodes 'two' is not a whole number"),
     ("nodes=0", "Validation error for question 'nodes': nodes=0 is not allowed"),
     ("output_dir=/", "Validation error for question 'output_dir': output_dir '/' is the root folder"),
+    # strong scaling keeps 256 sequences per step, which 3 nodes x 8 GPUs cannot split
+    (
+        "nodes=3",
+        "Validation error for question 'global_batch_size': global_batch_size=256: batch.global_batch_size=256 is not "
+        "a multiple of batch.micro_batch_size (16) x data-parallel size (24) = 384; set it to 384, or run on 8 or 16 "
+        "data-parallel ranks",
+    ),
 ]
 
 

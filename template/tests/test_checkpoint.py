@@ -202,6 +202,25 @@ def test_compatibility_refusals_name_the_setting_and_the_way_out(pkg, cfg_with):
         ck.check_compatible(state, cfg_with("model.size=tiny", "batch.global_batch_size=32"), 4, "ckpt", False)
 
 
+def test_weak_scaling_refuses_another_world_and_names_the_strong_recipe_that_continues(pkg, cfg_with):
+    """Under weak scaling another world size is another global batch; the refusal names the settings
+    that continue the run's recipe on the new world, and those are accepted."""
+    ck, rules = pkg.checkpoint, pkg.rules
+    shape = ["model.size=tiny", "cluster.nodes=1", "cluster.gpus_per_node=2", "batch.micro_batch_size=4"]
+    weak = cfg_with(*shape, "batch.global_batch_size=16", "batch.scaling=weak", "checkpoint.reshard=true")
+    trained = rules.at_world_size(weak, 2)
+    state = {"fingerprint": trained.model_fingerprint(), "world_size": 2, "config": trained.to_dict()}
+    assert ck.check_compatible(state, rules.at_world_size(weak, 2), 2, "ckpt", can_reshard=True) == []
+    with pytest.raises(pkg.config.ConfigError) as err:
+        ck.check_compatible(state, rules.at_world_size(weak, 4), 4, "ckpt", can_reshard=True)
+    message = str(err.value)
+    assert "trained at global batch 16 by 2 processes; batch.scaling=weak makes it 32 on 4" in message
+    assert "batch.scaling=strong batch.global_batch_size=16 checkpoint.reshard=true" in message
+    strong = cfg_with(*shape, "batch.global_batch_size=16", "batch.scaling=strong", "checkpoint.reshard=true")
+    notes = ck.check_compatible(state, strong, 4, "ckpt", can_reshard=True)
+    assert notes[0] == "resharded from 2 to 4 processes (checkpoint.reshard=true)"
+
+
 def test_metrics_of_a_dead_attempt_are_dropped_on_resume(pkg, tmp_path):
     path = tmp_path / "metrics.jsonl"
     lines = [json.dumps({"step": s, "loss": 1.0 / s}) for s in (5, 10, 15)] + ['{"step": 20, "lo']  # torn last line

@@ -26,6 +26,7 @@ LAYERS = {
         "gpus",
         "estimates",
         "fit",
+        "scaling",
         "project",
         "env_files",
         "topology",

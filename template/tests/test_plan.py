@@ -610,6 +610,42 @@ def test_check_project_refuses_a_layout_that_does_not_fit(cli, tmp_path):
     assert "memory fits" in cli("check", "--config", path).stdout
 
 
+# --- scaling out ------------------------------------------------------------------------------------
+
+SCALING = ["model.size=d20", "cluster.nodes=1", "cluster.gpus_per_node=8", "batch.global_batch_size=256"]
+
+
+def test_plan_shows_strong_and_weak_scaling_on_more_nodes(cli, empty_config):
+    """Strong: 256 sequences kept, accumulation 2 -> 1 and half the step time on 2 nodes; on 4 nodes
+    micro 16 x 32 ranks exceeds 256 and the row says what would fix it. Weak: the global batch and
+    the tokens double with the nodes, the step time stays."""
+    r = json.loads(cli("plan", "--config", empty_config, "--json", *SCALING, "schedule.max_steps=1000").stdout)
+    rows = r["scaling"]["rows"]
+    assert r["scaling"]["choice"] == "strong" and [row["nodes"] for row in rows] == [1, 2, 4]
+    strong, weak = [row["strong"] for row in rows], [row["weak"] for row in rows]
+    assert [s["grad_accum_steps"] for s in strong] == [2, 1, None]
+    assert {s["global_batch"] for s in strong} == {256} and {s["tokens"] for s in strong} == {1000 * 256 * 2048}
+    assert strong[1]["step_seconds"] == pytest.approx(strong[0]["step_seconds"] / 2)
+    assert strong[1]["hours"] == pytest.approx(1000 * strong[1]["step_seconds"] / 3600)
+    assert "or batch.micro_batch_size=8" in strong[2]["problem"]
+    assert [w["global_batch"] for w in weak] == [256, 512, 1024]
+    assert [w["tokens"] for w in weak] == [1000 * g * 2048 for g in (256, 512, 1024)]
+    assert weak[2]["step_seconds"] == pytest.approx(weak[0]["step_seconds"])
+
+    text = cli("plan", "--config", empty_config, *SCALING, "batch.scaling=weak").stdout
+    assert "scaling out, 20000 steps (batch.scaling=strong|weak)" in text
+    assert "strong: global batch 256 and 1.05e+10 tokens kept" in text
+    assert "weak (the config's): 32 sequences per GPU kept, global batch and tokens grow" in text
+    table = text[text.index("  nodes  GPUs |") :].splitlines()
+    assert table[1].split()[:5] == ["1", "8", "|", "2", strong_text(strong[0])]
+    assert table[3].split()[:8] == ["4", "32", "|", "-", "-", "-", "|", "1024"]
+    assert table[4].startswith("  4 nodes, strong: batch.global_batch_size=256 is not a multiple of")
+
+
+def strong_text(row: dict) -> str:
+    return f"{row['step_seconds']:.2f}"
+
+
 def test_check_project_needs_no_torch(cli):
     """The copier task may run where only copier and PyYAML are installed: with torch made
     unimportable, `check` still checks the rules and the memory fit."""

@@ -230,3 +230,26 @@ def test_contradictory_variables_exit_1_naming_both(cli, tmp_path, overrides):
         assert word in proc.stderr
     assert "Traceback" not in proc.stderr and "$ " not in proc.stdout
     assert not (tmp_path / "run").exists()
+
+
+def test_hand_edited_replicas_the_global_batch_cannot_split_are_refused_in_one_line(cli, tmp_path, overrides):
+    """Kubeflow replicas edited to 3 nodes: the config's global batch of 8 runs on any world it splits
+    over (2 nodes above, whatever cluster.nodes says), not on 3 ranks of micro 4. The master pod
+    refuses before torchrun starts, in one line naming the nearest values that would work."""
+    variables = {
+        "PET_NNODES": "3",
+        "PET_NODE_RANK": "0",
+        "PET_NPROC_PER_NODE": "1",
+        "PET_MASTER_ADDR": "127.0.0.1",
+        "PET_MASTER_PORT": "29500",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+        "WORLD_SIZE": "3",
+        "RANK": "0",
+    }
+    proc = cli("node", *overrides, env=node_env(variables), expect=1, timeout=60)
+    assert proc.stderr.strip().splitlines() == [
+        "error: batch.global_batch_size=8 is not a multiple of batch.micro_batch_size (4) x data-parallel size (3) "
+        "= 12; set it to 12, or run on 1 or 2 data-parallel ranks (for 3 processes)"
+    ], proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -283,3 +283,64 @@ def test_a_misfit_is_a_problem_of_the_gpu_type(pkg, cfg_with):
     problem = pkg.fit.fit_problem(cfg)
     assert problem.startswith("does not fit: ") and problem.fix_key == "cluster.gpu_type"
     assert "model.size" in problem.keys
+
+
+# --- scaling out: the same config on other world sizes ----------------------------------------------
+
+RECIPE = [
+    "model.size=tiny",
+    "cluster.nodes=1",
+    "cluster.gpus_per_node=2",
+    "batch.global_batch_size=256",
+    "batch.micro_batch_size=16",
+    "batch.grad_accum_steps=null",
+]
+
+
+@pytest.mark.parametrize("world, accum", [(1, 16), (2, 8), (4, 4), (8, 2)])
+def test_strong_scaling_runs_one_config_on_1_2_4_8_processes(pkg, cfg_with, world, accum):
+    """The config of a 1 x 2 project on 1 to 8 processes: the global batch (and the tokens per step)
+    stays, the accumulation follows the data-parallel size."""
+    cfg = cfg_with(*RECIPE)
+    assert cfg.batch.scaling == "strong"  # the default
+    assert pkg.rules.check_config(cfg, world) == []
+    assert pkg.rules.resolve_grad_accum(cfg, world) == accum
+    assert pkg.rules.at_world_size(cfg, world).batch.global_batch_size == 256
+    assert "strong scaling: global batch 256" in pkg.rules.scaling_note(cfg, world)
+
+
+def test_strong_scaling_refuses_an_indivisible_world_in_one_line_with_the_nearest_values(pkg, cfg_with):
+    problems = pkg.rules.check_config(cfg_with(*RECIPE), 3)
+    assert len(problems) == 1 and "\n" not in problems[0], problems
+    problem = problems[0]
+    assert problem.fix_key == "batch.global_batch_size" and "batch.micro_batch_size" in problem.keys
+    assert problem.startswith("batch.global_batch_size=256 is not a multiple of batch.micro_batch_size (16) x ")
+    # the nearest global batches, and the data-parallel sizes that would split 256 (no micro batch does: 3 is odd)
+    assert "set it to 240 or 288, or run on 2 or 4 data-parallel ranks (for 3 processes)" in problem
+    micro = pkg.rules.check_config(cfg_with(*RECIPE, "batch.micro_batch_size=16"), 32)[0]
+    assert "set it to 512, or batch.micro_batch_size=8" in micro  # 256 over 32 ranks: micro 8, accumulation 1
+
+
+@pytest.mark.parametrize("world", [1, 2, 4, 8])
+def test_weak_scaling_keeps_the_batch_per_rank_and_grows_the_global_batch(pkg, cfg_with, world):
+    cfg = cfg_with(*RECIPE, "batch.scaling=weak")  # 256 on the config's 2 ranks: 128 per rank
+    assert pkg.rules.check_config(cfg, world) == []
+    assert pkg.rules.global_batch_at(cfg, world) == 128 * world
+    at = pkg.rules.at_world_size(cfg, world)
+    assert (at.batch.global_batch_size, at.batch.grad_accum_steps) == (128 * world, 8)
+    assert pkg.rules.resolve_grad_accum(at, world) == 8
+    assert pkg.rules.at_world_size(at, world) == at  # resolving twice changes nothing
+    assert pkg.rules.check_config(at, world) == []
+    note = pkg.rules.scaling_note(at, world)
+    assert note == (
+        "weak scaling: 128 sequences per data-parallel rank, so the global batch grows with the processes "
+        f"(256 on the config's 1 x 2, {128 * world} here)"
+    )
+
+
+def test_weak_scaling_checks_the_config_in_its_own_shape(pkg, cfg_with):
+    cfg = cfg_with(*RECIPE, "batch.scaling=weak", "batch.global_batch_size=250")
+    problems = pkg.rules.check_config(cfg, 4)
+    assert len(problems) == 1 and "in the config's shape (batch.scaling=weak)" in problems[0]
+    with pytest.raises(pkg.config.ConfigError, match=r"batch.scaling='sideways' is not one of strong, weak"):
+        cfg_with("batch.scaling=sideways")

@@ -75,6 +75,47 @@ def test_one_process_matches_two_at_the_same_global_batch(run_1proc, run_2proc, 
         assert torch.allclose(w1[name], w2[name], atol=1e-4), name
 
 
+def test_a_two_process_run_continued_by_one_process_follows_the_uninterrupted_run(
+    run_2proc, cli, demo_data, train_overrides, tmp_path, metrics
+):
+    """Strong scaling across a resume: run_2proc's checkpoint of step 10 continued by one process
+    (accumulation 2 -> 4, the same global batch) reads the same data from the same position, and its
+    losses are those of the uninterrupted 2-process run up to the order of reductions."""
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)
+    for name in ("step_00000010.pt", "step_00000010.pt.json"):
+        shutil.copy2(run_2proc[0] / "checkpoints" / name, out / "checkpoints" / name)
+    (out / "checkpoints" / "latest").write_text("step_00000010.pt")
+    proc = cli("train", *train_overrides, f"data.dir={demo_data}", f"run.output_dir={out}", "checkpoint.reshard=true")
+    assert "resharded from 2 to 1 processes" in proc.stdout and "steps 10->30" in proc.stdout
+    assert "micro 4 x accum 4 x 1 data-parallel ranks" in proc.stdout
+    assert "strong scaling: global batch 16 on any number of processes" in proc.stdout
+    continued, continued_val = metrics(out)
+    uninterrupted, uninterrupted_val = metrics(run_2proc[0])
+    assert [r["step"] for r in continued] == STEPS[2:]
+    for got, want in zip(continued, uninterrupted[2:]):
+        assert got["tokens"] == want["tokens"] == got["step"] * TOKENS_PER_STEP  # the same data position
+        assert abs(got["loss"] - want["loss"]) < 1e-4, (got["step"], got["loss"], want["loss"])
+        assert abs(got["grad_norm"] - want["grad_norm"]) < 1e-4 * max(1.0, want["grad_norm"])
+    assert continued_val[-1]["val_loss"] == pytest.approx(uninterrupted_val[-1]["val_loss"], abs=1e-4)
+    final = torch.load(out / "checkpoints" / "step_00000030.pt", weights_only=False)
+    assert final["world_size"] == 1 and final["samples_seen"] == 30 * 16
+
+
+def test_weak_scaling_grows_the_global_batch_with_the_processes_and_says_so(cli, demo_data, train, tmp_path, metrics):
+    """A config written for 1 x 1 GPU (16 sequences per step) under batch.scaling=weak on 2 processes:
+    each rank keeps its 16 sequences, so a step takes 32 and twice the tokens."""
+    out = tmp_path / "weak"
+    shape = ["cluster.nodes=1", "cluster.gpus_per_node=1", "batch.scaling=weak", "schedule.max_steps=5"]
+    proc = train(cli, demo_data, out, 2, *shape, "checkpoint.every_steps=0")
+    log = proc.stdout + proc.stderr
+    assert "global batch 32 = micro 4 x accum 4 x 2 data-parallel ranks" in log
+    assert "weak scaling: 16 sequences per data-parallel rank, so the global batch grows with the processes" in log
+    assert "(16 on the config's 1 x 1, 32 here)" in log
+    steps, _ = metrics(out)
+    assert steps[-1]["step"] == 5 and steps[-1]["tokens"] == 5 * 2 * TOKENS_PER_STEP
+
+
 @pytest.fixture(scope="module")
 def resumed(tmp_path_factory, cli, demo_data, train):
     """Stop at step 15 (max_steps=15), then start again with max_steps=30 in the same output_dir."""

@@ -18,11 +18,12 @@ from .bounds import count
 from .config import Config
 from .estimates import GIB, memory
 from .fit import fit_problem
-from .rules import check_config, model_shape, resolve_grad_accum
+from .rules import at_world_size, check_config, model_shape, resolve_grad_accum
 
 
 def summary(cfg: Config, world: int) -> str:
     shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
+    cfg = at_world_size(cfg, world)  # weak scaling: the global batch of this world
     dp = cfg.data_parallel_size(world)
     accum = resolve_grad_accum(cfg, dp)
     tp, pp = cfg.parallel.tensor, cfg.parallel.pipeline
@@ -31,7 +32,7 @@ def summary(cfg: Config, world: int) -> str:
         f"config OK for {world} processes{layout}: model {cfg.model.arch} {cfg.model.size} ({shape['n_layer']} layers, width {shape['n_embd']}, "
         f"{shape['n_head']} heads, {shape['n_kv_head']} kv heads) | global batch {cfg.batch.global_batch_size} = "
         f"micro {cfg.batch.micro_batch_size} x accum {accum} x data-parallel {dp} | "
-        f"{cfg.batch.global_batch_size * cfg.model.sequence_len:,} tokens/step"
+        f"{cfg.batch.global_batch_size * cfg.model.sequence_len:,} tokens/step | {cfg.batch.scaling} scaling"
     )
 
 

@@ -113,6 +113,15 @@ def run_state(
 
 def check_compatible(state: dict, cfg: Config, world_size: int, where, can_reshard: bool) -> list[str]:
     """Refuse a checkpoint this run cannot continue exactly; returns notes on what changed."""
+    saved_world, trained_batch = state.get("world_size", world_size), state.get("config", {}).get("batch", {})
+    saved_global = trained_batch.get("global_batch_size", cfg.batch.global_batch_size)
+    if cfg.batch.scaling == "weak" and saved_world != world_size and saved_global != cfg.batch.global_batch_size:
+        raise ConfigError(
+            f"{where} was trained at global batch {saved_global} by {saved_world} processes; batch.scaling=weak "
+            f"makes it {cfg.batch.global_batch_size} on {world_size}: run with {saved_world} processes, or keep the "
+            f"recipe on {world_size} with batch.scaling=strong batch.global_batch_size={saved_global} checkpoint.reshard=true",
+            key="batch.scaling",
+        )
     if state.get("fingerprint") != cfg.model_fingerprint():
         raise ConfigError(
             f"{where} was written with a different model, global batch or parallel layout (model section, "
@@ -121,7 +130,6 @@ def check_compatible(state: dict, cfg: Config, world_size: int, where, can_resha
         )
     check_data(state, Path(cfg.data.dir), where, "to train on the new data, use a new run.output_dir")
     notes = []
-    saved_world = state.get("world_size", world_size)
     if saved_world != world_size:
         if not can_reshard:
             raise ConfigError(

@@ -129,6 +129,9 @@ class BatchConfig:
     """Sequences per forward/backward pass on one rank."""
     grad_accum_steps: int | None = None
     """Micro steps per optimizer step; null = derived as global / (micro * data-parallel size)."""
+    scaling: str = "strong"
+    """Another number of GPUs than cluster.* keeps: 'strong' the global batch (accumulation is derived),
+    'weak' the batch per GPU (global_batch_size is then the one of cluster.nodes x gpus_per_node)."""
 
 
 @dataclass
@@ -373,6 +376,7 @@ def _check_choices(cfg: Config) -> None:
         "run.device": ("auto", "cuda", "cpu"),
         "run.dtype": ("auto", "bf16", "fp32"),
         "run.strategy": ("ddp", "deepspeed"),
+        "batch.scaling": ("strong", "weak"),
         "deepspeed.zero_stage": (0, 1, 2, 3),
     }
     for name, allowed in choices.items():

@@ -1,5 +1,6 @@
 """`plan`: parameters, memory per GPU, whether the run fits (and the smallest change that makes it
-fit), and how long it takes on 1, 2, 4 and 8 nodes. Torch-free.
+fit), how long it takes on 1, 2, 4 and 8 nodes, and what 2x and 4x the nodes give under strong and
+weak scaling (scaling.py). Torch-free.
 
     <package> plan                                  # the project's config: model, strategy, layout, GPU
     <package> plan model.size=d26 batch.micro_batch_size=8
@@ -22,6 +23,7 @@ from .bounds import positive_float
 from .config import Config, ConfigError
 from .estimates import GIB, RESERVE, memory, timing, zero_stage
 from .fit import changed, strategy_text, suggest, with_strategy
+from .scaling import render_rows, scaling_rows
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -94,6 +96,11 @@ def build(cfg: Config, args: argparse.Namespace) -> dict:
         "tokens": tokens,
         "mfu": args.mfu,
         "time": timing(cfg, tokens, args.mfu),
+        "scaling": {
+            "choice": cfg.batch.scaling,
+            "max_steps": cfg.schedule.max_steps,
+            "rows": scaling_rows(cfg, args.mfu),
+        },
     }
 
 
@@ -139,7 +146,7 @@ def render(r: dict) -> str:
         + ("" if t["layout_fits"] else f"   ({grid})")
         for t in r["time"]
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + [""] + render_rows(**r["scaling"]))
 
 
 def run(cfg: Config, args: argparse.Namespace) -> int:

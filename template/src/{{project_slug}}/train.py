@@ -43,7 +43,7 @@ from .distributed import (
 )
 from .evaluate import evaluate, format_scores, val_scores
 from .metrics import MetricsLogger, format_step, mfu, peak_flops
-from .rules import require_valid, resolve_grad_accum
+from .rules import at_world_size, require_valid, resolve_grad_accum, scaling_note
 from .splits import open_split
 from .strategies import build_strategy
 from .unrecoverable import SharedFailure, raise_on_every_rank
@@ -70,6 +70,7 @@ def run_training(cfg: Config) -> int:
     info = init_distributed(cfg.run.device, collective_timeout(cfg))
     try:
         require_valid(cfg, info.world_size)  # before the folder is claimed: a mistake leaves no trace there
+        cfg = at_world_size(cfg, info.world_size)  # batch.scaling=weak: this world's global batch
         lock, resume = claim_output_dir(cfg, info)
         try:
             code = _train(cfg, info, resume, lock)
@@ -143,7 +144,8 @@ def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | N
         f"model {cfg.model.size}: {num_params:,} parameters | {info.world_size} process(es) on {device.type} | "
         f"global batch {b.global_batch_size} = micro {b.micro_batch_size} x accum {accum} x "
         f"{cfg.data_parallel_size(info.world_size)} data-parallel ranks | "
-        f"{tokens_per_step:,} tokens/step | steps {start_step}->{s.max_steps} | {strategy.describe()}"
+        f"{tokens_per_step:,} tokens/step | steps {start_step}->{s.max_steps} | {strategy.describe()} | "
+        f"{scaling_note(cfg, info.world_size)}"
     )
     if start_step >= s.max_steps:
         print0(f"already trained to step {start_step} (schedule.max_steps={s.max_steps}); nothing to do")
