@@ -116,12 +116,15 @@ def test_fp16_at_zero_stage_0_is_refused_where_it_would_run(cli, v100):
     """DeepSpeed scales no loss at ZeRO 0 under fp16: refused for a V100 (auto) and for run.dtype=fp16."""
     ds = ["run.strategy=deepspeed", "deepspeed.zero_stage=0"]
     plan = cli("plan", *v100(*ds), expect=1)
-    assert "run.dtype=auto trains in fp16 here" in plan.stdout and "use deepspeed.zero_stage=1" in plan.stdout
+    assert (
+        "run.dtype=auto trains in fp16 on the V100 of cluster.gpu_type=v100-32gb (no bf16)" in plan.stdout
+        and "use deepspeed.zero_stage=1" in plan.stdout
+    )
     quiet = cli("check", "--quiet", *v100(*ds), expect=1).stderr  # copier's task: `auto` judged for the V100
-    assert quiet.startswith("refused: run.dtype=auto trains in fp16 here") and len(quiet.splitlines()) == 1
+    assert quiet.startswith("refused: run.dtype=auto trains in fp16 on the V100") and len(quiet.splitlines()) == 1
     assert json.loads(cli("plan", "--json", *v100(*ds, "cluster.gpu_type=h100-80gb")).stdout)["fits"]
     check = cli("check", *v100(*ds, "cluster.gpu_type=h100-80gb", FP16), expect=1)
-    assert "run.dtype=fp16 trains in fp16 here" in check.stderr
+    assert "run.dtype=fp16 with deepspeed.zero_stage=0: DeepSpeed's fp16 without ZeRO" in check.stderr
     cli("check", *v100("run.strategy=deepspeed", "deepspeed.zero_stage=1"))
 
 

@@ -48,13 +48,14 @@ def bf16_refusal(gpu_name: str) -> str:
     )
 
 
-def fp16_zero0_refusal(dtype: str) -> str:
+def fp16_zero0_refusal(dtype: str, gpu_name: str) -> str:
     """DeepSpeed (0.19) scales no loss under fp16 without ZeRO, yet divides the gradients by the scale:
     updates 65536 times too small (deepspeedai/DeepSpeed#8393)."""
+    how = "run.dtype=fp16" if dtype == "fp16" else f"run.dtype={dtype} trains in fp16 on the {gpu_name} (no bf16)"
     return (
-        f"run.dtype={dtype} trains in fp16 here, and DeepSpeed's fp16 without ZeRO (deepspeed.zero_stage=0) "
-        "does not scale the loss, so its updates come out 65536 times too small; use deepspeed.zero_stage=1, "
-        "or run.strategy=ddp (the same data parallelism with torch's GradScaler)"
+        f"{how} with deepspeed.zero_stage=0: DeepSpeed's fp16 without ZeRO does not scale the loss, so its "
+        "updates come out 65536 times too small; use deepspeed.zero_stage=1, or run.strategy=ddp (the same "
+        "data parallelism with torch's GradScaler)"
     )
 
 

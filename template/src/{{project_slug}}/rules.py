@@ -265,13 +265,12 @@ def precision_problems(cfg: Config, precision: str | None = None) -> list[Proble
     plan and the copier task pass precision.on_gpu_type(cfg), 'auto' resolved for cluster.gpu_type."""
     precision, problems = precision or cfg.run.dtype, []
     found = find_answer(cfg.cluster.gpu_type)
+    name = f"{found[0].device_name if found else 'GPU'} of cluster.gpu_type={cfg.cluster.gpu_type}"
     if precision == "bf16" and found is not None and not found[0].has_bf16:
-        name = f"{found[0].device_name} of cluster.gpu_type={cfg.cluster.gpu_type}"
         problems.append(Problem(bf16_refusal(name), "run.dtype", "cluster.gpu_type"))
     if precision == "fp16" and cfg.run.strategy == "deepspeed" and cfg.deepspeed.zero_stage == 0:
-        problems.append(
-            Problem(fp16_zero0_refusal(cfg.run.dtype), "deepspeed.zero_stage", "run.dtype", "cluster.gpu_type")
-        )
+        refusal = fp16_zero0_refusal(cfg.run.dtype, name)
+        problems.append(Problem(refusal, "deepspeed.zero_stage", "run.dtype", "cluster.gpu_type"))
     return problems
 
 

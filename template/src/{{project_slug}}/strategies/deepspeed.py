@@ -168,7 +168,8 @@ def refuse_unsupported_precision(ds_config: dict, device: torch.device, dtype: s
     from deepspeed.accelerator import get_accelerator
 
     if ds_config["fp16"]["enabled"] and ds_config["zero_optimization"]["stage"] == 0:
-        raise ConfigError(fp16_zero0_refusal(dtype), key="deepspeed.zero_stage")
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+        raise ConfigError(fp16_zero0_refusal(dtype, name), key="deepspeed.zero_stage")
 
     for name, supported in (
         ("fp16", get_accelerator().is_fp16_supported),
