@@ -60,8 +60,8 @@ A 10% reserve of GPU memory stands for the CUDA context, NCCL buffers and fragme
 
 Time: tokens (default schedule.max_steps x global batch x sequence_len) x FLOPs per token /
 (GPUs x the GPU's dense peak FLOP/s in the run's precision x MFU; precision.on_gpu_type: bf16, or
-fp16 on a GPU without it, the V100's 125 TFLOP/s); no pipeline bubble or communication term: the MFU stands for all
-of it. FLOPs per token as each model's flops_per_token: 6 x the weights that multiply (gpt: all
+fp16 on a GPU without it: the V100's 125 TFLOP/s); no pipeline bubble or communication term: the
+MFU stands for all of it. FLOPs per token as each model's flops_per_token: 6 x the weights that multiply (gpt: all
 but the input embedding; gpt3: the blocks' matrices and the tied head, Megatron's
 72*L*h^2 + 6*V*h; bert: all but the embedding tables, plus the tied decoder on the 15% predicted
 positions) + 12 x layers x width x sequence_len for attention. The seeds' Megatron-DeepSpeed times on A100 40GB
