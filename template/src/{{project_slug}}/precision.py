@@ -14,7 +14,7 @@ No torch here.
 Loss scaling: fp16 ends at 65504 and flushes gradients below about 6e-8 to zero, so the loss is
 multiplied by a scale before backward and the gradients divided by it before clipping and the
 update. A step whose gradients hold inf or NaN (the scale was too large) is skipped: no update,
-the scale halves. After SCALE_WINDOW steps without one the scale doubles. Both DDP (torch's
+the scale halves (DeepSpeed: once HYSTERESIS overflows have come in a row). After SCALE_WINDOW steps without one the scale doubles. Both DDP (torch's
 GradScaler) and DeepSpeed (its "fp16" section) start at 2**INITIAL_SCALE_POWER.
 """
 
