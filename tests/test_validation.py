@@ -130,6 +130,8 @@ BAD_ANSWERS = [
     ({**GPT3, "pipeline_parallel": 2, "zero_stage": 3}, "zero_stage", "pipeline engine"),
     ({"model": "gpt3", "gpt3_layout": "13b-4dp-4pp", "strategy": "ddp"}, "strategy", "run.strategy=deepspeed"),
     ({**GPT3, "model_size": "tiny", "tensor_parallel": 2, "strategy": "ddp"}, "strategy", "run.strategy=deepspeed"),
+    # a V100 trains in fp16 (no bf16), which DeepSpeed does not loss-scale at ZeRO 0
+    ({"strategy": "deepspeed", "zero_stage": 0, "gpu_type": "v100-16gb"}, "zero_stage", "deepspeed.zero_stage=1"),
     # memory fit (plan): given and default GPU types
     (
         {**GPT3, "model_size": "13B", "nodes": 1, "gpus_per_node": 8, "gpu_type": "v100-16gb"},

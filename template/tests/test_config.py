@@ -120,7 +120,7 @@ def test_null_for_optional_ints(load):
     [
         ("lr=0.1", ["section.key=value"]),
         ("run.device=gpu", ["run.device", "cuda"]),
-        ("run.dtype=fp16", ["run.dtype", "bf16"]),
+        ("run.dtype=fp8", ["run.dtype", "fp16"]),
     ],
 )
 def test_other_mistakes_are_config_errors(pkg, load, override, words):

@@ -24,6 +24,7 @@ LAYERS = {
         "sizes",
         "rules",
         "gpus",
+        "precision",
         "estimates",
         "fit",
         "scaling",

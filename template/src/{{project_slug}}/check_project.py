@@ -18,6 +18,7 @@ from .bounds import count
 from .config import Config
 from .estimates import GIB, memory
 from .fit import fit_problem
+from .precision import on_gpu_type
 from .rules import at_world_size, check_config, model_shape, resolve_grad_accum
 
 
@@ -54,7 +55,7 @@ def run_check(cfg: Config, world_size: int | None = None, quiet: bool = False) -
             print(summary(cfg, world))
             print(
                 f"memory fits: {m['total'] / GIB:.1f} of {m['usable'] / GIB:.1f} GiB usable per {cfg.cluster.gpu_type} "
-                f"(`plan` for the details)"
+                f"in {on_gpu_type(cfg)} (`plan` for the details)"
             )
         return 0
     if not quiet:

@@ -13,7 +13,8 @@ Besides model and optimizer, `run_state` records what continuing exactly needs: 
 learning rate and the data position follow from it: lr_at(step), micro_batch_start(step, ...)),
 the data position of every rank, every rank's RNG states, the config and its fingerprint, the
 fingerprint of the prepared data (a resume, eval or sample on other data is refused: check_data),
-and the layout (world size, data-parallel size). No gradient scaler: training runs in bf16 or fp32.
+and the layout (world size, data-parallel size). Under fp16 the DDP file also holds the loss
+scaler's state and the count of skipped steps (strategies/ddp.py); DeepSpeed saves its own.
 """
 
 from __future__ import annotations

@@ -169,7 +169,8 @@ class RunConfig:
     device: str = "auto"
     """'auto' (CUDA when present), 'cuda' or 'cpu'."""
     dtype: str = "auto"
-    """'auto' (bf16 autocast on CUDA, fp32 on CPU), 'bf16' or 'fp32'."""
+    """'auto' (bf16 on a GPU with bf16, fp16 loss-scaled on an older one, fp32 on CPU), 'bf16', 'fp16'
+    or 'fp32': precision.py."""
     compile: bool = False
     """torch.compile the model (CUDA only; slower start, faster steps)."""
     strategy: str = "ddp"
@@ -374,7 +375,7 @@ def _check_choices(cfg: Config) -> None:
     choices = {
         "model.arch": ("gpt", "bert", "gpt3"),
         "run.device": ("auto", "cuda", "cpu"),
-        "run.dtype": ("auto", "bf16", "fp32"),
+        "run.dtype": ("auto", "bf16", "fp16", "fp32"),
         "run.strategy": ("ddp", "deepspeed"),
         "batch.scaling": ("strong", "weak"),
         "deepspeed.zero_stage": (0, 1, 2, 3),

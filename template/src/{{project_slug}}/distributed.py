@@ -14,6 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from . import precision
 from .config import ConfigError, debug_requested
 from .topology import process_ranks
 
@@ -39,10 +40,22 @@ def pick_device(preference: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
+def resolve_precision(device: torch.device, dtype: str) -> str:
+    """'bf16', 'fp16' or 'fp32': run.dtype on this device (precision.resolve). bf16 is judged by the
+    compute capability, not torch.cuda.is_bf16_supported(), which also counts a V100's slow emulation."""
+    on_gpu = device.type == "cuda"
+    name, has_bf16 = device.type, False
+    if on_gpu:
+        major, minor = torch.cuda.get_device_capability(device)
+        name, has_bf16 = f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor})", major >= 8
+    return precision.resolve(dtype, on_gpu, has_bf16, name)
+
+
 def autocast_context(device: torch.device, dtype: str):
-    """bf16 autocast on CUDA by default; fp32 on CPU, where bf16 is slow and only emulated."""
-    use_bf16 = dtype == "bf16" or (dtype == "auto" and device.type == "cuda")
-    return torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+    """Autocast to the resolved precision of run.dtype (resolve_precision): bf16 or fp16, none for fp32.
+    On CPU 'auto' means fp32, where bf16 is slow and only emulated."""
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(resolve_precision(device, dtype))
+    return torch.autocast(device.type, dtype=half) if half else nullcontext()
 
 
 def collective_timeout(cfg) -> timedelta:

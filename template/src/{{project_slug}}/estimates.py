@@ -22,17 +22,17 @@ Parameters (analytic; tests compare with the torch models built on the meta devi
 
 Model states per GPU (ZeRO paper, mixed-precision Adam, Psi = parameters on the GPU after the
 tensor/pipeline split, Nd = world / (tensor x pipeline) data-parallel ranks):
-bf16 weights 2 Psi, bf16 grads 2 Psi, optimizer 12 Psi (fp32 master, m, v):
+16-bit weights 2 Psi, 16-bit grads 2 Psi, optimizer 12 Psi (fp32 master, m, v), bf16 and fp16 alike:
     stage 0 (DDP): 16 Psi   stage 1: 4 Psi + 12 Psi/Nd   stage 2: 2 Psi + 14 Psi/Nd   stage 3: 16 Psi/Nd
 deepspeed.offload_optimizer moves the optimizer part to host memory, deepspeed.offload_params
-(stage 3) the weights. train.py's DDP keeps fp32 weights under bf16 autocast: 4 + 4 + 8 bytes, the
+(stage 3) the weights. train.py's DDP keeps fp32 weights under autocast: 4 + 4 + 8 bytes, the
 same 16 Psi (DDP's gradient buckets may add up to 4 Psi more; the 10% reserve is meant to absorb
 such things). DeepSpeed's own estimators add a 4 Psi/Nd fp32 gradient partition and, for stage 3,
 the gathered largest layer; tests/test_plan.py compares against them. Combinations that
 rules.parallel_problems refuses (ZeRO 2 and 3 with tensor or pipeline degrees above 1: those
 layouts run on DeepSpeed's pipeline engine) are refused here too, and never suggested.
 
-Activations per GPU for a micro batch b of s tokens, width h, a heads, vocab V (bf16):
+Activations per GPU for a micro batch b of s tokens, width h, a heads, vocab V (bf16; fp16 the same):
 - gpt: 63*s*b*h bytes per layer, measured on an H100 for this block (torch 2.11, bf16 autocast,
   d20, vocab 8192, sequence 2048, micro batch 8 and 16: peak 31.2 and 56.9 GiB): the ReLU^2 MLP
   stores the fc output, its ReLU and its square (4h wide each), rotary + QK-norm keep extra copies
@@ -59,8 +59,9 @@ Activations per GPU for a micro batch b of s tokens, width h, a heads, vocab V (
 A 10% reserve of GPU memory stands for the CUDA context, NCCL buffers and fragmentation.
 
 Time: tokens (default schedule.max_steps x global batch x sequence_len) x FLOPs per token /
-(GPUs x peak bf16 FLOP/s x MFU); no pipeline bubble or communication term: the MFU stands for all
-of it. FLOPs per token as each model's flops_per_token: 6 x the weights that multiply (gpt: all
+(GPUs x the GPU's dense peak FLOP/s in the run's precision x MFU; precision.on_gpu_type: bf16, or
+fp16 on a GPU without it: the V100's 125 TFLOP/s); no pipeline bubble or communication term: the
+MFU stands for all of it. FLOPs per token as each model's flops_per_token: 6 x the weights that multiply (gpt: all
 but the input embedding; gpt3: the blocks' matrices and the tied head, Megatron's
 72*L*h^2 + 6*V*h; bert: all but the embedding tables, plus the tied decoder on the 15% predicted
 positions) + 12 x layers x width x sequence_len for attention. The seeds' Megatron-DeepSpeed times on A100 40GB
@@ -72,7 +73,8 @@ from __future__ import annotations
 
 from .config import Config, ConfigError
 from .gpus import ANSWERS, find_answer
-from .rules import parallel_problems
+from .precision import on_gpu_type
+from .rules import parallel_problems, precision_problems
 from .sizes import model_shape
 
 GIB = 1024**3
@@ -95,13 +97,13 @@ CHECKPOINT_BYTES = {("gpt3", "bf16"): 2, ("gpt3", "autocast"): 4, ("bert", "bf16
 LOGITS_BYTES = {"gpt3": 12, "bert": 12 * BERT_MLM_SHARE}
 
 
-def gpu_spec(gpu_type: str) -> tuple[float, float]:
-    """(memory bytes, dense bf16 peak FLOP/s) of a gpu_type answer."""
+def gpu_spec(gpu_type: str, precision: str | None = None) -> tuple[float, float]:
+    """(memory bytes, dense peak FLOP/s in precision: gpus.Gpu.peak) of a gpu_type answer."""
     found = find_answer(gpu_type)
     if found is None:
         raise ConfigError(f"cluster.gpu_type={gpu_type!r} is not known to plan; use one of {', '.join(ANSWERS)}")
     gpu, memory_gib = found
-    return memory_gib * GIB, gpu.peak_flops
+    return memory_gib * GIB, gpu.peak(precision)
 
 
 def gpu_memory(gpu_type: str) -> float:
@@ -200,8 +202,8 @@ def model_states(
 
 
 def precision(cfg: Config) -> str:
-    """'bf16' where modules run in bf16 without autocast (DeepSpeed's pipeline engine), else
-    'autocast' (train.py's loop: DDP with fp32 weights, ZeRO with bf16 weights, both under autocast)."""
+    """'bf16' where modules run in 16 bits without autocast (DeepSpeed's pipeline engine; fp16 takes the
+    same bytes), else 'autocast' (train.py's loop: DDP with fp32 weights, ZeRO with 16-bit weights)."""
     uses_engine = cfg.model.arch == "gpt3" and (cfg.parallel.tensor, cfg.parallel.pipeline) != (1, 1)
     return "bf16" if uses_engine and cfg.run.strategy == "deepspeed" else "autocast"
 
@@ -253,9 +255,10 @@ def zero_stage(cfg: Config) -> int:
 
 
 def layout_problems(cfg: Config) -> list[str]:
-    """What the rules refuse about this layout and strategy (empty when allowed)."""
+    """What the rules refuse about this layout, strategy and precision on this GPU (empty when allowed)."""
     shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
-    return parallel_problems(cfg, shape, cfg.cluster.nodes * cfg.cluster.gpus_per_node)
+    world = cfg.cluster.nodes * cfg.cluster.gpus_per_node
+    return parallel_problems(cfg, shape, world) + precision_problems(cfg, on_gpu_type(cfg))
 
 
 def memory(cfg: Config) -> dict:
@@ -307,7 +310,7 @@ def memory(cfg: Config) -> dict:
 
 def timing(cfg: Config, tokens: float, mfu: float) -> list[dict]:
     shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
-    _, peak = gpu_spec(cfg.cluster.gpu_type)
+    _, peak = gpu_spec(cfg.cluster.gpu_type, on_gpu_type(cfg))
     flops = tokens * flops_per_token(shape, cfg.data.vocab_size, cfg.model.sequence_len, cfg.model.arch)
     rows = []
     grid = cfg.parallel.tensor * cfg.parallel.pipeline

@@ -8,6 +8,10 @@ Each hook reads one environment variable and does nothing when it is unset.
                                          so the others wait in their next collective (DDP's buffer
                                          broadcast before the forward; try `debug-dump`)
     TRAIN_FAULT_STEP_SECONDS=0.5         every step sleeps this long (a slow job to signal or kill)
+    TRAIN_FAULT_OVERFLOW=STEP[,STEP...]  the loss that optimizer step STEP (0-based) backpropagates is
+                                         multiplied by inf on every rank, as an fp16 overflow makes it:
+                                         under fp16 the step is skipped and counted, the weights kept
+                                         (train.py's loop: DDP and ZeRO, not the pipeline engine)
 """
 
 from __future__ import annotations
@@ -25,6 +29,16 @@ def pause_before_commit(staged: Path) -> None:
             f"fault injection: {staged} written, pausing {seconds:g} s before the rename", file=sys.stderr, flush=True
         )
         time.sleep(seconds)
+
+
+def overflow(loss, step: int, micro: int):
+    """The loss to backpropagate: loss itself, or loss * inf in the first micro step of a step
+    TRAIN_FAULT_OVERFLOW names (the accumulated gradients are then inf or NaN)."""
+    spec = os.environ.get("TRAIN_FAULT_OVERFLOW", "")
+    if spec and micro == 0 and str(step) in spec.split(","):
+        print(f"fault injection: the gradients of step {step} overflow", file=sys.stderr, flush=True)
+        return loss * float("inf")
+    return loss
 
 
 def before_step(rank: int, step: int) -> None:

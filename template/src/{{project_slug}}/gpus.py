@@ -1,12 +1,15 @@
-"""The GPUs the project knows, each once: the name torch reports for it, its dense peak FLOP/s and,
-for those a project can be generated for, the `gpu_type` answers with their memory. No torch: the
-copier task and `plan` read it, and so does training (metrics.py, for the MFU).
+"""The GPUs the project knows, each once: the name torch reports for it, its dense tensor-core peak
+FLOP/s in each 16-bit precision it has (bf16 only from compute capability 8.0 on: a V100 has fp16
+alone) and, for those a project can be generated for, the `gpu_type` answers with their memory. No
+torch: the copier task and `plan` read it, and so does training (metrics.py, for the MFU).
 
     from .gpus import ANSWERS, find_answer, peak_for_device_name
-    gpu, memory_gib = find_answer("a100-40gb")             # plan: memory per GPU, peak for the time table
-    peak_for_device_name("NVIDIA H100 80GB HBM3")          # metrics: 989e12; None for an unknown device
+    gpu, memory_gib = find_answer("v100-16gb")             # plan: memory per GPU, precision and peak
+    gpu.has_bf16, gpu.peak("fp16")                         # False, 125e12
+    peak_for_device_name("NVIDIA H100 80GB HBM3", "bf16")  # metrics: 989e12; None for an unknown device
 
-Peaks are vendor figures without sparsity; an unknown device gets None rather than a made-up number.
+Peaks are vendor figures without sparsity (fp16 with fp32 accumulation, as mixed precision runs it);
+an unknown device gets None rather than a made-up number.
 """
 
 from __future__ import annotations
@@ -18,32 +21,45 @@ from dataclasses import dataclass, field
 class Gpu:
     device_name: str
     """A substring of torch.cuda.get_device_name(), e.g. "A100" of "NVIDIA A100-SXM4-40GB"."""
-    peak_flops: float
-    """Dense bf16 tensor-core peak, FLOP/s."""
+    peaks: dict[str, float]
+    """Dense tensor-core peak FLOP/s by precision, "bf16" and "fp16"; a GPU without bf16 lacks that key."""
     answers: dict[str, int] = field(default_factory=dict)
     """The gpu_type answers (copier.yml) for this GPU -> memory in GiB; empty where none is offered."""
 
+    @property
+    def has_bf16(self) -> bool:
+        return "bf16" in self.peaks
 
-# Dense bf16 tensor-core peak per GPU, FLOP/s. First match of the device name wins, so the
-# more specific names come first.
+    def peak(self, precision: str | None = None) -> float:
+        """The peak for a training precision ("bf16", "fp16"); for fp32 (or None) the GPU's best 16-bit
+        peak, which MFU is measured against whatever a run computes in."""
+        return self.peaks.get(precision) or self.peaks["bf16" if self.has_bf16 else "fp16"]
+
+
+def bf16_and_fp16(flops: float) -> dict[str, float]:
+    """Peaks of a GPU whose tensor cores run bf16 and fp16 (with fp32 accumulation) equally fast."""
+    return {"bf16": flops, "fp16": flops}
+
+
+# First match of the device name wins, so the more specific names come first.
 GPUS = (
-    Gpu("H100 PCIe", 756e12),
-    Gpu("H100 NVL", 835e12),
-    Gpu("H100", 989e12, {"h100-80gb": 80}),  # SXM
-    Gpu("GH200", 989e12),  # before H200, which its name contains
-    Gpu("H200", 989e12, {"h200-141gb": 141}),
-    Gpu("H800", 989e12, {"h800-80gb": 80}),
-    Gpu("H20", 148e12),
-    Gpu("B200", 2250e12),
-    Gpu("A100", 312e12, {"a100-40gb": 40, "a100-80gb": 80}),
-    Gpu("A800", 312e12, {"a800-40gb": 40, "a800-80gb": 80}),
-    Gpu("A40", 150e12),
-    Gpu("A10", 125e12),
-    Gpu("L40S", 362e12, {"l40s-48gb": 48}),
-    Gpu("L40", 181e12),
-    Gpu("L4", 121e12),
-    Gpu("RTX 4090", 165e12, {"rtx4090-24gb": 24}),
-    Gpu("V100", 125e12, {"v100-16gb": 16, "v100-32gb": 32}),  # fp16: V100 has no bf16
+    Gpu("H100 PCIe", bf16_and_fp16(756e12)),
+    Gpu("H100 NVL", bf16_and_fp16(835e12)),
+    Gpu("H100", bf16_and_fp16(989e12), {"h100-80gb": 80}),  # SXM
+    Gpu("GH200", bf16_and_fp16(989e12)),  # before H200, which its name contains
+    Gpu("H200", bf16_and_fp16(989e12), {"h200-141gb": 141}),
+    Gpu("H800", bf16_and_fp16(989e12), {"h800-80gb": 80}),
+    Gpu("H20", bf16_and_fp16(148e12)),
+    Gpu("B200", bf16_and_fp16(2250e12)),
+    Gpu("A100", bf16_and_fp16(312e12), {"a100-40gb": 40, "a100-80gb": 80}),
+    Gpu("A800", bf16_and_fp16(312e12), {"a800-40gb": 40, "a800-80gb": 80}),
+    Gpu("A40", bf16_and_fp16(150e12)),
+    Gpu("A10", bf16_and_fp16(125e12)),
+    Gpu("L40S", bf16_and_fp16(362e12), {"l40s-48gb": 48}),
+    Gpu("L40", bf16_and_fp16(181e12)),
+    Gpu("L4", bf16_and_fp16(121e12)),
+    Gpu("RTX 4090", bf16_and_fp16(165e12), {"rtx4090-24gb": 24}),
+    Gpu("V100", {"fp16": 125e12}, {"v100-16gb": 16, "v100-32gb": 32}),  # Volta: no bf16
 )
 
 ANSWERS = tuple(answer for gpu in GPUS for answer in gpu.answers)
@@ -54,6 +70,6 @@ def find_answer(gpu_type: str) -> tuple[Gpu, int] | None:
     return next(((gpu, gpu.answers[gpu_type]) for gpu in GPUS if gpu_type in gpu.answers), None)
 
 
-def peak_for_device_name(name: str) -> float | None:
-    """Dense peak FLOP/s of the device torch names `name`; None for a device the table lacks."""
-    return next((gpu.peak_flops for gpu in GPUS if gpu.device_name in name), None)
+def peak_for_device_name(name: str, precision: str | None = None) -> float | None:
+    """Dense peak FLOP/s (Gpu.peak) of the device torch names `name`; None for a device the table lacks."""
+    return next((gpu.peak(precision) for gpu in GPUS if gpu.device_name in name), None)

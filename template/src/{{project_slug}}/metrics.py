@@ -1,8 +1,10 @@
 """Throughput, model FLOPs utilisation and the metric sinks (console, metrics.jsonl, TensorBoard).
 
-MFU = achieved model FLOPs / peak dense bf16 FLOPs of all GPUs. Peaks come from gpus.py (vendor
+MFU = achieved model FLOPs / peak dense FLOPs of all GPUs in the run's 16-bit precision (bf16 or
+fp16; an fp32 run is measured against the GPU's 16-bit peak too). Peaks come from gpus.py (vendor
 figures without sparsity); an unknown device (CPU included) reports MFU as null rather than a made-up
-number.
+number. Under fp16 each record also holds loss_scale and skipped: the optimizer steps the loss scaler
+has skipped so far in the run (their gradients overflowed; no update was made).
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ import torch
 from .gpus import peak_for_device_name
 
 
-def peak_flops(device: torch.device) -> float | None:
+def peak_flops(device: torch.device, precision: str | None = None) -> float | None:
     if device.type != "cuda":
         return None
-    return peak_for_device_name(torch.cuda.get_device_name(device))
+    return peak_for_device_name(torch.cuda.get_device_name(device), precision)
 
 
 def mfu(flops_per_token: float, tokens_per_sec: float, num_gpus: int, peak: float | None) -> float | None:
@@ -92,4 +94,6 @@ def format_step(record: dict, max_steps: int) -> str:
     if record.get("mfu") is not None:
         parts.append(f"mfu {100 * record['mfu']:.1f}%")
     parts.append(f"{1000 * record['step_time']:.0f} ms/step")
+    if "loss_scale" in record:
+        parts.append(f"loss scale {record['loss_scale']:g}, {record['skipped']} skipped")
     return " | ".join(parts)

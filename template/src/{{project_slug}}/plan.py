@@ -21,8 +21,9 @@ import sys
 
 from .bounds import positive_float
 from .config import Config, ConfigError
-from .estimates import GIB, RESERVE, memory, timing, zero_stage
+from .estimates import GIB, RESERVE, gpu_spec, memory, timing, zero_stage
 from .fit import changed, strategy_text, suggest, with_strategy
+from .precision import on_gpu_type
 from .scaling import render_rows, scaling_rows
 
 
@@ -77,6 +78,7 @@ def build(cfg: Config, args: argparse.Namespace) -> dict:
     cfg = with_flags(cfg, args)
     tokens = args.tokens or cfg.schedule.max_steps * cfg.batch.global_batch_size * cfg.model.sequence_len
     mem = memory(cfg)
+    precision = on_gpu_type(cfg)
     return {
         "model": cfg.model.size,
         "arch": cfg.model.arch,
@@ -93,6 +95,8 @@ def build(cfg: Config, args: argparse.Namespace) -> dict:
         "memory": mem,
         "fits": mem["fits"],
         "suggestion": None if mem["fits"] else ("; ".join(mem["problems"]) if mem["problems"] else suggest(cfg)),
+        "precision": precision,  # bf16, or fp16 (loss-scaled) on a GPU without bf16; fp32 if asked
+        "peak_flops": gpu_spec(cfg.cluster.gpu_type, precision)[1],  # dense, per GPU, for the time table
         "tokens": tokens,
         "mfu": args.mfu,
         "time": timing(cfg, tokens, args.mfu),
@@ -139,7 +143,13 @@ def render(r: dict) -> str:
         lines.append(f"verdict: {'fits' if r['fits'] else 'does NOT fit'}")
         if not r["fits"]:
             lines.append(f"smallest change that fits: {r['suggestion'] or 'none found (a smaller model?)'}")
-    lines += ["", f"time to train {r['tokens']:.3g} tokens at MFU {r['mfu']:.2f}", "  nodes  GPUs     hours  GPU-hours"]
+    kind = "16-bit" if r["precision"] == "fp32" else r["precision"]  # an fp32 run against the 16-bit peak too
+    lines += [
+        "",
+        f"time to train {r['tokens']:.3g} tokens at MFU {r['mfu']:.2f} of the {r['peak_flops'] / 1e12:.0f} "
+        f"TFLOP/s dense {kind} peak per GPU",
+        "  nodes  GPUs     hours  GPU-hours",
+    ]
     grid = f"tensor {m['tensor']} x pipeline {m['pipeline']} needs a multiple of {m['tensor'] * m['pipeline']} GPUs"
     lines += [
         f"  {t['nodes']:5d} {t['gpus']:5d} {t['hours']:9.2f} {t['gpu_hours']:10.1f}"

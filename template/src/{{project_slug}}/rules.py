@@ -13,6 +13,8 @@ import dataclasses
 
 from .bounds import bound_problems
 from .config import Config, ConfigError
+from .gpus import find_answer
+from .precision import bf16_refusal, fp16_zero0_refusal
 from .sizes import model_shape
 
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
     "scaling_note",
     "check_config",
     "parallel_problems",
+    "precision_problems",
     "require_valid",
 ]
 
@@ -170,6 +173,7 @@ def check_config(cfg: Config, world_size: int | None = None) -> list[Problem]:
     except ConfigError as exc:  # load_config has refused an unknown model.arch already: the size is wrong
         return problems + [Problem(str(exc), "model.size", "model.arch")]
     problems += parallel_problems(cfg, shape, world)
+    problems += precision_problems(cfg)
     arch = cfg.model.arch
     if arch != "gpt" and cfg.model.n_kv_head is not None:
         problems.append(
@@ -335,6 +339,21 @@ def parallel_problems(cfg: Config, shape: dict, world: int) -> list[Problem]:
                 *degrees,
             )
         )
+    return problems
+
+
+def precision_problems(cfg: Config, precision: str | None = None) -> list[Problem]:
+    """What refuses training in `precision` on cluster.gpu_type (the ranks judge their own device
+    too). precision: by default run.dtype as written (check_config: 'auto' depends on the device);
+    plan and the copier task pass precision.on_gpu_type(cfg), 'auto' resolved for cluster.gpu_type."""
+    precision, problems = precision or cfg.run.dtype, []
+    found = find_answer(cfg.cluster.gpu_type)
+    name = f"{found[0].device_name if found else 'GPU'} of cluster.gpu_type={cfg.cluster.gpu_type}"
+    if precision == "bf16" and found is not None and not found[0].has_bf16:
+        problems.append(Problem(bf16_refusal(name), "run.dtype", "cluster.gpu_type"))
+    if precision == "fp16" and cfg.run.strategy == "deepspeed" and cfg.deepspeed.zero_stage == 0:
+        refusal = fp16_zero0_refusal(cfg.run.dtype, name)
+        problems.append(Problem(refusal, "deepspeed.zero_stage", "run.dtype", "cluster.gpu_type"))
     return problems
 
 

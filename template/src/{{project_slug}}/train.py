@@ -1,6 +1,6 @@
 """The training loop: data parallel over torchrun ranks (DDP or DeepSpeed ZeRO, see strategies/),
-gradient accumulation, bf16 autocast, optional torch.compile, AdamW with warmup + cosine,
-clipping, metrics, evaluation and checkpoints.
+gradient accumulation, mixed precision (bf16, or fp16 with loss scaling: precision.py), optional
+torch.compile, AdamW with warmup + cosine, clipping, metrics, evaluation and checkpoints.
 
     torchrun --standalone --nproc-per-node 8 -m <package> train [key=value ...]
     torchrun --standalone --nproc-per-node 8 -m <package> train run.strategy=deepspeed deepspeed.zero_stage=2
@@ -38,6 +38,7 @@ from .distributed import (
     finish,
     init_distributed,
     print0,
+    resolve_precision,
     share_from_main,
     shutdown,
 )
@@ -70,6 +71,7 @@ def run_training(cfg: Config) -> int:
     info = init_distributed(cfg.run.device, collective_timeout(cfg))
     try:
         require_valid(cfg, info.world_size)  # before the folder is claimed: a mistake leaves no trace there
+        resolve_precision(info.device, cfg.run.dtype)  # bf16 on a GPU without it: one line from every rank
         cfg = at_world_size(cfg, info.world_size)  # batch.scaling=weak: this world's global batch
         lock, resume = claim_output_dir(cfg, info)
         try:
@@ -128,7 +130,8 @@ def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | N
     torch.manual_seed(cfg.run.seed)  # same init on every rank; DDP also broadcasts rank 0's weights
     # Builds and wraps the model, owns optimizer and checkpoints.
     strategy = build_strategy(cfg, info, meta["vocab_size"], accum)
-    num_params, flops_per_token, peak = strategy.num_params, strategy.flops_per_token, peak_flops(device)
+    precision = resolve_precision(device, cfg.run.dtype)
+    num_params, flops_per_token, peak = strategy.num_params, strategy.flops_per_token, peak_flops(device, precision)
     start_step = strategy.resume(ckpt_dir, resume)
     stop = preemption.StopRequest()
     if info.is_main:  # the first writes of this run to the folder, after every refusal
@@ -136,7 +139,7 @@ def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | N
         run_lock.record_job(out, lock.job)
         save_config(cfg, out / "config.yaml")
         preemption.clear_marker(out)
-    autocast = autocast_context(device, cfg.run.dtype)
+    autocast = autocast_context(device, precision)
 
     b, s = cfg.batch, cfg.schedule
     tokens_per_step = b.global_batch_size * T
@@ -145,7 +148,7 @@ def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | N
         f"global batch {b.global_batch_size} = micro {b.micro_batch_size} x accum {accum} x "
         f"{cfg.data_parallel_size(info.world_size)} data-parallel ranks | "
         f"{tokens_per_step:,} tokens/step | steps {start_step}->{s.max_steps} | {strategy.describe()} | "
-        f"{scaling_note(cfg, info.world_size)}"
+        f"precision {precision} | {scaling_note(cfg, info.world_size)}"
     )
     if start_step >= s.max_steps:
         print0(f"already trained to step {start_step} (schedule.max_steps={s.max_steps}); nothing to do")
@@ -177,7 +180,7 @@ def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | N
                 with strategy.micro_context(micro):  # DDP: all-reduce only on the last micro step
                     with autocast:
                         loss = strategy.runnable(x, y)
-                    strategy.backward(loss, micro)
+                    strategy.backward(faults.overflow(loss, step, micro), micro)
                 loss_sum += loss.detach()
             grad_norm = strategy.step()  # clip, update, clear; the norm before clipping
         done, window_steps = step + 1, window_steps + 1
@@ -195,6 +198,7 @@ def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | N
                 "mfu": mfu(flops_per_token, tokens_per_step / step_time, info.world_size, peak),
                 "step_time": step_time,
                 "tokens": done * tokens_per_step,
+                **strategy.loss_scaling(),  # fp16: loss_scale, skipped (steps of the run so far)
             }
             logger.log(record)
             print0(format_step(record, s.max_steps))

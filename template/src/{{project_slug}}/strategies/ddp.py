@@ -2,6 +2,10 @@
 AdamW, global-norm clipping, one checkpoint file per step written by rank 0 (checkpoint.py).
 
     <package> train run.strategy=ddp        # the default
+
+Under fp16 (precision.py) torch's GradScaler scales the loss before backward and unscales the
+gradients before clipping; a step whose gradients overflowed is skipped (no update, the scale
+halves) and counted. The scaler's state and the count are in the checkpoint, so a resume is exact.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .. import checkpoint, checkpoint_files
 from ..config import Config, ConfigError
-from ..distributed import DistInfo, print0, share_from_main
+from ..distributed import DistInfo, print0, resolve_precision, share_from_main
+from ..precision import INITIAL_SCALE_POWER, SCALE_WINDOW
 from ..unrecoverable import raise_on_every_rank
 from .param_groups import param_groups
 
@@ -42,6 +47,14 @@ class DDPStrategy:
         self.module = model  # unwrapped: evaluation, state_dict
         self.run_id = None  # set by resume: the resumed checkpoint's run, or a new one
         self.optimizer = build_optimizer(model, cfg, info.device)
+        # Disabled (every call a pass-through) unless the run computes in fp16.
+        self.scaler = torch.amp.GradScaler(
+            info.device.type,
+            init_scale=2.0**INITIAL_SCALE_POWER,
+            growth_interval=SCALE_WINDOW,
+            enabled=resolve_precision(info.device, cfg.run.dtype) == "fp16",
+        )
+        self.skipped = torch.zeros((), dtype=torch.long, device=info.device)  # steps the scaler skipped
         # compile first, then DDP: DDP's bucketing hooks see the compiled module's parameters.
         runnable = torch.compile(model) if cfg.run.compile and info.device.type == "cuda" else model
         if info.world_size > 1:
@@ -62,19 +75,37 @@ class DDPStrategy:
         return nullcontext() if sync else self.runnable.no_sync()
 
     def backward(self, loss: torch.Tensor, micro: int) -> None:
-        (loss / self.accum).backward()
+        self.scaler.scale(loss / self.accum).backward()
 
     def step(self) -> torch.Tensor:
-        """Clip, update, clear; returns the gradient norm before clipping."""
+        """Unscale, clip, update (skipped by the scaler if the gradients overflowed), clear; returns
+        the gradient norm before clipping (inf or NaN on a skipped step)."""
+        self.scaler.unscale_(self.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.optim.grad_clip or float("inf"))
-        self.optimizer.step()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        if self.scaler.is_enabled():  # the scaler skips exactly the steps with a non-finite gradient
+            self.skipped += ~torch.isfinite(grad_norm)
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
+
+    def loss_scaling(self) -> dict:
+        """{"loss_scale", "skipped"} under fp16 (skipped: steps of the run so far); {} otherwise."""
+        if not self.scaler.is_enabled():
+            return {}
+        return {"loss_scale": self.scaler.get_scale(), "skipped": int(self.skipped.item())}
 
     def save(self, ckpt_dir: Path, step: int, extra: dict) -> None:
         failed = None
         if self.info.is_main:
-            state = {"step": step, "model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(), **extra}
+            state = {
+                "step": step,
+                "model": self.module.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "grad_scaler": self.scaler.state_dict(),  # {} unless fp16
+                "skipped_steps": int(self.skipped.item()),
+                **extra,
+            }
             try:
                 path = checkpoint.save(ckpt_dir, step, state, self.cfg.checkpoint.keep_last, self.run_id)
                 print0(f"saved {path}")
@@ -100,6 +131,9 @@ class DDPStrategy:
         notes = checkpoint.check_compatible(state, self.cfg, self.info.world_size, latest, can_reshard=True)
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler.is_enabled() and state.get("grad_scaler"):  # a run switched to fp16 starts a new scale
+            self.scaler.load_state_dict(state["grad_scaler"])
+        self.skipped.fill_(state.get("skipped_steps", 0))
         checkpoint.restore_rank_rng(state["rng"], self.info.rank, self.cfg.run.seed)
         print0(f"resumed from {latest} at step {state['step']}" + "".join(f"; {n}" for n in notes))
         return state["step"]

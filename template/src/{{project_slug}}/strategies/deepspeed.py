@@ -15,6 +15,9 @@ the rename the ranks hash the folder's files between them and rank 0 writes its 
 (checkpoint_files.py: run id, sizes, sha256), which a resume verifies the same way, shared out. A
 save that finds no room on any rank stops every rank with one line; the previous checkpoint stays.
 The rename needs run.output_dir on storage every node sees (it has to be, to resume anywhere).
+Precision (precision.py): bf16 and fp16 put DeepSpeed's "bf16" or "fp16" section on (16-bit weights,
+fp32 master copies in the optimizer); fp16 brings DeepSpeed's dynamic loss scaler, whose state and
+skipped-step count DeepSpeed keeps in its own checkpoint.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ import torch
 
 from .. import checkpoint, checkpoint_files, faults
 from ..config import Config, ConfigError
-from ..distributed import DistInfo, barrier, gather_objects, print0, share_from_main
+from ..distributed import DistInfo, barrier, gather_objects, print0, resolve_precision, share_from_main
+from ..precision import HYSTERESIS, INITIAL_SCALE_POWER, MIN_LOSS_SCALE, SCALE_WINDOW, fp16_zero0_refusal
 from ..unrecoverable import raise_on_every_rank
 from .param_groups import param_groups
 
@@ -48,10 +52,13 @@ def import_deepspeed():
     return deepspeed
 
 
-def deepspeed_config(cfg: Config, accum: int, data_parallel_size: int, device: torch.device) -> dict:
-    """The DeepSpeed config dict derived from train.yaml (and the resolved accumulation)."""
+def deepspeed_config(
+    cfg: Config, accum: int, data_parallel_size: int, device: torch.device, precision: str | None = None
+) -> dict:
+    """The DeepSpeed config dict derived from train.yaml (and the resolved accumulation); precision:
+    'bf16', 'fp16' or 'fp32', by default run.dtype resolved on device."""
     b, o, ds = cfg.batch, cfg.optim, cfg.deepspeed
-    bf16 = device.type == "cuda" and cfg.run.dtype in ("auto", "bf16")
+    precision = precision or resolve_precision(device, cfg.run.dtype)
     zero: dict = {"stage": ds.zero_stage}
     if ds.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": device.type == "cuda"}
@@ -63,7 +70,15 @@ def deepspeed_config(cfg: Config, accum: int, data_parallel_size: int, device: t
         "train_batch_size": b.micro_batch_size * accum * data_parallel_size,
         "gradient_clipping": o.grad_clip,
         "zero_optimization": zero,
-        "bf16": {"enabled": bf16},
+        "bf16": {"enabled": precision == "bf16"},
+        "fp16": {
+            "enabled": precision == "fp16",
+            "loss_scale": 0,  # 0: dynamic
+            "initial_scale_power": INITIAL_SCALE_POWER,
+            "loss_scale_window": SCALE_WINDOW,
+            "hysteresis": HYSTERESIS,
+            "min_loss_scale": MIN_LOSS_SCALE,
+        },
         "optimizer": {
             "type": "AdamW",
             # torch's AdamW: the DeepSpeed install builds no ops (no CUDA toolkit needed); with
@@ -147,6 +162,33 @@ def read_checkpoint(folder: Path) -> dict:
     return trained_state(states, get_fp32_state_dict_from_zero_checkpoint(str(folder.parent), tag=folder.name))
 
 
+def refuse_unsupported_precision(ds_config: dict, device: torch.device, dtype: str) -> None:
+    """One line instead of DeepSpeed's ValueError where its accelerator lacks the 16-bit type (fp16
+    on most CPUs: DeepSpeed needs oneDNN's fp16 there), or of silently wrong updates (fp16 at ZeRO 0)."""
+    from deepspeed.accelerator import get_accelerator
+
+    if ds_config["fp16"]["enabled"] and ds_config["zero_optimization"]["stage"] == 0:
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+        raise ConfigError(fp16_zero0_refusal(dtype, name), key="deepspeed.zero_stage")
+
+    for name, supported in (
+        ("fp16", get_accelerator().is_fp16_supported),
+        ("bf16", get_accelerator().is_bf16_supported),
+    ):
+        if ds_config[name]["enabled"] and not supported():
+            raise ConfigError(
+                f"run.dtype={name} with run.strategy=deepspeed: DeepSpeed has no {name} on this {device.type}; "
+                "use run.dtype=auto or fp32 here, or run.strategy=ddp (torch's autocast and GradScaler)",
+                key="run.dtype",
+            )
+
+
+def current_loss_scale(optimizer) -> float:
+    """The loss scale of DeepSpeed's fp16 optimizer (its fp16 and ZeRO wrappers keep it in different places)."""
+    config = getattr(optimizer, "loss_scale_config", None)
+    return float(config.cur_scale if config is not None else optimizer.cur_scale)
+
+
 class DeepSpeedStrategy:
     name = "deepspeed"
     consumes_batches = False  # train.py runs the micro steps (see PipelineStrategy for the other case)
@@ -157,6 +199,7 @@ class DeepSpeedStrategy:
         self.data_rank = info.rank  # every rank is a data-parallel rank
         self._init_process_group(deepspeed)
         self.ds_config = deepspeed_config(cfg, accum, info.world_size, info.device)
+        refuse_unsupported_precision(self.ds_config, info.device, cfg.run.dtype)
         self._write_config()
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, model_parameters=param_groups(model, cfg.optim.weight_decay), config=self.ds_config
@@ -202,7 +245,8 @@ class DeepSpeedStrategy:
         last = micro == self.accum - 1
         assert self.engine.is_gradient_accumulation_boundary() == last
         if last and self.cfg.deepspeed.zero_stage == 0:
-            # Stage 0 reports no norm; the gradients are already all-reduced at this point.
+            # Stage 0 reports no norm; the gradients are already all-reduced at this point (stage 0
+            # runs in bf16 or fp32: fp16 is refused there, see refuse_unsupported_precision).
             grads = [p.grad for p in self.module.parameters() if p.grad is not None]
             self._grad_norm = torch.nn.utils.get_total_norm(grads)
         self.engine.step()
@@ -211,6 +255,12 @@ class DeepSpeedStrategy:
         """The update already happened in the last backward; returns the norm before clipping."""
         norm = self.engine.get_global_grad_norm() if self.cfg.deepspeed.zero_stage else self._grad_norm
         return torch.as_tensor(float(norm))
+
+    def loss_scaling(self) -> dict:
+        """{"loss_scale", "skipped"} under fp16 (skipped: steps of the run so far); {} otherwise."""
+        if not self.engine.fp16_enabled():
+            return {}
+        return {"loss_scale": current_loss_scale(self.engine.optimizer), "skipped": int(self.engine.skipped_steps)}
 
     def save(self, ckpt_dir: Path, step: int, extra: dict) -> None:
         tag = f"step_{step:08d}"

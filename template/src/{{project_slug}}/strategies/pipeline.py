@@ -11,7 +11,8 @@ copies' gradients). The engine runs all micro batches of a step itself (1F1B sch
 train.py hands it the step's micro batches at once (consumes_batches). ZeRO stage 0 or 1 only:
 DeepSpeed's pipeline engine refuses 2 and 3. Checkpoints, resume and the learning rate are the
 DeepSpeed strategy's (one folder per step, a file per layer and tensor rank); read_checkpoint
-joins those files into the one-process model's weights for eval and sample.
+joins those files into the one-process model's weights for eval and sample. The engine runs the
+stages' modules in the run's 16-bit precision: bf16, or fp16 under DeepSpeed's dynamic loss scaler.
 """
 
 from __future__ import annotations
@@ -27,7 +28,14 @@ from ..config import Config
 from ..distributed import DistInfo
 from ..models.gpt3 import GPT3, Block, Embedding, FinalNorm, gpt3_config, head_logits, lm_loss
 from ..sizes import model_shape
-from .deepspeed import DeepSpeedStrategy, deepspeed_config, import_deepspeed, load_model_states, trained_state
+from .deepspeed import (
+    DeepSpeedStrategy,
+    deepspeed_config,
+    import_deepspeed,
+    load_model_states,
+    refuse_unsupported_precision,
+    trained_state,
+)
 from .param_groups import param_groups
 from .tensor_parallel import join_shards, parallelize_block
 
@@ -98,6 +106,8 @@ class PipelineStrategy(DeepSpeedStrategy):
         self._init_process_group(deepspeed)
         tp, pp = cfg.parallel.tensor, cfg.parallel.pipeline
         dp = cfg.data_parallel_size(info.world_size)
+        self.ds_config = deepspeed_config(cfg, accum, dp, info.device)
+        refuse_unsupported_precision(self.ds_config, info.device, cfg.run.dtype)
         topology = PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)
         grid = PipelineParallelGrid(topology=topology)  # the tensor-parallel groups the blocks need now
         self.data_rank, self.data_parallel_size = grid.get_data_parallel_id(), dp
@@ -118,7 +128,6 @@ class PipelineStrategy(DeepSpeedStrategy):
             checkpointable_layers=["Block"],
             activation_checkpoint_func=functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False),
         )
-        self.ds_config = deepspeed_config(cfg, accum, dp, info.device)
         self._write_config()
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=module, model_parameters=param_groups(module, cfg.optim.weight_decay), config=self.ds_config

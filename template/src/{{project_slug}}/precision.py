@@ -1,0 +1,68 @@
+"""The precision training computes in, decided in one place from run.dtype and the GPU:
+
+    auto   bf16 on a GPU that has it (compute capability 8.0 on: A100, H100, L40S, RTX 4090), fp16
+           with dynamic loss scaling on one without (V100), fp32 on a CPU
+    bf16   bf16 autocast (DeepSpeed: bf16 weights); refused, in one line, on a GPU without bf16
+    fp16   fp16 autocast with dynamic loss scaling (DeepSpeed: fp16 weights and its own scaler);
+           honoured on a CPU too, which is how the tests run this path
+    fp32   no autocast
+
+The ranks resolve it from their device (distributed.resolve_precision), `plan` and `check` from
+cluster.gpu_type (gpus.py says which GPUs have bf16; rules.precision_problems refuses bf16 there).
+No torch here.
+
+Loss scaling: fp16 ends at 65504 and flushes gradients below about 6e-8 to zero, so the loss is
+multiplied by a scale before backward and the gradients divided by it before clipping and the
+update. A step whose gradients hold inf or NaN (the scale was too large) is skipped: no update,
+the scale halves (DeepSpeed: once HYSTERESIS overflows have come in a row). After SCALE_WINDOW steps without one the scale doubles. Both DDP (torch's
+GradScaler) and DeepSpeed (its "fp16" section) start at 2**INITIAL_SCALE_POWER.
+"""
+
+from __future__ import annotations
+
+from .config import Config, ConfigError
+from .gpus import find_answer
+
+INITIAL_SCALE_POWER = 16  # first loss scale 2**16 (GradScaler's and DeepSpeed's default)
+SCALE_WINDOW = 1000  # steps without an overflow before the scale doubles
+HYSTERESIS = 2  # DeepSpeed: overflows tolerated before the scale halves
+MIN_LOSS_SCALE = 1  # DeepSpeed: the scale never drops below this
+
+
+def resolve(requested: str, on_gpu: bool, gpu_has_bf16: bool, gpu_name: str) -> str:
+    """'bf16', 'fp16' or 'fp32' for run.dtype on a device; ConfigError for bf16 on a GPU without it.
+    Resolving a resolved value gives it back."""
+    if requested == "auto":
+        if not on_gpu:
+            return "fp32"
+        return "bf16" if gpu_has_bf16 else "fp16"
+    if requested == "bf16" and on_gpu and not gpu_has_bf16:
+        raise ConfigError(bf16_refusal(gpu_name), key="run.dtype")
+    return requested
+
+
+def bf16_refusal(gpu_name: str) -> str:
+    return (
+        f"run.dtype=bf16 but the {gpu_name} has no bf16 (it came with compute capability 8.0: A100, H100); "
+        "set run.dtype=fp16 (loss-scaled) or run.dtype=auto, which picks fp16 there"
+    )
+
+
+def fp16_zero0_refusal(dtype: str, gpu_name: str) -> str:
+    """DeepSpeed (0.19) scales no loss under fp16 without ZeRO, yet divides the gradients by the scale:
+    updates 65536 times too small (deepspeedai/DeepSpeed#8393)."""
+    how = "run.dtype=fp16" if dtype == "fp16" else f"run.dtype={dtype} trains in fp16 on the {gpu_name} (no bf16)"
+    return (
+        f"{how} with deepspeed.zero_stage=0: DeepSpeed's fp16 without ZeRO does not scale the loss, so its "
+        "updates come out 65536 times too small; use deepspeed.zero_stage=1, or run.strategy=ddp (the same "
+        "data parallelism with torch's GradScaler)"
+    )
+
+
+def on_gpu_type(cfg: Config) -> str:
+    """The precision cfg trains in on cluster.gpu_type, for plan and check: 'auto' resolved by the
+    GPU table, anything else as asked (rules.precision_problems judges bf16 there)."""
+    found = find_answer(cfg.cluster.gpu_type)
+    if cfg.run.dtype != "auto" or found is None:
+        return cfg.run.dtype if cfg.run.dtype != "auto" else "bf16"
+    return "bf16" if found[0].has_bf16 else "fp16"
