@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -403,3 +404,21 @@ def test_ranks_stuck_in_a_collective_end_after_the_grace_when_torchrun_is_killed
         cli.stop(proc)
     # The hung rank's own alarm ended it (the supervisor's SIGKILL would come 10 s later).
     assert f"process {ranks[1]}, left by the killed launcher, ended by signal {signal.SIGALRM.value}" in log.read_text()
+
+
+FOLLOW_LAUNCHER = """
+import sys
+from {package}.preemption import SUPERVISOR_PID, follow_launcher
+follow_launcher({{SUPERVISOR_PID: sys.argv[1]}} if sys.argv[1] else {{}})
+print("started")
+"""
+
+
+def test_a_rank_whose_launcher_died_before_it_started_ends_at_once(cli, pkg):
+    """Its parent is then the supervisor (which adopts orphans): nothing to save, it ends at once.
+    Under a living launcher, or outside any (`train` from a shell), it goes on."""
+    program = FOLLOW_LAUNCHER.format(package=pkg.name)
+    orphan = cli.run([sys.executable, "-c", program, os.getpid()], expect=None)  # this process: its parent
+    assert orphan.returncode == -signal.SIGTERM and "started" not in orphan.stdout, orphan
+    for supervisor in (os.getppid(), ""):
+        assert cli.run([sys.executable, "-c", program, supervisor]).stdout == "started\n"

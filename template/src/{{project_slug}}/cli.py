@@ -90,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         hint = f"did you mean `{close[0]}`? " if close else ""
         print(f"error: no command {command!r}; {hint}the commands are {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    if command == "train" and "LOCAL_RANK" in os.environ:
-        follow_launcher()  # a rank of torchrun or DeepSpeed's launcher: end with it (preemption.py)
+    if command == "train":
+        follow_launcher(os.environ)  # a rank of torchrun or DeepSpeed's launcher ends with it
     args = parse_with_overrides(build_parser([command] if command in COMMANDS else ()), argv)
     try:
         cfg = load_config(args.config, args.overrides)

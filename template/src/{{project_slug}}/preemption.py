@@ -27,6 +27,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 EXIT_PREEMPTED = 143
@@ -61,14 +62,17 @@ def adopt_orphans(adopt: bool) -> None:
     _prctl(_PR_SET_CHILD_SUBREAPER, int(adopt))
 
 
-def follow_launcher() -> None:
-    """In a rank of torchrun or DeepSpeed's launcher: SIGTERM when the launcher dies. Called before
-    torch is imported. A launcher that died before this has left the rank to the supervisor (a
-    subreaper) or to init: then the rank ends at once, it has nothing new to save."""
+def follow_launcher(env: Mapping[str, str]) -> None:
+    """In a rank of torchrun (TORCHELASTIC_RUN_ID) or of a launcher under the supervisor (DeepSpeed's):
+    SIGTERM when the launcher dies. Called before torch is imported. A launcher that died before this
+    has left the rank to the supervisor (a subreaper) or to init: then the rank ends at once, it has
+    nothing new to save. Other processes (`train` from a shell, mpirun's, srun's) are left alone."""
     global _launcher_pid
+    if "TORCHELASTIC_RUN_ID" not in env and SUPERVISOR_PID not in env:
+        return
     _launcher_pid = os.getppid()
     signal_when_parent_dies(signal.SIGTERM)
-    adopted = str(_launcher_pid) == os.environ.get(SUPERVISOR_PID) or (_launcher_pid == 1 and not _init_is_a_launcher())
+    adopted = str(_launcher_pid) == env.get(SUPERVISOR_PID) or (_launcher_pid == 1 and not _init_is_a_launcher())
     if adopted:
         os.kill(os.getpid(), signal.SIGTERM)
 
