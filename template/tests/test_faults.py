@@ -385,7 +385,7 @@ def test_ranks_save_and_end_when_their_launcher_is_killed(cli, demo_data, tmp_pa
     if victim == "torchrun":  # the supervisor outlived torchrun: it waited for the ranks' save
         text = log.read_text()
         assert code == pkg.preemption.EXIT_PREEMPTED, text[-4000:]
-        assert all(f"process {rank}, left by the killed launcher, ended with exit code 143" in text for rank in ranks)
+        assert all(f"process {rank}, left behind by the launcher, ended with exit code 143" in text for rank in ranks)
 
 
 def test_ranks_stuck_in_a_collective_end_after_the_grace_when_torchrun_is_killed(cli, demo_data, tmp_path):
@@ -403,7 +403,7 @@ def test_ranks_stuck_in_a_collective_end_after_the_grace_when_torchrun_is_killed
     finally:
         cli.stop(proc)
     # The hung rank's own alarm ended it (the supervisor's SIGKILL would come 10 s later).
-    assert f"process {ranks[1]}, left by the killed launcher, ended by signal {signal.SIGALRM.value}" in log.read_text()
+    assert f"process {ranks[1]}, left behind by the launcher, ended by signal {signal.SIGALRM.value}" in log.read_text()
 
 
 FOLLOW_LAUNCHER = """

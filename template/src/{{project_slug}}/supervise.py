@@ -15,6 +15,12 @@ FAILURE_GRACE_SECONDS to end by itself (every rank usually meets the same failur
 and raises the message as its own ConfigError: one line, printed once, exit 1. Most mistakes never
 get that far: torchrun.check_before_start finds them before torchrun starts.
 
+A torchrun killed with SIGKILL signals nobody: its ranks, in sessions of their own, would train on.
+The kernel sends them SIGTERM instead (preemption.follow_launcher), and torchrun SIGTERM when this
+supervisor dies. While torchrun runs, this process adopts whatever it leaves behind (a child
+subreaper): it waits for those ranks to save, logs how each ended, and SIGKILLs any still running
+cluster.stop_grace_seconds + FAILURE_GRACE_SECONDS later, as torchrun would have.
+
 Afterwards: preempted.json written during this run (preemption.py) -> exit 143 and a line that
 says the checkpoint is saved; otherwise torchrun's own status.
 """
@@ -87,7 +93,7 @@ def _end_orphans(own: set[int], seconds: float, log) -> None:
                 how = f"by signal {os.WTERMSIG(status)} ({signal.strsignal(os.WTERMSIG(status))})"
             else:
                 how = f"with exit code {os.WEXITSTATUS(status)}"
-            log(f"process {pid}, left by the killed launcher, ended {how}")
+            log(f"process {pid}, left behind by the launcher, ended {how}")
         if time.monotonic() > deadline and not killed:
             killed = True
             for pid in _children() - own:
@@ -163,10 +169,10 @@ def run_supervised(
         previous = {sig: signal.signal(sig, on_signal) for sig in FORWARDED}
         try:
             code = _wait_ending_on_failure(child, failure_path, whole_group)
-            if whole_group:
-                _wait_for_group(child.pid, whole_group_seconds)
-            if code < 0:  # the launcher was killed: its ranks are saving, now as this process' children
+            if code < 0 or whole_group:  # the launcher died: its ranks, saving, are this process' children now
                 _end_orphans(own_children, grace_seconds + FAILURE_GRACE_SECONDS, log)
+            if whole_group:  # where no process can adopt (not Linux)
+                _wait_for_group(child.pid, whole_group_seconds)
         finally:
             adopt_orphans(False)
             for sig, handler in previous.items():
