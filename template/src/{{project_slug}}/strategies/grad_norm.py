@@ -5,10 +5,11 @@ the sum of their squares.
     from .grad_norm import clip_gradients
     grad_norm = clip_gradients(model.parameters(), cfg.optim.grad_clip)   # the norm before clipping
 
-torch's clip_grad_norm_ takes each norm in the gradients' own dtype, and its fp32 kernel on the
-CPU sums the squares of a whole tensor in fp32: on the tiny GPT's 2048x64 output head it was
-1.8e-5 (relative) off the exact norm, where ZeRO's fp64 norm was 4e-8 off. Both sides in fp64,
-DDP and ZeRO 0-3 log the same norm and scale the gradients by the same factor to 1e-7.
+torch's clip_grad_norm_ takes each norm in the gradients' own dtype: on a CPU the fp32 norm of the
+tiny GPT's 2048x64 output-head gradient was 1.8e-5 (relative) off its fp64 value, and the global
+norm DDP logged as far off ZeRO's. With fp64 on both sides, DDP and ZeRO 0-3 log the same norm and
+scale the gradients by the same factor to 1e-7. The cost: 0.6 ms instead of 0.3 ms a step for the
+tiny GPT's 352k gradients on one CPU thread.
 """
 
 from __future__ import annotations
