@@ -194,7 +194,12 @@ def test_global_rank_0_stays_on_node_0_when_node_1_starts_first(cli, demo_data, 
         )
         again = rank_pids(out)
         assert _launched_by(again[0], agents[0].pid) and _launched_by(again[1], agents[1].pid), again
-        codes = [agents[rank].wait(timeout=300) for rank in (0, 1)]
+        try:
+            codes = [agents[rank].wait(timeout=300) for rank in (0, 1)]
+        except subprocess.TimeoutExpired:
+            pytest.fail(
+                "the agents did not finish in 300 s:\n" + "".join(log.read_text()[-4000:] for log in logs.values())
+            )
     finally:
         for agent in agents.values():
             cli.stop(agent)

@@ -241,3 +241,26 @@ def test_optimizer_skips_weight_decay_on_the_embedding(pkg, gpt, tmp_path):
     assert id(model.wte.weight) not in decayed
     assert id(model.lm_head.weight) in decayed and id(model.blocks[0].attn.c_q.weight) in decayed
     assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
+
+
+def test_gradient_norm_is_accumulated_in_fp64_and_clips_to_the_limit(pkg):
+    """DDP and DeepSpeed ZeRO 0 clip by strategies/grad_norm.py's norm, taken the way ZeRO 1-3 take
+    theirs (each gradient's norm in fp64), so all strategies log and clip by the same number. torch's
+    fp32 norm of these gradients is 8e-6 (relative) off on a 2-core x86 CPU."""
+    grad_norm = pkg.module("strategies.grad_norm")
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.zeros(shape)) for shape in ((4096, 256), (256,), (3, 5))]
+    for p in params:
+        p.grad = torch.rand(p.shape, generator=gen) * 1e-3
+    exact = torch.cat([p.grad.double().flatten() for p in params]).norm().item()
+    before = [p.grad.clone() for p in params]
+
+    norm = grad_norm.clip_gradients(params, None)  # no limit: the gradients stay as they are
+    assert norm.dtype == torch.float32 and norm.item() == pytest.approx(exact, rel=1e-7, abs=0)
+    assert all(torch.equal(p.grad, b) for p, b in zip(params, before))
+
+    limit = exact / 4
+    assert grad_norm.clip_gradients(params, limit).item() == pytest.approx(exact, rel=1e-7, abs=0)
+    clipped = torch.cat([p.grad.double().flatten() for p in params]).norm().item()
+    assert clipped == pytest.approx(limit * exact / (exact + 1e-6), rel=1e-6, abs=0)  # torch's factor
+    assert grad_norm.global_grad_norm([]).item() == 0.0

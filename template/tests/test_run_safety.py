@@ -417,7 +417,10 @@ def test_a_disk_that_fills_up_during_a_save_stops_with_one_line_and_keeps_the_ru
     cli, demo_data, run_2proc, metrics, tmp_path
 ):
     if not _namespaces_allowed():
-        pytest.skip("unprivileged user namespaces are not allowed here (the file-size-limit test covers the path)")
+        pytest.fail(
+            "this test mounts a small tmpfs with `unshare -rm`: run it as root, or allow unprivileged user "
+            "namespaces (sysctl kernel.unprivileged_userns_clone=1)"
+        )
     earlier = _earlier_half(run_2proc, tmp_path)
     kept = tree(earlier / CKPT)
     out, logs = tmp_path / "small-disk", tmp_path / "logs"

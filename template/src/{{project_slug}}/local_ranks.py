@@ -65,6 +65,26 @@ def read_process(pid: int, package: str = PACKAGE) -> RankProcess | None:
     return RankProcess(pid, rank, local_rank, world_size, argv, env)
 
 
+def parent_pid(pid: int) -> int | None:
+    """The parent of pid from /proc/<pid>/stat (None when it has ended)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rpartition(")")[2].split()[1])  # after the command name, which may hold spaces
+
+
+def descends_from(pid: int, ancestor: int) -> bool:
+    """Whether pid is a child, grandchild, ... of ancestor."""
+    seen = set()
+    while pid and pid not in seen:
+        if pid == ancestor:
+            return True
+        seen.add(pid)
+        pid = parent_pid(pid) or 0
+    return False
+
+
 def find_ranks(package: str = PACKAGE) -> list[RankProcess]:
     """Every `-m <package> train` process on this machine, by global rank."""
     found = []

@@ -166,7 +166,7 @@ class DevMachine(Platform):
         return pid is not None and process_alive(pid)
 
     def status(self, job: Job) -> int:
-        from ..local_ranks import find_ranks
+        from ..local_ranks import descends_from, find_ranks
         from ..metrics import format_step
 
         output_dir = Path(job.extra.get("output_dir") or under_root(self.cfg.run.output_dir))
@@ -175,7 +175,7 @@ class DevMachine(Platform):
         if pid is None:
             print(f"  process: on {job.id.rpartition(':')[0]}, not this machine: run this there to see it")
         elif process_alive(pid):
-            ranks = find_ranks(self.package)
+            ranks = [rank for rank in find_ranks(self.package) if descends_from(rank.pid, pid)]  # this run's only
             print(f"  process: running (launcher pid {pid}; {len(ranks)} training process(es) on this machine)")
         else:
             print(f"  process: not running (launcher pid {pid} has exited)")

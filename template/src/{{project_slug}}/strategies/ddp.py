@@ -1,5 +1,6 @@
 """DDP strategy: torch DistributedDataParallel, manual gradient accumulation with no_sync,
-AdamW, global-norm clipping, one checkpoint file per step written by rank 0 (checkpoint.py).
+AdamW, global-norm clipping (grad_norm.py: the norm as DeepSpeed's ZeRO computes it), one
+checkpoint file per step written by rank 0 (checkpoint.py).
 
     <package> train run.strategy=ddp        # the default
 
@@ -21,6 +22,7 @@ from ..config import Config, ConfigError
 from ..distributed import DistInfo, print0, resolve_precision, share_from_main
 from ..precision import INITIAL_SCALE_POWER, SCALE_WINDOW
 from ..unrecoverable import raise_on_every_rank
+from .grad_norm import clip_gradients
 from .param_groups import param_groups
 
 
@@ -81,7 +83,7 @@ class DDPStrategy:
         """Unscale, clip, update (skipped by the scaler if the gradients overflowed), clear; returns
         the gradient norm before clipping (inf or NaN on a skipped step)."""
         self.scaler.unscale_(self.optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.optim.grad_clip or float("inf"))
+        grad_norm = clip_gradients(self.module.parameters(), self.cfg.optim.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         if self.scaler.is_enabled():  # the scaler skips exactly the steps with a non-finite gradient

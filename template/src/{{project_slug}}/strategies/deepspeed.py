@@ -18,6 +18,8 @@ The rename needs run.output_dir on storage every node sees (it has to be, to res
 Precision (precision.py): bf16 and fp16 put DeepSpeed's "bf16" or "fp16" section on (16-bit weights,
 fp32 master copies in the optimizer); fp16 brings DeepSpeed's dynamic loss scaler, whose state and
 skipped-step count DeepSpeed keeps in its own checkpoint.
+Clipping: ZeRO 1-3 take each gradient's norm in fp64 and clip by their global norm; ZeRO 0 in fp32
+computes the same number here and clips by it, as DDP does (grad_norm.py): all log one norm to 1e-7.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from ..config import Config, ConfigError
 from ..distributed import DistInfo, barrier, gather_objects, print0, resolve_precision, share_from_main
 from ..precision import HYSTERESIS, INITIAL_SCALE_POWER, MIN_LOSS_SCALE, SCALE_WINDOW, fp16_zero0_refusal
 from ..unrecoverable import raise_on_every_rank
+from .grad_norm import clip_gradients
 from .param_groups import param_groups
 
 INSTALL = "DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed"
@@ -50,6 +53,14 @@ def import_deepspeed():
     except ImportError as exc:
         raise ConfigError(f"run.strategy=deepspeed needs DeepSpeed ({exc}); install it with `{INSTALL}`") from None
     return deepspeed
+
+
+def clipped_by_strategy(zero_stage: int, precision: str) -> bool:
+    """ZeRO 0 in fp32: the strategy clips, with the norm DDP and ZeRO 1-3 use (grad_norm.py: each
+    gradient's norm in fp64); DeepSpeed's own clip there takes them in fp32 (1e-5 off on a CPU) and
+    reports none. ZeRO 1-3, and ZeRO 0 in bf16 (DeepSpeed's 16-bit optimizer wrapper), clip and
+    report their own norm."""
+    return zero_stage == 0 and precision == "fp32"
 
 
 def deepspeed_config(
@@ -68,7 +79,7 @@ def deepspeed_config(
         "train_micro_batch_size_per_gpu": b.micro_batch_size,
         "gradient_accumulation_steps": accum,
         "train_batch_size": b.micro_batch_size * accum * data_parallel_size,
-        "gradient_clipping": o.grad_clip,
+        "gradient_clipping": 0.0 if clipped_by_strategy(ds.zero_stage, precision) else o.grad_clip,
         "zero_optimization": zero,
         "bf16": {"enabled": precision == "bf16"},
         "fp16": {
@@ -199,6 +210,7 @@ class DeepSpeedStrategy:
         self.data_rank = info.rank  # every rank is a data-parallel rank
         self._init_process_group(deepspeed)
         self.ds_config = deepspeed_config(cfg, accum, info.world_size, info.device)
+        self.clips_itself = clipped_by_strategy(cfg.deepspeed.zero_stage, resolve_precision(info.device, cfg.run.dtype))
         refuse_unsupported_precision(self.ds_config, info.device, cfg.run.dtype)
         self._write_config()
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
@@ -244,16 +256,16 @@ class DeepSpeedStrategy:
         self.engine.backward(loss)
         last = micro == self.accum - 1
         assert self.engine.is_gradient_accumulation_boundary() == last
-        if last and self.cfg.deepspeed.zero_stage == 0:
-            # Stage 0 reports no norm; the gradients are already all-reduced at this point (stage 0
-            # runs in bf16 or fp32: fp16 is refused there, see refuse_unsupported_precision).
-            grads = [p.grad for p in self.module.parameters() if p.grad is not None]
-            self._grad_norm = torch.nn.utils.get_total_norm(grads)
+        if last and self.clips_itself:
+            # ZeRO 0 in fp32 neither clips nor reports a norm (deepspeed_config gives it no clipping);
+            # the gradients are already all-reduced at this point.
+            self._grad_norm = clip_gradients(self.module.parameters(), self.cfg.optim.grad_clip)
         self.engine.step()
 
     def step(self) -> torch.Tensor:
-        """The update already happened in the last backward; returns the norm before clipping."""
-        norm = self.engine.get_global_grad_norm() if self.cfg.deepspeed.zero_stage else self._grad_norm
+        """The update already happened in the last backward; returns the norm before clipping, the
+        one the gradients were clipped by."""
+        norm = self._grad_norm if self.clips_itself else self.engine.get_global_grad_norm()
         return torch.as_tensor(float(norm))
 
     def loss_scaling(self) -> dict:
