@@ -1,13 +1,15 @@
 """Faults on CPU with real processes: a rank killed with SIGKILL and brought back by torchrun, a
 stop signal (preemption), a crash in the middle of a checkpoint save, a resume on another world
-size. Each interrupted run must end with the metrics of the uninterrupted run_2proc / run_1proc
-(same seed, same data, CPU: bitwise equal)."""
+size, a launcher killed with SIGKILL (its ranks save and end by themselves). Each interrupted run
+must end with the metrics of the uninterrupted run_2proc / run_1proc (same seed, same data, CPU:
+bitwise equal)."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -327,3 +329,101 @@ def test_a_hung_rank_times_out_sooner_under_debug(cli, demo_data, tmp_path, debu
     # `launch devmachine` writes every rank's output to its own file too (under debug, `node` does as well).
     logs = list((out / "logs").rglob("stderr.log"))
     assert len(logs) >= 2 and any("hangs before step 3" in p.read_text() for p in logs), logs
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _still_running(pids, seconds: float) -> list[int]:
+    """Those of `pids` still running (a zombie has ended) once all ended or `seconds` passed."""
+    deadline = time.monotonic() + seconds
+    while True:
+        running = []
+        for pid in pids:
+            try:
+                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    running.append(pid)
+            except OSError:
+                pass
+        if not running or time.monotonic() > deadline:
+            return running
+        time.sleep(0.2)
+
+
+def _kill_during_run(cli, demo_data, tmp_path, victim: str, ready: str, *extra: str, env=None):
+    """Start a 2-rank run, SIGKILL torchrun or the launcher above it once `ready` is logged; return
+    (supervisor process, rank pids, torchrun pid, log)."""
+    out = tmp_path / "run"
+    log = tmp_path / "log"
+    proc = cli.start(*launch_args(demo_data, out, 2, *extra), log=log, env={**SLOW, **(env or {})})
+    wait_for(lambda: ready in log.read_text() and len(rank_pids(out)) == 2, ready, proc, log)
+    pids = rank_pids(out)
+    ranks = [pids[rank] for rank in sorted(pids)]
+    (agent,) = _children(proc.pid)  # the supervisor's one child: torchrun
+    assert all(_launched_by(rank, agent) for rank in ranks)
+    os.kill(agent if victim == "torchrun" else proc.pid, signal.SIGKILL)
+    return proc, ranks, agent, log
+
+
+@pytest.mark.parametrize("victim", ["torchrun", "launcher"])
+def test_ranks_save_and_end_when_their_launcher_is_killed(cli, demo_data, tmp_path, pkg, victim):
+    """SIGKILL passes nothing on, and torchrun starts its ranks in sessions of their own: the kernel
+    signals them instead (preemption.follow_launcher), they save and end within seconds, whether
+    torchrun's agent was killed or the supervisor above it."""
+    out = tmp_path / "run"
+    # 100 steps: left alone the ranks would train on for half a minute more.
+    extra = "schedule.max_steps=100"
+    proc, ranks, agent, log = _kill_during_run(cli, demo_data, tmp_path, victim, "step     10/100", extra)
+    try:
+        running = _still_running([*ranks, agent], 20)
+        assert not running, f"still running 20 s after the {victim} was killed: {running}\n{log.read_text()[-4000:]}"
+        code = proc.wait(timeout=20) if victim == "torchrun" else None
+    finally:
+        cli.stop(proc)
+    record = pkg.preemption.read_marker(out, since=0)
+    assert record is not None and 10 <= record["step"] < 20 and record["signal"] == "SIGTERM", log.read_text()[-4000:]
+    assert (out / "checkpoints" / f"step_{record['step']:08d}.pt").is_file()
+    if victim == "torchrun":  # the supervisor outlived torchrun: it waited for the ranks' save
+        text = log.read_text()
+        assert code == pkg.preemption.EXIT_PREEMPTED, text[-4000:]
+        assert all(f"process {rank}, left behind by the launcher, ended with exit code 143" in text for rank in ranks)
+
+
+def test_ranks_stuck_in_a_collective_end_after_the_grace_when_torchrun_is_killed(cli, demo_data, tmp_path):
+    """Rank 1 hangs before step 12 and rank 0 waits for it in a collective (5 minutes before it
+    times out): with their torchrun killed, both end about cluster.stop_grace_seconds later."""
+    extra = ["cluster.stop_grace_seconds=3", "run.collective_timeout_minutes=5"]
+    ready = "rank 1 hangs before step 12"
+    proc, ranks, agent, log = _kill_during_run(
+        cli, demo_data, tmp_path, "torchrun", ready, *extra, env={"TRAIN_FAULT_HANG": "1:12"}
+    )
+    try:
+        running = _still_running(ranks, 20)
+        assert not running, f"still running 20 s after torchrun was killed: {running}\n{log.read_text()[-4000:]}"
+        proc.wait(timeout=20)
+    finally:
+        cli.stop(proc)
+    # The hung rank's own alarm ended it (the supervisor's SIGKILL would come 10 s later).
+    assert f"process {ranks[1]}, left behind by the launcher, ended by signal {signal.SIGALRM.value}" in log.read_text()
+
+
+FOLLOW_LAUNCHER = """
+import sys
+from {package}.preemption import SUPERVISOR_PID, follow_launcher
+follow_launcher({{SUPERVISOR_PID: sys.argv[1]}} if sys.argv[1] else {{}})
+print("started")
+"""
+
+
+def test_a_rank_whose_launcher_died_before_it_started_ends_at_once(cli, pkg):
+    """Its parent is then the supervisor (which adopts orphans): nothing to save, it ends at once.
+    Under a living launcher, or outside any (`train` from a shell), it goes on."""
+    program = FOLLOW_LAUNCHER.format(package=pkg.name)
+    orphan = cli.run([sys.executable, "-c", program, os.getpid()], expect=None)  # this process: its parent
+    assert orphan.returncode == -signal.SIGTERM and "started" not in orphan.stdout, orphan
+    for supervisor in (os.getppid(), ""):
+        assert cli.run([sys.executable, "-c", program, supervisor]).stdout == "started\n"

@@ -16,12 +16,14 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import os
 import sys
 from types import ModuleType
 
 from . import unrecoverable
 from .bounds import require_in_bounds
 from .config import ConfigError, add_config_arguments, load_config
+from .preemption import follow_launcher
 
 # command: (module, one-line help), in the order a project uses them
 COMMANDS = {
@@ -88,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         hint = f"did you mean `{close[0]}`? " if close else ""
         print(f"error: no command {command!r}; {hint}the commands are {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
+    if command == "train":
+        follow_launcher(os.environ)  # a rank of torchrun or DeepSpeed's launcher ends with it
     args = parse_with_overrides(build_parser([command] if command in COMMANDS else ()), argv)
     try:
         cfg = load_config(args.config, args.overrides)

@@ -10,15 +10,24 @@ step boundary (one all-reduce of one number on a CPU group): all of them save th
 leave together.
 Rank 0 then records output_dir/preempted.json, which the node supervisor reads to exit with
 EXIT_PREEMPTED instead of torchrun's generic failure.
+
+A launcher killed with SIGKILL (the OOM killer, `kill -9`, a node agent) cannot pass a signal on,
+and torchrun starts its ranks in sessions of their own: they would train on and hold the GPUs.
+So each rank asks the kernel for SIGTERM when its launcher dies (follow_launcher): the ranks save
+as above, and since nobody is left to kill them after cluster.stop_grace_seconds, they set an
+alarm for it themselves (a peer on a dead node can hold a collective until its timeout).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
+import math
 import os
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 EXIT_PREEMPTED = 143
@@ -26,16 +35,72 @@ EXIT_PREEMPTED = 143
 training-operator's `restartPolicy: ExitCode` retries. preempted.json says a checkpoint was saved."""
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 MARKER = "preempted.json"
+SUPERVISOR_PID = "TRAIN_SUPERVISOR_PID"
+"""The node supervisor's pid (supervise.py), for the ranks below it."""
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_PR_SET_CHILD_SUBREAPER = 36
+_launcher_pid: int | None = None
+"""The parent pid this rank started under, once follow_launcher ran; another parent means it died."""
+
+
+def _prctl(option: int, value: int) -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(option, value)
+    except (OSError, AttributeError):
+        pass  # not Linux: nothing changes
+
+
+def signal_when_parent_dies(signum: int) -> None:
+    """The kernel sends signum to this process when the thread that started it ends, even by SIGKILL
+    (the launchers here start their children from their main thread)."""
+    _prctl(_PR_SET_PDEATHSIG, signum)
+
+
+def adopt_orphans(adopt: bool) -> None:
+    """Whether processes below this one whose parent dies become this one's children instead of
+    init's, so that it can wait for them (the ranks of a torchrun killed with SIGKILL, saving)."""
+    _prctl(_PR_SET_CHILD_SUBREAPER, int(adopt))
+
+
+def follow_launcher(env: Mapping[str, str]) -> None:
+    """In a rank of torchrun (TORCHELASTIC_RUN_ID) or of a launcher under the supervisor (DeepSpeed's):
+    SIGTERM when the launcher dies. Called before torch is imported. A launcher that died before this
+    has left the rank to the supervisor (a subreaper) or to init: then the rank ends at once, it has
+    nothing new to save. Other processes (`train` from a shell, mpirun's, srun's) are left alone."""
+    global _launcher_pid
+    if "TORCHELASTIC_RUN_ID" not in env and SUPERVISOR_PID not in env:
+        return
+    _launcher_pid = os.getppid()
+    signal_when_parent_dies(signal.SIGTERM)
+    adopted = str(_launcher_pid) == env.get(SUPERVISOR_PID) or (_launcher_pid == 1 and not _init_is_a_launcher())
+    if adopted:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _init_is_a_launcher() -> bool:
+    """Whether pid 1 is torchrun or DeepSpeed's launcher itself (a container started with it)."""
+    try:
+        cmdline = Path("/proc/1/cmdline").read_bytes()
+    except OSError:
+        return True  # cannot tell: do not end a rank that may be fine
+    return any(name in cmdline for name in (b"torch", b"deepspeed", __package__.encode()))
+
+
+def launcher_gone() -> bool:
+    return _launcher_pid is not None and os.getppid() != _launcher_pid
 
 
 class StopRequest:
     """Catches STOP_SIGNALS in this process; `agreed()` tells every rank whether any rank got one."""
 
-    def __init__(self):
-        """Collective when a process group exists (every rank constructs it at the same point)."""
+    def __init__(self, grace_seconds: float = 0):
+        """Collective when a process group exists (every rank constructs it at the same point).
+        grace_seconds: once the launcher is gone, how long the save may take before SIGALRM ends the rank."""
         import torch.distributed as dist
 
         self.signal_name: str | None = None
+        self.grace_seconds = grace_seconds
+        self.alarm_set = False
         # The flag travels over a CPU (Gloo) group: an all-reduce on the GPU would need .item() every
         # step, a host sync that stops the CPU from queueing the next step's kernels ahead.
         self.group = None
@@ -47,6 +112,10 @@ class StopRequest:
 
     def _on_signal(self, signum, frame) -> None:
         self.signal_name = signal.Signals(signum).name
+        if launcher_gone() and not self.alarm_set:
+            # SIGALRM's default action ends the process even inside a collective that never returns.
+            signal.alarm(max(1, math.ceil(self.grace_seconds)))
+            self.alarm_set = True
 
     def agreed(self) -> bool:
         """Collective: True on every rank when any rank caught a stop signal."""

@@ -15,35 +15,42 @@ FAILURE_GRACE_SECONDS to end by itself (every rank usually meets the same failur
 and raises the message as its own ConfigError: one line, printed once, exit 1. Most mistakes never
 get that far: torchrun.check_before_start finds them before torchrun starts.
 
+A torchrun killed with SIGKILL signals nobody: its ranks, in sessions of their own, would train on.
+The kernel sends them SIGTERM instead (preemption.follow_launcher), and torchrun SIGTERM when this
+supervisor dies. While torchrun runs, this process adopts whatever it leaves behind (a child
+subreaper): it waits for those ranks to save, logs how each ended, and SIGKILLs any still running
+cluster.stop_grace_seconds + FAILURE_GRACE_SECONDS later, as torchrun would have.
+
 Afterwards: preempted.json written during this run (preemption.py) -> exit 143 and a line that
 says the checkpoint is saved; otherwise torchrun's own status.
 """
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
+import functools
 import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 from . import unrecoverable
 from .config import ConfigError
-from .preemption import EXIT_PREEMPTED, read_marker
+from .preemption import EXIT_PREEMPTED, SUPERVISOR_PID, adopt_orphans, read_marker, signal_when_parent_dies
 
 FORWARDED = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
-_PR_SET_PDEATHSIG = 1
 FAILURE_GRACE_SECONDS = 10.0
 """After a rank records a failure, how long torchrun may take to end by itself before it is stopped
 (ranks that did not meet the failure may be waiting for the others in a collective)."""
 
 
-def _stop_with_parent() -> None:
-    """In the child: SIGTERM when this supervisor dies (even by SIGKILL), so the ranks still save."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass  # not Linux: no parent-death signal, nothing else changes
+def _stop_with_parent(supervisor_pid: int) -> None:
+    """In the child: SIGTERM when this supervisor dies (even by SIGKILL), so the ranks still save.
+    A supervisor that died before the request took effect leaves the child to init: it ends at once."""
+    signal_when_parent_dies(signal.SIGTERM)
+    if os.getppid() != supervisor_pid:
+        os._exit(EXIT_PREEMPTED)
 
 
 def _wait_for_group(pgid: int, seconds: float) -> None:
@@ -56,6 +63,42 @@ def _wait_for_group(pgid: int, seconds: float) -> None:
             return
         except PermissionError:
             pass
+        time.sleep(0.2)
+
+
+def _children() -> set[int]:
+    pids: set[int] = set()
+    for task in Path(f"/proc/{os.getpid()}/task").glob("*"):
+        try:
+            pids.update(int(pid) for pid in (task / "children").read_text().split())
+        except OSError:
+            pass
+    return pids
+
+
+def _end_orphans(own: set[int], seconds: float, log) -> None:
+    """Wait for the processes this one adopted (children not in `own`) to end, at most `seconds`,
+    then SIGKILL those left, as torchrun would have. Each one's end is logged."""
+    deadline = time.monotonic() + seconds
+    killed = False
+    while orphans := _children() - own:
+        for pid in orphans:
+            try:
+                ended, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                continue
+            if not ended:
+                continue
+            if os.WIFSIGNALED(status):
+                how = f"by signal {os.WTERMSIG(status)} ({signal.strsignal(os.WTERMSIG(status))})"
+            else:
+                how = f"with exit code {os.WEXITSTATUS(status)}"
+            log(f"process {pid}, left behind by the launcher, ended {how}")
+        if time.monotonic() > deadline and not killed:
+            killed = True
+            for pid in _children() - own:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         time.sleep(0.2)
 
 
@@ -83,24 +126,33 @@ def _wait_ending_on_failure(child: subprocess.Popen, failure_path: str, whole_gr
 
 
 def run_supervised(
-    cmd: list[str], output_dir: str, forward_signals: bool, log=print, whole_group_seconds: float | None = None
+    cmd: list[str],
+    output_dir: str,
+    forward_signals: bool,
+    log=print,
+    whole_group_seconds: float | None = None,
+    grace_seconds: float = 30,
 ) -> int:
     """Run cmd, pass stop signals on, return its status (EXIT_PREEMPTED after a preemption save).
     A failure a rank handed over (unrecoverable.py) is raised here as a ConfigError.
 
     whole_group_seconds: send the signals to cmd's whole process group, and after cmd exits wait
     up to this long for the rest of the group. For launchers that do not pass signals on
-    themselves (DeepSpeed's single-node runner dies on SIGTERM and leaves its ranks running)."""
+    themselves (DeepSpeed's single-node runner dies on SIGTERM and leaves its ranks running).
+    grace_seconds: how long ranks left by a launcher that was killed may take to save (they get
+    SIGTERM from the kernel, preemption.follow_launcher); this process waits for them."""
     started = time.time()
+    own_children = _children()
+    adopt_orphans(True)
     whole_group = whole_group_seconds is not None and forward_signals
     with unrecoverable.failure_file() as failure_path:
         # A new session keeps a terminal's Ctrl-C (sent to the whole foreground group) from reaching
         # torchrun twice: once from the terminal, once forwarded.
         child = subprocess.Popen(
             cmd,
-            env={**os.environ, unrecoverable.FAILURE_FILE: failure_path},
+            env={**os.environ, unrecoverable.FAILURE_FILE: failure_path, SUPERVISOR_PID: str(os.getpid())},
             start_new_session=forward_signals,
-            preexec_fn=_stop_with_parent,
+            preexec_fn=functools.partial(_stop_with_parent, os.getpid()),
         )
 
         def on_signal(signum, frame):
@@ -117,9 +169,12 @@ def run_supervised(
         previous = {sig: signal.signal(sig, on_signal) for sig in FORWARDED}
         try:
             code = _wait_ending_on_failure(child, failure_path, whole_group)
-            if whole_group:
+            if code < 0 or whole_group:  # the launcher died: its ranks, saving, are this process' children now
+                _end_orphans(own_children, grace_seconds + FAILURE_GRACE_SECONDS, log)
+            if whole_group:  # where no process can adopt (not Linux)
                 _wait_for_group(child.pid, whole_group_seconds)
         finally:
+            adopt_orphans(False)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         failure = unrecoverable.recorded(failure_path)

@@ -183,5 +183,9 @@ def run_torchrun(
         if log_dir:
             print(f"every rank's output also goes to {log_dir}/<run>/attempt_<n>/<local rank>/", flush=True)
         return run_supervised(
-            cmd, cfg.run.output_dir, forward_signals=topo.platform != "slurm", log=lambda m: print(m, flush=True)
+            cmd,
+            cfg.run.output_dir,
+            forward_signals=topo.platform != "slurm",
+            log=lambda m: print(m, flush=True),
+            grace_seconds=cfg.cluster.stop_grace_seconds,
         )

@@ -133,7 +133,7 @@ def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | N
     precision = resolve_precision(device, cfg.run.dtype)
     num_params, flops_per_token, peak = strategy.num_params, strategy.flops_per_token, peak_flops(device, precision)
     start_step = strategy.resume(ckpt_dir, resume)
-    stop = preemption.StopRequest()
+    stop = preemption.StopRequest(cfg.cluster.stop_grace_seconds)
     if info.is_main:  # the first writes of this run to the folder, after every refusal
         out.mkdir(parents=True, exist_ok=True)
         run_lock.record_job(out, lock.job)

@@ -267,4 +267,5 @@ def launch(
         forward_signals=True,
         log=lambda m: print(m, flush=True),
         whole_group_seconds=cfg.cluster.stop_grace_seconds,
+        grace_seconds=cfg.cluster.stop_grace_seconds,
     )

@@ -114,25 +114,34 @@ class PipelineStrategy(DeepSpeedStrategy):
         with torch.device("meta"):  # sizes of the whole model, without allocating it
             whole = GPT3(gpt3_config(cfg, vocab_size))
         self.num_params, self.flops_per_token = whole.num_params(), whole.flops_per_token()
-        module = PipelineModule(
-            layers=layer_specs(cfg, vocab_size, grid.get_slice_parallel_group() if tp > 1 else None),
-            topology=topology,
-            loss_fn=lm_loss,
-            seed_layers=True,
-            base_seed=cfg.run.seed,
-            seed_fn=lambda seed: torch.manual_seed(int(seed)),  # as GPT3 seeds its layers
-            partition_method="type:Block",
-            activation_checkpoint_interval=1 if cfg.model.activation_checkpointing else 0,
-            # Only blocks are recomputed; torch's non-reentrant checkpoint also copes with a stage
-            # whose first layer (the embedding) takes integer ids that need no gradient.
-            checkpointable_layers=["Block"],
-            activation_checkpoint_func=functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False),
-        )
+        # DeepSpeed broadcasts the tied embedding from its first stage to its last (in-place, as the
+        # module is built and again after loading a checkpoint). Under grad mode autograd records it,
+        # and every backward then warns that c10d::broadcast_ has no gradient: not needed, since the
+        # copies' gradients are all-reduced separately. Without grad mode nothing is recorded.
+        with torch.no_grad():
+            module = PipelineModule(
+                layers=layer_specs(cfg, vocab_size, grid.get_slice_parallel_group() if tp > 1 else None),
+                topology=topology,
+                loss_fn=lm_loss,
+                seed_layers=True,
+                base_seed=cfg.run.seed,
+                seed_fn=lambda seed: torch.manual_seed(int(seed)),  # as GPT3 seeds its layers
+                partition_method="type:Block",
+                activation_checkpoint_interval=1 if cfg.model.activation_checkpointing else 0,
+                # Only blocks are recomputed; torch's non-reentrant checkpoint also copes with a stage
+                # whose first layer (the embedding) takes integer ids that need no gradient.
+                checkpointable_layers=["Block"],
+                activation_checkpoint_func=functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False),
+            )
         self._write_config()
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=module, model_parameters=param_groups(module, cfg.optim.weight_decay), config=self.ds_config
         )
         self.runnable = self.module = None  # no single-process forward: the stages hold parts
+
+    def resume(self, ckpt_dir: Path, allowed: bool) -> int:
+        with torch.no_grad():  # loading broadcasts the tied embedding again (see __init__)
+            return super().resume(ckpt_dir, allowed)
 
     def describe(self) -> str:
         tp, pp = self.cfg.parallel.tensor, self.cfg.parallel.pipeline
