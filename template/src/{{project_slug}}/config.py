@@ -25,10 +25,8 @@ import yaml
 
 
 class ConfigError(ValueError):
-    """A configuration mistake the user can fix; printed as one or two lines, no traceback.
-
-    `key` is the config key ("section.name") whose value is wrong, when the mistake is one value:
-    callers relate the error to a setting through it, never through the message's wording."""
+    """A mistake the user can fix, printed in a line or two without traceback. `key`: the config
+    key ("section.name") whose value is wrong; callers relate errors to settings by it, not by wording."""
 
     def __init__(self, message: str, key: str | None = None):
         super().__init__(message)
@@ -75,6 +73,9 @@ class ModelConfig:
     pretrained: str = ""
     """bert only: local folder with config.json and weights to start from (fine-tuning); empty =
     from scratch with the shape of `size`. Nothing is downloaded (HF_HUB_OFFLINE=1)."""
+    dropout: float | None = None
+    """Dropout probability, masks drawn per sample so any layout gives the same losses; null = the
+    model's own: none for gpt and gpt3, config.json's for bert (0.1 from scratch)."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward instead of storing them: about a third more
     compute for a fraction of the activation memory (`plan` shows both)."""

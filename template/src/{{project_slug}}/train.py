@@ -44,6 +44,7 @@ from .distributed import (
 )
 from .evaluate import evaluate, format_scores, val_scores
 from .metrics import MetricsLogger, format_step, mfu, peak_flops
+from .models.sample_dropout import sample_keys, samples
 from .rules import at_world_size, require_valid, resolve_grad_accum, scaling_note
 from .splits import open_split
 from .strategies import build_strategy
@@ -59,12 +60,14 @@ def lr_at(step: int, cfg: Config) -> float:
     return peak * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def micro_batches(data: TokenData, step: int, accum: int, data_rank: int, b, device: torch.device):
-    """The (inputs, targets) micro batches of one optimizer step for one data-parallel rank."""
+def micro_batches(data: TokenData, step: int, accum: int, data_rank: int, b, seed: int, device: torch.device):
+    """The (inputs, targets, dropout keys) micro batches of one optimizer step for one data-parallel
+    rank; the keys name the samples by their place in the stream (models/sample_dropout.py)."""
     for micro in range(accum):
         first = micro_batch_start(step, micro, data_rank, b.global_batch_size, b.micro_batch_size, accum)
         x, y = data.batch(first, b.micro_batch_size)
-        yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        keys = sample_keys(seed, step, first, b.micro_batch_size, device)
+        yield x.to(device, non_blocking=True), y.to(device, non_blocking=True), keys
 
 
 def run_training(cfg: Config) -> int:
@@ -170,14 +173,15 @@ def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | N
         faults.before_step(info.rank, step)
         lr = lr_at(step, cfg)
         strategy.set_lr(lr)
-        batches = micro_batches(train_data, step, accum, strategy.data_rank, b, device)
+        batches = micro_batches(train_data, step, accum, strategy.data_rank, b, cfg.run.seed, device)
         if strategy.consumes_batches:  # a pipeline engine schedules the micro batches over its stages itself
             loss_sum, grad_norm = strategy.train_batch(batches)
             loss_sum = loss_sum * accum
         else:
             loss_sum = torch.zeros((), device=device)
-            for micro, (x, y) in enumerate(batches):
-                with strategy.micro_context(micro):  # DDP: all-reduce only on the last micro step
+            for micro, (x, y, keys) in enumerate(batches):
+                # DDP: all-reduce only on the last micro step. Dropout draws for these samples.
+                with strategy.micro_context(micro), samples(keys):
                     with autocast:
                         loss = strategy.runnable(x, y)
                     strategy.backward(faults.overflow(loss, step, micro), micro)

@@ -13,7 +13,13 @@ from .gpt import GPT, GPTConfig
 
 def build_gpt_config(cfg: Config, vocab_size: int) -> GPTConfig:
     shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
-    return GPTConfig(vocab_size=vocab_size, sequence_len=cfg.model.sequence_len, softcap=cfg.model.softcap, **shape)
+    return GPTConfig(
+        vocab_size=vocab_size,
+        sequence_len=cfg.model.sequence_len,
+        softcap=cfg.model.softcap,
+        dropout=cfg.model.dropout or 0.0,
+        **shape,
+    )
 
 
 def build_model(cfg: Config, vocab_size: int):

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from ..config import Config, ConfigError
 from ..sizes import BERT_SEQUENCE_LEN, model_shape
+from .sample_dropout import KeyedDropout, keyed_dropout
 
 MLM_PROBABILITY = 0.15  # share of positions predicted (BERT's 15%; of those 80% [MASK], 10% random, 10% kept)
 WEIGHT_FILES = (
@@ -30,6 +31,7 @@ WEIGHT_FILES = (
     "model.safetensors.index.json",
     "pytorch_model.bin.index.json",
 )
+KEYED_ATTENTION = "sdpa_keyed_dropout"  # the attention function registered with transformers below
 INSTALL = "pip install 'transformers>=4.46' (the project's `bert` extra)"
 
 
@@ -151,7 +153,48 @@ def build_bert(cfg: Config, vocab_size: int, load_weights: bool = True) -> BertM
             max_position_embeddings=BERT_SEQUENCE_LEN,
         )
         mlm = transformers.BertForMaskedLM(config)
+    draw_dropout_per_sample(mlm, m.dropout)
     if m.activation_checkpointing:
         # Non-reentrant: works with ZeRO-3's parameter hooks and with inputs that need no grad.
         mlm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return BertMLM(mlm, m.sequence_len)
+
+
+def draw_dropout_per_sample(mlm: nn.Module, p: float | None) -> None:
+    """Every dropout of transformers' BERT draws its masks per sample (models/sample_dropout.py): the
+    hidden ones become KeyedDropout, the attention probabilities' go through keyed_attention,
+    registered with transformers' AttentionInterface. p (model.dropout) replaces every dropout
+    probability; None keeps the model's config (hidden_dropout_prob, attention_probs_dropout_prob)."""
+    transformers = import_transformers()
+    transformers.AttentionInterface.register(KEYED_ATTENTION, keyed_attention)
+    mlm.set_attn_implementation(KEYED_ATTENTION)
+    layer = 0
+    for module in list(mlm.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is not nn.Dropout:
+                continue
+            if p is not None:
+                child.p = p
+            if hasattr(module, "query"):  # self-attention: passes its dropout's p to the attention function
+                module.dropout_key = layer
+            else:
+                setattr(module, name, KeyedDropout(child.p, layer))
+            layer += 1
+
+
+def keyed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' attention function contract: (output (B, T, heads, head_dim), probabilities or
+    None). Without dropout (eval, or p=0) torch's SDPA; with it the probabilities are materialised
+    so their mask can be keyed per sample (SDPA's dropout draws from the process's generator)."""
+    if not dropout:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    scores = torch.matmul(query, key.transpose(2, 3)) * (scaling or query.size(-1) ** -0.5)
+    if attention_mask is not None and attention_mask.dtype == torch.bool:  # True = attend
+        scores = scores.masked_fill(~attention_mask, float("-inf"))
+    elif attention_mask is not None:  # additive
+        scores = scores + attention_mask
+    probs = F.softmax(scores.float(), dim=-1).to(query.dtype)
+    probs = keyed_dropout(probs, dropout, module.dropout_key, True)
+    return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs

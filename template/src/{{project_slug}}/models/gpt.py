@@ -15,6 +15,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
+from .sample_dropout import keyed_dropout
+
 
 @dataclass
 class GPTConfig:
@@ -25,6 +27,8 @@ class GPTConfig:
     n_head: int
     n_kv_head: int
     softcap: float = 15.0
+    dropout: float = 0.0
+    """On the embedding and each residual branch, masks keyed per sample (sample_dropout.py)."""
 
     @property
     def head_dim(self) -> int:
@@ -109,12 +113,14 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig, layer: int):
         super().__init__()
+        self.layer, self.dropout = layer, cfg.dropout
         self.attn = CausalSelfAttention(cfg, layer)
         self.mlp = MLP(cfg)
 
     def forward(self, x, cos, sin, cache):
-        x = x + self.attn(rms_norm(x), cos, sin, cache)
-        return x + self.mlp(rms_norm(x))
+        # Dropout keys: 0 is the embedding, 2*layer+1 and 2*layer+2 this block's two branches.
+        x = x + keyed_dropout(self.attn(rms_norm(x), cos, sin, cache), self.dropout, 2 * self.layer + 1, self.training)
+        return x + keyed_dropout(self.mlp(rms_norm(x)), self.dropout, 2 * self.layer + 2, self.training)
 
 
 class GPT(nn.Module):
@@ -168,7 +174,7 @@ class GPT(nn.Module):
         T = idx.size(1)
         start = cache.length if cache is not None else 0
         cos, sin = self.cos[:, start : start + T], self.sin[:, start : start + T]
-        x = rms_norm(self.wte(idx))
+        x = keyed_dropout(rms_norm(self.wte(idx)), self.config.dropout, 0, self.training)
         for block in self.blocks:
             if self.checkpointing and self.training and cache is None:
                 # Keep only the block's input; its activations are recomputed during backward.

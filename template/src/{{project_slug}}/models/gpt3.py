@@ -25,6 +25,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
+from .sample_dropout import keyed_dropout
+
 
 @dataclass
 class GPT3Config:
@@ -34,6 +36,8 @@ class GPT3Config:
     n_embd: int
     n_head: int
     seed: int = 1337
+    dropout: float = 0.0
+    """Megatron's hidden and attention dropout, masks keyed per sample (sample_dropout.py)."""
 
 
 def init_linear(linear: nn.Linear, std: float) -> nn.Linear:
@@ -51,10 +55,11 @@ class Embedding(nn.Module):
         self.wpe = nn.Embedding(cfg.sequence_len, cfg.n_embd)
         nn.init.normal_(self.wte.weight, std=0.02)
         nn.init.normal_(self.wpe.weight, std=0.01)
+        self.dropout = cfg.dropout
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(idx.size(1), device=idx.device)
-        return self.wte(idx) + self.wpe(positions)
+        return keyed_dropout(self.wte(idx) + self.wpe(positions), self.dropout, 0, self.training)
 
 
 def head_logits(embedding: Embedding, x: torch.Tensor) -> torch.Tensor:
@@ -63,10 +68,14 @@ def head_logits(embedding: Embedding, x: torch.Tensor) -> torch.Tensor:
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: GPT3Config):
+    """Block `index` (0-based) of the model. head_offset: the first of the n_head heads this
+    block's qkv computes (0; a tensor-parallel shard sets its own), which keys attention dropout."""
+
+    def __init__(self, cfg: GPT3Config, index: int = 0):
         super().__init__()
         h = cfg.n_embd
-        self.head_dim = h // cfg.n_head
+        self.head_dim, self.n_head, self.head_offset = h // cfg.n_head, cfg.n_head, 0
+        self.dropout, self.keys = cfg.dropout, 3 * index + 1  # dropout keys 3i+1..3i+3; 0 is the embedding
         residual_std = 0.02 / math.sqrt(2 * cfg.n_layer)  # GPT-2: scale the residual projections
         self.ln1 = nn.LayerNorm(h)
         self.qkv = init_linear(nn.Linear(h, 3 * h), 0.02)
@@ -80,10 +89,25 @@ class Block(nn.Module):
         # qkv's output rows are grouped per head ([q k v] of head 0, then head 1, ...), so a split
         # by contiguous rows keeps whole heads; the head count is what qkv returns (all heads in
         # one process, its share on a tensor-parallel rank).
-        q, k, v = self.qkv(self.ln1(x)).view(B, T, -1, 3, self.head_dim).unbind(3)
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(B, T, -1))
-        return x + self.fc2(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+        q, k, v = self.qkv(self.ln1(x)).view(B, T, -1, 3, self.head_dim).transpose(1, 2).unbind(3)
+        y = self.attention(q, k, v)
+        x = x + keyed_dropout(
+            self.proj(y.transpose(1, 2).reshape(B, T, -1)), self.dropout, self.keys + 1, self.training
+        )
+        y = self.fc2(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+        return x + keyed_dropout(y, self.dropout, self.keys + 2, self.training)
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention over (B, heads, T, head_dim). With dropout the probabilities are
+        materialised (as Megatron does) so their masks can be keyed; SDPA would draw its own."""
+        if not (self.training and self.dropout):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        T = q.size(2)
+        scores = (q @ k.transpose(-2, -1)) * self.head_dim**-0.5
+        future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+        probs = F.softmax(scores.masked_fill(future, float("-inf")).float(), dim=-1).to(q.dtype)
+        split = (1, self.head_offset, self.n_head)  # heads split over tensor ranks: each draws its own
+        return keyed_dropout(probs, self.dropout, self.keys, True, split) @ v
 
 
 class FinalNorm(nn.LayerNorm):
@@ -109,7 +133,7 @@ class GPT3(nn.Module):
         super().__init__()
         self.cfg, self.checkpointing = cfg, checkpointing
         self.embed = seeded(cfg.seed, lambda: Embedding(cfg))
-        self.blocks = nn.ModuleList(seeded(cfg.seed + 1 + i, lambda: Block(cfg)) for i in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(seeded(cfg.seed + 1 + i, lambda i=i: Block(cfg, i)) for i in range(cfg.n_layer))
         self.norm = seeded(cfg.seed + 1 + cfg.n_layer, lambda: FinalNorm(cfg.n_embd))
 
     def num_params(self) -> int:
@@ -175,6 +199,7 @@ def gpt3_config(cfg, vocab_size: int) -> GPT3Config:
         n_embd=shape["n_embd"],
         n_head=shape["n_head"],
         seed=cfg.run.seed,
+        dropout=cfg.model.dropout or 0.0,
     )
 
 

@@ -27,6 +27,7 @@ import torch.utils.checkpoint
 from ..config import Config
 from ..distributed import DistInfo
 from ..models.gpt3 import GPT3, Block, Embedding, FinalNorm, gpt3_config, head_logits, lm_loss
+from ..models.sample_dropout import samples
 from ..sizes import model_shape
 from .deepspeed import (
     DeepSpeedStrategy,
@@ -73,23 +74,47 @@ def consolidated_weights(folder: Path, n_layer: int) -> dict:
     return state
 
 
+# The stages pass (hidden states, dropout keys) along: a stage works on several micro batches in
+# turn (1F1B), and each layer needs the keys of the samples in front of it (models/sample_dropout.py).
+# The layers are gpt3's, with their weights and names; only forward's arguments differ.
+
+
+class KeyedEmbedding(Embedding):
+    def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        idx, keys = inputs
+        with samples(keys):
+            return super().forward(idx), keys
+
+
+class KeyedBlock(Block):
+    def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        x, keys = inputs
+        with samples(keys):  # also when activation checkpointing recomputes the block in backward
+            return super().forward(x), keys
+
+
+class KeyedFinalNorm(FinalNorm):
+    def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return super().forward(inputs[0])
+
+
 def layer_specs(cfg: Config, vocab_size: int, tp_group):
     """Embedding, blocks, final norm, tied head: the order (and seeds) of models.gpt3.GPT3."""
     from deepspeed.pipe import LayerSpec, TiedLayerSpec
 
     class ShardedBlockSpec(LayerSpec):
         """A Block built whole under its layer's seed, then sharded over the tensor-parallel group.
-        Its type stays Block: partition_method and checkpointable_layers find it by that name."""
+        partition_method finds it by its type's name (KeyedBlock)."""
 
         def build(self, log=False):
             return parallelize_block(super().build(log), tp_group)
 
     c = gpt3_config(cfg, vocab_size)
     return [
-        TiedLayerSpec("embed", Embedding, c, tied_weight_attr=["wte.weight"]),
-        *[ShardedBlockSpec(Block, c) for _ in range(c.n_layer)],
-        LayerSpec(FinalNorm, c.n_embd),
-        TiedLayerSpec("embed", Embedding, c, forward_fn=head_logits, tied_weight_attr=["wte.weight"]),
+        TiedLayerSpec("embed", KeyedEmbedding, c, tied_weight_attr=["wte.weight"]),
+        *[ShardedBlockSpec(KeyedBlock, c, i) for i in range(c.n_layer)],
+        LayerSpec(KeyedFinalNorm, c.n_embd),
+        TiedLayerSpec("embed", KeyedEmbedding, c, forward_fn=head_logits, tied_weight_attr=["wte.weight"]),
     ]
 
 
@@ -130,7 +155,7 @@ class PipelineStrategy(DeepSpeedStrategy):
                 activation_checkpoint_interval=1 if cfg.model.activation_checkpointing else 0,
                 # Only blocks are recomputed; torch's non-reentrant checkpoint also copes with a stage
                 # whose first layer (the embedding) takes integer ids that need no gradient.
-                checkpointable_layers=["Block"],
+                checkpointable_layers=["KeyedBlock"],
                 activation_checkpoint_func=functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False),
             )
         self._write_config()
@@ -152,7 +177,7 @@ class PipelineStrategy(DeepSpeedStrategy):
 
     def train_batch(self, batches) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over the step's micro batches: (mean loss, gradient norm before clipping)."""
-        loss = self.engine.train_batch(data_iter=iter(batches))
+        loss = self.engine.train_batch(data_iter=iter(((x, keys), y) for x, y, keys in batches))
         norm = self.engine.get_global_grad_norm()
         return loss.detach().float(), torch.as_tensor(float(norm if norm is not None else math.nan))
 
@@ -161,7 +186,11 @@ class PipelineStrategy(DeepSpeedStrategy):
         """Mean validation loss over num_batches micro batches dealt to the data-parallel replicas."""
         per_replica = max(1, num_batches // self.data_parallel_size)
         firsts = [(self.data_rank + k * self.data_parallel_size) * micro_batch for k in range(per_replica)]
-        batches = (tuple(t.to(self.info.device) for t in data.batch(first, micro_batch)) for first in firsts)
+        device, keys = self.info.device, torch.zeros(micro_batch, dtype=torch.int64)  # no dropout in eval
+        batches = (
+            ((x.to(device), keys.to(device)), y.to(device))
+            for x, y in map(data.batch, firsts, [micro_batch] * per_replica)
+        )
         loss = self.engine.eval_batch(iter(batches), num_micro_batches=per_replica).detach().float()
         if torch.distributed.is_initialized():  # every rank holds its replica's loss: mean over all
             torch.distributed.all_reduce(loss)

@@ -33,6 +33,10 @@ def parallelize_block(block: nn.Module, group) -> nn.Module:
         setattr(block, name, LinearLayer(getattr(block, name), mp_group=group))
     for name in ROW_PARALLEL:
         setattr(block, name, LinearAllreduce(getattr(block, name), mp_group=group))
+    # Contiguous rows of qkv are whole heads: this rank computes heads offset .. offset + n/size - 1,
+    # and keys their attention dropout by those numbers (other ranks' heads get other masks).
+    size = torch.distributed.get_world_size(group)
+    block.head_offset = torch.distributed.get_rank(group) * block.n_head // size
     return block
 
 
