@@ -17,8 +17,9 @@ mask for a replicated activation and different ones for their slices of a split 
 Megatron's RNG tracker arranges.
 
 The hash is a 32-bit integer mix on int64 tensors (constants below 2^27, so no product overflows)
-and costs more than torch's fused dropout (on CPU, a training step of a small GPT with dropout 0.1
-on its branches: see the template's CHANGELOG for the measured ratio); gpt and gpt3 default to none. The keys are a module variable, not a context variable: CUDA runs backward, and so
+and costs a little more than torch's dropout: a CPU training step of a 4-layer GPT (width 256, 8 x
+256 tokens) took 1.058x the time without dropout with it, 1.049x with torch's. gpt and gpt3 default
+to no dropout. The keys are a module variable, not a context variable: CUDA runs backward, and so
 the recomputation of checkpointed blocks, on another thread.
 """
 
