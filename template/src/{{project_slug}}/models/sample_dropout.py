@@ -65,10 +65,6 @@ def samples(keys: torch.Tensor | None) -> Iterator[None]:
         _keys = previous
 
 
-def current_keys() -> torch.Tensor | None:
-    return _keys
-
-
 @functools.lru_cache(maxsize=32)
 def _positions(shape: tuple[int, ...], split: tuple[int, int, int] | None, device: torch.device) -> torch.Tensor:
     """The mixed flat index of every element of one sample's activation (shape without the batch

@@ -186,11 +186,10 @@ class PipelineStrategy(DeepSpeedStrategy):
         """Mean validation loss over num_batches micro batches dealt to the data-parallel replicas."""
         per_replica = max(1, num_batches // self.data_parallel_size)
         firsts = [(self.data_rank + k * self.data_parallel_size) * micro_batch for k in range(per_replica)]
-        device, keys = self.info.device, torch.zeros(micro_batch, dtype=torch.int64)  # no dropout in eval
-        batches = (
-            ((x.to(device), keys.to(device)), y.to(device))
-            for x, y in map(data.batch, firsts, [micro_batch] * per_replica)
-        )
+        device = self.info.device
+        keys = torch.zeros(micro_batch, dtype=torch.int64, device=device)  # the stages' input shape; no dropout in eval
+        pairs = (data.batch(first, micro_batch) for first in firsts)
+        batches = (((x.to(device), keys), y.to(device)) for x, y in pairs)
         loss = self.engine.eval_batch(iter(batches), num_micro_batches=per_replica).detach().float()
         if torch.distributed.is_initialized():  # every rank holds its replica's loss: mean over all
             torch.distributed.all_reduce(loss)
