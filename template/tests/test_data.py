@@ -60,7 +60,7 @@ def test_prepare_data_reads_parquet_jsonl_and_txt(cli, mixed_inputs):
         "model.arch=gpt",  # byte-level BPE in a bert project too (its WordPiece does not round-trip)
         "model.pretrained=",
     )
-    assert "4 input file(s)" in proc.stdout and "trained a" in proc.stdout
+    assert "4 input files" in proc.stdout and "trained a" in proc.stdout
 
     meta = json.loads((data_dir / "meta.json").read_text())
     assert meta["dtype"] == "uint16" and meta["tokenizer"] == "tokenizer.json"

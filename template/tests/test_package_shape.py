@@ -46,6 +46,8 @@ LAYERS = {
         "run_lock",
         "unrecoverable",
         "demo_corpus",
+        "progress",
+        "staging",
     },
     "blocks": {
         "distributed",
@@ -53,6 +55,8 @@ LAYERS = {
         "models",
         "data",
         "documents",
+        "encode_parts",
+        "encode_workers",
         "mlm_data",
         "splits",
         "checkpoint",

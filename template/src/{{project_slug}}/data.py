@@ -32,11 +32,11 @@ META = "meta.json"
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # bert vocabularies must hold these
 
 
-def train_tokenizer(texts: Iterator[str], vocab_size: int, arch: str = "gpt"):
+def train_tokenizer(texts: Iterator[str], vocab_size: int, arch: str = "gpt", show_progress: bool = False):
     """gpt/gpt3: byte-level BPE (GPT-2 style: every byte is representable, nothing is unknown).
     bert: lower-cased WordPiece with BERT's special tokens (bert-base-uncased style)."""
     if arch == "bert":
-        return _train_wordpiece(texts, vocab_size)
+        return _train_wordpiece(texts, vocab_size, show_progress)
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -47,13 +47,13 @@ def train_tokenizer(texts: Iterator[str], vocab_size: int, arch: str = "gpt"):
         special_tokens=[BOS],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         min_frequency=2,
-        show_progress=False,
+        show_progress=show_progress,  # the library's own bars for its merges, on a terminal
     )
     tok.train_from_iterator(texts, trainer=trainer)
     return tok
 
 
-def _train_wordpiece(texts: Iterator[str], vocab_size: int):
+def _train_wordpiece(texts: Iterator[str], vocab_size: int, show_progress: bool = False):
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
@@ -62,7 +62,7 @@ def _train_wordpiece(texts: Iterator[str], vocab_size: int):
     tok.decoder = decoders.WordPiece()
     # Special tokens first, so [PAD] is id 0: BertConfig's default pad_token_id.
     trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size, special_tokens=BERT_SPECIALS, min_frequency=2, show_progress=False
+        vocab_size=vocab_size, special_tokens=BERT_SPECIALS, min_frequency=2, show_progress=show_progress
     )
     tok.train_from_iterator(texts, trainer=trainer)
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
@@ -142,29 +142,37 @@ def token_byte_lengths(tok) -> np.ndarray:
 
 
 class ShardWriter:
-    """Appends token ids to numbered shard files of at most `shard_tokens` tokens."""
+    """Appends token ids to numbered shard files of at least `shard_tokens` tokens (a document is
+    never split between shards), written as they come: memory does not grow with the shard."""
 
     def __init__(self, folder: Path, prefix: str, dtype: np.dtype, shard_tokens: int):
         self.folder, self.prefix, self.dtype, self.shard_tokens = folder, prefix, dtype, shard_tokens
         self.shards: list[dict] = []
-        self._buffer: list[np.ndarray] = []
-        self._buffered = 0
+        self._file = None
+        self._written = 0
 
-    def add(self, ids: list[int]) -> None:
-        self._buffer.append(np.asarray(ids, dtype=self.dtype))
-        self._buffered += len(ids)
-        if self._buffered >= self.shard_tokens:
+    def add(self, ids) -> None:
+        if self._file is None:
+            self._file = (self.folder / (self._name() + ".tmp")).open("wb")
+        np.asarray(ids, dtype=self.dtype).tofile(self._file)
+        self._written += len(ids)
+
+    def end_document(self) -> None:
+        """A document boundary: the shard closes here once it holds shard_tokens."""
+        if self._written >= self.shard_tokens:
             self.flush()
 
     def flush(self) -> None:
-        if not self._buffered:
+        if self._file is None:
             return
-        name = f"{self.prefix}_{len(self.shards):05d}.bin"
-        tmp = self.folder / (name + ".tmp")
-        np.concatenate(self._buffer).tofile(tmp)
-        tmp.replace(self.folder / name)
-        self.shards.append({"file": name, "tokens": self._buffered})
-        self._buffer, self._buffered = [], 0
+        self._file.close()
+        name = self._name()
+        (self.folder / (name + ".tmp")).replace(self.folder / name)
+        self.shards.append({"file": name, "tokens": self._written})
+        self._file, self._written = None, 0
+
+    def _name(self) -> str:
+        return f"{self.prefix}_{len(self.shards):05d}.bin"
 
 
 @dataclass

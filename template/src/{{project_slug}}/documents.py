@@ -3,6 +3,11 @@
     data.raw="" -> data.dir/raw/*     *.parquet (a string `text` column), *.jsonl (a "text" field
                                       per line), *.txt (one document per file), all UTF-8
 
+Files are read in parts (plan_parts: about PART_BYTES of input each, row groups for parquet), which
+workers encode in parallel and a resumed run skips when done. A part's documents come as segments
+of at most about SEGMENT_CHARS characters, so no document, however long, is held whole beyond the
+one record (a JSON line, a parquet cell) that stores it.
+
 Every unusable input is refused by name before hours of tokenizing where a look at its start (or a
 parquet's footer) tells (check_input_file), and during reading otherwise: an empty, binary or
 non-UTF-8 file, a parquet that is damaged, has no `text` column or one of another type.
@@ -13,69 +18,176 @@ from __future__ import annotations
 import codecs
 import glob
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from .config import ConfigError
 
 SUFFIXES = (".parquet", ".jsonl", ".json", ".txt")
 _SNIFF_BYTES = 1 << 16  # read of each text input before the long passes, to refuse binaries early
+PART_BYTES = 16 << 20  # input per part: the unit of parallel work and of resume
+SEGMENT_CHARS = 1 << 20  # longer documents are cut into segments of about this many characters
 
 
-def iter_documents(paths: list[Path]) -> Iterator[str]:
-    """Yield text documents from parquet (`text` column), jsonl ("text" field) or txt (one document
-    per file). A file that is unreadable, binary or yields no document is refused, by name."""
+@dataclass(frozen=True)
+class Part:
+    """A piece of one input file: for text files a byte range (each line belongs to the part its
+    first byte lies in), for parquet a range of row groups. Parts depend only on the files, so any
+    number of workers writes the same tokens."""
+
+    path: str
+    start: int
+    stop: int
+    size: int  # input bytes it stands for, for progress
+
+
+def plan_parts(paths: list[Path], part_bytes: int = PART_BYTES) -> list[Part]:
+    parts = []
     for path in paths:
-        found = 0
-        for text in _file_documents(path):
-            found += 1
-            yield text
-        if not found:
-            raise ConfigError(f"{path} holds no text (only empty documents); fill it, remove it or narrow data.raw")
+        size = path.stat().st_size
+        if path.suffix.lower() == ".parquet":
+            meta = open_parquet(path).metadata
+            rows, first, taken = max(1, meta.num_rows), 0, 0
+            for group in range(meta.num_row_groups):
+                taken += meta.row_group(group).num_rows
+                if group == meta.num_row_groups - 1 or taken * size / rows >= part_bytes:
+                    parts.append(Part(str(path), first, group + 1, round(taken * size / rows)))
+                    first, taken = group + 1, 0
+        else:
+            parts += [
+                Part(str(path), s, min(s + part_bytes, size), min(part_bytes, size - s))
+                for s in range(0, size, part_bytes)
+            ]
+    return parts
 
 
-def _file_documents(path: Path) -> Iterator[str]:
+Progress = Callable[[float], None]  # called with the input bytes just consumed
+
+
+def iter_segments(part: Part, progress: Progress | None = None) -> Iterator[tuple[str, bool]]:
+    """(text, whether it starts a document) for the part's documents, in file order."""
+    path = Path(part.path)
     suffix = path.suffix.lower()
+    if suffix == ".txt":
+        yield from _txt_segments(path, part, progress)
+        return
     if suffix == ".parquet":
-        import pyarrow as pa
-
-        table = open_parquet(path)
-        try:
-            for batch in table.iter_batches(columns=["text"], batch_size=1024):
-                yield from (t for t in batch.column(0).to_pylist() if t)
-        except (pa.ArrowException, OSError, ValueError) as exc:  # a damaged page, a truncated column
-            raise _unreadable_parquet(path, exc) from None
+        docs = _parquet_documents(path, part, progress)
     elif suffix in (".jsonl", ".json"):
-        with path.open("rb") as f:
-            for line_no, raw in enumerate(f, 1):
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    raise _not_text(path, f"line {line_no} is not UTF-8") from None
-                if not line.strip():
-                    continue
-                try:
-                    text = json.loads(line)["text"]
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    raise ConfigError(f"{path}:{line_no} is not a JSON object with a 'text' field") from None
-                if not isinstance(text, (str, type(None))):
-                    raise ConfigError(
-                        f"{path}:{line_no}: 'text' is a {type(text).__name__}, not a string; store the documents as text"
-                    )
-                if text:
-                    yield text
-    elif suffix == ".txt":
-        raw = path.read_bytes()
-        if b"\0" in raw:
-            raise _not_text(path, "a binary file: it holds NUL bytes")
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise _not_text(path, f"byte {exc.start} is not UTF-8") from None
-        if text.strip():
-            yield text
+        docs = _jsonl_documents(path, part, progress)
     else:
         raise ConfigError(f"{path}: unsupported file type '{suffix}'; use .parquet, .jsonl or .txt")
+    for text in docs:
+        for i, segment in enumerate(cut_segments([text])):
+            yield segment, i == 0
+
+
+def cut_segments(chunks, limit: int = SEGMENT_CHARS) -> Iterator[str]:
+    """Join the text chunks and cut them into pieces of about `limit` characters, each ending at a
+    newline (or else a space) followed by a non-space, where tokenizers split words anyway."""
+    buffer = ""
+    for chunk in chunks:
+        buffer += chunk
+        while len(buffer) > limit:
+            cut = _cut_point(buffer, limit)
+            yield buffer[:cut]
+            buffer = buffer[cut:]
+    if buffer:
+        yield buffer
+
+
+def _cut_point(text: str, limit: int) -> int:
+    for sep in ("\n", " "):
+        at = limit
+        while (at := text.rfind(sep, 0, at)) > 0:
+            if not text[at + 1].isspace():
+                return at + 1
+    return limit  # no such place: one word longer than a segment
+
+
+def _parquet_documents(path: Path, part: Part, progress: Progress | None) -> Iterator[str]:
+    import pyarrow as pa
+
+    table = open_parquet(path)
+    groups = range(part.start, part.stop)
+    rows = sum(table.metadata.row_group(g).num_rows for g in groups) or 1
+    try:
+        for batch in table.iter_batches(columns=["text"], batch_size=1024, row_groups=groups):
+            yield from (t for t in batch.column(0).to_pylist() if t)
+            if progress:
+                progress(part.size * batch.num_rows / rows)
+    except (pa.ArrowException, OSError, ValueError) as exc:  # a damaged page, a truncated column
+        raise _unreadable_parquet(path, exc) from None
+
+
+def _seek_line(f, start: int) -> int:
+    """Move to the first line that starts at or after byte `start`; its offset."""
+    if start:
+        f.seek(start - 1)
+        while (rest := f.readline(SEGMENT_CHARS)) and not rest.endswith(b"\n"):
+            pass  # the end of a line that began in the previous part, read a piece at a time
+    return f.tell()
+
+
+def _jsonl_documents(path: Path, part: Part, progress: Progress | None) -> Iterator[str]:
+    with path.open("rb") as f:
+        at = _seek_line(f, part.start)
+        line_no = 1 if part.start == 0 else None  # elsewhere lines are named by their byte offset
+        while at < part.stop and (raw := f.readline()):
+            name = f"line {line_no}" if line_no else f"the line at byte {at}"
+            where = f"{path}:{line_no}" if line_no else f"{path} ({name})"
+            at += len(raw)
+            line_no = line_no and line_no + 1
+            if progress:
+                progress(len(raw))
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise _not_text(path, f"{name} is not UTF-8") from None
+            if not line.strip():
+                continue
+            try:
+                text = json.loads(line)["text"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise ConfigError(f"{where} is not a JSON object with a 'text' field") from None
+            if not isinstance(text, (str, type(None))):
+                raise ConfigError(
+                    f"{where}: 'text' is a {type(text).__name__}, not a string; store the documents as text"
+                )
+            if text:
+                yield text
+
+
+def _txt_segments(path: Path, part: Part, progress: Progress | None) -> Iterator[tuple[str, bool]]:
+    """A .txt file is one document: its first part starts it, the others continue it."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+
+    def chunks():
+        with path.open("rb") as f:
+            at = _seek_line(f, part.start)
+            ended = True  # the last piece read ended its line
+            while (at < part.stop or not ended) and (raw := f.readline(SEGMENT_CHARS)):
+                if progress:
+                    progress(len(raw))
+                if b"\0" in raw:
+                    raise _not_text(path, "a binary file: it holds NUL bytes")
+                try:
+                    yield decoder.decode(raw)
+                except UnicodeDecodeError as exc:
+                    raise _not_text(path, f"byte {at + exc.start} is not UTF-8") from None
+                at += len(raw)
+                ended = raw.endswith(b"\n")
+            try:
+                yield decoder.decode(b"", final=True)
+            except UnicodeDecodeError:
+                raise _not_text(path, f"it ends inside a character (byte {at - 1})") from None
+
+    first = part.start == 0
+    for segment in cut_segments(chunks()):
+        if segment.strip():
+            yield segment, first
+            first = False
 
 
 def check_input_file(path: Path) -> None:

@@ -10,12 +10,17 @@ model.arch=bert with model.pretrained, the tokenizer in that folder; else one tr
 text (byte-level BPE for gpt/gpt3, WordPiece with [PAD] [UNK] [CLS] [SEP] [MASK] for bert). It is
 saved as data.dir/tokenizer.json either way, so training never needs the original again.
 
-Runs in one process on a CPU machine; every training node then reads the result from shared storage.
-Documents are shuffled in blocks with a fixed seed so training can read the shards in order.
+Runs on one CPU machine, on every core: the input is cut into parts (documents.py) that worker
+processes encode into shards of their own (encode_parts.py; --workers, default one per core, each
+with a share of the library's threads); every training node then reads the result from shared
+storage. Documents are shuffled in blocks with a fixed seed so training can read the shards in order.
+Progress (documents, tokens, tokens/s, time left) goes to stderr as a bar on a terminal, and to
+stdout as a line every 30 s in a log.
 
-Nothing is half written: the files are made in a hidden folder inside data.dir and moved into place
-(meta.json last) only when all of them are good, so a refused or interrupted run leaves data.dir as
-it was. Prepared data is never replaced silently: runs trained on it need its exact token ids, and
+Nothing is half written: the files are made in data.dir/.prepare-data/ and moved into place
+(meta.json last) only when all of them are good, so a refused run leaves data.dir as it was. An
+interrupted one (Ctrl-C, a killed job) leaves its finished parts there: the same command continues
+from them, as long as the input files and settings are unchanged (else it starts over and says why). Prepared data is never replaced silently: runs trained on it need its exact token ids, and
 checkpoints record its fingerprint (data.py). With --force the replaced files move, whole, to
 data.dir/previous-<UTC time>/, a data folder those runs can continue from.
 """
@@ -23,42 +28,37 @@ data.dir/previous-<UTC time>/, a data folder those runs can continue from.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
-import random
 import re
 import shutil
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from .bounds import count
 from .config import Config, ConfigError
-from .data import (
-    BERT_SPECIALS,
-    META,
-    ShardWriter,
-    bos_id,
-    compute_fingerprint,
-    data_fingerprint,
-    load_tokenizer,
-    train_tokenizer,
-)
+from .data import BERT_SPECIALS, META, bos_id, compute_fingerprint, data_fingerprint, load_tokenizer, train_tokenizer
 from .demo_corpus import write_demo_corpus
-from .documents import check_input_file, find_raw_files, iter_documents
+from .documents import PART_BYTES, SEGMENT_CHARS, check_input_file, find_raw_files, iter_segments, plan_parts
+from .encode_parts import BLOCK_CHARS, BLOCK_SEGMENTS, EncodeSettings
+from .encode_workers import encode_all
+from .progress import Progress
+from .staging import Staging, stat_of
 
-_BLOCK_DOCS = 4096  # documents shuffled and encoded together
 TOKENIZER = "tokenizer.json"
 _OUTPUT = re.compile(r"(meta\.json|tokenizer\.json|(train|val)_\d{5}\.bin(\.tmp)?)")  # what a run replaces
 
 
-def prepare_data(cfg: Config, demo_corpus: bool = False, force: bool = False) -> dict:
+def prepare_data(cfg: Config, demo_corpus: bool = False, force: bool = False, workers: int | None = None) -> dict:
     data_dir = Path(cfg.data.dir)
     replaced = _replaced_fingerprint(data_dir, force)
-    started = time.time()
-    created = [d for d in (data_dir, data_dir / "raw") if not d.exists()]  # removed again if this run fails
-    staging = data_dir / f".prepare-data-{os.getpid()}"
+    started = time.monotonic()
+    created = [d for d in (data_dir, data_dir / "raw") if not d.exists()]  # removed again if this run is refused
+    staging = Staging(data_dir)
+    opened = False
     demo = None
     try:
         if demo_corpus:
@@ -67,27 +67,41 @@ def prepare_data(cfg: Config, demo_corpus: bool = False, force: bool = False) ->
         files = find_raw_files(data_dir, cfg.data.raw)
         for path in files:  # before hours of tokenizing: empty, binary and broken files
             check_input_file(path)
-        print(f"{len(files)} input file(s), first: {files[0]}", flush=True)
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        meta = _write_data(cfg, files, staging, data_dir / TOKENIZER)
+        print(f"{len(files)} input file{'s' if len(files) > 1 else ''}, first: {files[0]}", flush=True)
+        note = staging.open(_plan(cfg, files))
+        opened = True
+        if note:
+            print(note, flush=True)
+        meta, run = _write_data(cfg, files, staging, data_dir / TOKENIZER, workers)
         _check_long_enough(cfg, meta, files)
-        previous = _install(staging, data_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        previous = _install(staging.out, data_dir)
+        staging.remove()
+    except ConfigError:  # refused: nothing of this run stays
+        if opened:
+            staging.remove()
         if demo is not None and demo.parent in created:
             demo.unlink(missing_ok=True)
         for folder in reversed(created):
             if folder.is_dir() and not any(folder.iterdir()):
                 folder.rmdir()
         raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    except BaseException:  # interrupted: the finished parts stay for the next run
+        kept = staging.finished_parts() if opened else 0
+        staging.close()
+        if kept:
+            print(
+                f"prepare-data stopped; {kept} finished part(s) stay in {staging.folder}: the same command continues from them",
+                flush=True,
+            )
+        raise
     n_train = sum(s["tokens"] for s in meta["train"])
     n_val = sum(s["tokens"] for s in meta["val"])
+    rate = run["tokens"] / max(run["seconds"], 1e-9)
     print(
-        f"wrote {n_train:,} train and {n_val:,} val tokens ({meta['dtype']}) to {data_dir} "
-        f"in {time.time() - started:.1f}s; data fingerprint {meta['fingerprint']}",
+        f"wrote {n_train:,} train and {n_val:,} val tokens ({meta['dtype']}) to {data_dir} in "
+        f"{time.monotonic() - started:.1f}s (encoding {rate:,.0f} tokens/s on {run['workers']} worker"
+        f"{'s' if run['workers'] > 1 else ''} x {run['threads']} thread{'s' if run['threads'] > 1 else ''}); "
+        f"data fingerprint {meta['fingerprint']}",
         flush=True,
     )
     if previous is not None and replaced is None:
@@ -100,6 +114,24 @@ def prepare_data(cfg: Config, demo_corpus: bool = False, force: bool = False) ->
             flush=True,
         )
     return meta
+
+
+def _plan(cfg: Config, files: list[Path]) -> dict:
+    """Everything the tokens depend on: a run with the same plan continues an interrupted one."""
+    d = cfg.data
+    return {
+        "files": [stat_of(str(path)) for path in files],
+        "tokenizer": stat_of(d.tokenizer) or (stat_of(cfg.model.pretrained) if cfg.model.arch == "bert" else None),
+        "settings": [
+            cfg.model.arch,
+            d.vocab_size,
+            d.tokenizer_train_chars,
+            cfg.run.seed,
+            d.val_fraction,
+            d.shard_tokens,
+        ],
+        "layout": [PART_BYTES, SEGMENT_CHARS, BLOCK_SEGMENTS, BLOCK_CHARS],
+    }
 
 
 def _replaced_fingerprint(data_dir: Path, force: bool) -> str | None:
@@ -119,40 +151,47 @@ def _replaced_fingerprint(data_dir: Path, force: bool) -> str | None:
     return fingerprint
 
 
-def _write_data(cfg: Config, files: list[Path], folder: Path, tokenizer_path: Path) -> dict:
-    """Tokenizer, shards and meta.json (with the fingerprint) in folder; returns the meta."""
-    tok = obtain_tokenizer(cfg, files, tokenizer_path)
-    tok.save(str(folder / TOKENIZER))
-
+def _write_data(cfg: Config, files: list[Path], staging: Staging, tokenizer_path: Path, workers: int | None):
+    """Tokenizer, shards and meta.json (with the fingerprint) in staging.out; the meta and how the
+    encoding ran."""
+    if staging.tokenizer.is_file():
+        tok = load_tokenizer(staging.tokenizer)
+        print(f"using the tokenizer the interrupted run made ({tok.get_vocab_size()} tokens)", flush=True)
+    else:
+        tok = obtain_tokenizer(cfg, files, tokenizer_path)
+        tok.save(str(staging.tokenizer.with_suffix(".tmp")))
+        staging.tokenizer.with_suffix(".tmp").replace(staging.tokenizer)
     vocab = tok.get_vocab_size()
     dtype = np.dtype(np.uint16 if vocab <= 2**16 else np.uint32)
     # Documents are separated by <|bos|> (gpt) or [SEP] (bert: mlm_data cuts [CLS] ... [SEP] windows).
     sep = tok.token_to_id("[SEP]") if cfg.model.arch == "bert" else bos_id(tok)
-    writers = {s: ShardWriter(folder, s, dtype, cfg.data.shard_tokens) for s in ("train", "val")}
-    rng = random.Random(cfg.run.seed)
-    docs = iter_documents(files)
-    first_block = True
-    while block := list(itertools.islice(docs, _BLOCK_DOCS)):
-        rng.shuffle(block)
-        # At least one validation document even for a tiny corpus.
-        n_val = max(int(first_block), round(len(block) * cfg.data.val_fraction))
-        first_block = False
-        for i, enc in enumerate(tok.encode_batch(block, add_special_tokens=False)):
-            writers["val" if i < n_val else "train"].add([sep, *enc.ids])
-    for w in writers.values():
-        w.flush()
+    settings = EncodeSettings(dtype.name, sep, cfg.run.seed, cfg.data.val_fraction, cfg.data.shard_tokens)
+    parts = plan_parts(files)
+    finished, run = encode_all(tok, parts, settings, staging.parts, staging.tokenizer, workers)
+    _check_every_file_has_text(parts, finished)
+    shards = staging.assemble(finished)
+    shutil.copyfile(staging.tokenizer, staging.out / TOKENIZER)
     meta = {
         "dtype": dtype.name,
         "vocab_size": vocab,
         "bos_id": sep,
         "tokenizer": TOKENIZER,
-        "train": writers["train"].shards,
-        "val": writers["val"].shards,
+        "train": shards["train"],
+        "val": shards["val"],
         "prepared_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    meta["fingerprint"] = compute_fingerprint(folder, meta)
-    (folder / META).write_text(json.dumps(meta, indent=2))
-    return meta
+    meta["fingerprint"] = compute_fingerprint(staging.out, meta)
+    (staging.out / META).write_text(json.dumps(meta, indent=2))
+    return meta, run
+
+
+def _check_every_file_has_text(parts, finished: list[dict]) -> None:
+    documents: dict[str, int] = {}
+    for part, done in zip(parts, finished):
+        documents[part.path] = documents.get(part.path, 0) + done["documents"]
+    for path, found in documents.items():
+        if not found:
+            raise ConfigError(f"{path} holds no text (only empty documents); fill it, remove it or narrow data.raw")
 
 
 def _check_long_enough(cfg: Config, meta: dict, files: list[Path]) -> None:
@@ -215,10 +254,14 @@ def obtain_tokenizer(cfg: Config, files: list[Path], tokenizer_path: Path):
         tok = load_tokenizer(folder)
         print(f"using the tokenizer of model.pretrained {folder} ({tok.get_vocab_size()} tokens)", flush=True)
     else:
-        sample = _take_chars(iter_documents(files), cfg.data.tokenizer_train_chars)
-        tok = train_tokenizer(sample, cfg.data.vocab_size, arch)
+        started = time.monotonic()
+        sample = _tokenizer_sample(files, cfg.data.tokenizer_train_chars)
+        tok = train_tokenizer(sample, cfg.data.vocab_size, arch, show_progress=sys.stderr.isatty())
         kind = "WordPiece" if arch == "bert" else "BPE"
-        print(f"trained a {tok.get_vocab_size()}-token {kind} tokenizer -> {tokenizer_path}", flush=True)
+        print(
+            f"trained a {tok.get_vocab_size()}-token {kind} tokenizer in {time.monotonic() - started:.1f}s -> {tokenizer_path}",
+            flush=True,
+        )
     if arch == "bert":
         missing = [t for t in BERT_SPECIALS if tok.token_to_id(t) is None]
         if missing:
@@ -231,13 +274,19 @@ def obtain_tokenizer(cfg: Config, files: list[Path], tokenizer_path: Path):
     return tok
 
 
-def _take_chars(docs, limit: int):
-    total = 0
-    for doc in docs:
-        if total >= limit:
-            return
-        total += len(doc)
-        yield doc
+def _tokenizer_sample(files: list[Path], limit: int):
+    """The first `limit` characters of the corpus, in segments, with their progress shown."""
+    parts = plan_parts(files)
+    progress = Progress("reading for the tokenizer", min(limit, sum(part.size for part in parts)))
+    try:
+        for part in parts:
+            for text, starts in iter_segments(part):
+                if progress.bytes >= limit:
+                    return
+                progress.update(len(text), int(starts))
+                yield text
+    finally:
+        progress.close()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -247,8 +296,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="replace data already prepared in data.dir (the old files move to data.dir/previous-<UTC time>/)",
     )
+    p.add_argument(
+        "--workers",
+        type=count,
+        default=None,
+        help="processes encoding parts of the corpus at once (default: one per usable core; the same tokens for any number)",
+    )
 
 
 def run(cfg: Config, args: argparse.Namespace) -> int:
-    prepare_data(cfg, demo_corpus=args.demo_corpus, force=args.force)
+    prepare_data(cfg, demo_corpus=args.demo_corpus, force=args.force, workers=args.workers)
     return 0

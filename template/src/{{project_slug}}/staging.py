@@ -1,0 +1,110 @@
+"""data.dir/.prepare-data/: where prepare-data builds its output before moving it into place, and
+what lets an interrupted run continue.
+
+    plan.json        the input files (path, size, modification time) and every setting the tokens
+                     depend on; a run with another plan starts over
+    tokenizer.json   the tokenizer, trained or loaded once
+    parts/00000/     one finished part: its shards and done.json (encode_parts.py)
+    out/             the assembled data folder: shards numbered in part order, tokenizer, meta.json
+    lock             held (flock) by the prepare-data writing here; a second one is refused
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+from pathlib import Path
+
+from .config import ConfigError
+
+FOLDER = ".prepare-data"
+
+
+class Staging:
+    def __init__(self, data_dir: Path):
+        self.folder = data_dir / FOLDER
+        self.parts = self.folder / "parts"
+        self.out = self.folder / "out"
+        self.tokenizer = self.folder / "tokenizer.json"
+        self._lock = None
+
+    def open(self, plan: dict) -> str | None:
+        """Lock the folder and keep what an earlier run with the same plan finished (else empty it);
+        a line saying which, or None for a fresh start."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._lock = (self.folder / "lock").open("a+")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lock.seek(0)
+            holder = self._lock.read().strip() or "another process"
+            self._lock.close()
+            self._lock = None
+            raise ConfigError(
+                f"another prepare-data ({holder}) is writing {self.folder.parent}; wait for it to end, or use "
+                "another data.dir"
+            ) from None
+        self._lock.truncate(0)
+        self._lock.write(f"pid {os.getpid()} on {os.uname().nodename}")
+        self._lock.flush()
+        plan_file = self.folder / "plan.json"
+        try:
+            earlier = json.loads(plan_file.read_text())
+        except (OSError, ValueError):
+            earlier = None
+        note = None
+        if earlier == plan:
+            return f"continuing the prepare-data interrupted in {self.folder} (same input files and settings)"
+        if earlier is not None:
+            note = f"the unfinished prepare-data in {self.folder} was for other input files or settings: starting over"
+        for path in self.folder.iterdir():
+            if path.name != "lock":
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+        plan_file.write_text(json.dumps(plan, indent=1))
+        return note
+
+    def assemble(self, finished: list[dict]) -> dict[str, list[dict]]:
+        """out/ with every part's shards numbered in part order (hard links: the parts stay whole
+        until the end, should this be interrupted); the shard lists per split."""
+        shutil.rmtree(self.out, ignore_errors=True)
+        self.out.mkdir()
+        shards: dict[str, list[dict]] = {"train": [], "val": []}
+        for index, done in enumerate(finished):
+            for split in shards:
+                for shard in done[split]:
+                    name = f"{split}_{len(shards[split]):05d}.bin"
+                    _link_or_copy(self.parts / f"{index:05d}" / shard["file"], self.out / name)
+                    shards[split].append({"file": name, "tokens": shard["tokens"]})
+        return shards
+
+    def remove(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self.close()
+
+    def close(self) -> None:
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    def finished_parts(self) -> int:
+        return len(list(self.parts.glob("*/done.json"))) if self.parts.is_dir() else 0
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # a file system without hard links
+        shutil.copyfile(source, target)
+
+
+def stat_of(path: str | None) -> list | None:
+    """Path, size and modification time: what says a file is still the one a plan was made with."""
+    if not path:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return [path]
+    return [path, st.st_size, st.st_mtime_ns]
