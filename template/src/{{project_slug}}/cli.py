@@ -100,3 +100,6 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         # One line; in a rank under the node supervisor, handed to it instead (unrecoverable.py)
         return unrecoverable.report(exc)
+    except KeyboardInterrupt:  # Ctrl-C where no command handles it: what it kept was said above
+        print(f"{args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -32,11 +32,11 @@ META = "meta.json"
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # bert vocabularies must hold these
 
 
-def train_tokenizer(texts: Iterator[str], vocab_size: int, arch: str = "gpt", show_progress: bool = False):
+def train_tokenizer(texts: Iterator[str], vocab_size: int, arch: str = "gpt"):
     """gpt/gpt3: byte-level BPE (GPT-2 style: every byte is representable, nothing is unknown).
     bert: lower-cased WordPiece with BERT's special tokens (bert-base-uncased style)."""
     if arch == "bert":
-        return _train_wordpiece(texts, vocab_size, show_progress)
+        return _train_wordpiece(texts, vocab_size)
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -47,13 +47,13 @@ def train_tokenizer(texts: Iterator[str], vocab_size: int, arch: str = "gpt", sh
         special_tokens=[BOS],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         min_frequency=2,
-        show_progress=show_progress,  # the library's own bars for its merges, on a terminal
+        show_progress=False,  # its bars would draw over prepare-data's (they count the same documents)
     )
     tok.train_from_iterator(texts, trainer=trainer)
     return tok
 
 
-def _train_wordpiece(texts: Iterator[str], vocab_size: int, show_progress: bool = False):
+def _train_wordpiece(texts: Iterator[str], vocab_size: int):
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
@@ -62,7 +62,7 @@ def _train_wordpiece(texts: Iterator[str], vocab_size: int, show_progress: bool 
     tok.decoder = decoders.WordPiece()
     # Special tokens first, so [PAD] is id 0: BertConfig's default pad_token_id.
     trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size, special_tokens=BERT_SPECIALS, min_frequency=2, show_progress=show_progress
+        vocab_size=vocab_size, special_tokens=BERT_SPECIALS, min_frequency=2, show_progress=False
     )
     tok.train_from_iterator(texts, trainer=trainer)
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")

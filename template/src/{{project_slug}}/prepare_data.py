@@ -32,7 +32,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -256,7 +255,7 @@ def obtain_tokenizer(cfg: Config, files: list[Path], tokenizer_path: Path):
     else:
         started = time.monotonic()
         sample = _tokenizer_sample(files, cfg.data.tokenizer_train_chars)
-        tok = train_tokenizer(sample, cfg.data.vocab_size, arch, show_progress=sys.stderr.isatty())
+        tok = train_tokenizer(sample, cfg.data.vocab_size, arch)
         kind = "WordPiece" if arch == "bert" else "BPE"
         print(
             f"trained a {tok.get_vocab_size()}-token {kind} tokenizer in {time.monotonic() - started:.1f}s -> {tokenizer_path}",
@@ -275,18 +274,21 @@ def obtain_tokenizer(cfg: Config, files: list[Path], tokenizer_path: Path):
 
 
 def _tokenizer_sample(files: list[Path], limit: int):
-    """The first `limit` characters of the corpus, in segments, with their progress shown."""
+    """The first `limit` characters of the corpus, in segments, with the input read shown."""
     parts = plan_parts(files)
-    progress = Progress("reading for the tokenizer", min(limit, sum(part.size for part in parts)))
+    progress = Progress("reading for the tokenizer", sum(part.size for part in parts))
+    chars = 0
     try:
         for part in parts:
-            for text, starts in iter_segments(part):
-                if progress.bytes >= limit:
+            for text, starts in iter_segments(part, progress.update):
+                if chars >= limit:
                     return
-                progress.update(len(text), int(starts))
+                chars += len(text)
+                progress.update(documents=int(starts))
                 yield text
     finally:
         progress.close()
+        print(f"learning the vocabulary from {chars:,} characters (the library shows no progress) ...", flush=True)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

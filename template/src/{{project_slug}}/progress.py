@@ -6,6 +6,7 @@ and stderr keeps only errors.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -34,7 +35,17 @@ class Progress:
         if stream.isatty():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=self.total, desc=what, unit="B", unit_scale=True, file=stream, smoothing=0.05)
+            size = os.get_terminal_size(stream.fileno())  # 0 x 0 on a terminal nobody sized (script, CI)
+            self.bar = tqdm(
+                total=self.total,
+                desc=what,
+                unit="B",
+                unit_scale=True,
+                file=stream,
+                ncols=size.columns or 100,
+                nrows=size.lines or 24,  # tqdm hides bars below the last row: all of them on 0 rows
+                smoothing=0.05,
+            )
 
     def update(self, nbytes: float = 0.0, documents: int = 0, tokens: int = 0) -> None:
         self.bytes += nbytes

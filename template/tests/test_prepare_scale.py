@@ -1,0 +1,206 @@
+"""prepare-data at corpus scale: parts encoded by worker processes write the same tokens for any
+number of them, an interrupted run continues from its finished parts, long documents are cut into
+segments without changing their tokens, progress is shown, and two runs never write one folder.
+
+    python -m pytest -q tests/test_prepare_scale.py        # about a minute
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import pty
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import subprocess_env
+
+PREPARE = [
+    "model.arch=gpt",
+    "model.pretrained=",
+    "data.raw=",
+    "data.tokenizer=",
+    "data.vocab_size=500",
+    "data.val_fraction=0.05",
+    "data.shard_tokens=20000",
+    "model.sequence_len=64",
+]
+
+
+def corpus(raw: Path, files: int, docs_per_file: int) -> None:
+    """Every file is at least one part: `files` parts of generated English-like documents."""
+    words = "the data model token shard batch rank node step loss grad of and to in is for".split()
+    raw.mkdir(parents=True)
+    for f in range(files):
+        lines = []
+        for d in range(docs_per_file):
+            n = 40 + (f * 31 + d * 17) % 200
+            text = " ".join(words[(f * 7 + d * 5 + i * i) % len(words)] for i in range(n))
+            lines.append(json.dumps({"text": f"File {f}, document {d}.\n{text}."}))
+        (raw / f"part-{f:02d}.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def outputs(data_dir: Path) -> dict[str, str]:
+    """The prepared files (not raw/), by name: their SHA-256; and the fingerprint."""
+    found = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in data_dir.iterdir() if p.suffix == ".bin"}
+    meta = json.loads((data_dir / "meta.json").read_text())
+    return {
+        **found,
+        "tokenizer": hashlib.sha256((data_dir / "tokenizer.json").read_bytes()).hexdigest(),
+        "fingerprint": meta["fingerprint"],
+        "shards": json.dumps([meta["train"], meta["val"]]),
+    }
+
+
+@pytest.fixture(scope="module")
+def reference(cli, tmp_path_factory):
+    """A corpus of 12 parts prepared by one worker: the tokens every other way must write."""
+    data_dir = tmp_path_factory.mktemp("reference")
+    corpus(data_dir / "raw", files=12, docs_per_file=300)
+    cli("prepare-data", f"data.dir={data_dir}", *PREPARE, "--workers", "1")
+    return data_dir
+
+
+def copy_inputs(reference: Path, data_dir: Path) -> None:
+    (data_dir / "raw").mkdir(parents=True)
+    for path in (reference / "raw").iterdir():
+        target = data_dir / "raw" / path.name
+        target.write_bytes(path.read_bytes())
+        os.utime(target, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns))
+
+
+def test_any_number_of_workers_writes_the_same_tokens(cli, reference, tmp_path):
+    copy_inputs(reference, tmp_path)
+    proc = cli("prepare-data", f"data.dir={tmp_path}", *PREPARE, "--workers", "3")
+    assert "on 3 workers" in proc.stdout, proc.stdout
+    assert proc.stderr == "", proc.stderr  # off a terminal, progress is on stdout: stderr is for errors
+    assert outputs(tmp_path) == outputs(reference)
+    assert len(json.loads((tmp_path / "meta.json").read_text())["train"]) >= 12  # each part its own shards
+    assert not (tmp_path / ".prepare-data").exists()
+
+
+def test_an_interrupted_run_continues_from_its_finished_parts(cli, reference, tmp_path):
+    copy_inputs(reference, tmp_path)
+    parts = tmp_path / ".prepare-data" / "parts"
+    proc = subprocess.Popen(
+        cli.command("prepare-data", f"data.dir={tmp_path}", *PREPARE, "--workers", "1"),
+        cwd=cli.root,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while len(list(parts.glob("*/done.json"))) < 3 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C
+    stdout, stderr = proc.communicate(timeout=60)
+    kept = len(list(parts.glob("*/done.json")))
+    assert 3 <= kept < 12, f"the run was to be stopped after 3 of its 12 parts, it had {kept}:\n{stdout}{stderr}"
+    assert proc.returncode != 0 and "Traceback" not in stderr, stderr
+    assert f"{kept} finished part(s) stay" in stdout and "the same command continues" in stdout, stdout
+    assert not (tmp_path / "meta.json").exists()  # nothing half done in data.dir itself
+
+    proc = cli("prepare-data", f"data.dir={tmp_path}", *PREPARE, "--workers", "2")
+    assert "continuing the prepare-data interrupted" in proc.stdout, proc.stdout
+    assert f"{kept} of 12 parts were finished before: encoding the other {12 - kept}" in proc.stdout, proc.stdout
+    assert "using the tokenizer the interrupted run made" in proc.stdout
+    assert outputs(tmp_path) == outputs(reference)
+    assert not (tmp_path / ".prepare-data").exists()
+
+
+def test_changed_inputs_start_over(cli, reference, tmp_path):
+    copy_inputs(reference, tmp_path)
+    # An interrupted run's leftovers, made from other files or settings: a finished part among them.
+    finished = tmp_path / ".prepare-data" / "parts" / "00000"
+    finished.mkdir(parents=True)
+    (finished / "done.json").write_text(json.dumps({"documents": 1, "tokens": 3, "train": [], "val": []}))
+    (finished.parents[1] / "plan.json").write_text(json.dumps({"files": "an older corpus"}))
+    proc = cli("prepare-data", f"data.dir={tmp_path}", *PREPARE)
+    assert "was for other input files or settings: starting over" in proc.stdout, proc.stdout
+    assert "parts were finished before" not in proc.stdout
+    assert outputs(tmp_path) == outputs(reference)
+
+
+def test_a_second_prepare_data_on_the_folder_is_refused(cli, reference, tmp_path):
+    copy_inputs(reference, tmp_path)
+    staging = tmp_path / ".prepare-data"
+    staging.mkdir()
+    with (staging / "lock").open("a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.write("pid 4242 on gpu-07")
+        held.flush()
+        proc = cli("prepare-data", f"data.dir={tmp_path}", *PREPARE, expect=1)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "another prepare-data (pid 4242 on gpu-07) is writing" in lines[0] and "another data.dir" in lines[0]
+    assert not (tmp_path / "meta.json").exists()
+
+
+def test_long_documents_are_cut_where_their_tokens_do_not_change(pkg, tmp_path):
+    from tokenizers import Tokenizer
+
+    documents = pkg.documents
+    line = "A long document has many lines, each one a sentence or two of ordinary prose; "
+    text = "".join(f"{line}{i}\n" for i in range(40_000))  # about 3.3 MB in one document
+    segments = list(documents.cut_segments([text]))
+    assert len(segments) >= 3 and "".join(segments) == text
+    assert max(map(len, segments)) <= documents.SEGMENT_CHARS
+    tok = Tokenizer.from_file(str(tokenizer(pkg, tmp_path, text[:200_000])))
+    whole = tok.encode(text, add_special_tokens=False).ids
+    assert [i for s in segments for i in tok.encode(s, add_special_tokens=False).ids] == whole
+
+    # A .txt file with no line break at all is still read a segment at a time.
+    (tmp_path / "one-line.txt").write_text("word " * 600_000)
+    part = documents.plan_parts([tmp_path / "one-line.txt"])[0]
+    pieces = list(documents.iter_segments(part))
+    assert [starts for _, starts in pieces] == [True] + [False] * (len(pieces) - 1) and len(pieces) >= 3
+    assert "".join(t for t, _ in pieces) == "word " * 600_000
+
+
+def tokenizer(pkg, folder: Path, sample: str) -> Path:
+    tok = pkg.data.train_tokenizer(iter([sample]), 400)
+    tok.save(str(folder / "tokenizer.json"))
+    return folder / "tokenizer.json"
+
+
+def test_progress_is_a_bar_on_a_terminal_and_lines_in_a_log(cli, reference, tmp_path, pkg, capsys):
+    copy_inputs(reference, tmp_path)
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        cli.command("prepare-data", f"data.dir={tmp_path}", *PREPARE),
+        cwd=cli.root,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=follower,
+        text=True,
+    )
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closed with the process
+            break
+        if not chunk:
+            break
+        shown += chunk
+    stdout, _ = proc.communicate(timeout=120)
+    os.close(leader)
+    assert proc.returncode == 0, stdout
+    bar = shown.decode(errors="replace")
+    for words in ("reading for the tokenizer", "encoding", "100%", "documents", "tokens/s"):
+        assert words in bar, (words, bar[-2000:])
+    assert "\r" in bar  # redrawn in place
+    assert "wrote" in stdout and "tokens/s on" in stdout  # the one summary line
+
+    progress = pkg.progress.Progress("encoding", total_bytes=4e6, every=0.0)
+    progress.update(1e6, documents=10, tokens=250_000)
+    line = capsys.readouterr().out
+    assert line.startswith("encoding: 25% of 4.0MB, 10 documents, 250.0k tokens,") and "tokens/s" in line
+    assert "left" in line and "\r" not in line
