@@ -17,7 +17,7 @@ last column, measured in this run.
     python bench/gpu_throughput.py --cpu-smoke              # tiny sizes on CPU: checks the script runs
 
 Needs torch with CUDA, transformers, deepspeed, copier (or --project), and a prepared data folder
-(--data; default: made from site-packages text with bench/prepare_data_speed.py's corpus, 8 MB).
+(--data, --bert-data; default: made from site-packages text, bench/prepare_data_speed.py's corpus, 8 MB).
 """
 
 from __future__ import annotations
@@ -94,7 +94,8 @@ CPU_SMOKE = {
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--project", type=Path, help="an already generated project (default: render one)")
-    p.add_argument("--data", type=Path, help="a prepared data folder (default: made here)")
+    p.add_argument("--data", type=Path, help="a data folder prepared for gpt/gpt3 (default: made here)")
+    p.add_argument("--bert-data", type=Path, help="a data folder prepared with model.arch=bert (default: made here)")
     p.add_argument("--steps", type=int, default=40, help="optimizer steps per row (default 40)")
     p.add_argument("--only", default="", help="run only the rows whose name contains this")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny sizes on CPU, fp32: checks that the script runs")
@@ -124,14 +125,14 @@ def train_row(project: Path, package: str, data: Path, overrides: list[str], ste
     }
 
 
-def bert_plain_loop(size: str, seq: int, micro: int, steps: int, device: str) -> dict:
+def bert_plain_loop(size: str, seq: int, micro: int, steps: int, device: str, vocab: int) -> dict:
     """BertForMaskedLM in the plainest training loop: bf16 autocast, fused AdamW, 15% of tokens masked."""
     import torch
     from transformers import BertConfig, BertForMaskedLM
 
-    dims = {"large": (24, 1024, 16), "base": (12, 768, 12), "tiny": (2, 128, 2)}[size]
+    dims = {"large": (24, 1024, 16), "base": (12, 768, 12), "tiny": (2, 64, 2)}[size]  # sizes.py BERT_SIZES
     config = BertConfig(num_hidden_layers=dims[0], hidden_size=dims[1], num_attention_heads=dims[2],
-                        intermediate_size=4 * dims[1], vocab_size=30522, max_position_embeddings=512,
+                        intermediate_size=4 * dims[1], vocab_size=vocab, max_position_embeddings=512,
                         attn_implementation="sdpa")  # fmt: skip
     model = BertForMaskedLM(config).to(device)
     cuda = device == "cuda"
@@ -167,14 +168,22 @@ def main() -> None:
     if args.project is None:
         render_project(project, "HEAD")
     package = next((project / "src").glob("*/train.py")).parent.name
-    data = args.data
-    if data is None:
-        data = work / "data"
-        (data / "raw").mkdir(parents=True)
-        make_corpus(data / "raw", 2 if args.cpu_smoke else 8)
-        env = {**os.environ, "PYTHONPATH": str(project / "src")}
-        subprocess.run([sys.executable, "-m", package, "prepare-data", f"data.dir={data}", "data.raw=",
-                        "data.vocab_size=8192", "model.arch=gpt"], cwd=project, env=env, check=True, capture_output=True)  # fmt: skip
+    prepared = {"gpt": args.data, "bert": args.bert_data}
+
+    def data_for(overrides: list[str]) -> Path:
+        """The data folder of the row's family (bert needs WordPiece with BERT's special tokens)."""
+        family = "bert" if "model.arch=bert" in overrides else "gpt"
+        if prepared[family] is None:
+            folder = work / f"data-{family}"
+            (folder / "raw").mkdir(parents=True)
+            make_corpus(folder / "raw", 2 if args.cpu_smoke else 8)
+            env = {**os.environ, "PYTHONPATH": str(project / "src")}
+            subprocess.run([sys.executable, "-m", package, "prepare-data", f"data.dir={folder}", "data.raw=",
+                            f"data.vocab_size={30522 if family == 'bert' else 8192}", f"model.arch={family}", "model.pretrained="],
+                           cwd=project, env=env, check=True, capture_output=True)  # fmt: skip
+            prepared[family] = folder
+        return prepared[family]
+
     rows = CPU_SMOKE if args.cpu_smoke else GPU_ROWS
     extra = ["run.device=cpu", "run.dtype=fp32", *args.extra] if args.cpu_smoke else ["run.compile=true", *args.extra]
     results: dict[str, dict] = {}
@@ -182,12 +191,13 @@ def main() -> None:
     for name, (overrides, reference) in rows.items():
         if args.only not in name:
             continue
-        results[name] = train_row(
-            project, package, data, [*overrides, *extra], args.steps, work / name.replace(" ", "-")
-        )
+        out = work / name.replace(" ", "-")
+        results[name] = train_row(project, package, data_for(overrides), [*overrides, *extra], args.steps, out)
         if reference and reference.endswith("plain loop") and reference not in results:
             size, seq, micro = name.split()[1], 64 if args.cpu_smoke else 512, 4 if args.cpu_smoke else 32
-            results[reference] = bert_plain_loop(size, seq, micro, args.steps, "cpu" if args.cpu_smoke else "cuda")
+            vocab = json.loads((data_for(overrides) / "meta.json").read_text())["vocab_size"]  # the same model
+            device = "cpu" if args.cpu_smoke else "cuda"
+            results[reference] = bert_plain_loop(size, seq, micro, args.steps, device, vocab)
             show(reference, results[reference], None, results)
         show(name, results[name], reference, results)
     if not args.cpu_smoke and "gpt d12" in args.only + "gpt d12":
