@@ -204,3 +204,76 @@ def test_progress_is_a_bar_on_a_terminal_and_lines_in_a_log(cli, reference, tmp_
     line = capsys.readouterr().out
     assert line.startswith("encoding: 25% of 4.0MB, 10 documents, 250.0k tokens,") and "tokens/s" in line
     assert "left" in line and "\r" not in line
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def test_a_worker_killed_by_the_system_is_one_line_and_the_run_continues(cli, reference, tmp_path):
+    copy_inputs(reference, tmp_path)
+    parts = tmp_path / ".prepare-data" / "parts"
+    proc = subprocess.Popen(
+        cli.command("prepare-data", f"data.dir={tmp_path}", *PREPARE, "--workers", "2"),
+        cwd=cli.root,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while len(list(parts.glob("*/done.json"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    workers = [c for c in children(proc.pid) if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    assert workers, "no worker processes found"
+    os.kill(workers[0], signal.SIGKILL)  # as the kernel's OOM killer would
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in stderr, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "worker process died" in lines[0] and "run the same command again" in lines[0], stderr
+    assert "finished part(s) stay" in stdout, stdout
+
+    proc = cli("prepare-data", f"data.dir={tmp_path}", *PREPARE)
+    assert "parts were finished before" in proc.stdout, proc.stdout
+    assert outputs(tmp_path) == outputs(reference)
+
+
+@pytest.mark.parametrize("part_bytes", [1, 37, 500, 10**9])
+def test_parts_cover_every_document_once(pkg, tmp_path, part_bytes):
+    """Wherever the byte ranges fall (inside a line, on a line break, past a blank line), every
+    document is read by exactly one part, in order; parquet parts are whole row groups."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    documents = pkg.documents
+    texts = [f"document {i} " + "é" * (i % 7) + "word " * (i % 23) for i in range(120)]
+    lines = [json.dumps({"text": t}, ensure_ascii=i % 2 == 0) for i, t in enumerate(texts)]
+    (tmp_path / "a.jsonl").write_text("\n".join(lines[:50] + ["", ""] + lines[50:]) + "\n")
+    pq.write_table(pa.table({"text": texts}), tmp_path / "b.parquet", row_group_size=16)
+    (tmp_path / "c.txt").write_text("".join(f"line {i} of one text document\n" for i in range(300)))
+
+    def read(path: Path) -> list[tuple[str, bool]]:
+        parts = documents.plan_parts([path], part_bytes=part_bytes)
+        assert [p.start for p in parts[1:]] == [p.stop for p in parts[:-1]]  # contiguous, no gap or overlap
+        return [segment for part in parts for segment in documents.iter_segments(part)]
+
+    assert read(tmp_path / "a.jsonl") == [(t, True) for t in texts]
+    assert read(tmp_path / "b.parquet") == [(t, True) for t in texts]
+    txt = read(tmp_path / "c.txt")
+    assert "".join(t for t, _ in txt) == (tmp_path / "c.txt").read_text()
+    assert [starts for _, starts in txt] == [True] + [False] * (len(txt) - 1)
+
+
+def test_a_mistake_found_by_a_worker_is_one_line_and_leaves_nothing(cli, reference, tmp_path):
+    copy_inputs(reference, tmp_path)
+    bad = tmp_path / "raw" / "part-07.jsonl"
+    bad.write_text(bad.read_text() + "not json\n")  # past the start that is checked before encoding
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    proc = cli("prepare-data", f"data.dir={tmp_path}", *PREPARE, "--workers", "2", expect=1)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "part-07.jsonl:301 is not a JSON object with a 'text' field" in lines[0], lines[0]
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no staging folder, no output

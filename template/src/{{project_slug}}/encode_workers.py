@@ -10,12 +10,18 @@ import os
 import queue as queues
 import signal
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from .config import ConfigError
 from .documents import Part
 from .encode_parts import EncodeSettings, encode_part, finished, run_part, start_worker
 from .progress import Progress
+
+
+class WorkerDied(RuntimeError):
+    """A worker ended without a result: no mistake in the input, and the finished parts are good."""
+
 
 IN_PROCESS_BYTES = 8 << 20  # less input than this is encoded in this process (on all its threads)
 
@@ -69,7 +75,14 @@ def _in_workers(parts, todo, settings, parts_dir, tokenizer_path, workers, threa
             done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
             _drain(reports, progress)
             for future in done:
-                result = future.result()
+                try:
+                    result = future.result()
+                except BrokenProcessPool:
+                    raise WorkerDied(
+                        f"a prepare-data worker process died (killed by the system, often for memory) while "
+                        f"encoding part {futures[future]} of {len(parts)}; run the same command again to continue "
+                        f"from the finished parts, with fewer --workers (now {workers}) if memory is short"
+                    ) from None
                 if "error" in result:
                     raise ConfigError(result["error"])
                 results[futures[future]] = result
@@ -92,9 +105,10 @@ def _drain(reports, progress: Progress) -> None:
 def _stop(pool: ProcessPoolExecutor) -> None:
     """End the workers now (a refused input, Ctrl-C): a part can take minutes, and its folder is
     written aside, so nothing half done is ever taken for finished."""
-    pool.shutdown(wait=False, cancel_futures=True)
-    for process in list(getattr(pool, "_processes", {}).values()):  # no public way before Python 3.14
+    processes = list((getattr(pool, "_processes", None) or {}).values())  # no public way before Python 3.14
+    for process in processes:
         try:
             os.kill(process.pid, signal.SIGKILL)
         except (OSError, TypeError):
             pass
+    pool.shutdown(wait=False, cancel_futures=True)

@@ -32,6 +32,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -43,7 +44,7 @@ from .data import BERT_SPECIALS, META, bos_id, compute_fingerprint, data_fingerp
 from .demo_corpus import write_demo_corpus
 from .documents import PART_BYTES, SEGMENT_CHARS, check_input_file, find_raw_files, iter_segments, plan_parts
 from .encode_parts import BLOCK_CHARS, BLOCK_SEGMENTS, EncodeSettings
-from .encode_workers import encode_all
+from .encode_workers import WorkerDied, encode_all
 from .progress import Progress
 from .staging import Staging, stat_of
 
@@ -307,5 +308,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(cfg: Config, args: argparse.Namespace) -> int:
-    prepare_data(cfg, demo_corpus=args.demo_corpus, force=args.force, workers=args.workers)
+    try:
+        prepare_data(cfg, demo_corpus=args.demo_corpus, force=args.force, workers=args.workers)
+    except WorkerDied as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     return 0
