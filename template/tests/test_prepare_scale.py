@@ -84,20 +84,27 @@ def test_any_number_of_workers_writes_the_same_tokens(cli, reference, tmp_path):
     assert not (tmp_path / ".prepare-data").exists()
 
 
-def test_an_interrupted_run_continues_from_its_finished_parts(cli, reference, tmp_path):
-    copy_inputs(reference, tmp_path)
-    parts = tmp_path / ".prepare-data" / "parts"
+def start_and_wait_for_parts(cli, data_dir: Path, workers: int, parts: int) -> subprocess.Popen:
+    """prepare-data started in the background, returned once `parts` parts are finished."""
     proc = subprocess.Popen(
-        cli.command("prepare-data", f"data.dir={tmp_path}", *PREPARE, "--workers", "1"),
+        cli.command("prepare-data", f"data.dir={data_dir}", *PREPARE, "--workers", str(workers)),
         cwd=cli.root,
         env=subprocess_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    finished = data_dir / ".prepare-data" / "parts"
     deadline = time.monotonic() + 120
-    while len(list(parts.glob("*/done.json"))) < 3 and proc.poll() is None and time.monotonic() < deadline:
+    while len(list(finished.glob("*/done.json"))) < parts and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
+    return proc
+
+
+def test_an_interrupted_run_continues_from_its_finished_parts(cli, reference, tmp_path):
+    copy_inputs(reference, tmp_path)
+    parts = tmp_path / ".prepare-data" / "parts"
+    proc = start_and_wait_for_parts(cli, tmp_path, workers=1, parts=3)
     proc.send_signal(signal.SIGINT)  # Ctrl-C
     stdout, stderr = proc.communicate(timeout=60)
     kept = len(list(parts.glob("*/done.json")))
@@ -215,18 +222,7 @@ def children(pid: int) -> list[int]:
 
 def test_a_worker_killed_by_the_system_is_one_line_and_the_run_continues(cli, reference, tmp_path):
     copy_inputs(reference, tmp_path)
-    parts = tmp_path / ".prepare-data" / "parts"
-    proc = subprocess.Popen(
-        cli.command("prepare-data", f"data.dir={tmp_path}", *PREPARE, "--workers", "2"),
-        cwd=cli.root,
-        env=subprocess_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while len(list(parts.glob("*/done.json"))) < 2 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
+    proc = start_and_wait_for_parts(cli, tmp_path, workers=2, parts=2)
     workers = [c for c in children(proc.pid) if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
     assert workers, "no worker processes found"
     os.kill(workers[0], signal.SIGKILL)  # as the kernel's OOM killer would
