@@ -169,7 +169,7 @@ def _write_data(cfg: Config, files: list[Path], staging: Staging, tokenizer_path
     parts = plan_parts(files)
     finished, run = encode_all(tok, parts, settings, staging.parts, staging.tokenizer, workers)
     _check_every_file_has_text(parts, finished)
-    shards = staging.assemble(finished)
+    shards = staging.assemble(finished, cfg.data.shard_tokens)
     shutil.copyfile(staging.tokenizer, staging.out / TOKENIZER)
     meta = {
         "dtype": dtype.name,

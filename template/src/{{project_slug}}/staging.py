@@ -5,7 +5,7 @@ what lets an interrupted run continue.
                      depend on; a run with another plan starts over
     tokenizer.json   the tokenizer, trained or loaded once
     parts/00000/     one finished part: its shards and done.json (encode_parts.py)
-    out/             the assembled data folder: shards numbered in part order, tokenizer, meta.json
+    out/             the assembled data folder: the parts' shards joined in part order, tokenizer, meta.json
     lock             held (flock) by the prepare-data writing here; a second one is refused
 """
 
@@ -65,18 +65,30 @@ class Staging:
         plan_file.write_text(json.dumps(plan, indent=1))
         return note
 
-    def assemble(self, finished: list[dict]) -> dict[str, list[dict]]:
-        """out/ with every part's shards numbered in part order (hard links: the parts stay whole
-        until the end, should this be interrupted); the shard lists per split."""
+    def assemble(self, finished: list[dict], shard_tokens: int) -> dict[str, list[dict]]:
+        """out/ with the parts' shards joined in part order into shards of at least shard_tokens
+        tokens (the parts' own are small: thousands of them would each waste a sequence's tail and
+        hold a memory map in every rank); the shard lists per split. The parts stay whole until the
+        end, should this be interrupted."""
         shutil.rmtree(self.out, ignore_errors=True)
         self.out.mkdir()
         shards: dict[str, list[dict]] = {"train": [], "val": []}
-        for index, done in enumerate(finished):
-            for split in shards:
+        for split, joined in shards.items():
+            target, tokens = None, 0
+            for index, done in enumerate(finished):
                 for shard in done[split]:
-                    name = f"{split}_{len(shards[split]):05d}.bin"
-                    _link_or_copy(self.parts / f"{index:05d}" / shard["file"], self.out / name)
-                    shards[split].append({"file": name, "tokens": shard["tokens"]})
+                    if target is None:
+                        target = (self.out / f"{split}_{len(joined):05d}.bin").open("wb")
+                    with (self.parts / f"{index:05d}" / shard["file"]).open("rb") as source:
+                        shutil.copyfileobj(source, target, 16 << 20)
+                    tokens += shard["tokens"]
+                    if tokens >= shard_tokens:
+                        target.close()
+                        joined.append({"file": Path(target.name).name, "tokens": tokens})
+                        target, tokens = None, 0
+            if target is not None:
+                target.close()
+                joined.append({"file": Path(target.name).name, "tokens": tokens})
         return shards
 
     def remove(self) -> None:
@@ -90,13 +102,6 @@ class Staging:
 
     def finished_parts(self) -> int:
         return len(list(self.parts.glob("*/done.json"))) if self.parts.is_dir() else 0
-
-
-def _link_or_copy(source: Path, target: Path) -> None:
-    try:
-        os.link(source, target)
-    except OSError:  # a file system without hard links
-        shutil.copyfile(source, target)
 
 
 def stat_of(path: str | None) -> list | None:
