@@ -22,11 +22,11 @@ import numpy as np
 from .config import ConfigError
 from .data import ShardWriter
 from .documents import Part, iter_segments
+from .staging import DONE, part_folder
 
 BLOCK_SEGMENTS = 4096  # segments shuffled together ...
 BLOCK_CHARS = 16 << 20  # ... and at most this much text
 BATCH_CHARS = 1 << 20  # text per encode call: what bounds the tokenizer's memory
-DONE = "done.json"
 
 
 @dataclass(frozen=True)
@@ -36,18 +36,6 @@ class EncodeSettings:
     seed: int
     val_fraction: float
     shard_tokens: int
-
-
-def part_folder(parts_dir: Path, index: int) -> Path:
-    return parts_dir / f"{index:05d}"
-
-
-def finished(parts_dir: Path, index: int) -> dict | None:
-    """What a finished part wrote (its done.json), or None."""
-    try:
-        return json.loads((part_folder(parts_dir, index) / DONE).read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def encode_part(tok, part: Part, index: int, settings: EncodeSettings, parts_dir: Path, report=None) -> dict:

@@ -15,8 +15,9 @@ from pathlib import Path
 
 from .config import ConfigError
 from .documents import Part
-from .encode_parts import EncodeSettings, encode_part, finished, run_part, start_worker
+from .encode_parts import EncodeSettings, encode_part, run_part, start_worker
 from .progress import Progress
+from .staging import finished
 
 
 class WorkerDied(RuntimeError):

@@ -42,7 +42,15 @@ from .bounds import count
 from .config import Config, ConfigError
 from .data import BERT_SPECIALS, META, bos_id, compute_fingerprint, data_fingerprint, load_tokenizer, train_tokenizer
 from .demo_corpus import write_demo_corpus
-from .documents import PART_BYTES, SEGMENT_CHARS, check_input_file, find_raw_files, iter_segments, plan_parts
+from .documents import (
+    PART_BYTES,
+    SEGMENT_CHARS,
+    Part,
+    check_input_file,
+    find_raw_files,
+    iter_segments,
+    plan_parts,
+)
 from .encode_parts import BLOCK_CHARS, BLOCK_SEGMENTS, EncodeSettings
 from .encode_workers import WorkerDied, encode_all
 from .progress import Progress
@@ -154,11 +162,12 @@ def _replaced_fingerprint(data_dir: Path, force: bool) -> str | None:
 def _write_data(cfg: Config, files: list[Path], staging: Staging, tokenizer_path: Path, workers: int | None):
     """Tokenizer, shards and meta.json (with the fingerprint) in staging.out; the meta and how the
     encoding ran."""
+    parts = plan_parts(files)
     if staging.tokenizer.is_file():
         tok = load_tokenizer(staging.tokenizer)
         print(f"using the tokenizer the interrupted run made ({tok.get_vocab_size()} tokens)", flush=True)
     else:
-        tok = obtain_tokenizer(cfg, files, tokenizer_path)
+        tok = obtain_tokenizer(cfg, parts, tokenizer_path)
         tok.save(str(staging.tokenizer.with_suffix(".tmp")))
         staging.tokenizer.with_suffix(".tmp").replace(staging.tokenizer)
     vocab = tok.get_vocab_size()
@@ -166,7 +175,6 @@ def _write_data(cfg: Config, files: list[Path], staging: Staging, tokenizer_path
     # Documents are separated by <|bos|> (gpt) or [SEP] (bert: mlm_data cuts [CLS] ... [SEP] windows).
     sep = tok.token_to_id("[SEP]") if cfg.model.arch == "bert" else bos_id(tok)
     settings = EncodeSettings(dtype.name, sep, cfg.run.seed, cfg.data.val_fraction, cfg.data.shard_tokens)
-    parts = plan_parts(files)
     finished, run = encode_all(tok, parts, settings, staging.parts, staging.tokenizer, workers)
     _check_every_file_has_text(parts, finished)
     shards = staging.assemble(finished, cfg.data.shard_tokens)
@@ -236,7 +244,7 @@ def _install(staging: Path, data_dir: Path) -> Path | None:
     return previous
 
 
-def obtain_tokenizer(cfg: Config, files: list[Path], tokenizer_path: Path):
+def obtain_tokenizer(cfg: Config, parts: list[Part], tokenizer_path: Path):
     """The tokenizer named by the config (see the module docstring), or a newly trained one."""
     arch = cfg.model.arch
     if arch == "bert":
@@ -255,7 +263,7 @@ def obtain_tokenizer(cfg: Config, files: list[Path], tokenizer_path: Path):
         print(f"using the tokenizer of model.pretrained {folder} ({tok.get_vocab_size()} tokens)", flush=True)
     else:
         started = time.monotonic()
-        sample = _tokenizer_sample(files, cfg.data.tokenizer_train_chars)
+        sample = _tokenizer_sample(parts, cfg.data.tokenizer_train_chars)
         tok = train_tokenizer(sample, cfg.data.vocab_size, arch)
         kind = "WordPiece" if arch == "bert" else "BPE"
         print(
@@ -274,9 +282,8 @@ def obtain_tokenizer(cfg: Config, files: list[Path], tokenizer_path: Path):
     return tok
 
 
-def _tokenizer_sample(files: list[Path], limit: int):
+def _tokenizer_sample(parts: list[Part], limit: int):
     """The first `limit` characters of the corpus, in segments, with the input read shown."""
-    parts = plan_parts(files)
     progress = Progress("reading for the tokenizer", sum(part.size for part in parts))
     chars = 0
     try:

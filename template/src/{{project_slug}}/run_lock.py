@@ -148,8 +148,9 @@ class RunLock:
     """A held (owned) lock, or a visit under another holder of the same job (not owned). job: this
     process's job identity."""
 
-    def __init__(self, path: Path, record: dict, owned: bool, job: str):
+    def __init__(self, path: Path, record: dict, owned: bool, job: str, made_folder: bool = False):
         self.path, self.record, self.owned, self.job = path, record, owned, job
+        self.made_folder = made_folder  # acquire created the output folder for this run
         self._stop = threading.Event()
         if owned:
             threading.Thread(target=self._beat, name="run-lock-heartbeat", daemon=True).start()
@@ -167,6 +168,8 @@ class RunLock:
         self._stop.set()
         if self.owned and _read(self.path) == self.record:
             self.path.unlink(missing_ok=True)
+            if self.made_folder and not any(self.path.parent.iterdir()):
+                self.path.parent.rmdir()  # a run refused before its first write leaves no empty folder
         self.owned = False
 
     def __enter__(self) -> RunLock:
@@ -210,12 +213,13 @@ def acquire(output_dir: str | Path, identity: str | None, write: bool = True, ta
     even where a live process of this same job holds it (a restarted supervisor: the other one
     belongs to the attempt that ended)."""
     path = Path(output_dir) / LOCK_NAME
+    made_folder = write and not path.parent.exists()
     if write:
         path.parent.mkdir(parents=True, exist_ok=True)
     mine = _record(identity)
     for _ in range(10):
         if write and _create(path, mine):
-            return RunLock(path, mine, owned=True, job=mine["job"])
+            return RunLock(path, mine, owned=True, job=mine["job"], made_folder=made_folder)
         held = _read(path)
         if held is None:
             if not write:

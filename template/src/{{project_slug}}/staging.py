@@ -20,6 +20,19 @@ from pathlib import Path
 from .config import ConfigError
 
 FOLDER = ".prepare-data"
+DONE = "done.json"  # written into a part's folder last: the part is whole
+
+
+def part_folder(parts_dir: Path, index: int) -> Path:
+    return parts_dir / f"{index:05d}"
+
+
+def finished(parts_dir: Path, index: int) -> dict | None:
+    """What a finished part wrote (its done.json), or None."""
+    try:
+        return json.loads((part_folder(parts_dir, index) / DONE).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 class Staging:
@@ -79,7 +92,7 @@ class Staging:
                 for shard in done[split]:
                     if target is None:
                         target = (self.out / f"{split}_{len(joined):05d}.bin").open("wb")
-                    with (self.parts / f"{index:05d}" / shard["file"]).open("rb") as source:
+                    with (part_folder(self.parts, index) / shard["file"]).open("rb") as source:
                         shutil.copyfileobj(source, target, 16 << 20)
                     tokens += shard["tokens"]
                     if tokens >= shard_tokens:
@@ -101,7 +114,7 @@ class Staging:
             self._lock = None
 
     def finished_parts(self) -> int:
-        return len(list(self.parts.glob("*/done.json"))) if self.parts.is_dir() else 0
+        return len(list(self.parts.glob(f"*/{DONE}"))) if self.parts.is_dir() else 0
 
 
 def stat_of(path: str | None) -> list | None:

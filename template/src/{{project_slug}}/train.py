@@ -76,16 +76,12 @@ def run_training(cfg: Config) -> int:
         require_valid(cfg, info.world_size)  # before the folder is claimed: a mistake leaves no trace there
         resolve_precision(info.device, cfg.run.dtype)  # bf16 on a GPU without it: one line from every rank
         cfg = at_world_size(cfg, info.world_size)  # batch.scaling=weak: this world's global batch
-        out = Path(cfg.run.output_dir)
-        new_folder = not out.exists()
         lock, resume = claim_output_dir(cfg, info)
         try:
             code = _train(cfg, info, resume, lock)
         finally:
             if lock is not None:
                 lock.release()
-                if new_folder and out.is_dir() and not any(out.iterdir()):
-                    out.rmdir()  # refused before its first write (e.g. by the strategy): no empty folder left
         finish()
         return code
     except SharedFailure:
