@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,11 +32,13 @@ META = "meta.json"
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # bert vocabularies must hold these
 
 
-def train_tokenizer(texts: Iterator[str], vocab_size: int, arch: str = "gpt"):
-    """gpt/gpt3: byte-level BPE (GPT-2 style: every byte is representable, nothing is unknown).
-    bert: lower-cased WordPiece with BERT's special tokens (bert-base-uncased style)."""
+def train_tokenizer(read_sample: Callable[[str], Iterator[str]], vocab_size: int, arch: str = "gpt"):
+    """A tokenizer trained on the texts of read_sample(purpose), a fresh pass over the same sample
+    each call. gpt/gpt3: byte-level BPE (GPT-2 style: every byte is representable, nothing is
+    unknown). bert: lower-cased WordPiece with BERT's special tokens (bert-base-uncased style).
+    The same sample gives the same tokenizer, token ids included, on any machine."""
     if arch == "bert":
-        return _train_wordpiece(texts, vocab_size)
+        return _train_wordpiece(read_sample, vocab_size)
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -49,22 +51,46 @@ def train_tokenizer(texts: Iterator[str], vocab_size: int, arch: str = "gpt"):
         min_frequency=2,
         show_progress=False,  # its bars would draw over prepare-data's (they count the same documents)
     )
-    tok.train_from_iterator(texts, trainer=trainer)
+    tok.train_from_iterator(read_sample("the tokenizer"), trainer=trainer)
     return tok
 
 
-def _train_wordpiece(texts: Iterator[str], vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+def _wordpiece(vocab: dict[str, int] | None = None):
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]") if vocab else models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
-    # Special tokens first, so [PAD] is id 0: BertConfig's default pad_token_id.
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size, special_tokens=BERT_SPECIALS, min_frequency=2, show_progress=False
+    return tok
+
+
+def _wordpiece_trainer(vocab_size: int, special_tokens: list[str]):
+    from tokenizers import trainers
+
+    return trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=special_tokens, min_frequency=2, show_progress=False
     )
-    tok.train_from_iterator(texts, trainer=trainer)
+
+
+def _train_wordpiece(read_sample: Callable[[str], Iterator[str]], vocab_size: int):
+    from tokenizers import processors
+
+    # The library's trainer numbers the "##" continuation letters in hash-map order, new on every
+    # run, and those numbers break ties between equally frequent merges: the same text gave other
+    # token ids, and at times other tokens (huggingface/tokenizers#1794). A first pass that merges
+    # nothing lists the letters; the real pass gets them in sorted order, ahead of any merge.
+    alphabet = _wordpiece(None)
+    alphabet.train_from_iterator(read_sample("the tokenizer's letters"), trainer=_wordpiece_trainer(1, BERT_SPECIALS))
+    letters = sorted(t for t in alphabet.get_vocab() if t.startswith("##") and len(t) == 3)
+    trained = _wordpiece(None)
+    # Special tokens first, so [PAD] is id 0: BertConfig's default pad_token_id.
+    trained.train_from_iterator(
+        read_sample("the tokenizer"), trainer=_wordpiece_trainer(vocab_size, BERT_SPECIALS + letters)
+    )
+    # The letters were special only to fix their ids: the tokenizer proper has BERT's five.
+    tok = _wordpiece(trained.get_vocab())
+    tok.add_special_tokens(BERT_SPECIALS)
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     # What transformers' BERT tokenizers add around a text; training adds them itself (mlm_data.py).
     tok.post_processor = processors.TemplateProcessing(

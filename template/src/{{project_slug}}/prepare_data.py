@@ -263,8 +263,8 @@ def obtain_tokenizer(cfg: Config, parts: list[Part], tokenizer_path: Path):
         print(f"using the tokenizer of model.pretrained {folder} ({tok.get_vocab_size()} tokens)", flush=True)
     else:
         started = time.monotonic()
-        sample = _tokenizer_sample(parts, cfg.data.tokenizer_train_chars)
-        tok = train_tokenizer(sample, cfg.data.vocab_size, arch)
+        limit = cfg.data.tokenizer_train_chars
+        tok = train_tokenizer(lambda purpose: _tokenizer_sample(parts, limit, purpose), cfg.data.vocab_size, arch)
         kind = "WordPiece" if arch == "bert" else "BPE"
         print(
             f"trained a {tok.get_vocab_size()}-token {kind} tokenizer in {time.monotonic() - started:.1f}s -> {tokenizer_path}",
@@ -282,9 +282,9 @@ def obtain_tokenizer(cfg: Config, parts: list[Part], tokenizer_path: Path):
     return tok
 
 
-def _tokenizer_sample(parts: list[Part], limit: int):
+def _tokenizer_sample(parts: list[Part], limit: int, purpose: str):
     """The first `limit` characters of the corpus, in segments, with the input read shown."""
-    progress = Progress("reading for the tokenizer", sum(part.size for part in parts))
+    progress = Progress(f"reading for {purpose}", sum(part.size for part in parts))
     chars = 0
     try:
         for part in parts:
@@ -296,7 +296,7 @@ def _tokenizer_sample(parts: list[Part], limit: int):
                 yield text
     finally:
         progress.close()
-        print(f"learning the vocabulary from {chars:,} characters (the library shows no progress) ...", flush=True)
+        print(f"learning {purpose} from {chars:,} characters (the library shows no progress) ...", flush=True)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
