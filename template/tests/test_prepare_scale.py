@@ -17,6 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import subprocess_env
 
@@ -85,6 +86,30 @@ def test_any_number_of_workers_writes_the_same_tokens(cli, reference, tmp_path):
         assert all(s["tokens"] >= 20000 for s in meta[split][:-1]), meta[split]
     assert len(meta["val"]) < 12  # not one small validation shard per part
     assert not (tmp_path / ".prepare-data").exists()
+
+
+def split_documents(data_dir: Path) -> dict[str, int]:
+    """Documents per split: the separators in its shards."""
+    meta = json.loads((data_dir / "meta.json").read_text())
+    return {
+        split: sum(int((np.fromfile(data_dir / s["file"], meta["dtype"]) == meta["bos_id"]).sum()) for s in meta[split])
+        for split in ("train", "val")
+    }
+
+
+def test_the_validation_share_holds_whatever_the_files(cli, reference, tmp_path):
+    """data.val_fraction of the documents are held out whether a corpus is a few big files or a
+    folder of one-document files (each its own part): counted per part and rounded, all 240 of
+    these went to validation and training had none."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for i in range(240):
+        (raw / f"doc-{i:03d}.txt").write_text(f"Document {i}. " + "the model reads tokens " * (40 + i % 17))
+    cli("prepare-data", f"data.dir={tmp_path}", *PREPARE)
+    many = split_documents(tmp_path)
+    assert many["train"] + many["val"] == 240 and 2 <= many["val"] <= 30, many  # 5%: 12 expected
+    few = split_documents(reference)  # 12 files of 300 documents
+    assert 0.03 < few["val"] / (few["train"] + few["val"]) < 0.07, few
 
 
 def start_and_wait_for_parts(cli, data_dir: Path, workers: int, parts: int) -> subprocess.Popen:

@@ -374,13 +374,14 @@ def run(name, slow=False, fill_after=None):
     with open(log, "w") as f:
         proc = subprocess.Popen(spec["command"], cwd=spec["root"], stdout=f, stderr=subprocess.STDOUT,
                                 env={**env, **({"TRAIN_FAULT_STEP_SECONDS": "0.3"} if slow else {})})
-    while fill_after and proc.poll() is None and fill_after not in open(log).read():
+    # The log is read while being written: a read can end inside a multi-byte character.
+    while fill_after and proc.poll() is None and fill_after not in open(log, errors="replace").read():
         time.sleep(0.2)
     if fill_after:  # another writer takes all but 1 MiB
         free = shutil.disk_usage(out).free
         with open(out + "/filler", "wb") as f:
             f.write(b"x" * (free - 2**20))
-    results[name] = {"code": proc.wait(), "log": open(log).read()}
+    results[name] = {"code": proc.wait(), "log": open(log, errors="replace").read()}
     results[name]["tree"] = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in Path(out, "checkpoints").iterdir()}
     results[name]["attempts"] = sorted({p.name for p in Path(out, "logs").rglob("attempt_*")})
     results[name]["rank_logs"] = {str(p): p.read_text(errors="replace")[-3000:]
@@ -392,6 +393,10 @@ run("again, room made")
 shutil.copy(out + "/metrics.jsonl", spec["logs"] + "/metrics.jsonl")
 json.dump(results, open(spec["logs"] + "/results.json", "w"))
 """
+
+
+def _logs_tail(logs: Path) -> str:
+    return "".join(f"\n--- {log.name}\n{log.read_text(errors='replace')[-2000:]}" for log in sorted(logs.glob("*.log")))
 
 
 def _namespaces_allowed() -> bool:
@@ -436,11 +441,13 @@ def test_a_disk_that_fills_up_during_a_save_stops_with_one_line_and_keeps_the_ru
         "command": cli.command(*launch_args(demo_data, out, 2)),
     }
     mount = 'mount -t tmpfs -o size=16m none "$1" && exec "$2" "$3" "$4"'
-    subprocess.run(
+    driver = subprocess.run(
         ["unshare", "-rm", "sh", "-c", mount, "sh", out, sys.executable, tmp_path / "driver.py", json.dumps(spec)],
-        check=True,
+        capture_output=True,
+        text=True,
         timeout=400,
     )
+    assert driver.returncode == 0, driver.stdout[-3000:] + driver.stderr[-3000:] + _logs_tail(logs)
     results = json.loads((logs / "results.json").read_text())
     ckpt = out / CKPT
     filled = results["fills up"]

@@ -1,8 +1,8 @@
 """One part of the corpus -> its own train and val token shards: prepare-data's unit of work, run in
 worker processes (each with its own share of the tokenizer library's threads).
 
-Segments are shuffled in blocks with a generator of the part's own (run.seed, part number), and the
-first of each block are held out for validation, so the tokens depend on the files and the settings,
+Segments are shuffled in blocks with a generator of the part's own (run.seed, part number), which
+also draws the ones held out for validation, so the tokens depend on the files and the settings,
 never on the number of workers. A part is written into a folder of its own and renamed into place
 with done.json when whole: a resumed prepare-data keeps finished parts and redoes the others.
 """
@@ -58,14 +58,19 @@ def encode_part(tok, part: Part, index: int, settings: EncodeSettings, parts_dir
     segments = iter_segments(part, on_bytes)
     for number, block in enumerate(_blocks(segments)):
         rng.shuffle(block)
-        # At least one validation segment per part, even for a tiny corpus.
-        n_val = max(int(number == 0), round(len(block) * settings.val_fraction))
-        for batch in _batches(list(enumerate(block))):
+        # Each segment is held out with probability val_fraction: the share is right however the
+        # corpus is cut into files and parts (a count per part rounded a folder of one-document
+        # files all into val). The first part's first block holds out one at least, so even a
+        # tiny corpus has a validation split.
+        held_out = [rng.random() < settings.val_fraction for _ in block]
+        if index == 0 and number == 0 and not any(held_out):
+            held_out[0] = True
+        for batch in _batches(list(zip(held_out, block))):
             docs = tokens = 0
-            for (position, (_, starts)), enc in zip(
+            for (val, (_, starts)), enc in zip(
                 batch, encode([text for _, (text, _) in batch], add_special_tokens=False)
             ):
-                writer = writers["val" if position < n_val else "train"]
+                writer = writers["val" if val else "train"]
                 if starts:
                     writer.add((settings.separator,))
                 writer.add(enc.ids)
