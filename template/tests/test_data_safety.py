@@ -50,8 +50,8 @@ def truncated_parquet(path: Path) -> None:
     path.write_bytes(whole[: len(whole) // 2])
 
 
-def jsonl(path: Path, texts) -> None:
-    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+def jsonl(path: Path, texts) -> int:
+    return path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
 
 
 # name -> (writes the inputs into raw/, extra overrides, what the one-line message must hold)
@@ -67,8 +67,8 @@ UNUSABLE = {
         ["a.txt", "byte 3 is not UTF-8", "convert it to UTF-8"],
     ),
     "empty file": (lambda raw: (raw / "a.jsonl").write_text(""), [], ["a.jsonl", "is empty", "data.raw"]),
-    "only empty documents": (
-        lambda raw: (raw / "a.jsonl").write_text('\n{"text": ""}\n\n'),
+    "only empty documents": (  # packed into one part with a file that has text: still named
+        lambda raw: (raw / "a.jsonl").write_text('\n{"text": ""}\n\n') + jsonl(raw / "b.jsonl", documents(200)),
         [],
         ["a.jsonl", "holds no text", "data.raw"],
     ),

@@ -30,11 +30,14 @@ PREPARE = [
     "data.val_fraction=0.05",
     "data.shard_tokens=20000",
     "model.sequence_len=64",
+    "--part-mb",  # the reference's 12 files of about 200 KB, packed two to a part: 6 parts
+    "0.2",
 ]
+REFERENCE_PARTS = 6
 
 
 def corpus(raw: Path, files: int, docs_per_file: int) -> None:
-    """Every file is at least one part: `files` parts of generated English-like documents."""
+    """`files` files of generated English-like documents, about 200 KB each."""
     words = "the data model token shard batch rank node step loss grad of and to in is for".split()
     raw.mkdir(parents=True)
     for f in range(files):
@@ -60,7 +63,7 @@ def outputs(data_dir: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def reference(cli, tmp_path_factory):
-    """A corpus of 12 parts prepared by one worker: the tokens every other way must write."""
+    """A corpus of 6 parts prepared by one worker: the tokens every other way must write."""
     data_dir = tmp_path_factory.mktemp("reference")
     corpus(data_dir / "raw", files=12, docs_per_file=300)
     cli("prepare-data", f"data.dir={data_dir}", *PREPARE, "--workers", "1")
@@ -82,9 +85,9 @@ def test_any_number_of_workers_writes_the_same_tokens(cli, reference, tmp_path):
     assert proc.stderr == "", proc.stderr  # off a terminal, progress is on stdout: stderr is for errors
     assert outputs(tmp_path) == outputs(reference)
     meta = json.loads((tmp_path / "meta.json").read_text())
-    for split in ("train", "val"):  # the 12 parts' shards joined: all but the last hold shard_tokens
+    for split in ("train", "val"):  # the parts' shards joined: all but the last hold shard_tokens
         assert all(s["tokens"] >= 20000 for s in meta[split][:-1]), meta[split]
-    assert len(meta["val"]) < 12  # not one small validation shard per part
+    assert len(meta["val"]) < REFERENCE_PARTS  # not one small validation shard per part
     assert not (tmp_path / ".prepare-data").exists()
 
 
@@ -136,14 +139,15 @@ def test_an_interrupted_run_continues_from_its_finished_parts(cli, reference, tm
     proc.send_signal(signal.SIGINT)  # Ctrl-C
     stdout, stderr = proc.communicate(timeout=60)
     kept = len(list(parts.glob("*/done.json")))
-    assert 3 <= kept < 12, f"the run was to be stopped after 3 of its 12 parts, it had {kept}:\n{stdout}{stderr}"
+    assert 3 <= kept < REFERENCE_PARTS, f"the run was to be stopped after 3 parts, it had {kept}:\n{stdout}{stderr}"
     assert proc.returncode != 0 and "Traceback" not in stderr, stderr
     assert f"{kept} finished part(s) stay" in stdout and "the same command continues" in stdout, stdout
     assert not (tmp_path / "meta.json").exists()  # nothing half done in data.dir itself
 
     proc = cli("prepare-data", f"data.dir={tmp_path}", *PREPARE, "--workers", "2")
     assert "continuing the prepare-data interrupted" in proc.stdout, proc.stdout
-    assert f"{kept} of 12 parts were finished before: encoding the other {12 - kept}" in proc.stdout, proc.stdout
+    told = f"{kept} of {REFERENCE_PARTS} parts were finished before: encoding the other {REFERENCE_PARTS - kept}"
+    assert told in proc.stdout, proc.stdout
     assert "using the tokenizer the interrupted run made" in proc.stdout
     assert outputs(tmp_path) == outputs(reference)
     assert not (tmp_path / ".prepare-data").exists()
@@ -281,7 +285,8 @@ def test_parts_cover_every_document_once(pkg, tmp_path, part_bytes):
 
     def read(path: Path) -> list[tuple[str, bool]]:
         parts = documents.plan_parts([path], part_bytes=part_bytes)
-        assert [p.start for p in parts[1:]] == [p.stop for p in parts[:-1]]  # contiguous, no gap or overlap
+        pieces = [piece for part in parts for piece in part.pieces]
+        assert [p.start for p in pieces[1:]] == [p.stop for p in pieces[:-1]]  # contiguous, no gap or overlap
         return [segment for part in parts for segment in documents.iter_segments(part)]
 
     assert read(tmp_path / "a.jsonl") == [(t, True) for t in texts]
@@ -289,6 +294,23 @@ def test_parts_cover_every_document_once(pkg, tmp_path, part_bytes):
     txt = read(tmp_path / "c.txt")
     assert "".join(t for t, _ in txt) == (tmp_path / "c.txt").read_text()
     assert [starts for _, starts in txt] == [True] + [False] * (len(txt) - 1)
+
+
+def test_small_files_are_packed_into_parts(pkg, tmp_path):
+    """A folder of many small files is a few parts of about part_bytes, each file read whole by one
+    of them, in order: not a part, a worker task and a staging folder per file."""
+    texts = [f"document {i}: " + "tokens " * (100 + i % 40) for i in range(300)]
+    paths = []
+    for i, text in enumerate(texts):
+        paths.append(tmp_path / f"doc-{i:03d}.txt")
+        paths[-1].write_text(text)
+    parts = pkg.documents.plan_parts(paths, part_bytes=64_000)
+    total = sum(p.stat().st_size for p in paths)
+    assert 1 < len(parts) <= -(-total // 64_000) and all(part.size >= 64_000 for part in parts[:-1])
+    assert [piece.path for part in parts for piece in part.pieces] == [str(p) for p in paths]
+    found: dict[str, int] = {}
+    read = [segment for part in parts for segment in pkg.documents.iter_segments(part, documents=found)]
+    assert read == [(t, True) for t in texts] and found == {str(p): 1 for p in paths}
 
 
 def test_a_mistake_found_by_a_worker_is_one_line_and_leaves_nothing(cli, reference, tmp_path):

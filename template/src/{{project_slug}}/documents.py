@@ -3,10 +3,10 @@
     data.raw="" -> data.dir/raw/*     *.parquet (a string `text` column), *.jsonl (a "text" field
                                       per line), *.txt (one document per file), all UTF-8
 
-Files are read in parts (plan_parts: about PART_BYTES of input each, row groups for parquet), which
-workers encode in parallel and a resumed run skips when done. A part's documents come as segments
-of at most about SEGMENT_CHARS characters, so no document, however long, is held whole beyond the
-one record (a JSON line, a parquet cell) that stores it.
+Files are read in parts (plan_parts: about PART_BYTES of input each, row groups for parquet, small
+files packed together), which workers encode in parallel and a resumed run skips when done. A
+part's documents come as segments of at most about SEGMENT_CHARS characters, so no document,
+however long, is held whole beyond the one record (a JSON line, a parquet cell) that stores it.
 
 Every unusable input is refused by name before hours of tokenizing where a look at its start (or a
 parquet's footer) tells (check_input_file), and during reading otherwise: an empty, binary or
@@ -31,10 +31,9 @@ SEGMENT_CHARS = 1 << 20  # longer documents are cut into segments of about this 
 
 
 @dataclass(frozen=True)
-class Part:
-    """A piece of one input file: for text files a byte range (each line belongs to the part its
-    first byte lies in), for parquet a range of row groups. Parts depend only on the files, so any
-    number of workers writes the same tokens."""
+class Piece:
+    """A range of one input file: for text files a byte range (each line belongs to the piece its
+    first byte lies in), for parquet a range of row groups."""
 
     path: str
     start: int
@@ -42,8 +41,33 @@ class Part:
     size: int  # input bytes it stands for, for progress
 
 
+@dataclass(frozen=True)
+class Part:
+    """About part_bytes of input: a piece of a big file, or small files packed together (a folder
+    of 100,000 small files is not 100,000 parts). Parts depend only on the files and part_bytes,
+    so any number of workers writes the same tokens."""
+
+    pieces: tuple[Piece, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(piece.size for piece in self.pieces)
+
+
 def plan_parts(paths: list[Path], part_bytes: int = PART_BYTES) -> list[Part]:
-    parts = []
+    parts, pending, pending_bytes = [], [], 0
+    for piece in _pieces(paths, part_bytes):
+        pending.append(piece)
+        pending_bytes += piece.size
+        if pending_bytes >= part_bytes:
+            parts.append(Part(tuple(pending)))
+            pending, pending_bytes = [], 0
+    if pending:
+        parts.append(Part(tuple(pending)))
+    return parts
+
+
+def _pieces(paths: list[Path], part_bytes: int) -> Iterator[Piece]:
     for path in paths:
         size = path.stat().st_size
         if path.suffix.lower() == ".parquet":
@@ -52,30 +76,38 @@ def plan_parts(paths: list[Path], part_bytes: int = PART_BYTES) -> list[Part]:
             for group in range(meta.num_row_groups):
                 taken += meta.row_group(group).num_rows
                 if group == meta.num_row_groups - 1 or taken * size / rows >= part_bytes:
-                    parts.append(Part(str(path), first, group + 1, round(taken * size / rows)))
+                    yield Piece(str(path), first, group + 1, round(taken * size / rows))
                     first, taken = group + 1, 0
         else:
-            parts += [
-                Part(str(path), s, min(s + part_bytes, size), min(part_bytes, size - s))
-                for s in range(0, size, part_bytes)
-            ]
-    return parts
+            for s in range(0, size, part_bytes):
+                yield Piece(str(path), s, min(s + part_bytes, size), min(part_bytes, size - s))
 
 
 Progress = Callable[[float], None]  # called with the input bytes just consumed
 
 
-def iter_segments(part: Part, progress: Progress | None = None) -> Iterator[tuple[str, bool]]:
-    """(text, whether it starts a document) for the part's documents, in file order."""
-    path = Path(part.path)
+def iter_segments(
+    part: Part, progress: Progress | None = None, documents: dict[str, int] | None = None
+) -> Iterator[tuple[str, bool]]:
+    """(text, whether it starts a document) for the part's documents, in file order; `documents`
+    counts the documents that start in each file."""
+    for piece in part.pieces:
+        for text, starts in _piece_segments(piece, progress):
+            if documents is not None:
+                documents[piece.path] = documents.get(piece.path, 0) + starts
+            yield text, starts
+
+
+def _piece_segments(piece: Piece, progress: Progress | None) -> Iterator[tuple[str, bool]]:
+    path = Path(piece.path)
     suffix = path.suffix.lower()
     if suffix == ".txt":
-        yield from _txt_segments(path, part, progress)
+        yield from _txt_segments(path, piece, progress)
         return
     if suffix == ".parquet":
-        docs = _parquet_documents(path, part, progress)
+        docs = _parquet_documents(path, piece, progress)
     elif suffix in (".jsonl", ".json"):
-        docs = _jsonl_documents(path, part, progress)
+        docs = _jsonl_documents(path, piece, progress)
     else:
         raise ConfigError(f"{path}: unsupported file type '{suffix}'; use .parquet, .jsonl or .txt")
     for text in docs:
@@ -106,17 +138,17 @@ def _cut_point(text: str, limit: int) -> int:
     return limit  # no such place: one word longer than a segment
 
 
-def _parquet_documents(path: Path, part: Part, progress: Progress | None) -> Iterator[str]:
+def _parquet_documents(path: Path, piece: Piece, progress: Progress | None) -> Iterator[str]:
     import pyarrow as pa
 
     table = open_parquet(path)
-    groups = range(part.start, part.stop)
+    groups = range(piece.start, piece.stop)
     rows = sum(table.metadata.row_group(g).num_rows for g in groups) or 1
     try:
         for batch in table.iter_batches(columns=["text"], batch_size=1024, row_groups=groups):
             yield from (t for t in batch.column(0).to_pylist() if t)
             if progress:
-                progress(part.size * batch.num_rows / rows)
+                progress(piece.size * batch.num_rows / rows)
     except (pa.ArrowException, OSError, ValueError) as exc:  # a damaged page, a truncated column
         raise _unreadable_parquet(path, exc) from None
 
@@ -126,15 +158,15 @@ def _seek_line(f, start: int) -> int:
     if start:
         f.seek(start - 1)
         while (rest := f.readline(SEGMENT_CHARS)) and not rest.endswith(b"\n"):
-            pass  # the end of a line that began in the previous part, read a piece at a time
+            pass  # the end of a line that began in the previous piece, read a chunk at a time
     return f.tell()
 
 
-def _jsonl_documents(path: Path, part: Part, progress: Progress | None) -> Iterator[str]:
+def _jsonl_documents(path: Path, piece: Piece, progress: Progress | None) -> Iterator[str]:
     with path.open("rb") as f:
-        at = _seek_line(f, part.start)
-        line_no = 1 if part.start == 0 else None  # elsewhere lines are named by their byte offset
-        while at < part.stop and (raw := f.readline()):
+        at = _seek_line(f, piece.start)
+        line_no = 1 if piece.start == 0 else None  # elsewhere lines are named by their byte offset
+        while at < piece.stop and (raw := f.readline()):
             name = f"line {line_no}" if line_no else f"the line at byte {at}"
             where = f"{path}:{line_no}" if line_no else f"{path} ({name})"
             at += len(raw)
@@ -159,15 +191,15 @@ def _jsonl_documents(path: Path, part: Part, progress: Progress | None) -> Itera
                 yield text
 
 
-def _txt_segments(path: Path, part: Part, progress: Progress | None) -> Iterator[tuple[str, bool]]:
-    """A .txt file is one document: its first part starts it, the others continue it."""
+def _txt_segments(path: Path, piece: Piece, progress: Progress | None) -> Iterator[tuple[str, bool]]:
+    """A .txt file is one document: its first piece starts it, the others continue it."""
     decoder = codecs.getincrementaldecoder("utf-8")()
 
     def chunks():
         with path.open("rb") as f:
-            at = _seek_line(f, part.start)
+            at = _seek_line(f, piece.start)
             ended = True  # the last piece read ended its line
-            while (at < part.stop or not ended) and (raw := f.readline(SEGMENT_CHARS)):
+            while (at < piece.stop or not ended) and (raw := f.readline(SEGMENT_CHARS)):
                 if progress:
                     progress(len(raw))
                 if b"\0" in raw:
@@ -183,7 +215,7 @@ def _txt_segments(path: Path, part: Part, progress: Progress | None) -> Iterator
             except UnicodeDecodeError:
                 raise _not_text(path, f"it ends inside a character (byte {at - 1})") from None
 
-    first = part.start == 0
+    first = piece.start == 0
     for segment in cut_segments(chunks()):
         if segment.strip():
             yield segment, first

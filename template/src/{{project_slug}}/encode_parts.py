@@ -14,7 +14,7 @@ import os
 import random
 import shutil
 import signal
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -55,7 +55,8 @@ def encode_part(tok, part: Part, index: int, settings: EncodeSettings, parts_dir
     def on_bytes(n: float) -> None:
         consumed[0] += n
 
-    segments = iter_segments(part, on_bytes)
+    documents_per_file: dict[str, int] = {}
+    segments = iter_segments(part, on_bytes, documents_per_file)
     for number, block in enumerate(_blocks(segments)):
         rng.shuffle(block)
         # Each segment is held out with probability val_fraction: the share is right however the
@@ -84,7 +85,13 @@ def encode_part(tok, part: Part, index: int, settings: EncodeSettings, parts_dir
             consumed[0] = 0.0
     for writer in writers.values():
         writer.flush()
-    done = {"part": vars(part), **totals, "train": writers["train"].shards, "val": writers["val"].shards}
+    done = {
+        "part": asdict(part),
+        **totals,
+        "files": documents_per_file,
+        "train": writers["train"].shards,
+        "val": writers["val"].shards,
+    }
     (folder / DONE).write_text(json.dumps(done))
     shutil.rmtree(final, ignore_errors=True)
     folder.replace(final)

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .bounds import count
+from .bounds import count, positive_float
 from .config import Config, ConfigError
 from .data import BERT_SPECIALS, META, bos_id, compute_fingerprint, data_fingerprint, load_tokenizer, train_tokenizer
 from .demo_corpus import write_demo_corpus
@@ -60,7 +60,13 @@ TOKENIZER = "tokenizer.json"
 _OUTPUT = re.compile(r"(meta\.json|tokenizer\.json|(train|val)_\d{5}\.bin(\.tmp)?)")  # what a run replaces
 
 
-def prepare_data(cfg: Config, demo_corpus: bool = False, force: bool = False, workers: int | None = None) -> dict:
+def prepare_data(
+    cfg: Config,
+    demo_corpus: bool = False,
+    force: bool = False,
+    workers: int | None = None,
+    part_bytes: int = PART_BYTES,
+) -> dict:
     data_dir = Path(cfg.data.dir)
     replaced = _replaced_fingerprint(data_dir, force)
     started = time.monotonic()
@@ -76,11 +82,11 @@ def prepare_data(cfg: Config, demo_corpus: bool = False, force: bool = False, wo
         for path in files:  # before hours of tokenizing: empty, binary and broken files
             check_input_file(path)
         print(f"{len(files)} input file{'s' if len(files) > 1 else ''}, first: {files[0]}", flush=True)
-        note = staging.open(_plan(cfg, files))
+        note = staging.open(_plan(cfg, files, part_bytes))
         opened = True
         if note:
             print(note, flush=True)
-        meta, run = _write_data(cfg, files, staging, data_dir / TOKENIZER, workers)
+        meta, run = _write_data(cfg, files, plan_parts(files, part_bytes), staging, data_dir / TOKENIZER, workers)
         _check_long_enough(cfg, meta, files)
         previous = _install(staging.out, data_dir)
         staging.remove()
@@ -124,7 +130,7 @@ def prepare_data(cfg: Config, demo_corpus: bool = False, force: bool = False, wo
     return meta
 
 
-def _plan(cfg: Config, files: list[Path]) -> dict:
+def _plan(cfg: Config, files: list[Path], part_bytes: int) -> dict:
     """Everything the tokens depend on: a run with the same plan continues an interrupted one."""
     d = cfg.data
     return {
@@ -138,7 +144,7 @@ def _plan(cfg: Config, files: list[Path]) -> dict:
             d.val_fraction,
             d.shard_tokens,
         ],
-        "layout": [PART_BYTES, SEGMENT_CHARS, BLOCK_SEGMENTS, BLOCK_CHARS],
+        "layout": [part_bytes, SEGMENT_CHARS, BLOCK_SEGMENTS, BLOCK_CHARS],
     }
 
 
@@ -159,10 +165,11 @@ def _replaced_fingerprint(data_dir: Path, force: bool) -> str | None:
     return fingerprint
 
 
-def _write_data(cfg: Config, files: list[Path], staging: Staging, tokenizer_path: Path, workers: int | None):
+def _write_data(
+    cfg: Config, files: list[Path], parts: list[Part], staging: Staging, tokenizer_path: Path, workers: int | None
+):
     """Tokenizer, shards and meta.json (with the fingerprint) in staging.out; the meta and how the
     encoding ran."""
-    parts = plan_parts(files)
     if staging.tokenizer.is_file():
         tok = load_tokenizer(staging.tokenizer)
         print(f"using the tokenizer the interrupted run made ({tok.get_vocab_size()} tokens)", flush=True)
@@ -176,7 +183,7 @@ def _write_data(cfg: Config, files: list[Path], staging: Staging, tokenizer_path
     sep = tok.token_to_id("[SEP]") if cfg.model.arch == "bert" else bos_id(tok)
     settings = EncodeSettings(dtype.name, sep, cfg.run.seed, cfg.data.val_fraction, cfg.data.shard_tokens)
     finished, run = encode_all(tok, parts, settings, staging.parts, staging.tokenizer, workers)
-    _check_every_file_has_text(parts, finished)
+    _check_every_file_has_text(files, finished)
     shards = staging.assemble(finished, cfg.data.shard_tokens)
     shutil.copyfile(staging.tokenizer, staging.out / TOKENIZER)
     meta = {
@@ -193,12 +200,13 @@ def _write_data(cfg: Config, files: list[Path], staging: Staging, tokenizer_path
     return meta, run
 
 
-def _check_every_file_has_text(parts, finished: list[dict]) -> None:
+def _check_every_file_has_text(files: list[Path], finished: list[dict]) -> None:
     documents: dict[str, int] = {}
-    for part, done in zip(parts, finished):
-        documents[part.path] = documents.get(part.path, 0) + done["documents"]
-    for path, found in documents.items():
-        if not found:
+    for done in finished:
+        for path, found in done["files"].items():
+            documents[path] = documents.get(path, 0) + found
+    for path in map(str, files):
+        if not documents.get(path):
             raise ConfigError(f"{path} holds no text (only empty documents); fill it, remove it or narrow data.raw")
 
 
@@ -312,11 +320,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="processes encoding parts of the corpus at once (default: one per usable core; the same tokens for any number)",
     )
+    p.add_argument(
+        "--part-mb",
+        type=positive_float,
+        default=PART_BYTES / 2**20,
+        help="input per part, the unit of parallel work and of resume; small files are packed into parts this "
+        "large (default %(default)g; the order of the tokens depends on it)",
+    )
 
 
 def run(cfg: Config, args: argparse.Namespace) -> int:
     try:
-        prepare_data(cfg, demo_corpus=args.demo_corpus, force=args.force, workers=args.workers)
+        part_bytes = max(1, round(args.part_mb * 2**20))
+        prepare_data(cfg, args.demo_corpus, args.force, args.workers, part_bytes)
     except WorkerDied as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
