@@ -75,7 +75,7 @@ OPTIONS = {
     "ray-train --num-nodes 0": (["ray-train", "--dry-run", "--num-nodes", "0"], ["--num-nodes", "at least 1"]),
     "doctor --iters 0": (["doctor", "--iters", "0"], ["--iters", "at least 1"]),
     "prepare-data --workers 0": (["prepare-data", "--workers", "0"], ["--workers", "at least 1", "'0'"]),
-    "prepare-data --part-mb 0": (["prepare-data", "--part-mb", "0"], ["--part-mb", "above 0", "'0'"]),
+    "prepare-data --part-mb 0.001": (["prepare-data", "--part-mb", "0.001"], ["--part-mb", "at least 0.01", "'0.001'"]),
     "sample --top-k -5": (["sample", "--top-k", "-5"], ["--top-k", "at least 0", "'-5'"]),
     "sample --max-new-tokens 0": (["sample", "--max-new-tokens", "0"], ["--max-new-tokens", "at least 1"]),
     "sample --max-new-tokens -3": (["sample", "--max-new-tokens", "-3"], ["--max-new-tokens", "at least 1"]),

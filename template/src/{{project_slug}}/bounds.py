@@ -162,3 +162,5 @@ non_negative_float = _real(NON_NEGATIVE)
 """A temperature (0 = greedy)."""
 positive_float = _real(POSITIVE)
 """Seconds to wait, a token count, a size."""
+mebibytes = _real(Range(0.01))
+"""A size of work in MiB: 10 KiB at least, so a slip of the decimal point is not a task per byte."""

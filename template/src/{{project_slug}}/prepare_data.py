@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .bounds import count, positive_float
+from .bounds import count, mebibytes
 from .config import Config, ConfigError
 from .data import BERT_SPECIALS, META, bos_id, compute_fingerprint, data_fingerprint, load_tokenizer, train_tokenizer
 from .demo_corpus import write_demo_corpus
@@ -322,7 +322,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--part-mb",
-        type=positive_float,
+        type=mebibytes,
         default=PART_BYTES / 2**20,
         help="input per part, the unit of parallel work and of resume; small files are packed into parts this "
         "large (default %(default)g; the order of the tokens depends on it)",
