@@ -97,7 +97,7 @@ def ds_project(root: Path, nodes: int, gpus_per_node: int) -> Path:
     return project
 
 
-def run_launcher(project: Path, hostfile_text: str, tmp: Path, timeout: int = 240):
+def run_launcher(project: Path, hostfile_text: str, tmp: Path, timeout: int = 300):
     """The Launcher container of launch/kubeflow/mpijob.yaml, run from the project root (the image's
     WORKDIR) with the container's env and the operator's hostfile; returns (process, agent log)."""
     job = yaml.safe_load((project / "launch" / "kubeflow" / "mpijob.yaml").read_text())
@@ -177,7 +177,7 @@ def test_one_worker_two_slots(tmp_path):
     DeepSpeed use mpirun even for one host: the Launcher itself has no GPU to train on."""
     require_mpirun()
     project = ds_project(tmp_path, nodes=1, gpus_per_node=2)
-    proc, logged_in = run_launcher(project, "127.0.0.2 slots=2\n", tmp_path, timeout=180)
+    proc, logged_in = run_launcher(project, "127.0.0.2 slots=2\n", tmp_path)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-8000:]
     assert logged_in == ["127.0.0.2"], logged_in
