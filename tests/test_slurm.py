@@ -787,7 +787,10 @@ def interrupted_job(
         time.sleep(2)
         update = run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env)
         assert update.returncode == 0, update.stderr
-        code = proc.wait(timeout=300)
+        try:
+            code = proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"job {job_id} did not end within 300 s of its restart:\n" + _job_logs(out, stdout, stderr))
     finally:
         if proc.poll() is None:  # a failed check: leave no job behind
             proc.kill()
@@ -795,6 +798,12 @@ def interrupted_job(
                 run(["scancel", job_id], env=env)
     log = next((out / "slurm").glob(f"*-{job_id}.out")).read_text()
     return job_id, stdout.read_text() + stderr.read_text(), log, code
+
+
+def _job_logs(out: Path, *launch_logs: Path) -> str:
+    """The tails of the launch's output and of the job's own .out/.err, for a failure message."""
+    logs = [*launch_logs, *sorted((out / "slurm").glob("*"))]
+    return "".join(f"\n--- {log}\n{log.read_text(errors='replace')[-3000:]}" for log in logs if log.is_file())
 
 
 def assert_resumed_exactly(job_id: str, wait_output: str, log: str, code: int, out: Path, reference: float):
