@@ -80,10 +80,10 @@ def _train_wordpiece(read_sample: Callable[[str], Iterator[str]], vocab_size: in
     # run, and those numbers break ties between equally frequent merges: the same text gave other
     # token ids, and at times other tokens (huggingface/tokenizers#1794). A first pass that merges
     # nothing lists the letters; the real pass gets them in sorted order, ahead of any merge.
-    alphabet = _wordpiece(None)
+    alphabet = _wordpiece()
     alphabet.train_from_iterator(read_sample("the tokenizer's letters"), trainer=_wordpiece_trainer(1, BERT_SPECIALS))
     letters = sorted(t for t in alphabet.get_vocab() if t.startswith("##") and len(t) == 3)
-    trained = _wordpiece(None)
+    trained = _wordpiece()
     # Special tokens first, so [PAD] is id 0: BertConfig's default pad_token_id.
     trained.train_from_iterator(
         read_sample("the tokenizer"), trainer=_wordpiece_trainer(vocab_size, BERT_SPECIALS + letters)

@@ -331,8 +331,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(cfg: Config, args: argparse.Namespace) -> int:
     try:
-        part_bytes = max(1, round(args.part_mb * 2**20))
-        prepare_data(cfg, args.demo_corpus, args.force, args.workers, part_bytes)
+        prepare_data(cfg, args.demo_corpus, args.force, args.workers, round(args.part_mb * 2**20))
     except WorkerDied as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
