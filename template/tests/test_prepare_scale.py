@@ -91,7 +91,7 @@ def test_any_number_of_workers_writes_the_same_tokens(cli, reference, tmp_path):
     assert not (tmp_path / ".prepare-data").exists()
 
 
-def split_documents(data_dir: Path) -> dict[str, int]:
+def documents_per_split(data_dir: Path) -> dict[str, int]:
     """Documents per split: the separators in its shards."""
     meta = json.loads((data_dir / "meta.json").read_text())
     return {
@@ -109,9 +109,9 @@ def test_the_validation_share_holds_whatever_the_files(cli, reference, tmp_path)
     for i in range(240):
         (raw / f"doc-{i:03d}.txt").write_text(f"Document {i}. " + "the model reads tokens " * (40 + i % 17))
     cli("prepare-data", f"data.dir={tmp_path}", *PREPARE)
-    many = split_documents(tmp_path)
+    many = documents_per_split(tmp_path)
     assert many["train"] + many["val"] == 240 and 2 <= many["val"] <= 30, many  # 5%: 12 expected
-    few = split_documents(reference)  # 12 files of 300 documents
+    few = documents_per_split(reference)  # 12 files of 300 documents
     assert 0.03 < few["val"] / (few["train"] + few["val"]) < 0.07, few
 
 
