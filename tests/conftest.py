@@ -1,16 +1,30 @@
-"""Shared helpers for the template's tests: render projects with the real copier CLI."""
+"""Shared helpers and session fixtures of the template's tests: render projects with the real
+copier CLI, prepare the demo corpus once, run a generated project's own suite with a live log.
+
+The suite runs on both cores (`./dev test`: pytest-xdist, `--dist loadgroup`). Tests that share one
+machine-wide service are marked `xdist_group` with the service's name and run one after another on
+one worker: "slurm" (the two-node cluster), "registry" (podman's API and the registry on :5000),
+"ray" (`ray stop --force` ends every Ray cluster here), "mpi" (one Open MPI job at a time: mpirun
+and its stand-in hosts share /tmp). Session fixtures are built once per worker.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 TEMPLATE = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+# A generated project's own suite writes its progress here, one line per test (tail -f while it runs).
+PROJECT_SUITE_LOGS = TEMPLATE / "build" / "test-logs"
 
 
 def run(
@@ -45,3 +59,93 @@ def render(dst: Path, **data) -> Path:
 def default_project(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("default")
     return render(root / "project", project_name="CI Run", data_dir=str(root / "data"), output_dir=str(root / "runs"))
+
+
+def slug_of(project: Path) -> str:
+    return yaml.safe_load((project / ".copier-answers.yml").read_text())["project_slug"]
+
+
+def free_port() -> int:
+    """A port nothing listens on now (the OS picks it; closed again when the socket is)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def git(cwd: Path, *args: str) -> str:
+    """git with a fixed identity; fails the test with git's message."""
+    result = run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=cwd)
+    assert result.returncode == 0, f"git {' '.join(args)} in {cwd}: {result.stdout}{result.stderr}"
+    return result.stdout
+
+
+def pytest_collection_modifyitems(config, items):
+    """quick_only tests (a slice of a test the full run has whole) run only when the quick tier is asked for."""
+    if "quick" in (config.option.markexpr or ""):
+        return
+    dropped = [item for item in items if item.get_closest_marker("quick_only")]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if not item.get_closest_marker("quick_only")]
+
+
+def pytest_report_header(config):
+    return f"generated projects' own suites log to {PROJECT_SUITE_LOGS}/ (one line per test)"
+
+
+def run_project_suite(project: Path, *args: str, name: str, timeout: int = 1800) -> str:
+    """The generated project's own pytest (args: files, -k), as its user runs it from its root.
+
+    Its progress goes line by line to build/test-logs/<name>.log. A failure, or no end within
+    `timeout` seconds (the whole process group is killed then), fails the test with the log's tail;
+    returns the log."""
+    PROJECT_SUITE_LOGS.mkdir(parents=True, exist_ok=True)
+    log = PROJECT_SUITE_LOGS / f"{name}.log"
+    cmd = [str(BIN / "python"), "-m", "pytest", "-v", "-p", "no:cacheprovider", "--durations=10", *args]
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=project, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            code = None
+    text = log.read_text(errors="replace")
+    if code is None:
+        pytest.fail(f"{project.name}'s own suite did not end within {timeout} s; the end of {log}:\n{text[-6000:]}")
+    assert code == 0, f"{project.name}'s own suite failed (exit {code}); the end of {log}:\n{text[-8000:]}"
+    assert " passed" in text and " failed" not in text.splitlines()[-1], text[-3000:]
+    return text
+
+
+@pytest.fixture(scope="session")
+def demo_corpus(tmp_path_factory, default_project) -> Path:
+    """The demo corpus as a default project prepares it (`prepare-data --demo-corpus`, 2048-token BPE,
+    5% held out), once per session: tests that train a project copy it to its data_dir
+    (copy_demo_corpus) instead of preparing the same tokens again."""
+    data = tmp_path_factory.mktemp("demo-corpus") / "data"
+    result = run(
+        [
+            str(BIN / "python"),
+            "-m",
+            slug_of(default_project),
+            "prepare-data",
+            "--demo-corpus",
+            f"data.dir={data}",
+            "data.vocab_size=2048",
+            "data.val_fraction=0.05",
+        ],
+        cwd=default_project,
+        env={"PYTHONPATH": str(default_project / "src")},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return data
+
+
+def copy_demo_corpus(corpus: Path, data_dir: Path) -> Path:
+    """The prepared corpus (tokenizer, shards, meta.json) at data_dir, as `prepare-data` leaves it."""
+    shutil.copytree(corpus, data_dir)
+    return data_dir

@@ -6,13 +6,7 @@ import shutil
 from pathlib import Path
 
 import yaml
-from conftest import BIN, TEMPLATE, copier_copy, run
-
-
-def git(cwd: Path, *args: str) -> str:
-    result = run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=cwd)
-    assert result.returncode == 0, f"git {' '.join(args)}: {result.stderr}"
-    return result.stdout
+from conftest import BIN, TEMPLATE, copier_copy, git, run
 
 
 def snapshot_template(dst: Path, tag: str) -> Path:

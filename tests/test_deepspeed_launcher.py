@@ -18,11 +18,10 @@ import json
 import os
 import re
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
-from conftest import BIN, render, run
+from conftest import BIN, copy_demo_corpus, free_port, render, run
 
 TINY = [
     "model.size=tiny",
@@ -70,14 +69,8 @@ def require(program: str, package: str) -> None:
         pytest.fail(f"{program} is missing: apt-get install {package} (or bash tests/infra/install-system.sh)")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def project(tmp_path_factory) -> Path:
+def project(tmp_path_factory, demo_corpus) -> Path:
     root = tmp_path_factory.mktemp("ds-launcher")
     project = render(
         root / "p",
@@ -92,20 +85,7 @@ def project(tmp_path_factory) -> Path:
         data_dir=str(root / "data"),
         output_dir=str(root / "runs"),
     )
-    prep = run(
-        [
-            str(BIN / "python"),
-            "-m",
-            "dslaunch",
-            "prepare-data",
-            "--demo-corpus",
-            "data.vocab_size=2048",
-            "data.val_fraction=0.05",
-        ],
-        cwd=project,
-        env={"PYTHONPATH": str(project / "src")},
-    )
-    assert prep.returncode == 0, prep.stdout[-3000:] + prep.stderr[-3000:]
+    copy_demo_corpus(demo_corpus, root / "data")
     return project
 
 
@@ -178,6 +158,7 @@ def test_pdsh_starts_both_hosts(project, tmp_path):
     assert_two_ranks_trained(out, output)
 
 
+@pytest.mark.xdist_group("mpi")
 def test_openmpi_starts_both_hosts(project, tmp_path):
     """--ds-launcher openmpi: DeepSpeed's runner builds one mpirun over the hostfile; the ranks run
     `train` with OMPI_COMM_WORLD_* and learn the master only from DS_ENV_FILE (mpirun -x)."""

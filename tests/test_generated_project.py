@@ -1,13 +1,20 @@
-"""A generated project installs, exposes its console script, and passes its own test suite."""
+"""A generated project installs, exposes its console script, and passes its own test suite.
+
+The project's suite is run once per distinct project shape: in full for the default (gpt, DDP), and
+in the other shapes the files that only they render (test_deepspeed.py, test_gpt3.py; bert's in
+test_bert_project.py). Each run's progress is in build/test-logs/<name>.log.
+"""
 
 from __future__ import annotations
 
+import pytest
 import yaml
-from conftest import BIN, render, run
+from conftest import BIN, render, run, run_project_suite, slug_of
 
 
+@pytest.mark.quick
 def test_console_script_and_module_entry(default_project):
-    slug = yaml.safe_load((default_project / ".copier-answers.yml").read_text())["project_slug"]
+    slug = slug_of(default_project)
     install = run([str(BIN / "python"), "-m", "pip", "install", "-q", "--no-deps", "-e", str(default_project)])
     assert install.returncode == 0, install.stderr
     script = run([str(BIN / slug), "--help"])
@@ -18,12 +25,27 @@ def test_console_script_and_module_entry(default_project):
     assert script.stdout == module.stdout.replace("__main__.py", slug)
 
 
+@pytest.mark.timeout(2400)
 def test_generated_project_own_tests_pass(default_project):
-    result = run(
-        [str(BIN / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=default_project, timeout=1800
-    )
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    assert " passed" in result.stdout and " failed" not in result.stdout
+    run_project_suite(default_project, name="default-project")
+
+
+# The quick tier's slice of the run above: the full run deselects it (conftest), having the whole suite.
+QUICK_SLICE = [
+    "tests/test_rules.py",
+    "tests/test_config.py",
+    "tests/test_topology.py",
+    "tests/test_launch.py::test_dry_run_one_node_is_standalone",
+    "tests/test_launch.py::test_dry_run_two_nodes_uses_c10d_rendezvous_at_the_master",
+    "tests/test_training.py::test_two_processes_train_and_log",
+]
+
+
+@pytest.mark.quick
+@pytest.mark.quick_only
+def test_generated_project_quick_slice(default_project):
+    """Rules, config, topology, the dev-machine launch dry-run and one tiny 2-process training."""
+    run_project_suite(default_project, *QUICK_SLICE, name="default-project-quick")
 
 
 def test_deepspeed_project_own_tests_pass(tmp_path):
@@ -36,13 +58,7 @@ def test_deepspeed_project_own_tests_pass(tmp_path):
         output_dir=str(tmp_path / "runs"),
     )
     assert yaml.safe_load((project / "config/train.yaml").read_text())["run"]["strategy"] == "deepspeed"
-    result = run(
-        [str(BIN / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_deepspeed.py"],
-        cwd=project,
-        timeout=1800,
-    )
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    assert " passed" in result.stdout and " failed" not in result.stdout
+    run_project_suite(project, "tests/test_deepspeed.py", name="deepspeed-project")
 
 
 def test_gpt3_project_layouts_match_one_process(tmp_path):
@@ -59,10 +75,4 @@ def test_gpt3_project_layouts_match_one_process(tmp_path):
     )
     train_yaml = yaml.safe_load((project / "config/train.yaml").read_text())
     assert train_yaml["model"]["arch"] == "gpt3" and train_yaml["run"]["strategy"] == "deepspeed"
-    result = run(
-        [str(BIN / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpt3.py"],
-        cwd=project,
-        timeout=1800,
-    )
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    assert " passed" in result.stdout and " failed" not in result.stdout
+    run_project_suite(project, "tests/test_gpt3.py", name="gpt3-project")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import TEMPLATE, render, run
+from conftest import TEMPLATE, free_port, render, run
+
+# podman's API service and the registry on :5000 are one per machine: these tests take turns.
+pytestmark = pytest.mark.xdist_group("registry")
 
 INFRA = TEMPLATE / "tests" / "infra" / "podman.sh"
 BASE = "localhost/test-base:bookworm"
@@ -145,12 +147,6 @@ def registry_json(path: str) -> dict:
         return json.load(response)
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # --- The build --------------------------------------------------------------------------------------
 
 
@@ -225,6 +221,7 @@ def test_code_change_rebuilds_only_the_code_layers(first_build, rebuild, docker_
 # --- Errors ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_dry_run_shows_tags_build_args_and_push_targets_without_an_engine(project):
     commit = project.git("rev-parse", "HEAD")
     proc = project.cli(
@@ -266,7 +263,7 @@ def test_without_an_engine_one_line_error_no_traceback(project):
 def test_push_to_a_registry_that_is_not_running_fails_naming_it(project, engine, first_build, docker_client):
     """Build (all layers cached) then push to a closed port: the SDK does not raise, the stream carries
     the error; the command exits 1 naming the registry. The password given on stdin never shows."""
-    registry = f"127.0.0.1:{closed_port()}"
+    registry = f"127.0.0.1:{free_port()}"
     proc = project.cli(
         "build",
         "--push",

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import copy
 import re
-import socket
 import sys
 
 import pytest
 import yaml
-from conftest import BIN, render, run
+from conftest import BIN, free_port, render, run, run_project_suite
 from k8s_schemas import core_errors, pod_template, to_json_schema, validation_errors
 
 PLATFORMS = "[devmachine, kubeflow]"
@@ -467,6 +466,7 @@ def test_no_kubeflow_files_without_the_platform(default_project):
 # --- launch kubeflow -----------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
 def test_dry_run_prints_exactly_the_manifest(solo, kind):
     proc = solo.cli("launch", "kubeflow", "--manifest", kind, "--dry-run")
@@ -528,12 +528,6 @@ def test_bad_job_name_is_refused_before_any_cluster_call(solo):
         assert proc.returncode == 1 and proc.stderr.startswith("error: job name") and "Traceback" not in proc.stderr
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]  # closed again when the socket is: nothing listens there
-
-
 @pytest.mark.parametrize("action", ["submit", "status", "logs", "cancel"])
 def test_without_a_cluster_every_action_is_a_clear_error(solo, tmp_path, action):
     empty = tmp_path / "empty-kubeconfig"
@@ -550,7 +544,7 @@ def test_without_a_cluster_every_action_is_a_clear_error(solo, tmp_path, action)
                 "apiVersion": "v1",
                 "kind": "Config",
                 "current-context": "c",
-                "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{closed_port()}"}}],
+                "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{free_port()}"}}],
                 "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
                 "users": [{"name": "u", "user": {"token": "not-a-real-token"}}],
             }
@@ -575,13 +569,7 @@ def test_missing_kubernetes_package_names_the_install(solo):
 
 
 def test_generated_project_own_kubeflow_tests_pass(solo):
-    proc = run(
-        [str(BIN / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_launch_kubeflow.py"],
-        cwd=solo.path,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert " passed" in proc.stdout
+    run_project_suite(solo.path, "tests/test_launch_kubeflow.py", name="kubeflow-project", timeout=600)
 
 
 # --- MPIJob (MPI Operator v2, DeepSpeed's own launcher) --------------------------------------------

@@ -18,14 +18,16 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BIN, render, run
+from conftest import BIN, copy_demo_corpus, free_port, render
+
+# mpirun runs take turns with the other files' (tests/conftest.py): one Open MPI job at a time here.
+pytestmark = pytest.mark.xdist_group("mpi")
 
 TINY = [
     "model.size=tiny",
@@ -58,13 +60,7 @@ def require_mpirun() -> None:
         pytest.fail("Open MPI is missing: apt-get install openmpi-bin (or bash tests/infra/install-system.sh)")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def ds_project(root: Path, nodes: int, gpus_per_node: int) -> Path:
+def ds_project(root: Path, corpus: Path, nodes: int, gpus_per_node: int) -> Path:
     """A DeepSpeed ZeRO-2 project with Kubeflow, its shared mount here, data prepared on it."""
     project = render(
         root / "p",
@@ -80,20 +76,7 @@ def ds_project(root: Path, nodes: int, gpus_per_node: int) -> Path:
         data_dir=str(root / "data"),
         output_dir=str(root / "runs"),
     )
-    prep = run(
-        [
-            str(BIN / "python"),
-            "-m",
-            "mpijob",
-            "prepare-data",
-            "--demo-corpus",
-            "data.vocab_size=2048",
-            "data.val_fraction=0.05",
-        ],
-        cwd=project,
-        env={"PYTHONPATH": str(project / "src")},
-    )
-    assert prep.returncode == 0, prep.stdout[-3000:] + prep.stderr[-3000:]
+    copy_demo_corpus(corpus, root / "data")
     return project
 
 
@@ -151,11 +134,11 @@ def assert_trained(project: Path, output: str) -> None:
     assert (runs / "nccl-trace").is_dir()
 
 
-def test_two_workers_one_slot_each(tmp_path):
+def test_two_workers_one_slot_each(tmp_path, demo_corpus):
     """nodes=2, gpus_per_node=1: mpirun reaches both Workers through the agent and starts one rank
     on each; rank 0 (first Worker) is the master."""
     require_mpirun()
-    project = ds_project(tmp_path, nodes=2, gpus_per_node=1)
+    project = ds_project(tmp_path, demo_corpus, nodes=2, gpus_per_node=1)
     proc, logged_in = run_launcher(project, "127.0.0.2 slots=1\n127.0.0.3 slots=1\n", tmp_path)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-8000:]
@@ -172,11 +155,11 @@ def test_two_workers_one_slot_each(tmp_path):
     assert_trained(project, output)
 
 
-def test_one_worker_two_slots(tmp_path):
+def test_one_worker_two_slots(tmp_path, demo_corpus):
     """nodes=1, gpus_per_node=2: two ranks on one Worker (local ranks 0 and 1). --force_multi makes
     DeepSpeed use mpirun even for one host: the Launcher itself has no GPU to train on."""
     require_mpirun()
-    project = ds_project(tmp_path, nodes=1, gpus_per_node=2)
+    project = ds_project(tmp_path, demo_corpus, nodes=1, gpus_per_node=2)
     proc, logged_in = run_launcher(project, "127.0.0.2 slots=2\n", tmp_path)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-8000:]
@@ -185,11 +168,11 @@ def test_one_worker_two_slots(tmp_path):
     assert_trained(project, output)
 
 
-def test_worker_prestop_makes_the_ranks_save_before_the_pod_goes(tmp_path):
+def test_worker_prestop_makes_the_ranks_save_before_the_pod_goes(tmp_path, demo_corpus):
     """The Worker's preStop hook, exactly as rendered, run here against a real training process:
     it finds the rank by its command line, sends SIGUSR1, and returns only once the rank has saved
     and exited 143 (the preemption code)."""
-    project = ds_project(tmp_path, nodes=2, gpus_per_node=1)
+    project = ds_project(tmp_path, demo_corpus, nodes=2, gpus_per_node=1)
     job = yaml.safe_load((project / "launch" / "kubeflow" / "mpijob.yaml").read_text())
     (worker,) = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
     hook = worker["lifecycle"]["preStop"]["exec"]["command"]

@@ -55,6 +55,7 @@ ANSWER_SETS = {
 }
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("name", ANSWER_SETS)
 def test_answer_set_renders(tmp_path, name):
     answers = ANSWER_SETS[name]
@@ -142,6 +143,7 @@ def test_answers_file_records_every_question(default_project):
     assert answers["platforms"] == ["devmachine"]
 
 
+@pytest.mark.quick
 def test_copier_layout_table_equals_the_package_table():
     """copier.yml's hidden gpt3_layouts (question defaults) and sizes.GPT3_LAYOUTS (plan, check) agree."""
     import ast
@@ -162,6 +164,7 @@ def test_copier_layout_table_equals_the_package_table():
     assert in_copier == table
 
 
+@pytest.mark.quick
 def test_copier_gpu_types_are_the_package_gpus(monkeypatch):
     """copier.yml's gpu_type choices are the answers gpus.py knows (plan refuses any other)."""
     import importlib.util

@@ -28,7 +28,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import BIN, TEMPLATE, render, run
+from conftest import BIN, TEMPLATE, copy_demo_corpus, render, run, slug_of
+
+# One two-node cluster for the machine (started once, stopped by the worker that started it): one worker.
+pytestmark = pytest.mark.xdist_group("slurm")
 
 SLURM_SH = TEMPLATE / "tests" / "infra" / "slurm.sh"
 SLURM_DIR = Path(os.environ.get("SLURM_TEST_DIR", "/tmp/dtt-slurm"))
@@ -82,7 +85,7 @@ def sbatch_options(script: str) -> dict[str, str]:
 
 def cli(project: Path, *args: str, env: dict | None = None, timeout: int = 300):
     """`python -m <slug> ARGS` from the project root, as a user runs it, with its source on PYTHONPATH."""
-    slug = next(p.name for p in (project / "src").iterdir() if (p / "__main__.py").is_file())
+    slug = slug_of(project)
     full_env = {"PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     return run([sys.executable, "-m", slug, *args], cwd=project, env=full_env, timeout=timeout)
 
@@ -314,6 +317,7 @@ def test_no_slurm_folder_without_the_platform(default_project):
     assert not (default_project / "launch" / "slurm").exists()
 
 
+@pytest.mark.quick
 def test_dry_run_prints_the_sbatch_command_without_sbatch(slurm_project):
     # PATH holds only the interpreter's folder: --dry-run must not need sbatch.
     result = cli(
@@ -355,11 +359,9 @@ def test_missing_sbatch_names_the_fix(slurm_project):
 
 
 @pytest.fixture(scope="module")
-def slurm_data(slurm_project) -> Path:
-    data = slurm_project.parent / "data"  # the answer's data_dir: on "shared storage" (both slurmd are local)
-    result = cli(slurm_project, "prepare-data", "--demo-corpus", "data.vocab_size=2048", "data.val_fraction=0.05")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return data
+def slurm_data(slurm_project, demo_corpus) -> Path:
+    # the answer's data_dir: on "shared storage" (both slurmd are local)
+    return copy_demo_corpus(demo_corpus, slurm_project.parent / "data")
 
 
 def job_record(job_id: str) -> dict[str, str]:
@@ -602,7 +604,7 @@ def test_deepspeed_launcher_needs_a_deepspeed_project(slurm_project):
 
 
 @pytest.fixture(scope="module")
-def ds_project(tmp_path_factory) -> Path:
+def ds_project(tmp_path_factory, demo_corpus) -> Path:
     root = tmp_path_factory.mktemp("slurm-ds")
     project = render(
         root / "project",
@@ -616,8 +618,7 @@ def ds_project(tmp_path_factory) -> Path:
         data_dir=str(root / "data"),
         output_dir=str(root / "runs"),
     )
-    result = cli(project, "prepare-data", "--demo-corpus", "data.vocab_size=2048", "data.val_fraction=0.05")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    copy_demo_corpus(demo_corpus, root / "data")
     return project
 
 

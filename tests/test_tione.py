@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BIN, TEMPLATE, render, run
+from conftest import BIN, TEMPLATE, copy_demo_corpus, free_port, render, run, slug_of
 
 TRAIN = [
     "model.size=tiny",
@@ -72,12 +72,6 @@ def sh(cmd: list[str], env: dict[str, str], cwd: Path | None = None, timeout: in
     return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def port_open(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=2):
@@ -106,10 +100,6 @@ def project_answers(project: Path) -> dict:
     return yaml.safe_load((project / ".copier-answers.yml").read_text())
 
 
-def slug_of(project: Path) -> str:
-    return project_answers(project)["project_slug"]
-
-
 def metrics(output_dir: Path) -> list[dict]:
     path = output_dir / "metrics.jsonl"
     assert path.is_file(), f"no {path}"
@@ -124,31 +114,9 @@ def assert_trained(output: str, output_dir: Path, world: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    """Demo corpus, tokenizer and shards, prepared once with a rendered project and shared."""
-    root = tmp_path_factory.mktemp("tione-data")
-    project = render(
-        root / "p",
-        project_name="Data Prep",
-        platforms="[tione]",
-        data_dir=str(root / "data"),
-        output_dir=str(root / "runs"),
-    )
-    result = sh(
-        [
-            "python",
-            "-m",
-            slug_of(project),
-            "prepare-data",
-            "--demo-corpus",
-            "data.vocab_size=2048",
-            "data.val_fraction=0.05",
-        ],
-        clean_env(PYTHONPATH=str(project / "src")),
-        cwd=project,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return root / "data"
+def data_dir(tmp_path_factory, demo_corpus) -> Path:
+    """Demo corpus, tokenizer and shards, on this module's "shared storage" (read only)."""
+    return copy_demo_corpus(demo_corpus, tmp_path_factory.mktemp("tione-data") / "data")
 
 
 def render_mode(tmp_path: Path, data_dir: Path, mode: str, nodes: int, gpus_per_node: int) -> Path:
@@ -247,6 +215,7 @@ def test_mpi_role_follows_index_then_the_first_host(tmp_path):
 # MPI: mpirun for real
 
 
+@pytest.mark.xdist_group("mpi")
 def test_mpi_one_instance_two_ranks(tmp_path, data_dir):
     """TI-ONE MPI mode with one instance of 2 GPUs: the start script mpiruns 2 ranks that train together."""
     require_mpirun()
@@ -277,6 +246,7 @@ exec env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$HOME" /bin/sh -c "$*"
 """
 
 
+@pytest.mark.xdist_group("mpi")
 def test_mpi_launcher_and_worker_instances(tmp_path, data_dir):
     """Two instances as TI-ONE runs them: both run the start command; the launcher (INDEX=0) mpiruns
     one rank per instance, the worker (INDEX=1) waits until its rank, started through the remote
@@ -328,6 +298,7 @@ def ray_nodes_of(output: str) -> set[str]:
     return set(re.findall(r"ray worker rank \d+/2 on node (\w+)", output))
 
 
+@pytest.mark.xdist_group("ray")
 def test_ray_on_a_cluster_tione_started(tmp_path, data_dir):
     """TI-ONE's Ray mode: the platform starts head and worker node and runs the start command on the
     head (RANK=0). The script must find that cluster, not start another, and train 2 workers on it."""
@@ -369,6 +340,7 @@ def test_ray_on_a_cluster_tione_started(tmp_path, data_dir):
         sh([ray, "stop", "--force"], env)
 
 
+@pytest.mark.xdist_group("ray")
 def test_ray_script_starts_head_and_worker_joins(tmp_path, data_dir):
     """No cluster yet: RANK=0 starts the head and trains, RANK=1 joins, both exit 0 when done."""
     ray = ray_cli()  # the script finds the same CLI beside the python on PATH
@@ -863,6 +835,7 @@ def shown(lines: list[dict]) -> list[str]:
     return [f"[{line['PodName']}] {line['Message']}" for line in lines]
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("mode", API_MODES)
 def test_dry_run_prints_only_the_create_request_the_sdk_accepts(api_projects, endpoint, tmp_path, mode):
     project = api_projects[mode]

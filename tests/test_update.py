@@ -16,17 +16,11 @@ import sys
 from pathlib import Path
 
 import yaml
-from conftest import BIN, TEMPLATE, copier_copy, run
+from conftest import BIN, TEMPLATE, copier_copy, git, run
 
 SLUG = "upd"
 PLATFORMS = "[devmachine,kubeflow,tione,slurm]"
 DEVMACHINE_SH = "template/launch/{% if 'devmachine' in platforms %}devmachine{% endif %}/train.sh.jinja"
-
-
-def git(cwd: Path, *args: str) -> str:
-    result = run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=cwd)
-    assert result.returncode == 0, f"git {' '.join(args)} in {cwd}: {result.stdout}{result.stderr}"
-    return result.stdout
 
 
 def commit_all(repo: Path, message: str, tag: str | None = None) -> None:

@@ -377,6 +377,7 @@ def test_update_with_a_bad_answer_is_refused_and_changes_nothing(committed_proje
     assert run(["git", "status", "--porcelain"], cwd=committed_project).stdout == ""
 
 
+@pytest.mark.quick
 def test_table_covers_forty_sets_and_every_question_with_a_rule():
     assert len(BAD_ANSWERS) >= 40
     fields = {field for _, field, _ in BAD_ANSWERS}
@@ -426,6 +427,7 @@ def _answers_module():
     return module
 
 
+@pytest.mark.quick
 def test_answers_module_uses_the_generated_packages_rules_not_a_copy():
     answers = _answers_module()
     package = answers.package()
@@ -481,6 +483,7 @@ def test_completed_answers_are_what_copier_records(tmp_path, name):
     assert {k: completed.get(k) for k in recorded} == recorded
 
 
+@pytest.mark.quick
 def test_answers_problems_are_one_line_each_naming_field_and_value():
     answers = _answers_module()
     found = answers.problems(
@@ -614,6 +617,7 @@ INTERACTIVE = [
 ]
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("field, answers, reason", INTERACTIVE, ids=[f for f, _, _ in INTERACTIVE])
 def test_interactive_validator_refuses_at_the_question(field, answers, reason):
     message = _validator(field, answers)
@@ -630,6 +634,7 @@ PATH_ANSWERS = [
 ]
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("field, others", PATH_ANSWERS, ids=[f for f, _ in PATH_ANSWERS])
 @pytest.mark.parametrize(
     "path", ["/mnt/a'b", '/mnt/a"b', "/mnt/$HOME", "/mnt/a`b`", "/mnt/50%", "/mnt/a#b", "/mnt/a\\b", "/mnt/a\x01b"]
@@ -639,6 +644,7 @@ def test_every_path_answer_refuses_characters_shells_read(field, others, path):
     assert message.startswith(f"{field} '{path}' holds a character"), message
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     "field, example", [("image", "registry.example.com/run:v1"), ("base_image", "nvcr.io/nvidia/pytorch:25.01-py3")]
 )
@@ -652,6 +658,7 @@ def test_every_image_answer_uses_the_one_reference_rule(field, example):
     )
 
 
+@pytest.mark.quick
 def test_path_and_image_rules_are_written_once():
     copier_yml = (TEMPLATE / "copier.yml").read_text()
     assert "`$%#" not in copier_yml and "sha256" not in copier_yml  # the patterns live in copier_extension.py
@@ -695,6 +702,7 @@ def test_paths_apart_from_each_other_and_under_the_mount_pass():
         assert _validator(field, good) == "", field
 
 
+@pytest.mark.quick
 def test_slug_refusals_are_derived_from_python_and_the_package_not_typed():
     """The reserved slugs come from the standard library of the running Python, the keywords, the
     modules the package and its tests import, and template/pyproject.toml.jinja's requirements."""
@@ -713,6 +721,7 @@ def test_slug_refusals_are_derived_from_python_and_the_package_not_typed():
         assert _validator("project_slug", {"project_slug": fine}) == "", fine
 
 
+@pytest.mark.quick
 def test_interactive_validators_accept_good_answers():
     good = {
         "model": "gpt3",
@@ -763,6 +772,7 @@ ROUTED = [(a, field) for field, a, _ in INTERACTIVE if field != "nodes"] + [
 ]
 
 
+@pytest.mark.quick
 def test_the_answer_blamed_comes_from_the_problems_keys_not_their_wording(monkeypatch):
     """Rewording every rule's message changes no answer blamed: CONFIG_ANSWERS maps the config keys
     each problem carries (config key -> copier question), and the text is never read."""
