@@ -348,11 +348,29 @@ def quantity_problem(field: str, value: str, resource: str, request: str = "") -
     return ""
 
 
+def _compiled_once(from_string):
+    """from_string that compiles each source once. copier compiles every validator, default and path
+    again each time it evaluates one: ~1,400 compilations of ~300 distinct strings per copy, about
+    half of a `copier copy`'s time. A template is a pure function of its source and the environment
+    (whose globals it reads when rendered), so the first compilation serves every later call."""
+    compiled = {}
+
+    def cached(source, globals=None, template_class=None):
+        if globals is not None or template_class is not None or not isinstance(source, str):
+            return from_string(source, globals, template_class)
+        if source not in compiled:
+            compiled[source] = from_string(source)
+        return compiled[source]
+
+    return cached
+
+
 class RulesExtension(Extension):
     """Adds the rules' globals (listed in the module's docstring) to copier's Jinja environment."""
 
     def __init__(self, environment):
         super().__init__(environment)
+        environment.from_string = _compiled_once(environment.from_string)
         environment.globals["answer_problems"] = answer_problems
         environment.globals["refuse_bad_answers"] = refuse_bad_answers
         environment.globals["path_characters_problem"] = path_characters_problem
