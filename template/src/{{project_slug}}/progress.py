@@ -10,7 +10,6 @@ import os
 import sys
 import time
 
-
 # The bar with its counts at their longest (a billion documents, hours left) is about 140 columns.
 UNSIZED_COLUMNS = 160
 
