@@ -25,6 +25,7 @@ def ruff(*args: str, cwd):
     return run([str(RUFF), *args], cwd=cwd)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("command", [("check", "."), ("format", "--check", ".")], ids=["check", "format"])
 def test_template_sources_pass_ruff(command):
     result = ruff(*command, cwd=TEMPLATE)
