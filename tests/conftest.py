@@ -1,11 +1,8 @@
 """Shared helpers and session fixtures of the template's tests: render projects with the real
 copier CLI, prepare the demo corpus once, run a generated project's own suite with a live log.
 
-The suite runs on both cores (`./dev test`: pytest-xdist, `--dist loadgroup`). Tests that share one
-machine-wide service are marked `xdist_group` with the service's name and run one after another on
-one worker: "slurm" (the two-node cluster), "registry" (podman's API and the registry on :5000),
-"ray" (`ray stop --force` ends every Ray cluster here), "mpi" (one Open MPI job at a time: mpirun
-and its stand-in hosts share /tmp). Session fixtures are built once per worker.
+The suite runs on both cores (`./dev test`: pytest-xdist, `--dist loadgroup`); GROUPS below says
+which tests run one after another on one worker. Session fixtures are built once per worker.
 """
 
 from __future__ import annotations
@@ -16,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -79,8 +77,46 @@ def git(cwd: Path, *args: str) -> str:
     return result.stdout
 
 
+# Tests that run one after another on one worker (an xdist_group each), by node id prefix. The first
+# are services one per machine: the Slurm cluster, podman's API with the registry on :5000, Open MPI
+# (mpirun and its stand-in hosts share /tmp), Ray (`ray stop --force` ends every Ray cluster here).
+# The two lanes hold the longest work (a project's own suite is minutes) in two halves of about equal
+# time, measured on 2 cores: each starts on its own worker at once (xdist hands out the groups with
+# the most tests first), the short tests fill in after; without them the first free worker queued
+# long tests behind each other. A service group inside a lane still runs serially there.
+GROUPS = {
+    "lane-1": [
+        "tests/test_slurm.py",
+        "tests/test_generated_project.py::test_generated_project_own_tests_pass[the-rest]",
+        "tests/test_generated_project.py::test_gpt3_project_layouts_match_one_process",
+    ],
+    "lane-2": [
+        "tests/test_image_build.py",
+        "tests/test_generated_project.py::test_generated_project_own_tests_pass[faults-dropout-precision]",
+        "tests/test_generated_project.py::test_deepspeed_project_own_tests_pass",
+        "tests/test_bert_project.py::test_bert_deepspeed_zero3_project_own_tests_pass",
+    ],
+    "mpi": [
+        "tests/test_mpijob.py",
+        "tests/test_deepspeed_launcher.py::test_openmpi_starts_both_hosts",
+        "tests/test_tione.py::test_mpi_",
+    ],
+    "ray": ["tests/test_tione.py::test_ray_on_a_cluster", "tests/test_tione.py::test_ray_script"],
+}
+
+
+def group_of(nodeid: str) -> str | None:
+    return next((group for group, prefixes in GROUPS.items() if nodeid.startswith(tuple(prefixes))), None)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    """quick_only tests (a slice of a test the full run has whole) run only when the quick tier is asked for."""
+    """The groups above as xdist_group marks; quick_only tests (a slice of a test the full run has whole)
+    run only when the quick tier is asked for."""
+    for item in items:
+        group = group_of(item.nodeid)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
     if "quick" in (config.option.markexpr or ""):
         return
     dropped = [item for item in items if item.get_closest_marker("quick_only")]
@@ -101,7 +137,19 @@ def run_project_suite(project: Path, *args: str, name: str, timeout: int = 1800)
     returns the log."""
     PROJECT_SUITE_LOGS.mkdir(parents=True, exist_ok=True)
     log = PROJECT_SUITE_LOGS / f"{name}.log"
-    cmd = [str(BIN / "python"), "-m", "pytest", "-v", "-p", "no:cacheprovider", "--durations=10", *args]
+    # Its own temporary folder: pytest prunes old numbered ones, and several suites run at once here.
+    basetemp = Path(tempfile.mkdtemp(prefix=f"{name}-"))
+    cmd = [
+        str(BIN / "python"),
+        "-m",
+        "pytest",
+        "-v",
+        "-p",
+        "no:cacheprovider",
+        "--durations=10",
+        f"--basetemp={basetemp}",
+    ]
+    cmd += args
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     with open(log, "w") as out:
         proc = subprocess.Popen(
@@ -114,6 +162,8 @@ def run_project_suite(project: Path, *args: str, name: str, timeout: int = 1800)
             proc.wait()
             code = None
     text = log.read_text(errors="replace")
+    if code == 0:
+        shutil.rmtree(basetemp, ignore_errors=True)
     if code is None:
         pytest.fail(f"{project.name}'s own suite did not end within {timeout} s; the end of {log}:\n{text[-6000:]}")
     assert code == 0, f"{project.name}'s own suite failed (exit {code}); the end of {log}:\n{text[-8000:]}"

@@ -158,7 +158,6 @@ def test_pdsh_starts_both_hosts(project, tmp_path):
     assert_two_ranks_trained(out, output)
 
 
-@pytest.mark.xdist_group("mpi")
 def test_openmpi_starts_both_hosts(project, tmp_path):
     """--ds-launcher openmpi: DeepSpeed's runner builds one mpirun over the hostfile; the ranks run
     `train` with OMPI_COMM_WORLD_* and learn the master only from DS_ENV_FILE (mpirun -x)."""

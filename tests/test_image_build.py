@@ -24,9 +24,6 @@ from pathlib import Path
 import pytest
 from conftest import TEMPLATE, free_port, render, run
 
-# podman's API service and the registry on :5000 are one per machine: these tests take turns.
-pytestmark = pytest.mark.xdist_group("registry")
-
 INFRA = TEMPLATE / "tests" / "infra" / "podman.sh"
 BASE = "localhost/test-base:bookworm"
 REGISTRY = "127.0.0.1:5000"

@@ -26,9 +26,6 @@ import pytest
 import yaml
 from conftest import BIN, copy_demo_corpus, free_port, render
 
-# mpirun runs take turns with the other files' (tests/conftest.py): one Open MPI job at a time here.
-pytestmark = pytest.mark.xdist_group("mpi")
-
 TINY = [
     "model.size=tiny",
     "model.sequence_len=64",

@@ -30,9 +30,6 @@ from pathlib import Path
 import pytest
 from conftest import BIN, TEMPLATE, copy_demo_corpus, render, run, slug_of
 
-# One two-node cluster for the machine (started once, stopped by the worker that started it): one worker.
-pytestmark = pytest.mark.xdist_group("slurm")
-
 SLURM_SH = TEMPLATE / "tests" / "infra" / "slurm.sh"
 SLURM_DIR = Path(os.environ.get("SLURM_TEST_DIR", "/tmp/dtt-slurm"))
 CPU_CLUSTER = ["--sbatch-arg=--gpus-per-node=0", "--sbatch-arg=--cpus-per-task=1"]

@@ -215,7 +215,6 @@ def test_mpi_role_follows_index_then_the_first_host(tmp_path):
 # MPI: mpirun for real
 
 
-@pytest.mark.xdist_group("mpi")
 def test_mpi_one_instance_two_ranks(tmp_path, data_dir):
     """TI-ONE MPI mode with one instance of 2 GPUs: the start script mpiruns 2 ranks that train together."""
     require_mpirun()
@@ -246,7 +245,6 @@ exec env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$HOME" /bin/sh -c "$*"
 """
 
 
-@pytest.mark.xdist_group("mpi")
 def test_mpi_launcher_and_worker_instances(tmp_path, data_dir):
     """Two instances as TI-ONE runs them: both run the start command; the launcher (INDEX=0) mpiruns
     one rank per instance, the worker (INDEX=1) waits until its rank, started through the remote
@@ -298,7 +296,6 @@ def ray_nodes_of(output: str) -> set[str]:
     return set(re.findall(r"ray worker rank \d+/2 on node (\w+)", output))
 
 
-@pytest.mark.xdist_group("ray")
 def test_ray_on_a_cluster_tione_started(tmp_path, data_dir):
     """TI-ONE's Ray mode: the platform starts head and worker node and runs the start command on the
     head (RANK=0). The script must find that cluster, not start another, and train 2 workers on it."""
@@ -340,7 +337,6 @@ def test_ray_on_a_cluster_tione_started(tmp_path, data_dir):
         sh([ray, "stop", "--force"], env)
 
 
-@pytest.mark.xdist_group("ray")
 def test_ray_script_starts_head_and_worker_joins(tmp_path, data_dir):
     """No cluster yet: RANK=0 starts the head and trains, RANK=1 joins, both exit 0 when done."""
     ray = ray_cli()  # the script finds the same CLI beside the python on PATH
