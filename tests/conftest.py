@@ -78,25 +78,14 @@ def git(cwd: Path, *args: str) -> str:
     return result.stdout
 
 
-# Tests that run one after another on one worker (a scope of GroupScheduling each), by node id prefix.
-# Services one per machine run serially: the Slurm cluster (lane-1), podman's API with the registry on
-# :5000 (lane-2), Open MPI (mpirun and its stand-in hosts share /tmp), Ray (`ray stop --force` ends
-# every Ray cluster here). The two lanes hold the longest work (a project's own suite is minutes) in two halves of about equal
-# time, measured on 2 cores: each starts on its own worker at once (xdist hands out the groups with
-# the most tests first), the short tests fill in after; without them the first free worker queued
-# long tests behind each other. A service group inside a lane runs serially there with the rest.
+# Tests that share a service one per machine run one after another on one worker (a scope of
+# GroupScheduling each), by node id prefix: the Slurm cluster, podman's API with the registry on :5000,
+# Open MPI (mpirun and its stand-in hosts share /tmp), Ray (`ray stop --force` ends every Ray cluster
+# here). Every other test is a scope of its own. (Two "lanes" that held all the long work, one per
+# worker, were slower: the short tests waited for a lane to end, and the two CPU-bound lanes fought.)
 GROUPS = {
-    "lane-1": [
-        "tests/test_slurm.py",
-        "tests/test_generated_project.py::test_generated_project_own_tests_pass[the-rest]",
-        "tests/test_generated_project.py::test_gpt3_project_layouts_match_one_process",
-    ],
-    "lane-2": [
-        "tests/test_image_build.py",
-        "tests/test_generated_project.py::test_generated_project_own_tests_pass[faults-dropout-precision]",
-        "tests/test_generated_project.py::test_deepspeed_project_own_tests_pass",
-        "tests/test_bert_project.py::test_bert_deepspeed_zero3_project_own_tests_pass",
-    ],
+    "slurm": ["tests/test_slurm.py"],
+    "registry": ["tests/test_image_build.py"],
     "mpi": [
         "tests/test_mpijob.py",
         "tests/test_deepspeed_launcher.py::test_openmpi_starts_both_hosts",

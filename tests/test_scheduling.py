@@ -25,7 +25,7 @@ def test_every_group_prefix_names_collected_tests():
 @pytest.mark.quick
 def test_a_group_is_one_scope_and_other_tests_their_own():
     split = GroupScheduling._split_scope
-    assert split(None, "tests/test_slurm.py::test_two_node_training_job") == "lane-1"
+    assert split(None, "tests/test_slurm.py::test_two_node_training_job") == "slurm"
     assert split(None, "tests/test_tione.py::test_ray_script_starts_head_and_worker_joins") == "ray"
     assert (
         split(None, "tests/test_render.py::test_answer_set_renders[default]")
