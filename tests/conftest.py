@@ -22,6 +22,11 @@ from xdist.scheduler import LoadScopeScheduling
 
 TEMPLATE = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+# PATH of a new login on a stand-in "remote host" (ssh, mpirun's agent, TI-ONE's exec): a fresh
+# environment with this Python environment's bin first, as a cluster login that activates it in its
+# shell profile gives. Also one ninja for every rank: torch rebuilds DeepSpeed's CPU op (~100 s of CPU)
+# whenever the other of two ninja versions (this environment's, the system's) built it last.
+LOGIN_PATH = os.pathsep.join([str(BIN), "/usr/local/bin", "/usr/bin", "/bin"])
 # A generated project's own suite writes its progress here, one line per test (tail -f while it runs).
 PROJECT_SUITE_LOGS = TEMPLATE / "build" / "test-logs"
 
@@ -95,17 +100,63 @@ GROUPS = {
 }
 
 
+# The long work, longest first (measured wall time on 2 cores): handed out before everything else,
+# and never queued on a worker behind another long one (xdist keeps one test queued behind the
+# running one), so the short tests fill the gaps around them.
+LONG_WORK = [
+    "tests/test_generated_project.py::test_generated_project_own_tests_pass",  # two halves, ~8 min each
+    "slurm",  # ~8 min, mostly waiting on the cluster
+    "tests/test_generated_project.py::test_deepspeed_project_own_tests_pass",  # ~3 min
+    "tests/test_bert_project.py::test_bert_deepspeed_zero3_project_own_tests_pass",  # ~2.5 min
+    "tests/test_generated_project.py::test_gpt3_project_layouts_match_one_process",  # ~2 min
+    "ray",
+    "mpi",
+    "registry",
+]
+
+
 def group_of(nodeid: str) -> str | None:
     return next((group for group, prefixes in GROUPS.items() if nodeid.startswith(tuple(prefixes))), None)
+
+
+def long_rank(scope: str) -> int | None:
+    """Place of the scope in LONG_WORK (None: short work)."""
+    return next((i for i, prefix in enumerate(LONG_WORK) if scope.startswith(prefix)), None)
 
 
 class GroupScheduling(LoadScopeScheduling):
     """xdist's scope scheduling with GROUPS as the scopes and every other test a scope of its own.
     (xdist's own `--dist loadgroup` groups nothing under pytest 9.2: it renames node ids through an
-    attribute pytest no longer reads, so its xdist_group marks are silently ignored.)"""
+    attribute pytest no longer reads, so its xdist_group marks are silently ignored.) LONG_WORK goes
+    first, one long scope per worker at a time; a worker holds at most one test beyond the running one."""
 
     def _split_scope(self, nodeid: str) -> str:
         return group_of(nodeid) or nodeid
+
+    def _holds_long_work(self, node) -> bool:
+        return any(
+            long_rank(scope) is not None and not all(done.values())
+            for scope, done in self.assigned_work.get(node, {}).items()
+        )
+
+    def _assign_work_unit(self, node) -> None:
+        longs = sorted((s for s in self.workqueue if long_rank(s) is not None), key=long_rank)
+        shorts = [s for s in self.workqueue if long_rank(s) is None]
+        choice = (shorts + longs) if self._holds_long_work(node) else (longs + shorts)
+        scope = choice[0]
+        work_unit = self.workqueue.pop(scope)
+        self.assigned_work.setdefault(node, {})[scope] = work_unit
+        collection = self.registered_collections[node]
+        node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])
+
+    def _reschedule(self, node) -> None:
+        if node.shutting_down:
+            return
+        if not self.workqueue:
+            node.shutdown()
+            return
+        if self._pending_of(self.assigned_work[node]) <= 1:
+            self._assign_work_unit(node)
 
 
 def pytest_xdist_make_scheduler(config, log):

@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import BIN, copy_demo_corpus, free_port, render, run
+from conftest import BIN, LOGIN_PATH, copy_demo_corpus, free_port, render, run
 
 TINY = [
     "model.size=tiny",
@@ -37,9 +37,7 @@ TINY = [
     "run.device=cpu",
     "run.compile=false",
 ]
-LOGIN = (
-    'exec env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$HOME" OMPI_MCA_orte_tmpdir_base={tmp}/$host /bin/sh -c "$*"'
-)
+LOGIN = f'exec env -i PATH={LOGIN_PATH} HOME="$HOME" OMPI_MCA_orte_tmpdir_base={{tmp}}/$host /bin/sh -c "$*"'
 # pdsh runs `ssh [options] HOST COMMAND`; a new login has none of the caller's environment. Each host
 # gets its own temporary folder, as separate machines have.
 SSH = (

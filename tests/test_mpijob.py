@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BIN, copy_demo_corpus, free_port, render
+from conftest import BIN, LOGIN_PATH, copy_demo_corpus, free_port, render
 
 TINY = [
     "model.size=tiny",
@@ -48,7 +48,7 @@ echo "$1" >> {log}
 mkdir -p {tmp}/$1
 export_tmp="OMPI_MCA_orte_tmpdir_base={tmp}/$1"
 shift
-exec env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$HOME" "$export_tmp" /bin/sh -c "$*"
+exec env -i PATH={login_path} HOME="$HOME" "$export_tmp" /bin/sh -c "$*"
 """
 
 
@@ -84,7 +84,7 @@ def run_launcher(project: Path, hostfile_text: str, tmp: Path, timeout: int = 30
     (container,) = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
     hostfile, agent, agent_log = tmp / "hostfile", tmp / "agent.sh", tmp / "agent.log"
     hostfile.write_text(hostfile_text)
-    agent.write_text(AGENT.format(log=agent_log, tmp=tmp / "hosts"))
+    agent.write_text(AGENT.format(log=agent_log, tmp=tmp / "hosts", login_path=LOGIN_PATH))
     agent.chmod(0o755)
     env = {
         # What the image provides: python3 with the project (here: on PYTHONPATH) and DeepSpeed.

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BIN, TEMPLATE, copy_demo_corpus, free_port, render, run, slug_of
+from conftest import BIN, LOGIN_PATH, TEMPLATE, copy_demo_corpus, free_port, render, run, slug_of
 
 TRAIN = [
     "model.size=tiny",
@@ -241,7 +241,7 @@ AGENT = """#!/bin/sh
 # drop the host name and run the command here in a fresh environment, as a new login would.
 echo "$1" >> {log}
 shift
-exec env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$HOME" /bin/sh -c "$*"
+exec env -i PATH={login_path} HOME="$HOME" /bin/sh -c "$*"
 """
 
 
@@ -253,7 +253,7 @@ def test_mpi_launcher_and_worker_instances(tmp_path, data_dir):
     project = render_mode(tmp_path, data_dir, "mpi", nodes=2, gpus_per_node=1)
     script = str(project / "launch" / "tione" / "start-mpi.sh")
     agent, agent_log = tmp_path / "agent.sh", tmp_path / "agent.log"
-    agent.write_text(AGENT.format(log=agent_log))
+    agent.write_text(AGENT.format(log=agent_log, login_path=LOGIN_PATH))
     agent.chmod(0o755)
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("127.0.0.1 slots=1 127.0.0.2 slots=1\n")  # 127.0.0.2: "another" instance on lo
