@@ -300,8 +300,11 @@ def run_step(project: Project, bin_dir: Path, tmp_path: Path, pyproject: str | N
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
         "PIP_NO_INDEX": "1",
     }
+    # The step's scratch files are in /tmp, its own in an image: here each test gets a folder of its own.
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     return subprocess.run(
-        ["sh", "-c", dependency_step(project)],
+        ["sh", "-c", dependency_step(project).replace("/tmp/", f"{scratch}/")],
         cwd=work,
         env=env,
         capture_output=True,
