@@ -104,7 +104,7 @@ GROUPS = {
 # and never queued on a worker behind another long one (xdist keeps one test queued behind the
 # running one), so the short tests fill the gaps around them.
 LONG_WORK = [
-    "tests/test_generated_project.py::test_generated_project_own_tests_pass",  # three parts, ~6 min each
+    "tests/test_generated_project.py::test_generated_project_own_tests_pass",  # two halves, ~9 min each
     "slurm",  # ~8 min, mostly waiting on the cluster
     "tests/test_generated_project.py::test_deepspeed_project_own_tests_pass",  # ~3 min
     "tests/test_bert_project.py::test_bert_deepspeed_zero3_project_own_tests_pass",  # ~2.5 min

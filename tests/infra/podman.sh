@@ -136,7 +136,9 @@ start_engine() {
   engine_up && return
   rm -f "$SOCK"
   # setsid + redirected streams: the service outlives this script and holds no caller's pipe open.
-  setsid podman system service --time=0 "unix://$SOCK" </dev/null >"$DIR/podman.log" 2>&1 &
+  # Started in / : it outlives the checkout that started it too, and runc cannot start a container
+  # from a service whose working folder was deleted ("write child: broken pipe").
+  (cd / && exec setsid podman system service --time=0 "unix://$SOCK" </dev/null >"$DIR/podman.log" 2>&1) &
   echo $! >"$DIR/podman.pid"
   wait_for "podman system service" engine_up "$DIR/podman.log"
   log "engine up: DOCKER_HOST=$DOCKER_HOST"
@@ -144,7 +146,7 @@ start_engine() {
 
 start_registry() {
   registry_up && return
-  setsid docker-registry serve "$DIR/registry/config.yml" </dev/null >"$DIR/registry.log" 2>&1 &
+  (cd / && exec setsid docker-registry serve "$DIR/registry/config.yml" </dev/null >"$DIR/registry.log" 2>&1) &
   echo $! >"$DIR/registry.pid"
   wait_for "docker-registry" registry_up "$DIR/registry.log"
   log "registry up: http://$REGISTRY_ADDR"

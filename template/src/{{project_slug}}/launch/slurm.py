@@ -35,6 +35,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from argparse import ArgumentParser, Namespace
 from pathlib import Path
 
@@ -157,6 +158,15 @@ def job_fields(job_id: str) -> dict[str, str]:
     return fields
 
 
+def final_job_fields(job_id: str, seconds: float = 60.0) -> dict[str, str]:
+    """job_fields once Slurm has settled the final state: sbatch --wait returns while the job is still
+    COMPLETING (epilog, nodes being freed). After `seconds`, as it is then."""
+    deadline = time.monotonic() + seconds
+    while (fields := job_fields(job_id)).get("JobState") in ("COMPLETING", "STAGE_OUT") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return fields
+
+
 def script_path(launcher: str) -> Path:
     """The batch script for the launcher, relative to the project root; ConfigError naming the fix."""
     relative = SCRIPTS[launcher]
@@ -171,21 +181,11 @@ def script_path(launcher: str) -> Path:
     return relative
 
 
-ACTIVE = {
-    "PENDING",
-    "CONFIGURING",
-    "RUNNING",
-    "COMPLETING",
-    "REQUEUED",
-    "REQUEUE_FED",
-    "REQUEUE_HOLD",
-    "RESIZING",
-    "SUSPENDED",
-    "STOPPED",
-    "SIGNALING",
-    "STAGE_OUT",
-}
-"""Job states in which a job may still write to its log."""
+# Job states in which a job may still write to its log.
+ACTIVE = set(
+    "PENDING CONFIGURING RUNNING COMPLETING REQUEUED REQUEUE_FED REQUEUE_HOLD RESIZING SUSPENDED STOPPED SIGNALING "
+    "STAGE_OUT".split()
+)
 
 
 def accounting_fields(job_id: str) -> dict[str, str]:
@@ -286,7 +286,7 @@ class Slurm(Platform):
                 file=sys.stderr,
             )
             return 130
-        end = job_fields(job_id)
+        end = final_job_fields(job_id)
         state, restarts = end.get("JobState", ""), int(end.get("Restarts", "0") or 0)
         print(
             f"job {job_id} ended: exit {code}"
