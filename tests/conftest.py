@@ -7,6 +7,7 @@ after another on one worker. Session fixtures are built once per worker.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -119,6 +120,7 @@ def group_of(nodeid: str) -> str | None:
     return next((group for group, prefixes in GROUPS.items() if nodeid.startswith(tuple(prefixes))), None)
 
 
+@functools.cache
 def long_rank(scope: str) -> int | None:
     """Place of the scope in LONG_WORK (None: short work)."""
     return next((i for i, prefix in enumerate(LONG_WORK) if scope.startswith(prefix)), None)

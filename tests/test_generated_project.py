@@ -1,8 +1,8 @@
 """A generated project installs, exposes its console script, and passes its own test suite.
 
-The project's suite is run once per distinct project shape: in full for the default (gpt, DDP; in two halves, see below), and
-in the other shapes the files that only they render (test_deepspeed.py, test_gpt3.py; bert's in
-test_bert_project.py). Each run's progress is in build/test-logs/<name>.log.
+The project's suite is run once per distinct project shape: in full for the default (gpt, DDP; in two
+halves, see below), and in the other shapes the files that only they render (test_deepspeed.py,
+test_gpt3.py; bert's in test_bert_project.py). Each run's progress is in build/test-logs/<name>.log.
 """
 
 from __future__ import annotations

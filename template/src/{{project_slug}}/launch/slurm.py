@@ -162,7 +162,7 @@ def final_job_fields(job_id: str, seconds: float = 60.0) -> dict[str, str]:
     """job_fields once Slurm has settled the final state: sbatch --wait returns while the job is still
     COMPLETING (epilog, nodes being freed). After `seconds`, as it is then."""
     deadline = time.monotonic() + seconds
-    while (fields := job_fields(job_id)).get("JobState") in ("COMPLETING", "STAGE_OUT") and time.monotonic() < deadline:
+    while (fields := job_fields(job_id)).get("JobState") in SETTLING and time.monotonic() < deadline:
         time.sleep(0.5)
     return fields
 
@@ -181,10 +181,10 @@ def script_path(launcher: str) -> Path:
     return relative
 
 
-# Job states in which a job may still write to its log.
-ACTIVE = set(
-    "PENDING CONFIGURING RUNNING COMPLETING REQUEUED REQUEUE_FED REQUEUE_HOLD RESIZING SUSPENDED STOPPED SIGNALING "
-    "STAGE_OUT".split()
+# Job states in which a job may still write to its log; SETTLING the ones after its last step ended.
+SETTLING = {"COMPLETING", "STAGE_OUT"}
+ACTIVE = SETTLING | set(
+    "PENDING CONFIGURING RUNNING REQUEUED REQUEUE_FED REQUEUE_HOLD RESIZING SUSPENDED STOPPED SIGNALING".split()
 )
 
 
