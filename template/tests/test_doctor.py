@@ -329,6 +329,18 @@ def test_nccl_log_judges_an_earlier_job(cli, tmp_path):
     assert re.search(r"rank +0 -> 1 +send +NET/IB/0/GDRDMA +channels 0-1", proc.stdout)
 
 
+def test_a_quoted_command_or_log_line_is_never_split_across_lines(pkg):
+    """Where the table wraps a detail depends on what comes before a quote (a path, a host name): the
+    quote stays whole wherever it falls, so it can be searched for and copied."""
+    quote = "`NET/IB : No device found`"
+    for lead in range(0, 90, 7):
+        detail = f"/{'x' * lead} NCCL said {quote}; check `ibv_devinfo` there"
+        lines = pkg.doctor.wrap_keeping_quotes(detail, 60)
+        assert any(quote in line for line in lines), lines
+        assert all(len(line) <= 60 or " " not in line for line in lines), lines  # only a long path is longer
+        assert " ".join(lines).split() == detail.split()
+
+
 def test_nccl_log_mistakes_are_clear(cli, tmp_path):
     proc = cli("doctor", "--nccl-log", tmp_path / "missing.log", env=CLEAN, expect=1)
     assert proc.stderr.startswith("error: --nccl-log") and "no such file or folder" in proc.stderr

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
 import tempfile
 import textwrap
@@ -76,13 +77,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-dir", help="where the workers' NCCL logs are kept (default: a new temporary folder)")
 
 
+_QUOTED = re.compile(r"`[^`]*`")
+_KEEP = "\x00"  # stands for a space inside a quote while wrapping
+
+
+def wrap_keeping_quotes(text: str, width: int) -> list[str]:
+    """Lines of at most `width` (a longer quote gets a line of its own): a `quoted` command or log
+    line is never split, so it can be copied or searched for whole."""
+    held = _QUOTED.sub(lambda m: m.group(0).replace(" ", _KEEP), text)
+    lines = textwrap.wrap(held, width=width, break_on_hyphens=False, break_long_words=False)
+    return [line.replace(_KEEP, " ") for line in lines] or [""]
+
+
 def print_table(title: str, checks: list[Check], notes: list[str] = ()) -> None:
     width = max((len(c.name) for c in checks), default=5)
     print(title)
     print(f"{'check':<{width}}  {'verdict':<7}  detail")
     indent = " " * (width + 11)
     for c in checks:
-        lines = textwrap.wrap(c.detail, width=max(60, 118 - len(indent)), break_on_hyphens=False) or [""]
+        lines = wrap_keeping_quotes(c.detail, max(60, 118 - len(indent)))
         print(f"{c.name:<{width}}  {c.verdict:<7}  {lines[0]}")
         for line in lines[1:]:
             print(indent + line)
