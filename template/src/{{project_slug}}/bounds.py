@@ -60,6 +60,7 @@ BOUNDS: dict[str, Range] = {
     "model.sequence_len": COUNT,
     "model.softcap": NON_NEGATIVE,
     "model.dropout": BETA,
+    "model.attention_dropout": BETA,
     "data.vocab_size": COUNT,
     "data.tokenizer_train_chars": COUNT,
     "data.val_fraction": Range(0, 1, low_open=True, high_open=True),

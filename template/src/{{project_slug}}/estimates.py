@@ -41,8 +41,9 @@ Activations per GPU for a micro batch b of s tokens, width h, a heads, vocab V (
   s*b*h*(10 + 24/t) bytes per layer (24/t: what the split heads and MLP keep; 10: LayerNorm and
   block inputs and dropout masks, replicated), plus 5*a*s^2*b/t for the attention scores where the
   kernel stores them. Both families call F.scaled_dot_product_attention (gpt3 directly, bert
-  through transformers' default "sdpa"), whose flash / memory-efficient kernels on a GPU keep no
-  s x s matrix: that term is left out (ATTENTION_SCORES_STORED). The replicated part is measured
+  through transformers' "sdpa"), whose flash / memory-efficient kernels on a GPU keep no s x s
+  matrix: that term counts only with model.attention_dropout > 0, when the probabilities are
+  materialised so their masks can be keyed per sample (models/sample_dropout.py). The replicated part is measured
   (H100, torch 2.11, transformers 5.17, width 1024, layers 4 vs 12, two micro batches, peak
   allocated memory of one forward + backward) rather than taken as 10, because the precision
   changes it: REPLICATED_BYTES. gpt3 has no dropout: 8 in pure bf16 (32 in all: the pipeline
@@ -86,8 +87,6 @@ NODE_COUNTS = (1, 2, 4, 8)
 
 # Bytes per token per unit of width that one gpt block keeps for backward (measured, see above).
 ACTIVATION_BYTES_PER_LAYER = 63
-# Whether the family's attention keeps the s x s scores for backward (see the docstring).
-ATTENTION_SCORES_STORED = {"gpt3": False, "bert": False}
 # Per layer, bytes per s*b*h that tensor parallelism does not split, by family and precision
 # (Korthikanti's 10, measured; see the docstring); the split part is 24/t.
 REPLICATED_BYTES = {("gpt3", "bf16"): 8, ("gpt3", "autocast"): 12, ("bert", "bf16"): 11, ("bert", "autocast"): 19}
@@ -209,13 +208,20 @@ def precision(cfg: Config) -> str:
 
 
 def layer_activations(
-    shape: dict[str, int], seq: int, micro: int, arch: str, tp: int = 1, mode: str = "autocast"
+    shape: dict[str, int],
+    seq: int,
+    micro: int,
+    arch: str,
+    tp: int = 1,
+    mode: str = "autocast",
+    scores_stored: bool = False,
 ) -> float:
-    """Bytes one block keeps for backward for one micro batch."""
+    """Bytes one block keeps for backward for one micro batch; scores_stored: attention keeps its
+    s x s probabilities (attention dropout), else the fused kernel keeps none."""
     sbh = seq * micro * shape["n_embd"]
     if arch == "gpt":
         return ACTIVATION_BYTES_PER_LAYER * sbh
-    scores = 5 * shape["n_head"] * seq * seq * micro / tp if ATTENTION_SCORES_STORED[arch] else 0
+    scores = 5 * shape["n_head"] * seq * seq * micro / tp if scores_stored else 0
     return sbh * (REPLICATED_BYTES[arch, mode] + 24 / tp) + scores
 
 
@@ -232,11 +238,12 @@ def activations(
     in_flight: int = 1,
     logits: bool = True,
     mode: str = "autocast",
+    scores_stored: bool = False,
 ) -> float:
     """Activation bytes on one GPU: `layers` blocks (default all) with `in_flight` micro batches
     kept (pipeline), and the logits where this GPU computes the loss."""
     layers = shape["n_layer"] if layers is None else layers
-    per_layer = layer_activations(shape, seq, micro, arch, tp, mode)
+    per_layer = layer_activations(shape, seq, micro, arch, tp, mode, scores_stored)
     if checkpointing:
         saved = 2 if arch == "gpt" else CHECKPOINT_BYTES[arch, mode]
         kept = in_flight * layers * saved * seq * micro * shape["n_embd"] + (per_layer if layers else 0)
@@ -276,7 +283,13 @@ def memory(cfg: Config) -> dict:
     worst = None
     for i, psi in enumerate(stage_params(shape, vocab, arch, seq, tp, pp)):
         kw = dict(
-            arch=arch, tp=tp, layers=layers[i], in_flight=min(pp - i, per_step), logits=i == pp - 1, mode=precision(cfg)
+            arch=arch,
+            tp=tp,
+            layers=layers[i],
+            in_flight=min(pp - i, per_step),
+            logits=i == pp - 1,
+            mode=precision(cfg),
+            scores_stored=bool(cfg.model.attention_dropout),
         )
         act = {c: activations(shape, vocab, seq, micro, cfg.model.softcap, c, **kw) for c in (False, True)}
         states = model_states(psi, stage, nd, offload_opt, offload_params)

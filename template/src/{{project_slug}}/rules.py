@@ -183,6 +183,15 @@ def check_config(cfg: Config, world_size: int | None = None) -> list[Problem]:
                 "model.arch",
             )
         )
+    if arch == "gpt" and cfg.model.attention_dropout:
+        problems.append(
+            Problem(
+                f"model.attention_dropout={cfg.model.attention_dropout} applies to model.arch=bert and gpt3 (gpt "
+                "has no attention dropout; model.dropout is its embedding and residual dropout); set it to null",
+                "model.attention_dropout",
+                "model.arch",
+            )
+        )
     if arch != "bert" and cfg.model.pretrained:
         problems.append(
             Problem(

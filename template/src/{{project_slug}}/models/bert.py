@@ -25,6 +25,15 @@ from ..sizes import BERT_SEQUENCE_LEN, model_shape
 from .sample_dropout import KeyedDropout, keyed_dropout
 
 MLM_PROBABILITY = 0.15  # share of positions predicted (BERT's 15%; of those 80% [MASK], 10% random, 10% kept)
+
+
+def predictions_per_sequence(sequence_len: int) -> int:
+    """How many positions of a sequence are predicted at most (BERT's num_to_predict): the masking
+    picks this many where it can, and the loss gathers this many per row, a shape fixed by the
+    sequence length alone (no graph break, no host sync)."""
+    return max(1, round(sequence_len * MLM_PROBABILITY))
+
+
 WEIGHT_FILES = (
     "model.safetensors",
     "pytorch_model.bin",
@@ -115,12 +124,18 @@ class BertMLM(nn.Module):
             return self.mlm(input_ids=input_ids).logits
         hidden = self.mlm.bert(input_ids=input_ids).last_hidden_state
         picked = labels != -100
-        # The vocabulary projection only where a token is predicted: 15% of the work and memory.
-        logits = self.mlm.cls(hidden[picked]).float()
-        if loss_reduction == "none":
-            return F.cross_entropy(logits, labels[picked], reduction="none")
+        if loss_reduction == "none":  # eval's per-position losses: a shape that follows the labels
+            return F.cross_entropy(self.mlm.cls(hidden[picked]).float(), labels[picked], reduction="none")
+        # The vocabulary projection only where a token is predicted: the (at most) K predicted
+        # positions of each row, in order, then unpredicted ones (label -100) up to K. A fixed shape:
+        # boolean indexing would break a compiled graph and wait for the GPU twice per micro batch.
+        k = min(predictions_per_sequence(labels.size(1)), labels.size(1))
+        rows = torch.sort(picked.to(torch.uint8), dim=1, descending=True, stable=True).indices[:, :k]
+        gathered = hidden.gather(1, rows.unsqueeze(-1).expand(-1, -1, hidden.size(-1)))
+        logits = self.mlm.cls(gathered).float()
+        losses = F.cross_entropy(logits.flatten(0, 1), labels.gather(1, rows).flatten(), reduction="sum")
         # sum / count instead of reduction='mean': a batch without predictions gives 0, not NaN.
-        return F.cross_entropy(logits, labels[picked], reduction="sum") / picked.sum().clamp(min=1)
+        return losses / picked.sum().clamp(min=1)
 
 
 def build_bert(cfg: Config, vocab_size: int, load_weights: bool = True) -> BertMLM:
@@ -153,19 +168,23 @@ def build_bert(cfg: Config, vocab_size: int, load_weights: bool = True) -> BertM
             max_position_embeddings=BERT_SEQUENCE_LEN,
         )
         mlm = transformers.BertForMaskedLM(config)
-    draw_dropout_per_sample(mlm, m.dropout)
+    draw_dropout_per_sample(mlm, m.dropout, m.attention_dropout or 0.0)
     if m.activation_checkpointing:
         # Non-reentrant: works with ZeRO-3's parameter hooks and with inputs that need no grad.
         mlm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return BertMLM(mlm, m.sequence_len)
 
 
-def draw_dropout_per_sample(mlm: nn.Module, p: float | None) -> None:
+def draw_dropout_per_sample(mlm: nn.Module, p: float | None, attention_p: float) -> None:
     """Every dropout of transformers' BERT draws its masks per sample (models/sample_dropout.py): the
     hidden ones become KeyedDropout, the attention probabilities' go through keyed_attention,
-    registered with transformers' AttentionInterface. p (model.dropout) replaces every dropout
-    probability; None keeps the model's config (hidden_dropout_prob, attention_probs_dropout_prob)."""
+    registered with transformers' AttentionInterface. p (model.dropout) replaces the hidden dropout
+    probabilities, None keeps the model's config (hidden_dropout_prob); attention_p
+    (model.attention_dropout) is the attention probabilities' (0: the fused SDPA kernel)."""
     transformers = import_transformers()
+    if p is not None:
+        mlm.config.hidden_dropout_prob = p
+    mlm.config.attention_probs_dropout_prob = attention_p  # the config saved with the weights says what ran
     transformers.AttentionInterface.register(KEYED_ATTENTION, keyed_attention)
     mlm.set_attn_implementation(KEYED_ATTENTION)
     layer = 0
@@ -173,12 +192,11 @@ def draw_dropout_per_sample(mlm: nn.Module, p: float | None) -> None:
         for name, child in list(module.named_children()):
             if type(child) is not nn.Dropout:
                 continue
-            if p is not None:
-                child.p = p
             if hasattr(module, "query"):  # self-attention: passes its dropout's p to the attention function
+                child.p = attention_p
                 module.dropout_key = layer
             else:
-                setattr(module, name, KeyedDropout(child.p, layer))
+                setattr(module, name, KeyedDropout(child.p if p is None else p, layer))
             layer += 1
 
 

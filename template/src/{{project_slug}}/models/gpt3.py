@@ -37,7 +37,10 @@ class GPT3Config:
     n_head: int
     seed: int = 1337
     dropout: float = 0.0
-    """Megatron's hidden and attention dropout, masks keyed per sample (sample_dropout.py)."""
+    """Megatron's hidden dropout (embedding, attention output, MLP output), masks keyed per sample
+    (sample_dropout.py)."""
+    attention_dropout: float = 0.0
+    """Megatron's dropout of the attention probabilities; 0 keeps attention on SDPA's fused kernel."""
 
 
 def init_linear(linear: nn.Linear, std: float) -> nn.Linear:
@@ -75,7 +78,8 @@ class Block(nn.Module):
         super().__init__()
         h = cfg.n_embd
         self.head_dim, self.n_head, self.head_offset = h // cfg.n_head, cfg.n_head, 0
-        self.dropout, self.keys = cfg.dropout, 3 * index + 1  # dropout keys 3i+1..3i+3; 0 is the embedding
+        self.dropout, self.attention_dropout = cfg.dropout, cfg.attention_dropout
+        self.keys = 3 * index + 1  # dropout keys 3i+1..3i+3; 0 is the embedding
         residual_std = 0.02 / math.sqrt(2 * cfg.n_layer)  # GPT-2: scale the residual projections
         self.ln1 = nn.LayerNorm(h)
         self.qkv = init_linear(nn.Linear(h, 3 * h), 0.02)
@@ -98,16 +102,16 @@ class Block(nn.Module):
         return x + keyed_dropout(y, self.dropout, self.keys + 2, self.training)
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Causal attention over (B, heads, T, head_dim). With dropout the probabilities are
-        materialised (as Megatron does) so their masks can be keyed; SDPA would draw its own."""
-        if not (self.training and self.dropout):
+        """Causal attention over (B, heads, T, head_dim). With attention dropout the probabilities
+        are materialised (as Megatron does) so their masks can be keyed; SDPA would draw its own."""
+        if not (self.training and self.attention_dropout):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         T = q.size(2)
         scores = (q @ k.transpose(-2, -1)) * self.head_dim**-0.5
         future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
         probs = F.softmax(scores.masked_fill(future, float("-inf")).float(), dim=-1).to(q.dtype)
         split = (1, self.head_offset, self.n_head)  # heads split over tensor ranks: each draws its own
-        return keyed_dropout(probs, self.dropout, self.keys, True, split) @ v
+        return keyed_dropout(probs, self.attention_dropout, self.keys, True, split) @ v
 
 
 class FinalNorm(nn.LayerNorm):
@@ -200,6 +204,7 @@ def gpt3_config(cfg, vocab_size: int) -> GPT3Config:
         n_head=shape["n_head"],
         seed=cfg.run.seed,
         dropout=cfg.model.dropout or 0.0,
+        attention_dropout=cfg.model.attention_dropout or 0.0,
     )
 
 

@@ -16,11 +16,15 @@ recomputes a block (no generator state to save or restore). Tensor-parallel rank
 mask for a replicated activation and different ones for their slices of a split one (`split`), as
 Megatron's RNG tracker arranges.
 
-The hash is a 32-bit integer mix on int64 tensors (constants below 2^27, so no product overflows)
-and costs a little more than torch's dropout: a CPU training step of a 4-layer GPT (width 256, 8 x
-256 tokens) took 1.058x the time without dropout with it, 1.049x with torch's. gpt and gpt3 default
-to no dropout. The keys are a module variable, not a context variable: CUDA runs backward, and so
-the recomputation of checkpointed blocks, on another thread.
+The hash is a 32-bit integer mix on int64 tensors (constants below 2^27, so no product overflows).
+On a GPU it runs as one kernel per site, like torch's dropout: the mask is an op of its own
+(`<package>::keyed_dropout`, torch.library) whose CUDA implementation is the hash compiled into one
+fused kernel that reads x and writes the result (torch's also writes a byte mask); its backward is
+the same op on the gradient (the mask is drawn again, not stored). Inside a compiled model the
+plain tensor expression is traced instead, and Inductor fuses it with its neighbours. On the CPU
+the op runs the expression eagerly (~30 int64 element-wise ops; the CPU is for tests). The keys are
+a module variable, not a context variable: CUDA runs backward, and so the recomputation of
+checkpointed blocks, on another thread.
 """
 
 from __future__ import annotations
@@ -65,21 +69,64 @@ def samples(keys: torch.Tensor | None) -> Iterator[None]:
         _keys = previous
 
 
-@functools.lru_cache(maxsize=32)
-def _positions(shape: tuple[int, ...], split: tuple[int, int, int] | None, device: torch.device) -> torch.Tensor:
-    """The mixed flat index of every element of one sample's activation (shape without the batch
-    dimension) within the whole activation; split = (dim, offset, whole size) for a slice."""
-    whole = list(shape)
-    if split is not None:
-        whole[split[0] - 1] = split[2]
-    index = torch.zeros((), dtype=torch.int64, device=device)
-    stride = 1
-    for d in reversed(range(len(shape))):
-        start = split[1] if split is not None and d == split[0] - 1 else 0
-        axis = (torch.arange(shape[d], dtype=torch.int64, device=device) + start) * stride
-        index = axis.view(-1, *([1] * index.dim())) + index
-        stride *= whole[d]
-    return _mix(index & _MASK)
+def _layer_key(layer: int) -> int:
+    return _mix((layer + 0x9E3779B9) & _MASK)
+
+
+def _flat_positions(sample_shape: torch.Size, split: tuple[int, int, int] | None, device) -> torch.Tensor:
+    """The flat index of every element of one sample's activation (shape without the batch dimension)
+    within the whole, unsplit activation; split = (dim, offset, whole size) for a slice along dim."""
+    index = torch.arange(sample_shape.numel(), dtype=torch.int64, device=device).view(sample_shape)
+    if split is None:
+        return index
+    dim, offset, whole = split[0] - 1, split[1], split[2]
+    inner = sample_shape[dim + 1 :].numel()
+    local = sample_shape[dim]
+    outer, along = index // (inner * local), (index // inner) % local
+    return outer * (whole * inner) + (along + offset) * inner + index % inner
+
+
+def _dropped(
+    x: torch.Tensor, keys: torch.Tensor, layer_key: int, threshold: int, scale: float, split: tuple | None
+) -> torch.Tensor:
+    """x times its keep mask and 1/(1-p): the plain tensor expression (the op and compiled models run it)."""
+    drawn = _mix(
+        _mix(_flat_positions(x.shape[1:], split, x.device) & _MASK)
+        ^ _mix(keys ^ layer_key).view(-1, *([1] * (x.dim() - 1)))
+    )
+    return x * (drawn >= threshold).to(x.dtype) * scale
+
+
+@functools.cache
+def _fused():
+    """The expression compiled into one kernel for CUDA (once per process; shapes stay dynamic)."""
+    return torch.compile(_dropped, dynamic=True, fullgraph=True)
+
+
+@torch.library.custom_op(f"{__name__.split('.')[0]}::keyed_dropout", mutates_args=())
+def _keyed_dropout_op(
+    x: torch.Tensor, keys: torch.Tensor, layer_key: int, threshold: int, scale: float, split: list[int]
+) -> torch.Tensor:
+    run = _fused() if x.is_cuda else _dropped
+    return run(x, keys, layer_key, threshold, scale, tuple(split) or None)
+
+
+@_keyed_dropout_op.register_fake
+def _(x, keys, layer_key, threshold, scale, split):
+    return torch.empty_like(x)
+
+
+def _save_keys(ctx, inputs, output):
+    x, keys, *ctx.draw = inputs
+    ctx.save_for_backward(keys)
+
+
+def _backward(ctx, grad):
+    (keys,) = ctx.saved_tensors
+    return _keyed_dropout_op(grad, keys, *ctx.draw), None, None, None, None, None
+
+
+_keyed_dropout_op.register_autograd(_backward, setup_context=_save_keys)
 
 
 def keyed_dropout(
@@ -96,10 +143,11 @@ def keyed_dropout(
             f"dropout (p={p}) ran in training mode outside samples(...) for its {x.size(0)} samples: "
             "wrap the forward and backward of each micro batch in models.sample_dropout.samples(sample_keys(...))"
         )
-    layer_keys = _mix(keys.to(x.device) ^ _mix(layer + 0x9E3779B9 & _MASK))
-    drawn = _mix(_positions(tuple(x.shape[1:]), split, x.device) ^ layer_keys.view(-1, *([1] * (x.dim() - 1))))
-    keep = drawn >= int(p * 2**32)
-    return x * keep.to(x.dtype) * (1.0 / (1.0 - p))
+    keys = keys.to(x.device)
+    draw = (_layer_key(layer), int(p * 2**32), 1.0 / (1.0 - p))
+    if torch.compiler.is_compiling():  # traced into the model's graph: fused with what surrounds it
+        return _dropped(x, keys, *draw, split)
+    return _keyed_dropout_op(x, keys, *draw, list(split or ()))
 
 
 class KeyedDropout(nn.Dropout):
