@@ -74,16 +74,12 @@ class ModelConfig:
     """bert only: local folder with config.json and weights to start from (fine-tuning); empty =
     from scratch with the shape of `size`. Nothing is downloaded (HF_HUB_OFFLINE=1)."""
     dropout: float | None = None
-    """Dropout probability (embedding and residual/hidden), masks drawn per sample so any layout gives
-    the same losses; null = the model's own: none for gpt and gpt3, config.json's for bert (0.1
-    from scratch)."""
+    """Hidden dropout, masks per sample (any layout, same losses); null = none, bert: config.json's."""
     attention_dropout: float | None = None
-    """bert and gpt3: dropout of the attention probabilities, masks per sample; null = none, which
-    keeps attention on the fused (flash) kernel. Above 0 the T x T probabilities are materialised
-    (BERT's and Megatron's 0.1 recipe, at the cost `plan` and bench/gpu_estimate.py show)."""
+    """bert and gpt3: attention-probability dropout; null = none (the fused flash kernel); above 0 the
+    T x T probabilities are materialised (BERT's and Megatron's 0.1, at the cost plan shows)."""
     activation_checkpointing: bool = False
-    """Recompute each block's activations in backward instead of storing them: about a third more
-    compute for a fraction of the activation memory (`plan` shows both)."""
+    """Recompute activations in backward instead of keeping them: ~1/3 more compute, far less memory."""
 
 
 @dataclass
