@@ -315,6 +315,27 @@ def test_d20_on_8_h100_fits_with_ddp(cli, empty_config):
     assert r["fits"] is (m["total"] <= m["usable"]) is True and r["suggestion"] is None
 
 
+@pytest.mark.parametrize("arch, size", [("bert", "large"), ("bert", "base"), ("gpt3", "125M")])
+def test_zero_1_is_the_smallest_stage_that_fits_the_default_recipe_on_every_gpu(pkg, cfg_with, arch, size):
+    """The zero_stage answer's default, 1, for the recipes that default to DeepSpeed: it fits on every
+    gpu_type offered; stage 0 is refused (fp16 on a V100) or fits too, and no larger stage is needed.
+    ZeRO-3 would gather every layer's weights each micro batch for a model that fits without it."""
+    for gpu_type in pkg.gpus.ANSWERS:
+        seq = 512 if arch == "bert" else 2048
+        cfg = cfg_with(
+            f"model.arch={arch}",
+            f"model.size={size}",
+            f"model.sequence_len={seq}",
+            "data.vocab_size=30522",
+            "batch.micro_batch_size=16" if arch == "bert" else "batch.micro_batch_size=8",
+            "batch.global_batch_size=256",
+            "run.strategy=deepspeed",
+            "deepspeed.zero_stage=1",
+            f"cluster.gpu_type={gpu_type}",
+        )
+        assert pkg.estimates.memory(cfg)["fits"], (gpu_type, pkg.estimates.memory(cfg))
+
+
 def test_checkpointing_from_the_config_and_the_flag(cli, empty_config):
     base = ["--config", empty_config, "--json"]
     plain = json.loads(cli("plan", *base).stdout)
