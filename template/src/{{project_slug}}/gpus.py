@@ -1,7 +1,8 @@
 """The GPUs the project knows, each once: the name torch reports for it, its dense tensor-core peak
 FLOP/s in each 16-bit precision it has (bf16 only from compute capability 8.0 on: a V100 has fp16
-alone) and, for those a project can be generated for, the `gpu_type` answers with their memory. No
-torch: the copier task and `plan` read it, and so does training (metrics.py, for the MFU).
+alone), its memory bandwidth and, for those a project can be generated for, the `gpu_type` answers
+with their memory. No torch: the copier task and `plan` read it, and so does training (metrics.py,
+for the MFU).
 
     from .gpus import ANSWERS, find_answer, peak_for_device_name
     gpu, memory_gib = find_answer("v100-16gb")             # plan: memory per GPU, precision and peak
@@ -25,6 +26,9 @@ class Gpu:
     """Dense tensor-core peak FLOP/s by precision, "bf16" and "fp16"; a GPU without bf16 lacks that key."""
     answers: dict[str, int] = field(default_factory=dict)
     """The gpu_type answers (copier.yml) for this GPU -> memory in GiB; empty where none is offered."""
+    bandwidth: float | None = None
+    """Memory bandwidth in bytes/s, vendor datasheet (one figure where the memory sizes differ: A100 40 GB
+    has 1.555e12, 80 GB 2.039e12); the roofline of memory-bound kernels in bench/gpu_estimate.py."""
 
     @property
     def has_bf16(self) -> bool:
@@ -43,23 +47,23 @@ def bf16_and_fp16(flops: float) -> dict[str, float]:
 
 # First match of the device name wins, so the more specific names come first.
 GPUS = (
-    Gpu("H100 PCIe", bf16_and_fp16(756e12)),
-    Gpu("H100 NVL", bf16_and_fp16(835e12)),
-    Gpu("H100", bf16_and_fp16(989e12), {"h100-80gb": 80}),  # SXM
-    Gpu("GH200", bf16_and_fp16(989e12)),  # before H200, which its name contains
-    Gpu("H200", bf16_and_fp16(989e12), {"h200-141gb": 141}),
-    Gpu("H800", bf16_and_fp16(989e12), {"h800-80gb": 80}),
-    Gpu("H20", bf16_and_fp16(148e12)),
-    Gpu("B200", bf16_and_fp16(2250e12)),
-    Gpu("A100", bf16_and_fp16(312e12), {"a100-40gb": 40, "a100-80gb": 80}),
-    Gpu("A800", bf16_and_fp16(312e12), {"a800-40gb": 40, "a800-80gb": 80}),
-    Gpu("A40", bf16_and_fp16(150e12)),
-    Gpu("A10", bf16_and_fp16(125e12)),
-    Gpu("L40S", bf16_and_fp16(362e12), {"l40s-48gb": 48}),
-    Gpu("L40", bf16_and_fp16(181e12)),
-    Gpu("L4", bf16_and_fp16(121e12)),
-    Gpu("RTX 4090", bf16_and_fp16(165e12), {"rtx4090-24gb": 24}),
-    Gpu("V100", {"fp16": 125e12}, {"v100-16gb": 16, "v100-32gb": 32}),  # Volta: no bf16
+    Gpu("H100 PCIe", bf16_and_fp16(756e12), bandwidth=2.0e12),
+    Gpu("H100 NVL", bf16_and_fp16(835e12), bandwidth=3.9e12),
+    Gpu("H100", bf16_and_fp16(989e12), {"h100-80gb": 80}, bandwidth=3.35e12),  # SXM
+    Gpu("GH200", bf16_and_fp16(989e12), bandwidth=4.0e12),  # before H200, which its name contains
+    Gpu("H200", bf16_and_fp16(989e12), {"h200-141gb": 141}, bandwidth=4.8e12),
+    Gpu("H800", bf16_and_fp16(989e12), {"h800-80gb": 80}, bandwidth=3.35e12),
+    Gpu("H20", bf16_and_fp16(148e12), bandwidth=4.0e12),
+    Gpu("B200", bf16_and_fp16(2250e12), bandwidth=8.0e12),
+    Gpu("A100", bf16_and_fp16(312e12), {"a100-40gb": 40, "a100-80gb": 80}, bandwidth=2.0e12),
+    Gpu("A800", bf16_and_fp16(312e12), {"a800-40gb": 40, "a800-80gb": 80}, bandwidth=2.0e12),
+    Gpu("A40", bf16_and_fp16(150e12), bandwidth=0.696e12),
+    Gpu("A10", bf16_and_fp16(125e12), bandwidth=0.6e12),
+    Gpu("L40S", bf16_and_fp16(362e12), {"l40s-48gb": 48}, bandwidth=0.864e12),
+    Gpu("L40", bf16_and_fp16(181e12), bandwidth=0.864e12),
+    Gpu("L4", bf16_and_fp16(121e12), bandwidth=0.3e12),
+    Gpu("RTX 4090", bf16_and_fp16(165e12), {"rtx4090-24gb": 24}, bandwidth=1.008e12),
+    Gpu("V100", {"fp16": 125e12}, {"v100-16gb": 16, "v100-32gb": 32}, bandwidth=0.9e12),  # Volta: no bf16
 )
 
 ANSWERS = tuple(answer for gpu in GPUS for answer in gpu.answers)
