@@ -2,7 +2,8 @@
 
 The project's suite is run once per distinct project shape: in full for the default (gpt, DDP; in two
 halves, see below), and in the other shapes the files that only they render (test_deepspeed.py,
-test_gpt3.py; bert's in test_bert_project.py). Each run's progress is in build/test-logs/<name>.log.
+test_host_syncs_deepspeed.py, test_gpt3.py; bert's in test_bert_project.py). Each run's progress is
+in build/test-logs/<name>.log.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def test_generated_project_quick_slice(default_project):
 
 
 def test_deepspeed_project_own_tests_pass(tmp_path):
-    """strategy=deepspeed renders its DeepSpeed tests (ZeRO 0-3 against DDP on CPU); they pass."""
+    """strategy=deepspeed renders its DeepSpeed tests (ZeRO 0-3 against DDP on CPU, host syncs); they pass."""
     project = render(
         tmp_path / "ds",
         project_name="Zero Run",
@@ -75,7 +76,9 @@ def test_deepspeed_project_own_tests_pass(tmp_path):
         output_dir=str(tmp_path / "runs"),
     )
     assert yaml.safe_load((project / "config/train.yaml").read_text())["run"]["strategy"] == "deepspeed"
-    run_project_suite(project, "tests/test_deepspeed.py", name="deepspeed-project")
+    run_project_suite(
+        project, "tests/test_deepspeed.py", "tests/test_host_syncs_deepspeed.py", name="deepspeed-project"
+    )
 
 
 def test_gpt3_project_layouts_match_one_process(tmp_path):

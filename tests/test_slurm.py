@@ -827,7 +827,7 @@ def assert_resumed_exactly(job_id: str, wait_output: str, log: str, code: int, o
 
 def test_scontrol_requeue_resumes_from_the_checkpoint(slurm_cluster, slurm_project, slurm_data, reference_run):
     """`scontrol requeue` of a running 2-node job: Slurm sends SIGTERM to every process, the ranks save
-    at the next step boundary and exit 143, the batch script leaves the requeue to Slurm, and the job
+    at the next logging step and exit 143, the batch script leaves the requeue to Slurm, and the job
     runs again, resumes from that checkpoint and ends with the uninterrupted run's loss."""
     out = slurm_project.parent / "requeued"
 

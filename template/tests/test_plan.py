@@ -498,6 +498,18 @@ def test_time_scales_with_nodes(pkg, cli):
     assert r["time"][3]["gpu_hours"] == pytest.approx(r["time"][0]["gpu_hours"])
 
 
+def test_plan_bounds_the_wait_of_a_stop_signal(cli, empty_config):
+    """The ranks agree to stop at logging steps only (preemption.py): a signal waits up to
+    logging.every_steps steps, flagged when they take over half of cluster.stop_grace_seconds."""
+    plan = lambda *extra: cli("plan", "--config", empty_config, "--mfu", "0.5", *extra).stdout  # noqa: E731
+    one = json.loads(plan("--json", "logging.every_steps=1"))["stop"]
+    ten = json.loads(plan("--json", "logging.every_steps=10"))["stop"]
+    assert ten["seconds"] == pytest.approx(10 * one["seconds"]) and not ten["tight"]
+    assert "after a stop signal: up to logging.every_steps=10 steps" in plan("logging.every_steps=10")
+    tight = plan("logging.every_steps=10", f"cluster.stop_grace_seconds={max(1, int(ten['seconds']))}")
+    assert "<- tight: lower logging.every_steps or raise the grace" in tight
+
+
 def test_nanochat_seed_6_6_hours_on_8_gpus(pkg, cli, empty_config):
     """Seed 000: nanochat d20 (vocab 65536: 561M parameters) pretrains in about 6.6 h on 8 A800 at
     2.2 s a step, 1.1 s on 16, down to 0.8 h on 64. Its batch is 524,288 tokens (256 x 2048), so

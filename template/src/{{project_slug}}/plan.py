@@ -1,6 +1,6 @@
 """`plan`: parameters, memory per GPU, whether the run fits (and the smallest change that makes it
-fit), how long it takes on 1, 2, 4 and 8 nodes, and what 2x and 4x the nodes give under strong and
-weak scaling (scaling.py). Torch-free.
+fit), how long it takes on 1, 2, 4 and 8 nodes, how long a stop signal may wait for the next logging
+step, and what 2x and 4x the nodes give under strong and weak scaling (scaling.py). Torch-free.
 
     <package> plan                                  # the project's config: model, strategy, layout, GPU
     <package> plan model.size=d26 batch.micro_batch_size=8
@@ -21,10 +21,11 @@ import sys
 
 from .bounds import positive_float
 from .config import Config, ConfigError
-from .estimates import GIB, RESERVE, gpu_spec, memory, timing, zero_stage
+from .estimates import GIB, RESERVE, flops_per_token, gpu_spec, memory, timing, zero_stage
 from .fit import changed, strategy_text, suggest, with_strategy
 from .precision import on_gpu_type
 from .scaling import render_rows, scaling_rows
+from .sizes import model_shape
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -100,11 +101,30 @@ def build(cfg: Config, args: argparse.Namespace) -> dict:
         "tokens": tokens,
         "mfu": args.mfu,
         "time": timing(cfg, tokens, args.mfu),
+        "stop": stop_reaction(cfg, args.mfu),
         "scaling": {
             "choice": cfg.batch.scaling,
             "max_steps": cfg.schedule.max_steps,
             "rows": scaling_rows(cfg, args.mfu),
         },
+    }
+
+
+def stop_reaction(cfg: Config, mfu: float) -> dict:
+    """How long a stop signal may wait for the ranks' agreement, held at logging steps only
+    (preemption.py): logging.every_steps steps on cluster.nodes x cluster.gpus_per_node GPUs at this
+    MFU, against cluster.stop_grace_seconds, which has to cover that and the save."""
+    shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
+    _, peak = gpu_spec(cfg.cluster.gpu_type, on_gpu_type(cfg))
+    step_tokens = cfg.batch.global_batch_size * cfg.model.sequence_len
+    step_flops = step_tokens * flops_per_token(shape, cfg.data.vocab_size, cfg.model.sequence_len, cfg.model.arch)
+    seconds = cfg.logging.every_steps * step_flops / (cfg.cluster.nodes * cfg.cluster.gpus_per_node * peak * mfu)
+    grace = cfg.cluster.stop_grace_seconds
+    return {
+        "every_steps": cfg.logging.every_steps,
+        "seconds": seconds,
+        "grace_seconds": grace,
+        "tight": seconds > grace / 2,
     }
 
 
@@ -155,6 +175,13 @@ def render(r: dict) -> str:
         f"  {t['nodes']:5d} {t['gpus']:5d} {t['hours']:9.2f} {t['gpu_hours']:10.1f}"
         + ("" if t["layout_fits"] else f"   ({grid})")
         for t in r["time"]
+    ]
+    stop = r["stop"]
+    lines += [
+        "",
+        f"after a stop signal: up to logging.every_steps={stop['every_steps']} steps (about {stop['seconds']:.0f} s), "
+        f"then the save, within cluster.stop_grace_seconds={stop['grace_seconds']}"
+        + ("   <- tight: lower logging.every_steps or raise the grace" if stop["tight"] else ""),
     ]
     return "\n".join(lines + [""] + render_rows(**r["scaling"]))
 

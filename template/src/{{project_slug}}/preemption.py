@@ -1,13 +1,16 @@
-"""Preemption: SIGTERM or SIGUSR1 asks the job to save at the next step boundary, then exit.
+"""Preemption: SIGTERM or SIGUSR1 asks the job to save at the next logging step, then exit.
 
 Who sends them: Kubernetes on pod deletion (SIGTERM, then SIGKILL after the grace period), Slurm
 before the time limit (`--signal=USR1@N`) and on `scancel`/`scontrol requeue` (SIGTERM), TI-ONE
 when a task is stopped, torchrun when it is told to stop (it forwards the signal to every rank and
 kills them `cluster.stop_grace_seconds` later).
 
-A signal may reach only some ranks, so every rank sets a local flag and the ranks agree at each
-step boundary (one all-reduce of one number on a CPU group): all of them save the same step and
-leave together.
+A signal may reach only some ranks, so every rank sets a local flag and the ranks agree (one
+all-reduce of one number on a CPU group) at each logging or checkpoint step (train.py): all of them
+save the same step and leave together. Only those steps, which wait for the device anyway, hold the
+agreement, so the steps between them keep the host queueing work ahead; the price is the reaction
+time: a stop is acted on at most logging.every_steps steps after the signal, and
+cluster.stop_grace_seconds has to cover those steps and the save.
 Rank 0 then records output_dir/preempted.json, which the node supervisor reads to exit with
 EXIT_PREEMPTED instead of torchrun's generic failure.
 
@@ -101,8 +104,7 @@ class StopRequest:
         self.signal_name: str | None = None
         self.grace_seconds = grace_seconds
         self.alarm_set = False
-        # The flag travels over a CPU (Gloo) group: an all-reduce on the GPU would need .item() every
-        # step, a host sync that stops the CPU from queueing the next step's kernels ahead.
+        # The flag travels over a CPU (Gloo) group: reading it waits for the other ranks, never for the GPU.
         self.group = None
         if dist.is_initialized() and dist.get_backend() != "gloo":
             self.group = dist.new_group(backend="gloo")
@@ -118,7 +120,8 @@ class StopRequest:
             self.alarm_set = True
 
     def agreed(self) -> bool:
-        """Collective: True on every rank when any rank caught a stop signal."""
+        """Collective: True on every rank when any rank caught a stop signal. Every rank has to call
+        it at the same steps: train.py calls it at logging and checkpoint steps."""
         import torch  # here, not at the top: the launchers read the marker without torch
         import torch.distributed as dist
 

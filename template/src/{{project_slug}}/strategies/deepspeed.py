@@ -25,6 +25,7 @@ computes the same number here and clips by it, as DDP does (grad_norm.py): all l
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from contextlib import nullcontext
@@ -194,6 +195,16 @@ def refuse_unsupported_precision(ds_config: dict, device: torch.device, dtype: s
             )
 
 
+def norm_tensor(norm) -> torch.Tensor:
+    """DeepSpeed's gradient norm as a tensor, without reading it: ZeRO 1-3 and the bf16 wrapper keep it
+    on the device, and train.py reads it on logging steps only; a float DeepSpeed has read already
+    (its fp16 wrapper, an overflowed step) is wrapped; None, where it computes none (the pipeline at
+    ZeRO 0 in fp32), is NaN."""
+    if torch.is_tensor(norm):
+        return norm.detach().float()
+    return torch.tensor(math.nan if norm is None else norm, dtype=torch.float32)
+
+
 def current_loss_scale(optimizer) -> float:
     """The loss scale of DeepSpeed's fp16 optimizer (its fp16 and ZeRO wrappers keep it in different places)."""
     config = getattr(optimizer, "loss_scale_config", None)
@@ -265,8 +276,7 @@ class DeepSpeedStrategy:
     def step(self) -> torch.Tensor:
         """The update already happened in the last backward; returns the norm before clipping, the
         one the gradients were clipped by."""
-        norm = self._grad_norm if self.clips_itself else self.engine.get_global_grad_norm()
-        return torch.as_tensor(float(norm))
+        return norm_tensor(self._grad_norm if self.clips_itself else self.engine.get_global_grad_norm())
 
     def loss_scaling(self) -> dict:
         """{"loss_scale", "skipped"} under fp16 (skipped: steps of the run so far); {} otherwise."""

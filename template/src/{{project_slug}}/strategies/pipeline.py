@@ -34,6 +34,7 @@ from .deepspeed import (
     deepspeed_config,
     import_deepspeed,
     load_model_states,
+    norm_tensor,
     refuse_unsupported_precision,
     trained_state,
 )
@@ -178,8 +179,7 @@ class PipelineStrategy(DeepSpeedStrategy):
     def train_batch(self, batches) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over the step's micro batches: (mean loss, gradient norm before clipping)."""
         loss = self.engine.train_batch(data_iter=iter(((x, keys), y) for x, y, keys in batches))
-        norm = self.engine.get_global_grad_norm()
-        return loss.detach().float(), torch.as_tensor(float(norm if norm is not None else math.nan))
+        return loss.detach().float(), norm_tensor(self.engine.get_global_grad_norm())
 
     @torch.no_grad()
     def evaluate(self, data, micro_batch: int, num_batches: int) -> dict:
