@@ -22,6 +22,7 @@ from ..config import Config, ConfigError
 from ..distributed import DistInfo, print0, resolve_precision, share_from_main
 from ..precision import INITIAL_SCALE_POWER, SCALE_WINDOW
 from ..unrecoverable import raise_on_every_rank
+from . import compiled
 from .grad_norm import clip_gradients
 from .param_groups import param_groups
 
@@ -58,7 +59,8 @@ class DDPStrategy:
         )
         self.skipped = torch.zeros((), dtype=torch.long, device=info.device)  # steps the scaler skipped
         # compile first, then DDP: DDP's bucketing hooks see the compiled module's parameters.
-        runnable = torch.compile(model) if cfg.run.compile and info.device.type == "cuda" else model
+        self.compiled, self.compile_note = compiled(cfg, info.device)
+        runnable = torch.compile(model) if self.compiled else model
         if info.world_size > 1:
             device = info.device
             # The gradients are views into DDP's all-reduce buckets: no copy between them each step,
@@ -69,7 +71,7 @@ class DDPStrategy:
         self.runnable = runnable
 
     def describe(self) -> str:
-        return "strategy ddp"
+        return f"strategy ddp, {self.compile_note}"
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:

@@ -38,6 +38,7 @@ from ..config import Config, ConfigError
 from ..distributed import DistInfo, barrier, gather_objects, print0, resolve_precision, share_from_main
 from ..precision import HYSTERESIS, INITIAL_SCALE_POWER, MIN_LOSS_SCALE, SCALE_WINDOW, fp16_zero0_refusal
 from ..unrecoverable import raise_on_every_rank
+from . import compiled
 from .grad_norm import clip_gradients
 from .param_groups import param_groups
 
@@ -227,6 +228,9 @@ class DeepSpeedStrategy:
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, model_parameters=param_groups(model, cfg.optim.weight_decay), config=self.ds_config
         )
+        self.compiled, self.compile_note = compiled(cfg, info.device)
+        if self.compiled:
+            self.engine.compile()  # the engine's module, compiled in place (its ZeRO hooks stay outside the graphs)
         self.runnable = self.engine
         self.module = self.engine.module  # evaluation runs on it (ZeRO-3 hooks gather the weights)
         self._grad_norm = None
@@ -253,7 +257,8 @@ class DeepSpeedStrategy:
     def describe(self) -> str:
         ds = self.cfg.deepspeed
         offload = [n for n, on in (("optimizer", ds.offload_optimizer), ("params", ds.offload_params)) if on]
-        return f"strategy deepspeed ZeRO {ds.zero_stage}" + (f", offload {'+'.join(offload)} to cpu" if offload else "")
+        offloaded = f", offload {'+'.join(offload)} to cpu" if offload else ""
+        return f"strategy deepspeed ZeRO {ds.zero_stage}{offloaded}, {self.compile_note}"
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:

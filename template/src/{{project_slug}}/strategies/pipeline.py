@@ -29,6 +29,7 @@ from ..distributed import DistInfo
 from ..models.gpt3 import GPT3, Block, Embedding, FinalNorm, gpt3_config, head_logits, lm_loss
 from ..models.sample_dropout import samples
 from ..sizes import model_shape
+from . import compiled
 from .deepspeed import (
     DeepSpeedStrategy,
     deepspeed_config,
@@ -163,6 +164,10 @@ class PipelineStrategy(DeepSpeedStrategy):
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=module, model_parameters=param_groups(module, cfg.optim.weight_decay), config=self.ds_config
         )
+        self.compiled, self.compile_note = compiled(cfg, info.device)
+        if self.compiled:
+            self.compile_note = "compiled per layer (the pipeline schedule between them eager)"
+            self.engine.compile()  # DeepSpeed compiles each layer of this stage in place
         self.runnable = self.module = None  # no single-process forward: the stages hold parts
 
     def resume(self, ckpt_dir: Path, allowed: bool) -> int:
@@ -173,7 +178,7 @@ class PipelineStrategy(DeepSpeedStrategy):
         tp, pp = self.cfg.parallel.tensor, self.cfg.parallel.pipeline
         return (
             f"pipeline {pp} x tensor {tp} x data {self.data_parallel_size} (DeepSpeed pipeline engine, "
-            f"ZeRO {self.cfg.deepspeed.zero_stage}), stage {self.engine.stage_id}"
+            f"ZeRO {self.cfg.deepspeed.zero_stage}), stage {self.engine.stage_id}, {self.compile_note}"
         )
 
     def train_batch(self, batches) -> tuple[torch.Tensor, torch.Tensor]:
