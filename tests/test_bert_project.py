@@ -1,5 +1,6 @@
-"""model=bert projects: transformers is a dependency, tests/test_bert.py is rendered, and it passes
-(tiny BERT with DDP and DeepSpeed ZeRO-3 on 2 CPU processes, eval, fill-mask, local fine-tuning).
+"""model=bert projects: transformers is a dependency, tests/test_bert.py and test_bert_input.py are
+rendered, and they pass (tiny BERT with DDP and DeepSpeed ZeRO-3 on 2 CPU processes, eval,
+fill-mask, local fine-tuning; the masking recipe and its time per micro batch).
 
 test_bert.py pins run.strategy in every run it makes, so it is run once, in the ZeRO-3 render; the
 DDP render is checked for what its answers change (its config, its files, `check`).
@@ -28,7 +29,7 @@ def bert_project(tmp_path, name, **answers):
     )
     deps = tomllib.loads((project / "pyproject.toml").read_text())["project"]
     assert any(d.startswith("transformers>=") for d in deps["dependencies"]), deps["dependencies"]
-    assert (project / "tests" / "test_bert.py").is_file()
+    assert (project / "tests" / "test_bert.py").is_file() and (project / "tests" / "test_bert_input.py").is_file()
     return project, yaml.safe_load((project / "config/train.yaml").read_text())
 
 
@@ -36,8 +37,8 @@ def test_bert_deepspeed_zero3_project_own_tests_pass(tmp_path):
     project, train = bert_project(tmp_path, "zero3", strategy="deepspeed", zero_stage=3)
     assert train["model"]["arch"] == "bert" and train["model"]["size"] == "tiny" and train["model"]["pretrained"] == ""
     assert train["run"]["strategy"] == "deepspeed" and train["deepspeed"]["zero_stage"] == 3
-    log = run_project_suite(project, "tests/test_bert.py", name="bert-zero3-project")
-    assert "14 passed" in log.splitlines()[-1], log[-2000:]
+    log = run_project_suite(project, "tests/test_bert.py", "tests/test_bert_input.py", name="bert-zero3-project")
+    assert "21 passed" in log.splitlines()[-1], log[-2000:]
 
 
 def test_bert_ddp_project_is_a_ddp_project_that_checks(tmp_path):
@@ -57,3 +58,4 @@ def test_gpt_project_has_no_bert_parts(default_project):
     assert not any(d.startswith("transformers") for d in deps["dependencies"])
     assert deps["optional-dependencies"]["bert"] == ["transformers>=4.46"]
     assert not (default_project / "tests" / "test_bert.py").exists()
+    assert not (default_project / "tests" / "test_bert_input.py").exists()

@@ -58,6 +58,7 @@ LAYERS = {
         "encode_parts",
         "encode_workers",
         "mlm_data",
+        "prefetch",
         "splits",
         "checkpoint",
     },  # torch building blocks

@@ -10,16 +10,18 @@ Each rank reads its own slice of every global batch; the stream position follows
 so a resumed run reads exactly the data it would have read.
 
 Faults: a resume restores every rank's state (checkpoint.py), so the run continues bit for bit
-as if never stopped; SIGTERM/SIGUSR1 make all ranks save at the next step boundary and exit with
-EXIT_PREEMPTED (preemption.py); torchrun's --max-restarts brings a crashed rank back, which then
-resumes from the latest intact checkpoint. Before anything is written, rank 0 claims the output
-folder for this job (run_lock.py) and refuses a folder that holds another run or lacks room for
-the next checkpoint (checkpoint_files.refuse_to_start); every rank follows its verdict.
+as if never stopped; SIGTERM/SIGUSR1 make all ranks save at the next logging or checkpoint step
+(at most logging.every_steps steps later) and exit with EXIT_PREEMPTED (preemption.py); torchrun's
+--max-restarts brings a crashed rank back, which then resumes from the latest intact checkpoint.
+Before anything is written, rank 0 claims the output folder for this job (run_lock.py) and refuses
+a folder that holds another run or lacks room for the next checkpoint
+(checkpoint_files.refuse_to_start); every rank follows its verdict.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import time
@@ -27,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint, checkpoint_files, faults, preemption, run_lock
+from . import checkpoint, checkpoint_files, faults, preemption, prefetch, run_lock
 from .config import Config, ConfigError, save_config
 from .data import TokenData, data_fingerprint, load_tokenizer, micro_batch_start, read_meta, token_byte_lengths
 from .distributed import (
@@ -60,14 +62,16 @@ def lr_at(step: int, cfg: Config) -> float:
     return peak * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def micro_batches(data: TokenData, step: int, accum: int, data_rank: int, b, seed: int, device: torch.device):
+def micro_batches(data: TokenData, step: int, accum: int, data_rank: int, b, seed: int) -> list[tuple]:
     """The (inputs, targets, dropout keys) micro batches of one optimizer step for one data-parallel
-    rank; the keys name the samples by their place in the stream (models/sample_dropout.py)."""
+    rank, on the CPU (prefetch.py reads them ahead and moves them); the keys name the samples by
+    their place in the stream (models/sample_dropout.py)."""
+    batches = []
     for micro in range(accum):
         first = micro_batch_start(step, micro, data_rank, b.global_batch_size, b.micro_batch_size, accum)
         x, y = data.batch(first, b.micro_batch_size)
-        keys = sample_keys(seed, step, first, b.micro_batch_size, device)
-        yield x.to(device, non_blocking=True), y.to(device, non_blocking=True), keys
+        batches.append((x, y, sample_keys(seed, step, first, b.micro_batch_size)))
+    return batches
 
 
 def run_training(cfg: Config) -> int:
@@ -169,11 +173,14 @@ def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | N
     # Records after the checkpoint's step were written by the attempt that died: they are redone.
     logger = MetricsLogger(out, info.is_main, cfg.logging.tensorboard, resume_step=start_step)
     window_start, window_steps = time.perf_counter(), 0
-    for step in range(start_step, s.max_steps):
+    # The next steps' batches are read on a thread while this one computes; leaving the loop stops it.
+    load = functools.partial(
+        micro_batches, train_data, accum=accum, data_rank=strategy.data_rank, b=b, seed=cfg.run.seed
+    )
+    for step, batches in prefetch.steps(load, range(start_step, s.max_steps), device):
         faults.before_step(info.rank, step)
         lr = lr_at(step, cfg)
         strategy.set_lr(lr)
-        batches = micro_batches(train_data, step, accum, strategy.data_rank, b, cfg.run.seed, device)
         if strategy.consumes_batches:  # a pipeline engine schedules the micro batches over its stages itself
             loss_sum, grad_norm = strategy.train_batch(batches)
             loss_sum = loss_sum * accum
@@ -190,7 +197,10 @@ def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | N
         done, window_steps = step + 1, window_steps + 1
         last = done == s.max_steps
 
-        if done % cfg.logging.every_steps == 0 or last:
+        # Only a logging step waits for the device (its .item() calls): between two of them the host
+        # queues work ahead and the losses and norms stay on the device.
+        logged = done % cfg.logging.every_steps == 0 or last
+        if logged:
             loss_value = all_reduce_mean(loss_sum / accum).item()  # .item() also waits for the GPU
             step_time = (time.perf_counter() - window_start) / window_steps
             record = {
@@ -225,7 +235,9 @@ def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | N
             save(done)
             window_start, window_steps = time.perf_counter(), 0
 
-        if not last and stop.agreed():  # a collective: every rank leaves at the same step
+        # A collective that waits for every rank: held at the logging steps, which wait for the device
+        # anyway (every rank knows which they are), and at checkpoints, which would save again otherwise.
+        if not last and (logged or saved) and stop.agreed():
             if not saved:
                 save(done)
             if info.is_main:

@@ -28,9 +28,9 @@ MLM_PROBABILITY = 0.15  # share of positions predicted (BERT's 15%; of those 80%
 
 
 def predictions_per_sequence(sequence_len: int) -> int:
-    """How many positions of a sequence are predicted at most (BERT's num_to_predict): the masking
-    picks this many where it can, and the loss gathers this many per row, a shape fixed by the
-    sequence length alone (no graph break, no host sync)."""
+    """Positions predicted in every sequence (BERT's num_to_predict, max_predictions_per_seq at 15% of
+    the length): mlm_data.py masks this many where a row has as many non-special tokens, and the
+    loss gathers this many per row, a shape fixed by the length alone (no graph break, no host sync)."""
     return max(1, round(sequence_len * MLM_PROBABILITY))
 
 

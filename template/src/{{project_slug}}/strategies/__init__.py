@@ -16,18 +16,6 @@ from ..distributed import DistInfo
 from ..models import build_model
 
 
-def compiled(cfg: Config, device) -> tuple[bool, str]:
-    """Whether the strategy compiles the model, and what the run's first line says of it: every
-    strategy compiles on CUDA (DDP the module before wrapping it, DeepSpeed its engine's module, the
-    pipeline each of its stage's layers, the schedule between them eager); CPU runs stay eager
-    (the tests' runs: Inductor's C++ build would cost each process minutes)."""
-    if not cfg.run.compile:
-        return False, "eager (run.compile=false)"
-    if device.type != "cuda":
-        return False, f"eager on {device.type} (run.compile applies on CUDA)"
-    return True, "compiled"
-
-
 def build_strategy(cfg: Config, info: DistInfo, vocab_size: int, accum: int):
     """The model, built and wrapped by the strategy for cfg.run.strategy (and parallel.* for gpt3).
     The strategy has num_params and flops_per_token of the whole model (ZeRO-3 and pipelines

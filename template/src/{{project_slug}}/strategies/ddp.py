@@ -22,7 +22,7 @@ from ..config import Config, ConfigError
 from ..distributed import DistInfo, print0, resolve_precision, share_from_main
 from ..precision import INITIAL_SCALE_POWER, SCALE_WINDOW
 from ..unrecoverable import raise_on_every_rank
-from . import compiled
+from .compilation import compiled
 from .grad_norm import clip_gradients
 from .param_groups import param_groups
 

@@ -38,7 +38,7 @@ from ..config import Config, ConfigError
 from ..distributed import DistInfo, barrier, gather_objects, print0, resolve_precision, share_from_main
 from ..precision import HYSTERESIS, INITIAL_SCALE_POWER, MIN_LOSS_SCALE, SCALE_WINDOW, fp16_zero0_refusal
 from ..unrecoverable import raise_on_every_rank
-from . import compiled
+from .compilation import compiled
 from .grad_norm import clip_gradients
 from .param_groups import param_groups
 

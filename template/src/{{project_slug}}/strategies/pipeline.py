@@ -29,7 +29,7 @@ from ..distributed import DistInfo
 from ..models.gpt3 import GPT3, Block, Embedding, FinalNorm, gpt3_config, head_logits, lm_loss
 from ..models.sample_dropout import samples
 from ..sizes import model_shape
-from . import compiled
+from .compilation import compiled
 from .deepspeed import (
     DeepSpeedStrategy,
     deepspeed_config,
