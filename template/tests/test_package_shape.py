@@ -58,7 +58,7 @@ LAYERS = {
         "encode_parts",
         "encode_workers",
         "mlm_data",
-        "prefetch",
+        "training",
         "splits",
         "checkpoint",
     },  # torch building blocks

@@ -1,4 +1,4 @@
-"""prefetch.py: the next steps' batches read on a thread, in order, and the thread gone however
+"""training/prefetch.py: the next steps' batches read on a thread, in order, and the thread gone however
 the loop ends; a failure in the thread arrives on the main thread as it was raised.
 
     python -m pytest -q tests/test_prefetch.py      # a second
@@ -23,7 +23,7 @@ def prefetch_threads() -> list[threading.Thread]:
 
 def test_batches_arrive_in_order_on_the_device(pkg):
     seen = []
-    for step, batches in pkg.prefetch.steps(load_step, range(3, 7), torch.device("cpu")):
+    for step, batches in pkg.module("training.prefetch").steps(load_step, range(3, 7), torch.device("cpu")):
         seen += [(step, *batch[0].tolist()) for batch in batches]
     assert seen == [(step, step, micro) for step in range(3, 7) for micro in range(2)]
     assert not prefetch_threads()
@@ -33,7 +33,7 @@ def test_leaving_the_loop_stops_the_thread(pkg):
     """A return (preemption) or an exception out of the loop drops the iterator: the thread is joined."""
 
     def train(fail: bool) -> int:
-        for step, batches in pkg.prefetch.steps(load_step, range(1000), torch.device("cpu")):
+        for step, batches in pkg.module("training.prefetch").steps(load_step, range(1000), torch.device("cpu")):
             list(batches)
             if step == 3:
                 if fail:
@@ -57,7 +57,7 @@ def test_a_data_error_in_the_thread_is_raised_at_its_step(pkg):
         return load_step(step)
 
     with pytest.raises(config_error) as raised:
-        for step, batches in pkg.prefetch.steps(load, range(5), torch.device("cpu")):
+        for step, batches in pkg.module("training.prefetch").steps(load, range(5), torch.device("cpu")):
             list(batches)
             done.append(step)
     assert done == [0, 1]  # the steps before it ran as usual
@@ -68,6 +68,6 @@ def test_a_data_error_in_the_thread_is_raised_at_its_step(pkg):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="pinning needs CUDA")
 def test_cuda_batches_arrive_on_the_device(pkg):
     device = torch.device("cuda", torch.cuda.current_device())
-    for _, batches in pkg.prefetch.steps(load_step, range(2), device):
+    for _, batches in pkg.module("training.prefetch").steps(load_step, range(2), device):
         assert all(batch[0].device == device for batch in batches)
     assert not prefetch_threads()

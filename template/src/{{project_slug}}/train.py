@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint, checkpoint_files, faults, preemption, prefetch, run_lock
+from . import checkpoint, checkpoint_files, faults, preemption, run_lock
 from .config import Config, ConfigError, save_config
 from .data import TokenData, data_fingerprint, load_tokenizer, micro_batch_start, read_meta, token_byte_lengths
 from .distributed import (
@@ -50,6 +50,7 @@ from .models.sample_dropout import sample_keys, samples
 from .rules import at_world_size, require_valid, resolve_grad_accum, scaling_note
 from .splits import open_split
 from .strategies import build_strategy
+from .training import prefetch
 from .unrecoverable import SharedFailure, raise_on_every_rank
 
 
@@ -64,7 +65,7 @@ def lr_at(step: int, cfg: Config) -> float:
 
 def micro_batches(data: TokenData, step: int, accum: int, data_rank: int, b, seed: int) -> list[tuple]:
     """The (inputs, targets, dropout keys) micro batches of one optimizer step for one data-parallel
-    rank, on the CPU (prefetch.py reads them ahead and moves them); the keys name the samples by
+    rank, on the CPU (training/prefetch.py reads them ahead and moves them); the keys name the samples by
     their place in the stream (models/sample_dropout.py)."""
     batches = []
     for micro in range(accum):

@@ -129,7 +129,7 @@ class BertMLM(nn.Module):
         # The vocabulary projection only where a token is predicted: the (at most) K predicted
         # positions of each row, in order, then unpredicted ones (label -100) up to K. A fixed shape:
         # boolean indexing would break a compiled graph and wait for the GPU twice per micro batch.
-        k = min(predictions_per_sequence(labels.size(1)), labels.size(1))
+        k = predictions_per_sequence(labels.size(1))  # at most the length: round(0.15 T) <= T
         rows = torch.sort(picked.to(torch.uint8), dim=1, descending=True, stable=True).indices[:, :k]
         gathered = hidden.gather(1, rows.unsqueeze(-1).expand(-1, -1, hidden.size(-1)))
         logits = self.mlm.cls(gathered).float()
