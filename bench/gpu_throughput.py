@@ -38,7 +38,7 @@ template revision and each row's MFU goal (one H100, bf16: GPT d12 >= 45%, d20 >
 >= 40%, BERT-large >= 40%) marked met or not, to --out (default bench/results/gpu-<date>.md).
 
     bash bench/run_gpu_bench.sh                             # fresh GPU machine: venv, install, every row
-    python bench/gpu_throughput.py                          # every row (not yet timed on a GPU)
+    python bench/gpu_throughput.py                          # every row (first timed on an H200: bench/README.md)
     python bench/gpu_throughput.py --only gpt3 --steps 30   # rows whose name contains "gpt3"
     python bench/gpu_throughput.py --cpu-smoke              # tiny sizes on CPU: checks the script runs
 
@@ -189,9 +189,10 @@ def compiled_frames(log: str) -> list[str]:
 
 
 def last_message(text: str) -> str:
-    """The last line of a failed row's output that is not one of torch's log lines."""
+    """The last error line of a failed row's output (else its last line), torch's log lines aside."""
     lines = [line for line in text.strip().splitlines() if line.strip() and not TORCH_LOG_LINE.match(line)]
-    return lines[-1][:300] if lines else "(no output)"
+    errors = [line for line in lines if re.search(r"\w(Error|Exception)\b|^error:", line.removeprefix("[rank0]: "))]
+    return (errors or lines or ["(no output)"])[-1][:300]
 
 
 def steady_median(values: list[float]) -> float:
@@ -570,7 +571,7 @@ def main() -> None:
         print(note, flush=True)
 
     model_only = ""
-    if not args.cpu_smoke and "gpt d12" in args.only + "gpt d12":
+    if not args.cpu_smoke and "gpt d12" in rows:
         print("\nGPT d12, model only, ours vs transformers' GPT2LMHeadModel (bench/gpt_vs_hf.py):", flush=True)
         cmd = [sys.executable, str(Path(__file__).with_name("gpt_vs_hf.py")), "--project", str(project),
                "--size", "d12", "--vocab", "8192", "--seq", "1024", "--batch", "32", "--steps", "30"]  # fmt: skip

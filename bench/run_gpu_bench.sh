@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU throughput bench on a fresh GPU machine, unattended, in one command:
 #
-#   bash bench/run_gpu_bench.sh                    # every row of bench/gpu_throughput.py (not yet timed on a GPU)
+#   bash bench/run_gpu_bench.sh                    # every row of bench/gpu_throughput.py (H200 figures: bench/README.md)
 #   bash bench/run_gpu_bench.sh --only bert        # options go to gpu_throughput.py (--steps, --no-compile, ...)
 #
 # Needs Python 3.10+ with venv and pip, git (copier reads the template with it; the results name the

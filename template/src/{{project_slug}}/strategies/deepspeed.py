@@ -57,6 +57,16 @@ def import_deepspeed():
     return deepspeed
 
 
+def zero_compiled(cfg: Config, device) -> tuple[bool, str]:
+    """compiled() for a ZeRO stage: stage 3 stays eager, since its partitioned weights are empty
+    tensors outside the hooks that gather them, which torch.compile cannot trace (on an H200 the
+    trace failed on a (0,)-shaped weight)."""
+    on, note = compiled(cfg, device)
+    if on and cfg.deepspeed.zero_stage == 3:
+        return False, "eager (ZeRO-3's partitioned weights cannot be traced by torch.compile)"
+    return on, note
+
+
 def clipped_by_strategy(zero_stage: int, precision: str) -> bool:
     """ZeRO 0 in fp32: the strategy clips, with the norm DDP and ZeRO 1-3 use (grad_norm.py: each
     gradient's norm in fp64); DeepSpeed's own clip there takes them in fp32 (1e-5 off on a CPU) and
@@ -228,7 +238,7 @@ class DeepSpeedStrategy:
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, model_parameters=param_groups(model, cfg.optim.weight_decay), config=self.ds_config
         )
-        self.compiled, self.compile_note = compiled(cfg, info.device)
+        self.compiled, self.compile_note = zero_compiled(cfg, info.device)
         if self.compiled:
             self.engine.compile()  # the engine's module, compiled in place (its ZeRO hooks stay outside the graphs)
         self.runnable = self.engine
