@@ -79,7 +79,7 @@ def _agree_worker(rank: int, port: int, calls: int, src: str, slug: str, result_
 
     import torch.distributed as dist
 
-    preemption = importlib.import_module(f"{slug}.preemption")
+    preemption = importlib.import_module(f"{slug}.training.preemption")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     stop = preemption.StopRequest()
     for _ in range(20):
@@ -114,7 +114,9 @@ def save_seconds(slug: str, size: str, saves: int, folder: Path) -> tuple[float,
 
     import torch
 
-    config, models, checkpoint = (importlib.import_module(f"{slug}.{m}") for m in ("config", "models", "checkpoint"))
+    config, models, checkpoint = (
+        importlib.import_module(f"{slug}.{m}") for m in ("settings.config", "models", "runtime.checkpoint")
+    )
     empty = folder / "empty.yaml"
     folder.mkdir(parents=True, exist_ok=True)
     empty.write_text("")

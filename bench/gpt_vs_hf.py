@@ -157,7 +157,7 @@ def import_project(project: Path):
             "generate the project under another name"
         )
     sys.path.insert(0, str(src))
-    mods = [importlib.import_module(f"{slug}.{name}") for name in ("models.gpt", "rules", "metrics")]
+    mods = [importlib.import_module(f"{slug}.{name}") for name in ("models.gpt", "settings.rules", "training.metrics")]
     origin = Path(sys.modules[slug].__file__).resolve().parent
     if origin != (src / slug).resolve():
         raise RuntimeError(f"import {slug} found {origin}, not {src / slug}: a name clash on sys.path")

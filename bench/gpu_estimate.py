@@ -312,7 +312,9 @@ def import_project(project: Path):
         raise RuntimeError(f"expected exactly one src/<package>/models/gpt.py under {project}, found {len(found)}")
     src, slug = found[0].parents[2], found[0].parents[1].name
     sys.path.insert(0, str(src))
-    return [importlib.import_module(f"{slug}.{name}") for name in ("models", "config", "models.sample_dropout")]
+    return [
+        importlib.import_module(f"{slug}.{name}") for name in ("models", "settings.config", "models.sample_dropout")
+    ]
 
 
 def build_ours(models, config_mod, run: Run, dropout: float | None, attention_dropout: float | None):

@@ -265,8 +265,8 @@ def bert_plain_loop(
 
     # The project's own definitions: K per row, the shape of a size, FLOPs per token, peak FLOP/s.
     bert = importlib.import_module(f"{package}.models.bert")
-    sizes = importlib.import_module(f"{package}.sizes")
-    metrics = importlib.import_module(f"{package}.metrics")
+    sizes = importlib.import_module(f"{package}.settings.sizes")
+    metrics = importlib.import_module(f"{package}.training.metrics")
     transformers = bert.import_transformers()  # offline: the model is built from a config, nothing downloads
     shape = sizes.model_shape(size, None, "bert")
     config = transformers.BertConfig(
@@ -303,7 +303,7 @@ def bert_plain_loop(
 
     module = PredictedPositionsLoss(mlm).train()
     runnable = torch.compile(module) if compile and cuda else module  # the project's rule: CUDA only
-    optim = importlib.import_module(f"{package}.config").OptimConfig()
+    optim = importlib.import_module(f"{package}.settings.config").OptimConfig()
     params = list(mlm.parameters())
     opt = torch.optim.AdamW(
         params,
@@ -488,7 +488,7 @@ def main() -> None:
     project = args.project or work / "project"
     if args.project is None:
         render_project(project, "HEAD")
-    package = next((project / "src").glob("*/train.py")).parent.name
+    package = next((project / "src").glob("*/cli.py")).parent.name
     all_rows = CPU_SMOKE if args.cpu_smoke else GPU_ROWS
     rows = {name: row for name, row in all_rows.items() if args.only in name}
     if not rows:

@@ -154,7 +154,7 @@ def main() -> None:
     if project is None:
         project = work / "project"
         render_project(project, "HEAD")
-    package = next((project / "src").glob("*/prepare_data.py")).parent.name
+    package = next((project / "src").glob("*/cli.py")).parent.name
     data = work / "data"
     (data / "raw").mkdir(parents=True)
     if args.corpus is None:

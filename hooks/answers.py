@@ -88,7 +88,8 @@ def package():
         module = importlib.util.module_from_spec(spec)
         sys.modules[PACKAGE] = module
         spec.loader.exec_module(module)
-    return {name: importlib.import_module(f"{PACKAGE}.{name}") for name in ("config", "rules", "fit", "sizes")}
+    modules = {"config": "settings.config", "rules": "settings.rules", "fit": "planning.fit", "sizes": "settings.sizes"}
+    return {name: importlib.import_module(f"{PACKAGE}.{module}") for name, module in modules.items()}
 
 
 # --- copier.yml: questions, their order, their defaults ---------------------------------------------

@@ -154,7 +154,7 @@ def test_copier_layout_table_equals_the_package_table():
         for name, row in questions["gpt3_layouts"]["default"].items()
         if name != "custom"
     }
-    source = (TEMPLATE / "template" / "src" / "{{project_slug}}" / "sizes.py").read_text()
+    source = (TEMPLATE / "template" / "src" / "{{project_slug}}" / "settings" / "sizes.py").read_text()
     tree = ast.parse(source)
     table = next(
         ast.literal_eval(node.value)
@@ -171,7 +171,7 @@ def test_copier_gpu_types_are_the_package_gpus(monkeypatch):
 
     questions = yaml.safe_load((TEMPLATE / "copier.yml").read_text())
     spec = importlib.util.spec_from_file_location(
-        "gpus_under_test", TEMPLATE / "template" / "src" / "{{project_slug}}" / "gpus.py"
+        "gpus_under_test", TEMPLATE / "template" / "src" / "{{project_slug}}" / "settings" / "gpus.py"
     )
     gpus = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, gpus)  # dataclasses look their module up there

@@ -327,6 +327,15 @@ def template_at(commit: str, dst: Path) -> Path:
     return dst
 
 
+def release_today(tpl: Path, message: str) -> None:
+    """The template of today, committed over an older one in the same repository as its next release."""
+    for child in tpl.iterdir():
+        if child.name != ".git":
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+    snapshot_template(tpl)
+    commit_all(tpl, message, tag="v0.2.0")
+
+
 def test_update_across_the_launch_package_move_keeps_user_edits(tmp_path):
     """A project made when the launch code was flat modules: `copier update` removes them, adds the
     launch/ package, keeps a user edit beside them, and every launch entry point works after it."""
@@ -341,14 +350,11 @@ def test_update_across_the_launch_package_move_keeps_user_edits(tmp_path):
     edit(project / "launch/slurm/train.sbatch", "#SBATCH --requeue\n", "#SBATCH --requeue\n#SBATCH --comment=user\n")
     commit_all(project, "user edits")
 
-    for child in tpl.iterdir():  # the template of today in the same repository, as its next release
-        if child.name != ".git":
-            shutil.rmtree(child) if child.is_dir() else child.unlink()
-    snapshot_template(tpl)
-    commit_all(tpl, "template after the move", tag="v0.2.0")
+    release_today(tpl, "template after the move")
 
     update = copier(project, "update", "--defaults", "--trust", "--conflict", "inline")
     assert update.returncode == 0, update.stdout + update.stderr
+    topology = package / "settings" / "topology.py"  # moved again since; the migration carries the edit
     assert "USER_MARK = 'kept across the move'" in topology.read_text()
     assert "#SBATCH --comment=user" in (project / "launch/slurm/train.sbatch").read_text()
     flat = sorted(p.name for p in package.glob("launch*.py"))
@@ -384,17 +390,20 @@ def test_update_across_the_package_regrouping_keeps_user_edits(tmp_path):
     (package / "my_callbacks.py").write_text('"""A module of the user\'s own."""\n')
     commit_all(project, "user edits")
 
-    for child in tpl.iterdir():  # the template of today in the same repository, as its next release
-        if child.name != ".git":
-            shutil.rmtree(child) if child.is_dir() else child.unlink()
-    snapshot_template(tpl)
-    commit_all(tpl, "template after the regrouping", tag="v0.2.0")
+    release_today(tpl, "template after the regrouping")
 
     update = copier(project, "update", "--defaults", "--trust", "--conflict", "inline")
     assert update.returncode == 0, update.stdout + update.stderr
+    train = package / "training" / "train.py"  # moved since; the migration carries the edit
     assert "USER_MARK = 'kept across the regrouping'" in train.read_text() and "<<<<<<<" not in train.read_text()
     assert (package / "my_callbacks.py").is_file() and not list(project.rglob("*.rej"))
-    for new in ("fit.py", "estimates.py", "gpus.py", "trained_model.py", "strategies/tensor_parallel.py"):
+    for new in (
+        "planning/fit.py",
+        "planning/estimates.py",
+        "settings/gpus.py",
+        "evaluation/trained_model.py",
+        "strategies/tensor_parallel.py",
+    ):
         assert (package / new).is_file(), f"{new} missing after the update"
     assert "deepspeed" not in (package / "models/gpt3.py").read_text()
     (package / "my_callbacks.py").unlink()  # the shape test lists every module; the user's own is not in it
@@ -406,6 +415,63 @@ def test_update_across_the_package_regrouping_keeps_user_edits(tmp_path):
     )
     assert shape.returncode == 0, shape.stdout + shape.stderr
     for command in (["plan"], ["sample", "--help"], ["doctor", "--help"], ["launch", "slurm", "--dry-run"]):
+        proc = run([sys.executable, "-m", SLUG, *command], cwd=project, env=env)
+        assert proc.returncode == 0, f"{' '.join(command)} after the update:\n{proc.stdout}\n{proc.stderr}"
+    assert check(project).returncode == 0
+
+
+# The last commit before the package's modules moved into folders named for their concerns
+# (settings/, data/, runtime/, training/, evaluation/, planning/, cluster/, diagnostics/, image/).
+BEFORE_FOLDERS = "db17459"
+
+
+def test_update_into_concern_folders_carries_edits_in_moved_modules(tmp_path):
+    """A project made when the package was flat: its user's edits in modules that moved (one moved
+    whole, one renamed, one merged into another) and in train.yaml survive `copier update`; the
+    moved module gets the edit merged in, the merged one a patch beside its new home; the package
+    passes its own shape test and runs."""
+    tpl = template_at(BEFORE_FOLDERS, tmp_path / "template")
+    commit_all(tpl, "template before the folders", tag="v0.1.0")
+    project = generate(tmp_path, tpl)
+    package = project / "src" / SLUG
+    assert (package / "sample.py").is_file() and not (package / "evaluation").exists()
+    edit(
+        package / "sample.py",
+        "def add_arguments(",
+        "USER_SAMPLE = 'kept in evaluation/sample.py'\n\n\ndef add_arguments(",
+    )
+    edit(package / "data.py", "def find_data(", "USER_DATA = 'kept in data/tokens.py'\n\n\ndef find_data(")
+    edit(
+        package / "verdicts.py",
+        'OK, WARN, FAIL, NA = "ok", "warn", "FAIL", "n/a"',
+        'OK, WARN, FAIL, NA = "ok", "warn", "FAIL", "n/a"  # mine',
+    )
+    edit(project / "config/train.yaml", "  eval_every_steps: ", "  # the user's note\n  eval_every_steps: ")
+    commit_all(project, "user edits")
+
+    release_today(tpl, "template with concern folders")
+
+    update = copier(project, "update", "--defaults", "--trust", "--conflict", "inline")
+    assert update.returncode == 0, update.stdout + update.stderr
+    assert not (package / "sample.py").exists() and not (package / "data.py").exists()
+    sample = (package / "evaluation" / "sample.py").read_text()
+    assert "USER_SAMPLE = 'kept in evaluation/sample.py'" in sample and "<<<<<<<" not in sample
+    assert "from ..settings.config import" in sample  # the new release's imports, with the user's line
+    tokens = (package / "data" / "tokens.py").read_text()
+    assert "USER_DATA = 'kept in data/tokens.py'" in tokens and "<<<<<<<" not in tokens
+    patch = package / "diagnostics" / "__init__.py.verdicts.diff"
+    assert '"n/a"  # mine' in patch.read_text() and "verdicts.py" in update.stdout + update.stderr
+    assert "  # the user's note\n  eval_every_steps: " in (project / "config/train.yaml").read_text()
+    assert not list(project.rglob("*.rej")) and not (project / ".git" / "moved-module-edits").exists()
+    patch.unlink()
+    env = {"PYTHONPATH": str(project / "src")}
+    shape = run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_package_shape.py"],
+        cwd=project,
+        env=env,
+    )
+    assert shape.returncode == 0, shape.stdout + shape.stderr
+    for command in (["plan"], ["sample", "--help"], ["launch", "slurm", "--dry-run"]):
         proc = run([sys.executable, "-m", SLUG, *command], cwd=project, env=env)
         assert proc.returncode == 0, f"{' '.join(command)} after the update:\n{proc.stdout}\n{proc.stderr}"
     assert check(project).returncode == 0
@@ -438,11 +504,7 @@ def test_update_keeps_older_kubeflow_manifests_then_takes_placement_answers(tmp_
     before = manifests()
     assert set(before) == {"pytorchjob.yaml", "trainjob.yaml", "mpijob.yaml"}
 
-    for child in tpl.iterdir():  # the template of today in the same repository, as its next release
-        if child.name != ".git":
-            shutil.rmtree(child) if child.is_dir() else child.unlink()
-    snapshot_template(tpl)
-    commit_all(tpl, "template with the placement answers", tag="v0.2.0")
+    release_today(tpl, "template with the placement answers")
 
     update = copier(project, "update", "--defaults", "--trust", "--conflict", "inline")
     assert update.returncode == 0, update.stdout + update.stderr

@@ -337,8 +337,8 @@ def test_sample_past_the_context_slides_and_repeats(pkg, cli, run_2proc, demo_da
     assert "--- ''" in empty.stdout and "each new one is read from the last 64" in empty.stdout
     cfg = pkg.config.load_config(None, where)
     model, _, _, _ = pkg.trained_model.load_trained_model(cfg, None, torch.device("cpu"))
-    tok = pkg.data.load_tokenizer(demo_data / "tokenizer.json")
-    ids = [pkg.data.bos_id(tok), *tok.encode(prompt, add_special_tokens=False).ids]
+    tok = pkg.tokens.load_tokenizer(demo_data / "tokenizer.json")
+    ids = [pkg.tokens.bos_id(tok), *tok.encode(prompt, add_special_tokens=False).ids]
     assert len(ids) > 64
     generator = torch.Generator().manual_seed(5)
     new = model.eval().generate(ids, 100, temperature=1.0, top_k=50, generator=generator)

@@ -162,7 +162,7 @@ def test_trained_tokenizer_is_a_function_of_the_text(pkg, arch):
     tokenizer is the same, ids included: nodes or reruns that train their own get the same data.
     WordPiece is the case that needs care (the library numbers its "##" letters in hash order)."""
     texts = pkg.demo_corpus.stdlib_docstrings()[:400]
-    trained = {pkg.data.train_tokenizer(lambda purpose: iter(texts), 600, arch).to_str() for _ in range(3)}
+    trained = {pkg.tokens.train_tokenizer(lambda purpose: iter(texts), 600, arch).to_str() for _ in range(3)}
     assert len(trained) == 1
     vocab = json.loads(trained.pop())["model"]["vocab"]
     assert len(vocab) == 600
@@ -180,8 +180,8 @@ def test_demo_data(demo_data):
 
 def test_token_data_sequences(pkg, demo_data):
     T = 64
-    data = pkg.data.TokenData.open(demo_data, "train", T)
-    meta = pkg.data.read_meta(demo_data)
+    data = pkg.tokens.TokenData.open(demo_data, "train", T)
+    meta = pkg.tokens.read_meta(demo_data)
     assert data.num_sequences == sum((s["tokens"] - 1) // T for s in meta["train"])
     x, y = data.batch(0, 8)
     assert x.shape == y.shape == (8, T)
@@ -197,7 +197,7 @@ def test_token_data_sequences(pkg, demo_data):
 
 def test_too_long_sequences_are_a_clear_error(pkg, demo_data):
     with pytest.raises(pkg.config.ConfigError, match="model.sequence_len"):
-        pkg.data.TokenData.open(demo_data, "val", 10_000_000)
+        pkg.tokens.TokenData.open(demo_data, "val", 10_000_000)
 
 
 def sequences_of_step(pkg, step, world, global_batch, micro):
@@ -205,7 +205,7 @@ def sequences_of_step(pkg, step, world, global_batch, micro):
     out = []
     for rank in range(world):
         for m in range(accum):
-            first = pkg.data.micro_batch_start(step, m, rank, global_batch, micro, accum)
+            first = pkg.tokens.micro_batch_start(step, m, rank, global_batch, micro, accum)
             out += range(first, first + micro)
     return out
 
@@ -217,8 +217,8 @@ def test_global_batch_is_the_same_for_any_world_size(pkg, world, micro):
 
 
 def test_one_rank_with_accum_2_reads_what_two_ranks_read(pkg, demo_data):
-    data = pkg.data.TokenData.open(demo_data, "train", 64)
-    start = pkg.data.micro_batch_start
+    data = pkg.tokens.TokenData.open(demo_data, "train", 64)
+    start = pkg.tokens.micro_batch_start
     for step in (0, 1, 7):
         one_rank = [data.batch(start(step, m, 0, 8, 4, 2), 4)[0] for m in range(2)]
         two_ranks = [data.batch(start(step, 0, r, 8, 4, 1), 4)[0] for r in range(2)]
@@ -228,9 +228,9 @@ def test_one_rank_with_accum_2_reads_what_two_ranks_read(pkg, demo_data):
 
 
 def test_token_byte_lengths(pkg, demo_data):
-    tok = pkg.data.load_tokenizer(demo_data / "tokenizer.json")
-    lengths = pkg.data.token_byte_lengths(tok)
-    assert lengths[pkg.data.bos_id(tok)] == 0
+    tok = pkg.tokens.load_tokenizer(demo_data / "tokenizer.json")
+    lengths = pkg.tokens.token_byte_lengths(tok)
+    assert lengths[pkg.tokens.bos_id(tok)] == 0
     text = "Return the sum of the numbers; naïve 東京."
     ids = tok.encode(text, add_special_tokens=False).ids
     assert int(lengths[ids].sum()) == len(text.encode("utf-8"))

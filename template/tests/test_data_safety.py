@@ -231,9 +231,9 @@ def test_data_prepared_before_fingerprints_gets_one(pkg, demo_data, tmp_path):
     meta = json.loads((copy / "meta.json").read_text())
     stored = meta.pop("fingerprint")
     (copy / "meta.json").write_text(json.dumps(meta))
-    assert pkg.data.data_fingerprint(copy) == stored
+    assert pkg.tokens.data_fingerprint(copy) == stored
     shard = copy / meta["train"][0]["file"]
     data = bytearray(shard.read_bytes())
     data[5] ^= 1  # one token id changed within the sampled head of a shard
     shard.write_bytes(bytes(data))
-    assert pkg.data.data_fingerprint(copy) != stored
+    assert pkg.tokens.data_fingerprint(copy) != stored

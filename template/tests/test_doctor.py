@@ -158,7 +158,7 @@ ROCE_ENV = (
 
 
 def test_apply_nccl_env_keeps_what_the_platform_injected(pkg, tmp_path, monkeypatch):
-    values = pkg.env_files.read_env_file(write(tmp_path / "nccl.env", ROCE_ENV))
+    values = pkg.config.read_env_file(write(tmp_path / "nccl.env", ROCE_ENV))
     for key in values:
         monkeypatch.delenv(key, raising=False)
     monkeypatch.delenv("TRAIN_DEBUG", raising=False)

@@ -166,7 +166,7 @@ def test_global_rank_0_stays_on_node_0_when_node_1_starts_first(cli, demo_data, 
         )
         commands[rank] = torchrun_args(dry.stdout)
         assert flag(commands[rank], "--rdzv-conf") == f"is_host={'true' if rank == 0 else 'false'},node_rank={rank}"
-        assert commands[rank][1:3] == ["-m", f"{cli.package}.rendezvous"], commands[rank]
+        assert commands[rank][1:3] == ["-m", f"{cli.package}.cluster.rendezvous"], commands[rank]
     # What the node supervisor gives its ranks: one job identity across restarts (run_lock.py).
     env = subprocess_env({**SLOW, pkg.run_lock.IDENTITY: f"two-node test at 127.0.0.1:{port}"})
     agents, logs = {}, {rank: tmp_path / f"node{rank}.log" for rank in (0, 1)}

@@ -22,6 +22,6 @@ import pytest
     ],
 )
 def test_push_error_names_the_cause(pkg, registry, message, cause):
-    text = pkg.image.push_error(registry, f"{registry}/run:1", message)
+    text = pkg.module("image.build").push_error(registry, f"{registry}/run:1", message)
     assert text.startswith(f"push of {registry}/run:1 to registry {registry} failed")
     assert cause in text, text

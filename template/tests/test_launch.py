@@ -73,7 +73,7 @@ def test_dry_run_two_nodes_uses_c10d_rendezvous_at_the_master(cli):
     assert flag(args, "--nnodes") == "2" and flag(args, "--rdzv-conf") == "is_host=false,node_rank=1"
     assert flag(args, "--nproc-per-node") == "8" and flag(args, "--max-restarts") == "3"
     assert flag(args, "--rdzv-backend") == "c10d-ordered" and flag(args, "--rdzv-endpoint") == "10.1.2.3:29555"
-    assert args[1:3] == ["-m", f"{cli.package}.rendezvous"]  # torchrun with the ordered c10d registered
+    assert args[1:3] == ["-m", f"{cli.package}.cluster.rendezvous"]  # torchrun with the ordered c10d registered
     assert flag(args, "--local-addr")  # the address on the route to the master, for MASTER_ADDR
     assert args[-6:] == ["-m", cli.package, "train", "--config", "config/train.yaml", "schedule.max_steps=5"]
     assert "node rank           1" in proc.stdout and "10.1.2.3:29555" in proc.stdout

@@ -247,7 +247,7 @@ def test_gradient_norm_is_accumulated_in_fp64_and_clips_to_the_limit(pkg):
     """DDP and DeepSpeed ZeRO 0 clip by strategies/grad_norm.py's norm, taken the way ZeRO 1-3 take
     theirs (each gradient's norm in fp64), so all strategies log and clip by the same number. torch's
     fp32 norm of these gradients is 8e-6 (relative) off on a 2-core x86 CPU."""
-    grad_norm = pkg.module("strategies.grad_norm")
+    grad_norm = pkg.module("strategies.common")
     gen = torch.Generator().manual_seed(0)
     params = [torch.nn.Parameter(torch.zeros(shape)) for shape in ((4096, 256), (256,), (3, 5))]
     for p in params:

@@ -1,9 +1,10 @@
-"""The package's shape, read from its source (nothing is imported): import arrows point down the
-layers below, with no cycles; models/ use no parallel API; modules stay small; the README names them all.
+"""The package's shape, read from its source (nothing is imported): the folders are the layers, every
+import arrow points down them, with no cycles; settings and planning import no torch, models no
+parallel API; no module is a fragment or a sprawl; the README names every module.
 
     python -m pytest -q tests/test_package_shape.py
 
-A new module goes into LAYERS at the lowest layer its imports allow; the test names what breaks.
+A new module goes into the folder of its concern; the test names what breaks.
 """
 
 from __future__ import annotations
@@ -14,76 +15,25 @@ from pathlib import Path
 
 PACKAGE_DIR = next(p.parent for p in (Path(__file__).resolve().parents[1] / "src").glob("*/cli.py"))
 
-# Lowest first. A module may import its own layer and those below, never one above.
-LAYERS = {
-    # plain Python: configuration, the rules between settings, tables, platform variables, and what doctor and
-    # debug-dump read (NCCL's log, the fabric settings, RDMA ports, the local ranks and their stacks)
-    "settings": {
-        "config",
-        "bounds",
-        "sizes",
-        "rules",
-        "gpus",
-        "precision",
-        "estimates",
-        "fit",
-        "scaling",
-        "project",
-        "env_files",
-        "topology",
-        "network",
-        "nccl_env",
-        "nccl_log",
-        "nccl_verdict",
-        "verdicts",
-        "fabric",
-        "rdma",
-        "local_ranks",
-        "rank_stacks",
-        "faults",
-        "preemption",
-        "checkpoint_files",
-        "run_lock",
-        "unrecoverable",
-        "demo_corpus",
-        "progress",
-        "staging",
-    },
-    "blocks": {
-        "distributed",
-        "metrics",
-        "models",
-        "data",
-        "documents",
-        "encode_parts",
-        "encode_workers",
-        "mlm_data",
-        "training",
-        "splits",
-        "checkpoint",
-    },  # torch building blocks
-    "strategies": {"strategies"},  # how a model is spread over processes, and the formats they save
-    "jobs": {"train", "evaluate", "sample", "trained_model", "prepare_data"},  # what runs in a process
-    "commands": {  # what a user or a platform starts
-        "check_project",
-        "plan",
-        "image",
-        "image_plan",
-        "doctor",
-        "node_checks",
-        "allreduce_bench",
-        "debug_dump",
-        "supervise",
-        "torchrun",
-        "rendezvous",
-        "node",
-        "launch",
-        "ray_train",
-    },
-    "entry": {"cli", "__main__", "__init__"},
-}
+# The folders, lowest first. A module may import its own folder and the folders of lower tiers; folders
+# of one tier stay independent of each other. The modules at the top level are the entry, above all.
+TIERS = [
+    ("settings",),  # plain Python: config, bounds, rules, GPUs, sizes, precision, the project's files
+    ("models",),  # one module per family: the nn.Module and what planning asks of it
+    ("planning",),  # memory fit and time, torch-free
+    ("data",),  # prepare-data and the token stream
+    ("runtime",),  # process group, unrecoverable failures, faults, checkpoints
+    ("strategies",),  # DDP, DeepSpeed ZeRO, pipeline and tensor parallel
+    ("evaluation",),  # a trained model loaded, eval, sample
+    ("training",),  # the loop and its parts
+    ("cluster",),  # topology, node launcher, torchrun, rendezvous, supervision, Ray
+    ("launch", "diagnostics", "image"),  # platforms; doctor and debug-dump; the image
+]
+ENTRY = {"__init__", "__main__", "cli"}  # the package's top level: the entry...
+MAX_OTHER_TOP_LEVEL = 5  # ...and at most this many other modules
+TORCH_FREE = ("settings", "planning")
 PARALLEL_APIS = ("deepspeed", "torch.distributed", "torch.nn.parallel", "torch.distributed.fsdp")
-MAX_LINES = 400
+MIN_LINES, MAX_LINES = 40, 500  # a fragment belongs in its neighbour; a sprawl has two jobs
 
 
 def modules() -> dict[str, Path]:
@@ -110,20 +60,25 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> tuple[set[str], se
             base = here[: len(here) - node.level + 1] + (node.module.split(".") if node.module else [])
             for alias in node.names:
                 target = ".".join([*base, alias.name])
-                inner.add(target if target in known else ".".join(base))
-    inner.discard("")
+                inner.add(target if target in known else ".".join(base) or "__init__")
     inner.discard(name)
     return inner, outer
 
 
-def layer_of(name: str) -> int:
-    top = name.split(".")[0]
-    for index, members in enumerate(LAYERS.values()):
-        if top in members:
+def folder_of(name: str) -> str | None:
+    """The concern folder a module lives in; None at the package's top level."""
+    return name.split(".")[0] if "." in name or name in {f for tier in TIERS for f in tier} else None
+
+
+def tier_of(name: str) -> int:
+    folder = folder_of(name)
+    if folder is None:
+        return len(TIERS)  # the entry
+    for index, folders in enumerate(TIERS):
+        if folder in folders:
             return index
     raise AssertionError(
-        f"module {name} is in no layer of tests/test_package_shape.py LAYERS: add it at the lowest "
-        "layer its imports allow"
+        f"{name} is in a folder tests/test_package_shape.py does not know: {folder}/ (add it to TIERS)"
     )
 
 
@@ -132,15 +87,34 @@ def graph() -> dict[str, set[str]]:
     return {name: imports(name, path, known)[0] for name, path in known.items()}
 
 
-def test_every_module_has_a_layer_and_imports_none_above_it():
-    names = list(LAYERS)
-    upward = [
-        f"{a} ({names[layer_of(a)]}) imports {b} ({names[layer_of(b)]})"
+def test_every_import_points_down_the_folders():
+    wrong = [
+        f"{a} imports {b}"
         for a, targets in graph().items()
         for b in sorted(targets)
-        if layer_of(b) > layer_of(a)
+        if tier_of(b) > tier_of(a) or (tier_of(b) == tier_of(a) and folder_of(a) != folder_of(b))
     ]
-    assert not upward, "imports from a higher layer:\n" + "\n".join(upward)
+    assert not wrong, "imports upward or across independent folders:\n" + "\n".join(wrong)
+
+
+def test_the_top_level_is_the_entry():
+    top = sorted(name for name in modules() if folder_of(name) is None)
+    others = [name for name in top if name not in ENTRY]
+    assert len(others) <= MAX_OTHER_TOP_LEVEL, f"modules at the package's top level beyond the entry: {others}"
+
+
+def test_settings_and_planning_import_no_torch():
+    known = modules()
+    found = [
+        f"{name} imports {module}"
+        for name, path in known.items()
+        if folder_of(name) in TORCH_FREE
+        for module in sorted(imports(name, path, known)[1])
+        if module.split(".")[0] in ("torch", "deepspeed", "transformers")
+    ]
+    assert not found, "settings/ and planning/ run where torch is not installed (check, plan, copier):\n" + "\n".join(
+        found
+    )
 
 
 def test_no_import_cycles():
@@ -175,16 +149,19 @@ def test_models_use_no_parallel_api():
     assert not found, "models/ must build plain layers (parallelism is applied in strategies/):\n" + "\n".join(found)
 
 
-def test_modules_stay_small():
-    long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
-    assert not long, f"modules over {MAX_LINES} lines (split them where the seams are): {long}"
+def test_no_fragment_and_no_sprawl():
+    sizes = {name: len(path.read_text().splitlines()) for name, path in modules().items()}
+    small = {n: k for n, k in sizes.items() if k < MIN_LINES and not modules()[n].name.startswith("__")}
+    assert not small, f"modules under {MIN_LINES} lines (merge each into its natural neighbour): {small}"
+    long = {n: k for n, k in sizes.items() if k > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (two jobs? split where the seam is): {long}"
 
 
 def test_sample_loads_a_model_without_evaluate():
     """Loading a trained model has one home (trained_model.py); sample needs nothing of eval."""
     known = modules()
-    assert "trained_model" in imports("sample", known["sample"], known)[0]
-    assert "evaluate" not in imports("sample", known["sample"], known)[0]
+    sample = imports("evaluation.sample", known["evaluation.sample"], known)[0]
+    assert "evaluation.trained_model" in sample and "evaluation.evaluate" not in sample
 
 
 def test_each_strategy_reads_the_checkpoints_it_writes(pkg):

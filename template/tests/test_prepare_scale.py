@@ -203,7 +203,7 @@ def test_long_documents_are_cut_where_their_tokens_do_not_change(pkg, tmp_path):
 
 
 def tokenizer(pkg, folder: Path, sample: str) -> Path:
-    tok = pkg.data.train_tokenizer(lambda purpose: iter([sample]), 400)
+    tok = pkg.tokens.train_tokenizer(lambda purpose: iter([sample]), 400)
     tok.save(str(folder / "tokenizer.json"))
     return folder / "tokenizer.json"
 

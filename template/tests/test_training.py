@@ -285,9 +285,9 @@ def test_sample_prints_the_greedy_continuation(pkg, cli, run_2proc, demo_data):
     # The same greedy decoding in this process, from the same checkpoint and tokenizer.
     cfg = pkg.config.load_config(None, [f"data.dir={demo_data}", f"run.output_dir={out}", "run.device=cpu"])
     model, step, _, _ = pkg.trained_model.load_trained_model(cfg, None, torch.device("cpu"))
-    tok = pkg.data.load_tokenizer(demo_data / "tokenizer.json")
+    tok = pkg.tokens.load_tokenizer(demo_data / "tokenizer.json")
     for prompt in prompts:
-        ids = [pkg.data.bos_id(tok), *tok.encode(prompt, add_special_tokens=False).ids]
+        ids = [pkg.tokens.bos_id(tok), *tok.encode(prompt, add_special_tokens=False).ids]
         new = model.eval().generate(ids, 24, temperature=0)
         text = prompt + tok.decode(new)
         assert len(text) > len(prompt) + 10

@@ -20,25 +20,28 @@ import os
 import sys
 from types import ModuleType
 
-from . import unrecoverable
-from .bounds import require_in_bounds
-from .config import ConfigError, add_config_arguments, load_config
-from .preemption import follow_launcher
+from .runtime import unrecoverable
+from .settings.bounds import require_in_bounds
+from .settings.config import ConfigError, add_config_arguments, load_config
+from .training.preemption import follow_launcher
 
 # command: (module, one-line help), in the order a project uses them
 COMMANDS = {
-    "prepare-data": ("prepare_data", "tokenizer + packed token shards from local files"),
-    "check": ("check_project", "validate the config for the project's world size"),
-    "plan": ("plan", "memory per GPU, whether it fits, and time to train for 1-8 nodes"),
-    "train": ("train", "train (run under torchrun for several processes)"),
-    "eval": ("evaluate", "validation loss and bits per byte of a checkpoint"),
-    "sample": ("sample", "generate text from a checkpoint"),
-    "image": ("image", "build and push the project image (docker SDK, DOCKER_HOST)"),
+    "prepare-data": ("data.prepare_data", "tokenizer + packed token shards from local files"),
+    "check": ("planning.check", "validate the config for the project's world size"),
+    "plan": ("planning.plan", "memory per GPU, whether it fits, and time to train for 1-8 nodes"),
+    "train": ("training.train", "train (run under torchrun for several processes)"),
+    "eval": ("evaluation.evaluate", "validation loss and bits per byte of a checkpoint"),
+    "sample": ("evaluation.sample", "generate text from a checkpoint"),
+    "image": ("image.build", "build and push the project image (docker SDK, DOCKER_HOST)"),
     "launch": ("launch", "submit to a platform, or its job's status, logs, cancel (launch/<platform>/)"),
-    "node": ("node", "node launcher run by the platform on each node: topology -> torchrun"),
-    "ray-train": ("ray_train", "train on a running Ray cluster with Ray Train (TI-ONE Ray mode)"),
-    "doctor": ("doctor", "check this node: GPUs, RDMA, /dev/shm, memlock, which transport NCCL uses"),
-    "debug-dump": ("debug_dump", "Python stacks of every training rank on this machine (py-spy), for a hung job"),
+    "node": ("cluster.node", "node launcher run by the platform on each node: topology -> torchrun"),
+    "ray-train": ("cluster.ray_train", "train on a running Ray cluster with Ray Train (TI-ONE Ray mode)"),
+    "doctor": ("diagnostics.doctor", "check this node: GPUs, RDMA, /dev/shm, memlock, which transport NCCL uses"),
+    "debug-dump": (
+        "diagnostics.debug_dump",
+        "Python stacks of every training rank on this machine (py-spy), for a hung job",
+    ),
 }
 
 

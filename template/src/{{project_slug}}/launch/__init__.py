@@ -17,8 +17,7 @@ import pkgutil
 import sys
 from argparse import ArgumentParser, Namespace
 
-from ..config import Config, ConfigError, add_config_arguments
-from ..project import project_root
+from ..settings.config import Config, ConfigError, add_config_arguments, project_root
 from .base import add_common_arguments
 from .base import run as run_action
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
-from ..config import Config, ConfigError
+from ..settings.config import Config, ConfigError
 from . import jobs
 from .jobs import Job
 

@@ -36,14 +36,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import Config, ConfigError, debug_requested
-from ..env_files import read_env_file
-from ..nccl_env import apply_nccl_env
-from ..network import wait_for_master
-from ..project import project_root, under_root
-from ..supervise import run_supervised
-from ..topology import default_nproc
-from ..torchrun import check_before_start, train_entry
+from ..cluster.nccl_env import apply_nccl_env
+from ..cluster.network import wait_for_master
+from ..cluster.supervise import run_supervised
+from ..cluster.torchrun import check_before_start, train_entry
+from ..settings.config import Config, ConfigError, debug_requested, project_root, read_env_file, under_root
+from ..settings.topology import default_nproc
 
 INSTALL = "DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed"
 HOSTFILE = Path("launch") / "devmachine" / "hostfile"

@@ -23,11 +23,10 @@ from argparse import ArgumentParser, Namespace
 from functools import partial
 from pathlib import Path
 
-from ..bounds import count, non_negative_int, positive_float, tcp_port
-from ..config import Config, ConfigError
-from ..project import under_root
-from ..topology import Topology, default_nproc
-from ..torchrun import run_torchrun, train_entry
+from ..cluster.torchrun import run_torchrun, train_entry
+from ..settings.bounds import count, non_negative_int, positive_float, tcp_port
+from ..settings.config import Config, ConfigError, under_root
+from ..settings.topology import Topology, default_nproc
 from . import deepspeed, jobs
 from .base import Platform, print_file
 from .jobs import Job
@@ -166,8 +165,8 @@ class DevMachine(Platform):
         return pid is not None and process_alive(pid)
 
     def status(self, job: Job) -> int:
-        from ..local_ranks import descends_from, find_ranks
-        from ..metrics import format_step
+        from ..cluster.local_ranks import descends_from, find_ranks
+        from ..training.metrics import format_step
 
         output_dir = Path(job.extra.get("output_dir") or under_root(self.cfg.run.output_dir))
         print(job.describe())

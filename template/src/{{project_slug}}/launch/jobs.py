@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..project import project_root
+from ..settings.config import project_root
 
 FOLDER = ".jobs"
 

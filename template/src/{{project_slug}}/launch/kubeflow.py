@@ -28,9 +28,8 @@ from pathlib import Path
 
 import yaml
 
-from ..bounds import non_negative_int
-from ..config import ConfigError
-from ..project import project_root
+from ..settings.bounds import non_negative_int
+from ..settings.config import ConfigError, project_root
 from . import jobs
 from .base import Platform
 from .jobs import Job

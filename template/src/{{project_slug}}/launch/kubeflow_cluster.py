@@ -16,7 +16,7 @@ import re
 import sys
 from argparse import Namespace
 
-from ..config import ConfigError
+from ..settings.config import ConfigError
 
 REQUEST_TIMEOUT = 30  # seconds for one API call (not for streaming logs)
 

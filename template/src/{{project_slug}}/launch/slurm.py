@@ -39,8 +39,7 @@ import time
 from argparse import ArgumentParser, Namespace
 from pathlib import Path
 
-from ..config import Config, ConfigError
-from ..project import project_root, under_root
+from ..settings.config import Config, ConfigError, project_root, under_root
 from . import jobs
 from .base import Platform, print_file, tail_lines
 from .jobs import Job

@@ -33,9 +33,8 @@ from argparse import ArgumentParser
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from ..config import ConfigError
-from ..project import project_root
-from ..topology import tione_variables
+from ..settings.config import ConfigError, project_root
+from ..settings.topology import tione_variables
 from . import jobs
 from .base import Platform
 from .jobs import Job

@@ -23,8 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from ..config import ConfigError
-from ..project import project_root
+from ..settings.config import ConfigError, project_root
 
 TASK_FILE = Path("launch") / "tione" / "task.yaml"
 NAME_PATTERN = re.compile(r"[\w\u4e00-\u9fff][\w\u4e00-\u9fff-]{0,59}")  # the API's rule: 60 characters at most

@@ -6,8 +6,8 @@ num_params() and flops_per_token(), built on the CPU; the caller moves it to its
 
 from __future__ import annotations
 
-from ..config import Config
-from ..rules import model_shape
+from ..settings.config import Config
+from ..settings.rules import model_shape
 from .gpt import GPT, GPTConfig
 
 

@@ -20,8 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..config import Config, ConfigError
-from ..sizes import BERT_SEQUENCE_LEN, model_shape
+from ..settings.config import Config, ConfigError
+from ..settings.sizes import BERT_SEQUENCE_LEN, model_shape
 from .sample_dropout import KeyedDropout, keyed_dropout
 
 MLM_PROBABILITY = 0.15  # share of positions predicted (BERT's 15%; of those 80% [MASK], 10% random, 10% kept)

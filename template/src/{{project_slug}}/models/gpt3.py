@@ -193,7 +193,7 @@ class GPT3(nn.Module):
 
 
 def gpt3_config(cfg, vocab_size: int) -> GPT3Config:
-    from ..sizes import model_shape
+    from ..settings.sizes import model_shape
 
     shape = model_shape(cfg.model.size, None, "gpt3")
     return GPT3Config(

@@ -11,9 +11,9 @@ data stream, logging and evaluation.
 
 from __future__ import annotations
 
-from ..config import Config
-from ..distributed import DistInfo
 from ..models import build_model
+from ..runtime.distributed import DistInfo
+from ..settings.config import Config
 
 
 def build_strategy(cfg: Config, info: DistInfo, vocab_size: int, accum: int):

@@ -17,14 +17,12 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .. import checkpoint, checkpoint_files
-from ..config import Config, ConfigError
-from ..distributed import DistInfo, print0, resolve_precision, share_from_main
-from ..precision import INITIAL_SCALE_POWER, SCALE_WINDOW
-from ..unrecoverable import raise_on_every_rank
-from .compilation import compiled
-from .grad_norm import clip_gradients
-from .param_groups import param_groups
+from ..runtime import checkpoint, checkpoint_files
+from ..runtime.distributed import DistInfo, print0, resolve_precision, share_from_main
+from ..runtime.unrecoverable import raise_on_every_rank
+from ..settings.config import Config, ConfigError
+from ..settings.precision import INITIAL_SCALE_POWER, SCALE_WINDOW
+from .common import clip_gradients, compiled, param_groups
 
 
 def build_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.optim.Optimizer:

@@ -33,14 +33,12 @@ from pathlib import Path
 
 import torch
 
-from .. import checkpoint, checkpoint_files, faults
-from ..config import Config, ConfigError
-from ..distributed import DistInfo, barrier, gather_objects, print0, resolve_precision, share_from_main
-from ..precision import HYSTERESIS, INITIAL_SCALE_POWER, MIN_LOSS_SCALE, SCALE_WINDOW, fp16_zero0_refusal
-from ..unrecoverable import raise_on_every_rank
-from .compilation import compiled
-from .grad_norm import clip_gradients
-from .param_groups import param_groups
+from ..runtime import checkpoint, checkpoint_files, faults
+from ..runtime.distributed import DistInfo, barrier, gather_objects, print0, resolve_precision, share_from_main
+from ..runtime.unrecoverable import raise_on_every_rank
+from ..settings.config import Config, ConfigError
+from ..settings.precision import HYSTERESIS, INITIAL_SCALE_POWER, MIN_LOSS_SCALE, SCALE_WINDOW, fp16_zero0_refusal
+from .common import clip_gradients, compiled, param_groups
 
 INSTALL = "DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed"
 STAGING = ".staging"  # where a save is written before it is renamed into place

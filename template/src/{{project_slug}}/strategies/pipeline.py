@@ -24,12 +24,12 @@ from pathlib import Path
 import torch
 import torch.utils.checkpoint
 
-from ..config import Config
-from ..distributed import DistInfo
 from ..models.gpt3 import GPT3, Block, Embedding, FinalNorm, gpt3_config, head_logits, lm_loss
 from ..models.sample_dropout import samples
-from ..sizes import model_shape
-from .compilation import compiled
+from ..runtime.distributed import DistInfo
+from ..settings.config import Config
+from ..settings.sizes import model_shape
+from .common import compiled, param_groups
 from .deepspeed import (
     DeepSpeedStrategy,
     deepspeed_config,
@@ -39,7 +39,6 @@ from .deepspeed import (
     refuse_unsupported_precision,
     trained_state,
 )
-from .param_groups import param_groups
 from .tensor_parallel import join_shards, parallelize_block
 
 

@@ -1,0 +1,340 @@
+"""Tokenizer and packed token shards.
+
+Layout of the data folder (on shared storage, read by every rank):
+  raw/               input documents: *.parquet, *.jsonl, *.txt (read by documents.py)
+  tokenizer.json     BPE tokenizer (trained by prepare-data or given by the user)
+  train_00000.bin    token ids, uint16 or uint32, documents separated by the <|bos|> token
+  val_00000.bin      held-out documents, same format
+  meta.json          dtype, vocabulary size, shard token counts and the data's fingerprint
+  previous-<time>/   what `prepare-data --force` replaced (a complete data folder without raw/)
+
+The fingerprint (data_fingerprint) names the tokenizer and the token ids together; every checkpoint
+records the one it was trained on, and a resume, eval or sample on other data is refused.
+
+Training reads fixed-length sequences in order; the position in the stream is a pure function of
+the optimizer step, so every rank knows its slice without coordination and resume is exact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..settings.config import ConfigError
+
+BOS = "<|bos|>"
+META = "meta.json"
+BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # bert vocabularies must hold these
+
+
+def train_tokenizer(read_sample: Callable[[str], Iterator[str]], vocab_size: int, arch: str = "gpt"):
+    """A tokenizer trained on the texts of read_sample(purpose), a fresh pass over the same sample
+    each call. gpt/gpt3: byte-level BPE (GPT-2 style: every byte is representable, nothing is
+    unknown). bert: lower-cased WordPiece with BERT's special tokens (bert-base-uncased style).
+    The same sample gives the same tokenizer, token ids included, on any machine."""
+    if arch == "bert":
+        return _train_wordpiece(read_sample, vocab_size)
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[BOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        min_frequency=2,
+        show_progress=False,  # its bars would draw over prepare-data's (they count the same documents)
+    )
+    tok.train_from_iterator(read_sample("the tokenizer"), trainer=trainer)
+    return tok
+
+
+def _wordpiece(vocab: dict[str, int] | None = None):
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]") if vocab else models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    return tok
+
+
+def _wordpiece_trainer(vocab_size: int, special_tokens: list[str]):
+    from tokenizers import trainers
+
+    return trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=special_tokens, min_frequency=2, show_progress=False
+    )
+
+
+def _train_wordpiece(read_sample: Callable[[str], Iterator[str]], vocab_size: int):
+    from tokenizers import processors
+
+    # The library's trainer numbers the "##" continuation letters in hash-map order, new on every
+    # run, and those numbers break ties between equally frequent merges: the same text gave other
+    # token ids, and at times other tokens (huggingface/tokenizers#1794). A first pass that merges
+    # nothing lists the letters; the real pass gets them in sorted order, ahead of any merge.
+    alphabet = _wordpiece()
+    alphabet.train_from_iterator(read_sample("the tokenizer's letters"), trainer=_wordpiece_trainer(1, BERT_SPECIALS))
+    letters = sorted(t for t in alphabet.get_vocab() if t.startswith("##") and len(t) == 3)
+    trained = _wordpiece()
+    # Special tokens first, so [PAD] is id 0: BertConfig's default pad_token_id.
+    trained.train_from_iterator(
+        read_sample("the tokenizer"), trainer=_wordpiece_trainer(vocab_size, BERT_SPECIALS + letters)
+    )
+    # The letters were special only to fix their ids: the tokenizer proper has BERT's five.
+    tok = _wordpiece(trained.get_vocab())
+    tok.add_special_tokens(BERT_SPECIALS)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    # What transformers' BERT tokenizers add around a text; training adds them itself (mlm_data.py).
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    return tok
+
+
+def load_tokenizer(path: Path):
+    """A tokenizers.Tokenizer from a tokenizer.json, a vocab.txt (BERT WordPiece, read through
+    transformers so tokenizer_config.json's do_lower_case is honoured) or a folder holding either."""
+    from tokenizers import Tokenizer
+
+    path = Path(path)
+    if path.is_dir():
+        for name in ("tokenizer.json", "vocab.txt"):
+            if (path / name).is_file():
+                return load_tokenizer(path / name)
+        raise ConfigError(
+            f"tokenizer folder {path} holds neither tokenizer.json nor vocab.txt; "
+            "copy the tokenizer files there or point data.tokenizer at them"
+        )
+    if not path.is_file():
+        raise ConfigError(f"tokenizer {path} not found; run prepare-data first or set data.tokenizer")
+    if path.suffix == ".txt":
+        return _wordpiece_from_vocab(path)
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises a bare Exception on a malformed file
+        raise ConfigError(f"tokenizer {path} could not be read ({exc}); give a tokenizer.json or a vocab.txt") from None
+
+
+def _wordpiece_from_vocab(vocab: Path):
+    from ..models.bert import import_transformers
+
+    transformers = import_transformers()
+    if vocab.name == "vocab.txt":
+        # The folder's tokenizer_config.json (do_lower_case, special tokens) applies when present.
+        fast = transformers.BertTokenizerFast.from_pretrained(str(vocab.parent), local_files_only=True)
+    else:
+        fast = transformers.BertTokenizerFast(vocab_file=str(vocab))
+    return fast.backend_tokenizer
+
+
+def bos_id(tok) -> int:
+    """Id of the document separator; user tokenizers may name it differently."""
+    for name in (BOS, "<|endoftext|>", "</s>", "[SEP]", "<s>"):
+        idx = tok.token_to_id(name)
+        if idx is not None:
+            return idx
+    raise ConfigError(f"tokenizer has none of the separator tokens {BOS}, <|endoftext|>, </s>; add one")
+
+
+def token_byte_lengths(tok) -> np.ndarray:
+    """UTF-8 bytes each token stands for (0 for special tokens), for bits-per-byte."""
+    from tokenizers import models, pre_tokenizers
+
+    vocab = tok.get_vocab()
+    lengths = np.zeros(tok.get_vocab_size(), dtype=np.int64)
+    specials = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
+    byte_level = isinstance(tok.pre_tokenizer, pre_tokenizers.ByteLevel)
+    # WordPiece marks a word's continuation with a prefix ("##ing"); the prefix is no text.
+    prefix = tok.model.continuing_subword_prefix if isinstance(tok.model, models.WordPiece) else None
+    for token, idx in vocab.items():
+        if token in specials:
+            continue
+        # Byte-level tokens spell one byte per character; WordPiece ones are text; others are decoded.
+        if byte_level:
+            lengths[idx] = len(token)
+        elif prefix is not None:
+            lengths[idx] = len(token.removeprefix(prefix).encode("utf-8"))
+        else:
+            lengths[idx] = len(tok.decode([idx]).encode("utf-8"))
+    return lengths
+
+
+class ShardWriter:
+    """Appends token ids to numbered shard files of at least `shard_tokens` tokens (a document is
+    never split between shards), written as they come: memory does not grow with the shard."""
+
+    def __init__(self, folder: Path, prefix: str, dtype: np.dtype, shard_tokens: int):
+        self.folder, self.prefix, self.dtype, self.shard_tokens = folder, prefix, dtype, shard_tokens
+        self.shards: list[dict] = []
+        self._file = None
+        self._written = 0
+
+    def add(self, ids) -> None:
+        if self._file is None:
+            self._file = (self.folder / (self._name() + ".tmp")).open("wb")
+        np.asarray(ids, dtype=self.dtype).tofile(self._file)
+        self._written += len(ids)
+
+    def end_document(self) -> None:
+        """A document boundary: the shard closes here once it holds shard_tokens."""
+        if self._written >= self.shard_tokens:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._file is None:
+            return
+        self._file.close()
+        name = self._name()
+        (self.folder / (name + ".tmp")).replace(self.folder / name)
+        self.shards.append({"file": name, "tokens": self._written})
+        self._file, self._written = None, 0
+
+    def _name(self) -> str:
+        return f"{self.prefix}_{len(self.shards):05d}.bin"
+
+
+@dataclass
+class TokenData:
+    """Memory-mapped shards of one split, addressed as a list of fixed-length sequences."""
+
+    shards: list[np.memmap]
+    sequence_len: int
+
+    @classmethod
+    def open(cls, data_dir: Path, split: str, sequence_len: int) -> TokenData:
+        meta = read_meta(data_dir)
+        dtype = np.dtype(meta["dtype"])
+        shards = [np.memmap(data_dir / s["file"], dtype=dtype, mode="r") for s in meta[split]]
+        data = cls(shards, sequence_len)
+        if data.num_sequences == 0:
+            raise ConfigError(
+                f"the {split} split in {data_dir} holds fewer than {sequence_len + 1} tokens per shard; "
+                "add data or lower model.sequence_len"
+            )
+        return data
+
+    def __post_init__(self):
+        # Each sequence takes T+1 tokens (inputs and shifted targets); shards are not crossed.
+        self.counts = [max(0, (len(s) - 1) // self.sequence_len) for s in self.shards]
+        self.offsets = np.cumsum([0] + self.counts)
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.offsets[-1])
+
+    def sequence(self, index: int) -> np.ndarray:
+        index %= self.num_sequences  # wrap around: a new epoch starts over
+        shard = int(np.searchsorted(self.offsets, index, side="right") - 1)
+        start = (index - int(self.offsets[shard])) * self.sequence_len
+        return np.asarray(self.shards[shard][start : start + self.sequence_len + 1], dtype=np.int64)
+
+    def batch(self, first: int, count: int):
+        """Inputs and targets (count, T) for sequences first .. first+count-1."""
+        import torch
+
+        rows = torch.from_numpy(np.stack([self.sequence(first + i) for i in range(count)]))
+        return rows[:, :-1], rows[:, 1:]
+
+
+def micro_batch_start(step: int, micro: int, rank: int, global_batch: int, micro_batch: int, accum: int) -> int:
+    """Index of the first sequence of one micro batch: step blocks of the global batch, each split
+    into contiguous per-rank slices. The order is the same for any world size, so one process with
+    more accumulation sees exactly the data of several processes."""
+    return step * global_batch + rank * micro_batch * accum + micro * micro_batch
+
+
+def read_meta(data_dir: Path) -> dict:
+    path = data_dir / META
+    if not path.is_file():
+        raise ConfigError(f"{path} not found: run `prepare-data` first (data.dir={data_dir})")
+    try:
+        meta = json.loads(path.read_text())
+        problem = _meta_problem(meta)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        problem = f"not readable JSON: {exc}"
+    if problem:
+        raise ConfigError(
+            f"{path} is damaged ({problem}): run `prepare-data --force` to prepare data.dir={data_dir} again",
+            key="data.dir",
+        )
+    return meta
+
+
+def _meta_problem(meta) -> str | None:
+    """What makes a parsed meta.json unusable (edited by hand, or written by something else)."""
+    if not isinstance(meta, dict):
+        return "not a JSON object"
+    missing = [key for key in ("dtype", "vocab_size", "tokenizer", "train", "val") if key not in meta]
+    if missing:
+        return "no " + ", ".join(missing)
+    try:
+        np.dtype(meta["dtype"])
+    except TypeError:
+        return f"dtype {meta['dtype']!r} is not a NumPy dtype"
+    if not isinstance(meta["vocab_size"], int) or isinstance(meta["vocab_size"], bool) or meta["vocab_size"] < 1:
+        return f"vocab_size {meta['vocab_size']!r} is not a positive whole number"
+    for split in ("train", "val"):
+        shards = meta[split]
+        if not isinstance(shards, list) or not all(
+            isinstance(s, dict) and isinstance(s.get("file"), str) and isinstance(s.get("tokens"), int) for s in shards
+        ):
+            return f"{split} is not a list of shards with a file and a token count"
+    return None
+
+
+# Bytes read from each end of every shard for the fingerprint: cheap on terabytes, and a corpus
+# tokenized again differs there (documents are shuffled into shards) or in the shards' sizes.
+_FINGERPRINT_SAMPLE = 1 << 16
+
+
+def compute_fingerprint(data_dir: Path, meta: dict) -> str:
+    """16 hex digits of SHA-256 over what fixes the token ids training reads: meta's dtype, vocab
+    size, separator and shard list, the whole tokenizer.json, and each shard's name, size in bytes
+    and first and last 64 KiB. Not a hash of every byte: that would read the whole corpus (hours
+    for terabytes) at every resume, eval and sample, and guards only against editing a shard by hand."""
+    digest = hashlib.sha256()
+    described = {key: meta.get(key) for key in ("dtype", "vocab_size", "bos_id", "train", "val")}
+    digest.update(json.dumps(described, sort_keys=True).encode())
+    try:
+        digest.update((data_dir / meta["tokenizer"]).read_bytes())
+        for shard in meta["train"] + meta["val"]:
+            path = data_dir / shard["file"]
+            size = path.stat().st_size
+            digest.update(f"{shard['file']}:{size}".encode())
+            with path.open("rb") as f:
+                digest.update(f.read(_FINGERPRINT_SAMPLE))
+                if size > _FINGERPRINT_SAMPLE:
+                    f.seek(max(_FINGERPRINT_SAMPLE, size - _FINGERPRINT_SAMPLE))
+                    digest.update(f.read())
+    except FileNotFoundError as exc:
+        raise ConfigError(
+            f"{exc.filename} is missing, but {data_dir / META} names it; run prepare-data again"
+        ) from None
+    return digest.hexdigest()[:16]
+
+
+def data_fingerprint(data_dir: Path, meta: dict | None = None) -> str:
+    """The fingerprint meta.json records (computed for data prepared before meta.json held one)."""
+    meta = read_meta(data_dir) if meta is None else meta
+    return meta.get("fingerprint") or compute_fingerprint(data_dir, meta)
+
+
+def find_data(fingerprint: str, folders: list[Path]) -> Path | None:
+    """The first of folders, or of the previous-*/ folders prepare-data --force left in them,
+    whose data has this fingerprint."""
+    for folder in folders:
+        for candidate in [folder, *sorted(folder.glob("previous-*"), reverse=True)]:
+            try:
+                if (candidate / META).is_file() and data_fingerprint(candidate) == fingerprint:
+                    return candidate
+            except (ConfigError, OSError, ValueError):  # a damaged folder is simply not the one
+                continue
+    return None

@@ -1,0 +1,106 @@
+"""Validation loss and bits per byte (gpt, gpt3) or perplexity (bert) on the held-out shard.
+
+    <package> eval                       # latest checkpoint (DDP file or DeepSpeed folder), one process
+    <package> eval --checkpoint runs/checkpoints/step_00001000     # a DeepSpeed checkpoint folder
+    torchrun --nproc-per-node 8 -m <package> eval   # same, validation batches spread over ranks
+
+Bits per byte divides the summed loss by the UTF-8 bytes the target tokens stand for, so it
+compares models with different tokenizers; special tokens (0 bytes) are left out of both sums.
+A masked LM predicts only the masked positions (from both sides), so for bert the loss is the mean
+over those and perplexity is exp(loss); bits per byte would not compare with a causal model's.
+The model comes from trained_model.py, which reads every strategy's checkpoints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from ..data.masked import open_split
+from ..data.tokens import TokenData, load_tokenizer, read_meta, token_byte_lengths
+from ..runtime.distributed import DistInfo, all_reduce_sum, autocast_context, init_distributed, print0, shutdown
+from ..settings.bounds import count
+from ..settings.config import Config
+from .trained_model import load_trained_model
+
+
+@torch.no_grad()
+def evaluate(
+    model, data: TokenData, token_bytes: torch.Tensor, info: DistInfo, micro_batch: int, num_batches: int, autocast
+) -> dict:
+    """Mean loss (nats/token) and bits per byte over the first num_batches micro batches of the
+    split, dealt round-robin to the ranks: the result does not depend on the number of processes.
+    Masked-LM data (mlm_data.MaskedTokenData): mean loss over the predicted positions and perplexity."""
+    was_training = model.training
+    model.eval()
+    masked_lm = getattr(data, "masked_lm", False)
+    num_batches = max(1, min(num_batches, data.num_sequences // micro_batch))
+    sums = torch.zeros(4, dtype=torch.float64, device=info.device)  # loss, tokens, loss on bytes, bytes
+    for b in range(info.rank, num_batches, info.world_size):
+        x, y = data.batch(b * micro_batch, micro_batch)
+        x, y = x.to(info.device), y.to(info.device)
+        with autocast:
+            per_token = model(x, y, loss_reduction="none").double()
+        count = torch.tensor(per_token.numel(), device=info.device, dtype=torch.float64)
+        if masked_lm:  # one value per predicted position; no bytes
+            sums[:2] += torch.stack([per_token.sum(), count])
+            continue
+        nbytes = token_bytes[y.reshape(-1)]
+        sums += torch.stack([per_token.sum(), count, (per_token * (nbytes > 0)).sum(), nbytes.sum().double()])
+    all_reduce_sum(sums)
+    model.train(was_training)
+    loss = (sums[0] / sums[1]).item()
+    if masked_lm:
+        return {"val_loss": loss, "val_ppl": math.exp(loss), "val_tokens": int(sums[1].item())}
+    bpb = (sums[2] / (math.log(2) * sums[3])).item() if sums[3] > 0 else float("nan")
+    return {"val_loss": loss, "val_bpb": bpb, "val_tokens": int(sums[1].item())}
+
+
+def val_scores(result: dict) -> dict:
+    """The scores of an evaluation result (val_loss, val_bpb or val_ppl), without counts."""
+    return {k: v for k, v in result.items() if k.startswith("val_") and isinstance(v, float)}
+
+
+def format_scores(result: dict) -> str:
+    """'val loss 5.1234 | val ppl 168.9' (bert) or '... | val bpb 1.2345' (gpt, gpt3): the eval
+    command's line and the one train.py prints after each evaluation."""
+    return " | ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in val_scores(result).items())
+
+
+def run_eval(cfg: Config, ckpt: str | None = None, num_batches: int | None = None) -> dict:
+    info = init_distributed(cfg.run.device)
+    try:
+        model, step, path, cfg = load_trained_model(cfg, ckpt, info.device)
+        data_dir = Path(cfg.data.dir)
+        val = open_split(cfg, data_dir, "val")
+        token_bytes = torch.from_numpy(token_byte_lengths(load_tokenizer(data_dir / read_meta(data_dir)["tokenizer"])))
+        result = evaluate(
+            model,
+            val,
+            token_bytes.to(info.device),
+            info,
+            cfg.batch.micro_batch_size,
+            num_batches or cfg.logging.eval_batches,
+            autocast_context(info.device, cfg.run.dtype),
+        )
+        result = {"step": step, "checkpoint": str(path), **result}
+        print0(f"step {step} | {format_scores(result)} | {result['val_tokens']:,} tokens | {path}")
+        if info.is_main:
+            (Path(cfg.run.output_dir) / "eval.json").write_text(json.dumps(result, indent=2))
+        return result
+    finally:
+        shutdown()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", help="checkpoint file or folder (default: latest)")
+    p.add_argument("--batches", type=count, help="micro batches per rank (default: logging.eval_batches)")
+
+
+def run(cfg: Config, args: argparse.Namespace) -> int:
+    run_eval(cfg, args.checkpoint, args.batches)
+    return 0

@@ -1,0 +1,115 @@
+"""Generate text from a trained checkpoint with a KV cache (gpt, gpt3), or fill in [MASK] (bert).
+
+<package> sample --prompt "The module" --max-new-tokens 100 --temperature 0.8
+<package> sample --prompt "The capital of France is [MASK]." --top-k 5      # bert: fill-mask
+
+Past the model's context (model.sequence_len) gpt and gpt3 slide a window: each new token is read
+from the last sequence_len tokens, and a longer prompt from its end (a note says so). BERT reads a
+prompt whole, so one longer than its context is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from ..data.tokens import bos_id, load_tokenizer, read_meta
+from ..runtime.distributed import autocast_context, pick_device
+from ..settings.bounds import count, non_negative_float, non_negative_int
+from ..settings.config import Config, ConfigError
+from .trained_model import load_trained_model
+
+MASK = "[MASK]"
+# --top-k when not given: tokens sampled among (causal LMs), predictions listed per [MASK] (bert)
+DEFAULT_TOP_K = {"gpt": 50, "gpt3": 50, "bert": 5}
+
+
+def run_sample(
+    cfg: Config,
+    prompts: list[str],
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    seed: int,
+    ckpt: str | None = None,
+) -> list[str]:
+    device = pick_device(cfg.run.device, 0)
+    model, step, path, cfg = load_trained_model(cfg, ckpt, device)
+    model.eval()
+    data_dir = Path(cfg.data.dir)
+    tok = load_tokenizer(data_dir / read_meta(data_dir)["tokenizer"])
+    print(f"sampling from {path} (step {step})", flush=True)
+    if cfg.model.arch == "bert":
+        return [
+            fill_mask(model, tok, prompt, top_k or DEFAULT_TOP_K["bert"], device, cfg.run.dtype, cfg.model.sequence_len)
+            for prompt in prompts
+        ]
+    generator = torch.Generator(device=device).manual_seed(seed)
+    texts = []
+    context = cfg.model.sequence_len
+    for prompt in prompts:
+        ids = [bos_id(tok), *tok.encode(prompt, add_special_tokens=False).ids]
+        if len(ids) > context:
+            print(f"note: the prompt is {len(ids)} tokens; the model reads its last {context} (model.sequence_len)")
+        elif len(ids) + max_new_tokens > context:
+            print(f"note: past {context} tokens (model.sequence_len) each new one is read from the last {context}")
+        with autocast_context(device, cfg.run.dtype):
+            new = model.generate(ids, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator)
+        text = prompt + tok.decode(new)
+        texts.append(text)
+        print(f"--- {prompt!r}\n{text}\n", flush=True)
+    return texts
+
+
+@torch.no_grad()
+def fill_mask(model, tok, prompt: str, top_k: int, device: torch.device, dtype: str, context: int) -> str:
+    """Print the top_k predictions (with probabilities) for each [MASK] of the prompt; return the
+    prompt with every [MASK] replaced by its most likely token. A prompt without [MASK] gets one
+    appended, so `sample` with the default prompt shows something."""
+    if MASK not in prompt:
+        prompt = f"{prompt} {MASK}"
+    ids = tok.encode(prompt, add_special_tokens=False).ids
+    mask_id = tok.token_to_id(MASK)
+    ids = [tok.token_to_id("[CLS]"), *ids, tok.token_to_id("[SEP]")]
+    if len(ids) > context:
+        raise ConfigError(
+            f"--prompt is {len(ids)} tokens with [CLS] and [SEP]; this BERT reads at most {context} "
+            "(model.sequence_len): shorten the prompt"
+        )
+    with autocast_context(device, dtype):
+        logits = model(torch.tensor([ids], device=device))[0].float()
+    probs = logits.softmax(dim=-1)
+    print(f"--- {prompt!r}", flush=True)
+    filled = list(ids)
+    for n, pos in enumerate(i for i, t in enumerate(ids) if t == mask_id):
+        top = probs[pos].topk(min(top_k, probs.size(-1)))
+        guesses = [(tok.id_to_token(int(i)), float(p)) for p, i in zip(top.values, top.indices)]
+        print(f"[MASK] {n + 1}: " + " | ".join(f"{word} {p:.3f}" for word, p in guesses), flush=True)
+        filled[pos] = int(top.indices[0])
+    text = tok.decode(filled[1:-1])
+    print(f"{text}\n", flush=True)
+    return text
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompt", action="append", help='prompt text (repeatable; default: "The")')
+    p.add_argument("--max-new-tokens", type=count, default=64, help="gpt/gpt3: tokens to generate (default 64)")
+    p.add_argument("--temperature", type=non_negative_float, default=0.8, help="0 = greedy")
+    p.add_argument(
+        "--top-k",
+        type=non_negative_int,
+        help=f"gpt/gpt3: sample among the k likeliest tokens (default "
+        f"{DEFAULT_TOP_K['gpt']}, 0 = all); bert: predictions shown per {MASK} (default {DEFAULT_TOP_K['bert']})",
+    )
+    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--checkpoint", help="checkpoint file or folder (default: latest)")
+
+
+def run(cfg: Config, args: argparse.Namespace) -> int:
+    top_k = args.top_k if args.top_k is not None else DEFAULT_TOP_K.get(cfg.model.arch, DEFAULT_TOP_K["gpt"])
+    run_sample(
+        cfg, args.prompt or ["The"], args.max_new_tokens, args.temperature, top_k or None, args.seed, args.checkpoint
+    )
+    return 0

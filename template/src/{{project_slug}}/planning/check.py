@@ -1,0 +1,72 @@
+"""`check`: validate config/train.yaml against the project's shape before anything is launched.
+
+    <package> check                 # for nodes x gpus_per_node from the copier answers
+    <package> check --world-size 2  # for another number of processes (the rules only)
+
+Also run by the template right after generation (python -m <package> check --quiet), so
+that copier refuses answers that break a rule or whose layout does not fit the GPUs: after the
+rules pass, plan's memory estimate for the configured nodes x gpus_per_node must fit gpu_type,
+else it exits 1 with "does not fit: <figures>; smallest change: <what to change>". No torch here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..settings.bounds import count
+from ..settings.config import Config
+from ..settings.precision import on_gpu_type
+from ..settings.rules import at_world_size, check_config, model_shape, resolve_grad_accum
+from .estimates import GIB, memory
+from .fit import fit_problem
+
+
+def summary(cfg: Config, world: int) -> str:
+    shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
+    cfg = at_world_size(cfg, world)  # weak scaling: the global batch of this world
+    dp = cfg.data_parallel_size(world)
+    accum = resolve_grad_accum(cfg, dp)
+    tp, pp = cfg.parallel.tensor, cfg.parallel.pipeline
+    layout = f" (tensor {tp} x pipeline {pp} x data {dp})" if tp * pp > 1 else ""
+    return (
+        f"config OK for {world} processes{layout}: model {cfg.model.arch} {cfg.model.size} ({shape['n_layer']} layers, width {shape['n_embd']}, "
+        f"{shape['n_head']} heads, {shape['n_kv_head']} kv heads) | global batch {cfg.batch.global_batch_size} = "
+        f"micro {cfg.batch.micro_batch_size} x accum {accum} x data-parallel {dp} | "
+        f"{cfg.batch.global_batch_size * cfg.model.sequence_len:,} tokens/step | {cfg.batch.scaling} scaling"
+    )
+
+
+def run_check(cfg: Config, world_size: int | None = None, quiet: bool = False) -> int:
+    world = world_size or cfg.cluster.nodes * cfg.cluster.gpus_per_node
+    problems = check_config(cfg, world)
+    if problems:
+        print(f"config check failed ({len(problems)} problem(s)):", file=sys.stderr)
+        for p in problems:
+            print(f"  - {p}", file=sys.stderr)
+        return 1
+    if world == cfg.cluster.nodes * cfg.cluster.gpus_per_node:  # plan knows the configured layout only
+        problem = fit_problem(cfg)
+        if problem:
+            print(problem, file=sys.stderr)
+            return 1
+        if not quiet:
+            m = memory(cfg)
+            print(summary(cfg, world))
+            print(
+                f"memory fits: {m['total'] / GIB:.1f} of {m['usable'] / GIB:.1f} GiB usable per {cfg.cluster.gpu_type} "
+                f"in {on_gpu_type(cfg)} (`plan` for the details)"
+            )
+        return 0
+    if not quiet:
+        print(summary(cfg, world))
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--world-size", type=count, help="processes to check for (default: nodes x gpus_per_node)")
+    p.add_argument("--quiet", action="store_true", help="print problems only (copier's post-generation check)")
+
+
+def run(cfg: Config, args: argparse.Namespace) -> int:
+    return run_check(cfg, args.world_size, args.quiet)

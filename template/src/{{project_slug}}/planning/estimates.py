@@ -1,0 +1,336 @@
+"""What a config costs, without torch: parameters, FLOPs per token, memory per GPU (model states
+and activations, on the most loaded GPU of a tensor/pipeline layout) and hours to train. `plan`
+prints these figures, fit.py searches for a change that fits, check_project refuses a layout that
+does not fit.
+
+    from .estimates import memory, timing
+    memory(cfg)                         # bytes per GPU by kind, usable memory, "fits", what the rules refuse
+    timing(cfg, tokens=2e10, mfu=0.4)   # hours and GPU-hours on 1, 2, 4 and 8 nodes
+
+Parameters (analytic; tests compare with the torch models built on the meta device):
+- gpt (models/gpt.py): untied embedding and head V*h each, per layer q and proj h*h each, k and v
+  h*kv_dim each (grouped-query attention), MLP 8*h*h; no norm gains, no biases.
+- gpt3 (models/gpt3.py): V*h + S*h (learned positions of sequence_len S) + L*(12h^2 + 13h) + 2h
+  (final LayerNorm); the head is the word embedding again. Tensor degree t splits each block's four
+  matrices and the column-parallel biases (qkv 3h, fc 4h); the row-parallel biases (proj, fc2),
+  the LayerNorms and the embeddings are replicated (no vocabulary-parallel split). Pipeline degree
+  p: every stage holds L/p blocks, stage 0 also the embeddings, the last stage the final LayerNorm
+  and a tied copy of the word embedding for the head. Memory is that of the most loaded GPU.
+- bert (transformers' BertForMaskedLM, no pooler): embeddings (V + 512 + 2)*h + LayerNorm 2h,
+  per layer 12h^2 + 13h, MLM head transform h^2 + h + LayerNorm 2h, decoder tied to the word
+  embedding plus a V bias.
+
+Model states per GPU (ZeRO paper, mixed-precision Adam, Psi = parameters on the GPU after the
+tensor/pipeline split, Nd = world / (tensor x pipeline) data-parallel ranks):
+16-bit weights 2 Psi, 16-bit grads 2 Psi, optimizer 12 Psi (fp32 master, m, v), bf16 and fp16 alike:
+    stage 0 (DDP): 16 Psi   stage 1: 4 Psi + 12 Psi/Nd   stage 2: 2 Psi + 14 Psi/Nd   stage 3: 16 Psi/Nd
+deepspeed.offload_optimizer moves the optimizer part to host memory, deepspeed.offload_params
+(stage 3) the weights. train.py's DDP keeps fp32 weights under autocast: 4 + 4 + 8 bytes, the
+same 16 Psi (DDP's gradient buckets may add up to 4 Psi more; the 10% reserve is meant to absorb
+such things). DeepSpeed's own estimators add a 4 Psi/Nd fp32 gradient partition and, for stage 3,
+the gathered largest layer; tests/test_plan.py compares against them. Combinations that
+rules.parallel_problems refuses (ZeRO 2 and 3 with tensor or pipeline degrees above 1: those
+layouts run on DeepSpeed's pipeline engine) are refused here too, and never suggested.
+
+Activations per GPU for a micro batch b of s tokens, width h, a heads, vocab V (bf16; fp16 the same):
+- gpt: 63*s*b*h bytes per layer, measured on an H100 for this block (torch 2.11, bf16 autocast,
+  d20, vocab 8192, sequence 2048, micro batch 8 and 16: peak 31.2 and 56.9 GiB): the ReLU^2 MLP
+  stores the fc output, its ReLU and its square (4h wide each), rotary + QK-norm keep extra copies
+  of q and k. Logits b*s*V*4 (upcast to fp32) and as much again for the softcapped copy.
+- gpt3 and bert: Korthikanti et al. 2022 with tensor degree t, no sequence parallelism:
+  s*b*h*(10 + 24/t) bytes per layer (24/t: what the split heads and MLP keep; 10: LayerNorm and
+  block inputs and dropout masks, replicated), plus 5*a*s^2*b/t for the attention scores where the
+  kernel stores them. Both families call F.scaled_dot_product_attention (gpt3 directly, bert
+  through transformers' "sdpa"), whose flash / memory-efficient kernels on a GPU keep no s x s
+  matrix: that term counts only with model.attention_dropout > 0, when the probabilities are
+  materialised so their masks can be keyed per sample (models/sample_dropout.py). The replicated part is measured
+  (H100, torch 2.11, transformers 5.17, width 1024, layers 4 vs 12, two micro batches, peak
+  allocated memory of one forward + backward) rather than taken as 10, because the precision
+  changes it: REPLICATED_BYTES. gpt3 has no dropout: 8 in pure bf16 (32 in all: the pipeline
+  engine's bf16 modules), 12 under autocast (36: train.py's DDP and ZeRO loop, whose LayerNorms run
+  and return fp32). bert 11 in bf16 (35), 19 under autocast (43: post-LN in fp32). The logits, on
+  the last stage: gpt3 12 bytes per b*s*V (bf16 logits, their fp32 copy for the loss and the
+  log-softmax: 4 would be too few by 3x), bert the same for the 15% predicted positions
+  (models/bert.py projects only those; measured 1.6-2.0 bytes per b*s*V).
+- Full activation checkpointing keeps each layer's input, 2*s*b*h in bf16 (4 for gpt3 under
+  autocast: its residual stream is fp32; bert 3), plus one layer's activations recomputed in
+  backward (the measured peak sits at the logits instead; counting both is the cautious side).
+- Pipeline (1F1B schedule): stage i keeps min(p - i, m) micro batches of its layers in flight, m
+  the micro batches per optimizer step; stage 0 keeps the most, the last stage holds the logits.
+A 10% reserve of GPU memory stands for the CUDA context, NCCL buffers and fragmentation.
+
+Time: tokens (default schedule.max_steps x global batch x sequence_len) x FLOPs per token /
+(GPUs x the GPU's dense peak FLOP/s in the run's precision x MFU; precision.on_gpu_type: bf16, or
+fp16 on a GPU without it: the V100's 125 TFLOP/s); no pipeline bubble or communication term: the
+MFU stands for all of it. FLOPs per token as each model's flops_per_token: 6 x the weights that multiply (gpt: all
+but the input embedding; gpt3: the blocks' matrices and the tied head, Megatron's
+72*L*h^2 + 6*V*h; bert: all but the embedding tables, plus the tied decoder on the 15% predicted
+positions) + 12 x layers x width x sequence_len for attention. The seeds' Megatron-DeepSpeed times on A100 40GB
+(125M, 2.5B tokens, 1 GPU, ~8 h; 1.3B, 26B tokens, 4 GPUs, ~8 d) both correspond to an MFU of
+about 0.27 by this count (tests/test_plan.py); nanochat d20 at 2.2 s a step on 8 A800 to 0.33.
+"""
+
+from __future__ import annotations
+
+from ..settings.config import Config, ConfigError
+from ..settings.gpus import ANSWERS, find_answer
+from ..settings.precision import on_gpu_type
+from ..settings.rules import parallel_problems, precision_problems
+from ..settings.sizes import model_shape
+
+GIB = 1024**3
+RESERVE = 0.10  # share of GPU memory kept free: CUDA context, NCCL buffers, fragmentation
+BERT_POSITIONS, BERT_TOKEN_TYPES = 512, 2  # BertConfig defaults: position and segment embeddings
+BERT_MLM_SHARE = 0.15  # positions models/bert.py predicts (its MLM_PROBABILITY): the head runs on those only
+
+NODE_COUNTS = (1, 2, 4, 8)
+
+# Bytes per token per unit of width that one gpt block keeps for backward (measured, see above).
+ACTIVATION_BYTES_PER_LAYER = 63
+# Per layer, bytes per s*b*h that tensor parallelism does not split, by family and precision
+# (Korthikanti's 10, measured; see the docstring); the split part is 24/t.
+REPLICATED_BYTES = {("gpt3", "bf16"): 8, ("gpt3", "autocast"): 12, ("bert", "bf16"): 11, ("bert", "autocast"): 19}
+# Per layer with activation checkpointing, bytes per s*b*h of the saved layer input.
+CHECKPOINT_BYTES = {("gpt3", "bf16"): 2, ("gpt3", "autocast"): 4, ("bert", "bf16"): 3, ("bert", "autocast"): 3}
+# Logits and loss, bytes per b*s*V (bert: only the 15% predicted positions reach the head).
+LOGITS_BYTES = {"gpt3": 12, "bert": 12 * BERT_MLM_SHARE}
+
+
+def gpu_spec(gpu_type: str, precision: str | None = None) -> tuple[float, float]:
+    """(memory bytes, dense peak FLOP/s in precision: gpus.Gpu.peak) of a gpu_type answer."""
+    found = find_answer(gpu_type)
+    if found is None:
+        raise ConfigError(f"cluster.gpu_type={gpu_type!r} is not known to plan; use one of {', '.join(ANSWERS)}")
+    gpu, memory_gib = found
+    return memory_gib * GIB, gpu.peak(precision)
+
+
+def gpu_memory(gpu_type: str) -> float:
+    """Bytes of memory of a gpu_type answer."""
+    return gpu_spec(gpu_type)[0]
+
+
+# --- parameters ----------------------------------------------------------------------------------
+
+
+def block_params(h: int, tp: int = 1) -> int:
+    """One GPT-2/3 or BERT block on one tensor-parallel rank: 12h^2 + 13h when tp = 1."""
+    return (12 * h * h + 7 * h) // tp + 6 * h  # split: 4 matrices, qkv and fc biases; replicated: 2 biases, 2 norms
+
+
+def num_params(shape: dict[str, int], vocab_size: int, arch: str = "gpt", sequence_len: int = 2048) -> int:
+    """All parameters of the model (tied weights once). sequence_len matters for gpt3 (learned positions)."""
+    h, L, V = shape["n_embd"], shape["n_layer"], vocab_size
+    if arch == "gpt3":
+        return V * h + sequence_len * h + L * block_params(h) + 2 * h
+    if arch == "bert":
+        return (V + BERT_POSITIONS + BERT_TOKEN_TYPES) * h + 2 * h + L * block_params(h) + h * h + 3 * h + V
+    kv = shape["n_kv_head"] * (h // shape["n_head"])
+    return 2 * V * h + L * (2 * h * h + 2 * h * kv + 8 * h * h)
+
+
+def stage_layers(n_layer: int, pp: int) -> list[int]:
+    """Blocks per pipeline stage (equal when pp divides the layers, as the rules require)."""
+    return [n_layer // pp + (1 if i < n_layer % pp else 0) for i in range(pp)]
+
+
+def stage_params(
+    shape: dict[str, int], vocab_size: int, arch: str, sequence_len: int, tp: int = 1, pp: int = 1
+) -> list[int]:
+    """Parameters one GPU holds, per pipeline stage, after the tensor-parallel split (gpt3 only;
+    the other families run with tp = pp = 1)."""
+    if arch != "gpt3" or (tp, pp) == (1, 1):
+        return [num_params(shape, vocab_size, arch, sequence_len)]
+    h, V = shape["n_embd"], vocab_size
+    stages = []
+    for i, layers in enumerate(stage_layers(shape["n_layer"], pp)):
+        n = layers * block_params(h, tp)
+        if i == 0:
+            n += V * h + sequence_len * h  # token and position embeddings
+        if i == pp - 1:
+            n += 2 * h + (V * h if pp > 1 else 0)  # final LayerNorm; the head's tied copy of wte
+        stages.append(n)
+    return stages
+
+
+def largest_layer_params(shape: dict[str, int], vocab_size: int, arch: str = "gpt") -> int:
+    """Parameters of the largest module (DeepSpeed's estimate_zero3 counts a module's own tensors:
+    what ZeRO-3 gathers at once)."""
+    h, V = shape["n_embd"], vocab_size
+    if arch == "gpt3":
+        return max(V * h, 4 * h * h + 4 * h)  # word embedding, or the fc layer with its bias
+    if arch == "bert":
+        return V * h + V  # the MLM decoder: the tied embedding matrix plus its own bias
+    return max(V * h, 4 * h * h)
+
+
+def flops_per_token(shape: dict[str, int], vocab_size: int, sequence_len: int, arch: str = "gpt") -> int:
+    """Training FLOPs per token; mirrors each model's flops_per_token (tests assert equality) so that
+    plan needs no torch model."""
+    h, L, V = shape["n_embd"], shape["n_layer"], vocab_size
+    attention = 12 * L * h * sequence_len
+    if arch == "gpt3":
+        return 6 * (L * 12 * h * h + V * h) + attention
+    if arch == "bert":  # all but the embedding tables (biases and norms included, as models/bert.py
+        # counts them), + the tied decoder on the predicted share of the positions
+        tables = (V + BERT_POSITIONS + BERT_TOKEN_TYPES) * h
+        return int(6 * (num_params(shape, V, arch) - tables) + 6 * BERT_MLM_SHARE * V * h + attention)
+    matmul = num_params(shape, vocab_size) - V * h
+    head_dim = h // shape["n_head"]
+    return 6 * matmul + 12 * L * shape["n_head"] * head_dim * sequence_len
+
+
+# --- memory ----------------------------------------------------------------------------------------
+
+
+def model_states(
+    psi: int, stage: int, nd: int, offload_optimizer: bool = False, offload_params: bool = False
+) -> dict[str, float]:
+    """Bytes per GPU of weights, grads and optimizer (ZeRO paper), and bytes on the host."""
+    weights = 2 * psi / nd if stage == 3 else 2 * psi
+    grads = 2 * psi / nd if stage >= 2 else 2 * psi
+    optimizer = 12 * psi / nd if stage >= 1 else 12 * psi
+    host = 0.0
+    if offload_optimizer:
+        host += optimizer
+        optimizer = 0.0
+    if offload_params:
+        host += weights
+        weights = 0.0
+    return {"weights": weights, "grads": grads, "optimizer": optimizer, "host": host}
+
+
+def precision(cfg: Config) -> str:
+    """'bf16' where modules run in 16 bits without autocast (DeepSpeed's pipeline engine; fp16 takes the
+    same bytes), else 'autocast' (train.py's loop: DDP with fp32 weights, ZeRO with 16-bit weights)."""
+    uses_engine = cfg.model.arch == "gpt3" and (cfg.parallel.tensor, cfg.parallel.pipeline) != (1, 1)
+    return "bf16" if uses_engine and cfg.run.strategy == "deepspeed" else "autocast"
+
+
+def layer_activations(
+    shape: dict[str, int],
+    seq: int,
+    micro: int,
+    arch: str,
+    tp: int = 1,
+    mode: str = "autocast",
+    scores_stored: bool = False,
+) -> float:
+    """Bytes one block keeps for backward for one micro batch; scores_stored: attention keeps its
+    s x s probabilities (attention dropout), else the fused kernel keeps none."""
+    sbh = seq * micro * shape["n_embd"]
+    if arch == "gpt":
+        return ACTIVATION_BYTES_PER_LAYER * sbh
+    scores = 5 * shape["n_head"] * seq * seq * micro / tp if scores_stored else 0
+    return sbh * (REPLICATED_BYTES[arch, mode] + 24 / tp) + scores
+
+
+def activations(
+    shape: dict[str, int],
+    vocab_size: int,
+    seq: int,
+    micro: int,
+    softcap: float,
+    checkpointing: bool,
+    arch: str = "gpt",
+    tp: int = 1,
+    layers: int | None = None,
+    in_flight: int = 1,
+    logits: bool = True,
+    mode: str = "autocast",
+    scores_stored: bool = False,
+) -> float:
+    """Activation bytes on one GPU: `layers` blocks (default all) with `in_flight` micro batches
+    kept (pipeline), and the logits where this GPU computes the loss."""
+    layers = shape["n_layer"] if layers is None else layers
+    per_layer = layer_activations(shape, seq, micro, arch, tp, mode, scores_stored)
+    if checkpointing:
+        saved = 2 if arch == "gpt" else CHECKPOINT_BYTES[arch, mode]
+        kept = in_flight * layers * saved * seq * micro * shape["n_embd"] + (per_layer if layers else 0)
+    else:
+        kept = in_flight * layers * per_layer
+    if arch == "gpt":
+        per_logit = 4 * (2 if softcap > 0 else 1)  # fp32 logits, and the softcapped copy
+    else:
+        per_logit = LOGITS_BYTES[arch]
+    return kept + (micro * seq * vocab_size * per_logit if logits else 0)
+
+
+def zero_stage(cfg: Config) -> int:
+    """ZeRO stage of the config: 0 for DDP."""
+    return cfg.deepspeed.zero_stage if cfg.run.strategy == "deepspeed" else 0
+
+
+def layout_problems(cfg: Config) -> list[str]:
+    """What the rules refuse about this layout, strategy and precision on this GPU (empty when allowed)."""
+    shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
+    world = cfg.cluster.nodes * cfg.cluster.gpus_per_node
+    return parallel_problems(cfg, shape, world) + precision_problems(cfg, on_gpu_type(cfg))
+
+
+def memory(cfg: Config) -> dict:
+    """Per-GPU memory of the config's model, strategy and layout, for its most loaded GPU."""
+    arch, seq, vocab, micro = cfg.model.arch, cfg.model.sequence_len, cfg.data.vocab_size, cfg.batch.micro_batch_size
+    shape = model_shape(cfg.model.size, cfg.model.n_kv_head, arch)
+    tp, pp = cfg.parallel.tensor, cfg.parallel.pipeline
+    world = cfg.cluster.nodes * cfg.cluster.gpus_per_node
+    nd = cfg.data_parallel_size(world)
+    per_step = max(1, cfg.batch.global_batch_size // (micro * nd))  # micro batches per optimizer step
+    stage, ds = zero_stage(cfg), cfg.deepspeed
+    offload_opt, offload_params = stage > 0 and ds.offload_optimizer, stage == 3 and ds.offload_params
+    layers = stage_layers(shape["n_layer"], pp)
+    usable = gpu_memory(cfg.cluster.gpu_type) * (1 - RESERVE)
+    worst = None
+    for i, psi in enumerate(stage_params(shape, vocab, arch, seq, tp, pp)):
+        kw = dict(
+            arch=arch,
+            tp=tp,
+            layers=layers[i],
+            in_flight=min(pp - i, per_step),
+            logits=i == pp - 1,
+            mode=precision(cfg),
+            scores_stored=bool(cfg.model.attention_dropout),
+        )
+        act = {c: activations(shape, vocab, seq, micro, cfg.model.softcap, c, **kw) for c in (False, True)}
+        states = model_states(psi, stage, nd, offload_opt, offload_params)
+        total = states["weights"] + states["grads"] + states["optimizer"] + act[cfg.model.activation_checkpointing]
+        if worst is None or total > worst["total"]:
+            worst = {
+                "pipeline_stage": i,
+                "params_per_gpu": psi,
+                **states,
+                "activations": act[False],
+                "activations_checkpointed": act[True],
+                "in_flight": kw["in_flight"],
+                "total": total,
+            }
+    problems = layout_problems(cfg)
+    return {
+        "params": num_params(shape, vocab, arch, seq),
+        "tensor": tp,
+        "pipeline": pp,
+        "data_parallel": nd,
+        **worst,
+        "gpu": gpu_memory(cfg.cluster.gpu_type),
+        "usable": usable,
+        "problems": problems,
+        "fits": worst["total"] <= usable and not problems,
+    }
+
+
+# --- time ------------------------------------------------------------------------------------------
+
+
+def timing(cfg: Config, tokens: float, mfu: float) -> list[dict]:
+    shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
+    _, peak = gpu_spec(cfg.cluster.gpu_type, on_gpu_type(cfg))
+    flops = tokens * flops_per_token(shape, cfg.data.vocab_size, cfg.model.sequence_len, cfg.model.arch)
+    rows = []
+    grid = cfg.parallel.tensor * cfg.parallel.pipeline
+    for nodes in NODE_COUNTS:
+        gpus = nodes * cfg.cluster.gpus_per_node
+        hours = flops / (gpus * peak * mfu) / 3600
+        rows.append(
+            {"nodes": nodes, "gpus": gpus, "hours": hours, "gpu_hours": hours * gpus, "layout_fits": gpus % grid == 0}
+        )  # the tensor x pipeline grid must tile the GPUs
+    return rows

@@ -1,0 +1,237 @@
+"""Whether a config fits its GPUs, and the smallest change that makes it fit: single changes on the
+same GPUs first (smaller micro batch, activation checkpointing, a higher ZeRO stage, optimizer
+offload, more pipeline stages), then those changes piled up, then more nodes. A change the rules
+refuse is never suggested. No torch; the figures are estimates.py's.
+
+    from .fit import fit_problem, suggest
+    fit_problem(cfg)   # None, or one line: "does not fit: <figures>; smallest change: <keys to set>"
+    suggest(cfg)       # the change alone, e.g. "4 pipeline stages (parallel.pipeline=4; copier answer ...)"
+
+check_project (copier's post-generation task) and hooks/answers.py (copier's validators) call
+`fit_problem`; `plan` prints `suggest` under its verdict.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from ..settings.config import Config, ConfigError
+from ..settings.rules import Problem, resolve_grad_accum
+from ..settings.sizes import model_shape
+from .estimates import GIB, layout_problems, memory, zero_stage
+
+
+def changed(cfg: Config, **changes) -> Config:
+    """A copy of cfg with dotted keys set: changed(cfg, **{"batch.micro_batch_size": 4})."""
+    new = copy.deepcopy(cfg)
+    for key, value in changes.items():
+        section, name = key.split(".")
+        setattr(getattr(new, section), name, value)
+    return new
+
+
+def with_strategy(cfg: Config, stage: int, offload_optimizer: bool = False, offload_params: bool = False) -> Config:
+    """The config on DeepSpeed ZeRO `stage` (a ddp config at stage 0 stays ddp)."""
+    strategy = "ddp" if stage == 0 and cfg.run.strategy == "ddp" else "deepspeed"
+    return changed(
+        cfg,
+        **{
+            "run.strategy": strategy,
+            "deepspeed.zero_stage": stage if strategy == "deepspeed" else cfg.deepspeed.zero_stage,
+            "deepspeed.offload_optimizer": offload_optimizer,
+            "deepspeed.offload_params": offload_params,
+        },
+    )
+
+
+def allowed(cfg: Config) -> bool:
+    """The rules accept the layout and the global batch splits into micro batches x data ranks."""
+    if layout_problems(cfg):
+        return False
+    try:
+        resolve_grad_accum(cfg, cfg.data_parallel_size(cfg.cluster.nodes * cfg.cluster.gpus_per_node))
+    except ConfigError:
+        return False
+    return True
+
+
+def fits(cfg: Config) -> bool:
+    return allowed(cfg) and memory(cfg)["fits"]
+
+
+def same_hardware(cfg: Config):
+    """Single changes on the same GPUs, in the order plan tries them: smaller micro batch,
+    activation checkpointing, higher ZeRO stage, optimizer offload, more pipeline stages."""
+    micro = cfg.batch.micro_batch_size // 2
+    while micro >= 1:
+        yield changed(cfg, **{"batch.micro_batch_size": micro, "batch.grad_accum_steps": None})
+        micro //= 2
+    if not cfg.model.activation_checkpointing:
+        yield changed(cfg, **{"model.activation_checkpointing": True})
+    stage = zero_stage(cfg)
+    for higher in range(stage + 1, 4):
+        yield with_strategy(cfg, higher)
+    if not cfg.deepspeed.offload_optimizer or stage == 0:
+        yield with_strategy(cfg, max(stage, 1), offload_optimizer=True)
+    yield from more_stages(cfg)
+
+
+def more_stages(cfg: Config):
+    """gpt3: the next pipeline degrees that divide the layers (and the world), at ZeRO 0-1."""
+    if cfg.model.arch != "gpt3":
+        return
+    layers = model_shape(cfg.model.size, None, "gpt3")["n_layer"]
+    for pp in range(cfg.parallel.pipeline + 1, layers + 1):
+        if layers % pp == 0:
+            base = with_strategy(cfg, min(zero_stage(cfg), 1), cfg.deepspeed.offload_optimizer and zero_stage(cfg) > 0)
+            if base.run.strategy == "ddp":
+                base = changed(base, **{"run.strategy": "deepspeed", "deepspeed.zero_stage": 0})
+            yield changed(base, **{"parallel.pipeline": pp})
+
+
+def piles(cfg: Config):
+    """The same changes added one on top of the other (a change the rules refuse is left out)."""
+    micros = [
+        m
+        for m in range(1, cfg.batch.micro_batch_size + 1)
+        if allowed(changed(cfg, **{"batch.micro_batch_size": m, "batch.grad_accum_steps": None}))
+    ]
+    if micros:
+        cfg = changed(cfg, **{"batch.micro_batch_size": micros[0], "batch.grad_accum_steps": None})
+        yield cfg
+    cfg = changed(cfg, **{"model.activation_checkpointing": True})
+    yield cfg
+    for stage in range(zero_stage(cfg) + 1, 4):
+        if allowed(with_strategy(cfg, stage)):
+            cfg = with_strategy(cfg, stage)
+            yield cfg
+    stage = max(zero_stage(cfg), 1)
+    if allowed(with_strategy(cfg, stage, True)):
+        cfg = with_strategy(cfg, stage, True)
+        yield cfg
+    if stage == 3:
+        cfg = with_strategy(cfg, 3, True, True)
+        yield cfg
+    yield from more_stages(cfg)
+
+
+def more_nodes(cfg: Config):
+    """2x, 4x, ... the nodes at the highest ZeRO stage the layout allows (at least the current)."""
+    nodes = cfg.cluster.nodes * 2
+    while nodes <= 128:
+        wider = changed(cfg, **{"cluster.nodes": nodes})
+        ds = cfg.deepspeed
+        stages = [s for s in range(zero_stage(cfg), 4) if allowed(with_strategy(wider, s))]
+        yield (
+            with_strategy(
+                wider, stages[-1], ds.offload_optimizer and stages[-1] > 0, ds.offload_params and stages[-1] == 3
+            )
+            if stages
+            else wider
+        )
+        nodes *= 2
+
+
+def describe(old: Config, new: Config) -> str:
+    """The changes from old to new as config keys to set (and copier answers where there is one)."""
+    parts = []
+    if new.batch.micro_batch_size != old.batch.micro_batch_size:
+        accum = resolve_grad_accum(new, new.data_parallel_size(new.cluster.nodes * new.cluster.gpus_per_node))
+        parts.append(
+            f"batch.micro_batch_size={new.batch.micro_batch_size} (grad accumulation {accum}, global batch unchanged)"
+        )
+    if new.model.activation_checkpointing and not old.model.activation_checkpointing:
+        parts.append("activation checkpointing (model.activation_checkpointing=true)")
+    ds_old, ds_new = old.deepspeed, new.deepspeed
+    if (zero_stage(new), new.run.strategy, ds_new.offload_optimizer, ds_new.offload_params) != (
+        zero_stage(old),
+        old.run.strategy,
+        ds_old.offload_optimizer,
+        ds_old.offload_params,
+    ):
+        what = (
+            f"ZeRO stage {zero_stage(new)}"
+            + (" with the optimizer offloaded to CPU" if ds_new.offload_optimizer else "")
+            + (" and the parameters offloaded" if ds_new.offload_params else "")
+        )
+        keys = [f"run.strategy={new.run.strategy}"] if new.run.strategy != old.run.strategy else []
+        keys.append(f"deepspeed.zero_stage={ds_new.zero_stage}")
+        keys += (
+            [f"deepspeed.offload_optimizer={str(ds_new.offload_optimizer).lower()}"]
+            if ds_new.offload_optimizer != ds_old.offload_optimizer
+            else []
+        )
+        keys += (
+            [f"deepspeed.offload_params={str(ds_new.offload_params).lower()}"]
+            if ds_new.offload_params != ds_old.offload_params
+            else []
+        )
+        answers = (["strategy=deepspeed"] if new.run.strategy != old.run.strategy else []) + [
+            f"zero_stage={ds_new.zero_stage}"
+        ]
+        parts.append(f"{what} ({' '.join(keys)}; copier answers {', '.join(answers)})")
+    if new.parallel.pipeline != old.parallel.pipeline:
+        p = new.parallel.pipeline
+        parts.append(f"{p} pipeline stages (parallel.pipeline={p}; copier answer pipeline_parallel={p})")
+    if new.cluster.nodes != old.cluster.nodes:
+        n = new.cluster.nodes
+        parts.append(f"{n} nodes (cluster.nodes={n}; copier answer nodes={n})")
+    return " + ".join(parts)
+
+
+def suggest(cfg: Config) -> str | None:
+    """The first single change on the same hardware that fits; then those changes piled up in the
+    same order; then more nodes, alone and on top of the whole pile. None if nothing fits."""
+    for cand in same_hardware(cfg):
+        if fits(cand):
+            return describe(cfg, cand)
+    piled = list(piles(cfg))
+    for cand in piled:
+        if fits(cand):
+            return "together: " + describe(cfg, cand)
+    full = [c for c in piled if c.parallel.pipeline == cfg.parallel.pipeline][-1:]
+    for base in (cfg, *full):
+        for cand in more_nodes(base):
+            if fits(cand):
+                return ("" if base is cfg else "together: ") + describe(cfg, cand)
+    return None
+
+
+# --- the one line for copier and check_project ---------------------------------------------------
+
+
+def fit_problem(cfg: Config) -> Problem | None:
+    """None when the config fits its GPUs; else one line: the figures and the smallest change.
+    A misfit is a problem of cluster.gpu_type: the GPU is chosen after everything that shapes the memory."""
+    m = memory(cfg)
+    if m["fits"]:
+        return None
+    if m["problems"]:  # the first refusal's fix comes first
+        return Problem("refused: " + "; ".join(m["problems"]), *[k for p in m["problems"] for k in p.keys])
+    g = lambda b: f"{b / GIB:.1f}"  # noqa: E731
+    act = m["activations_checkpointed" if cfg.model.activation_checkpointing else "activations"]
+    where = f", pipeline stage {m['pipeline_stage']} of {m['pipeline']}" if m["pipeline"] > 1 else ""
+    reason = (
+        f"{cfg.model.arch} {cfg.model.size} on {cfg.cluster.nodes} x {cfg.cluster.gpus_per_node} "
+        f"{cfg.cluster.gpu_type} ({strategy_text(cfg)}, tensor {m['tensor']} x pipeline {m['pipeline']} x data "
+        f"{m['data_parallel']}, micro batch {cfg.batch.micro_batch_size}{where}) needs {g(m['total'])} GiB "
+        f"per GPU (weights {g(m['weights'])} + grads {g(m['grads'])} + optimizer {g(m['optimizer'])} + "
+        f"activations {g(act)}) > {g(m['usable'])} GiB usable of {m['gpu'] / GIB:.0f} GiB"
+    )
+    change = suggest(cfg) or "none found (a smaller model or larger GPUs)"
+    return Problem(
+        f"does not fit: {reason}; smallest change: {change}",
+        "cluster.gpu_type",
+        "model.size",
+        "batch.micro_batch_size",
+        "cluster.nodes",
+        "cluster.gpus_per_node",
+    )
+
+
+def strategy_text(cfg: Config) -> str:
+    if cfg.run.strategy != "deepspeed":
+        return "DDP (ZeRO stage 0)"
+    ds = cfg.deepspeed
+    extras = [x for x, on in (("optimizer offload", ds.offload_optimizer), ("param offload", ds.offload_params)) if on]
+    return f"DeepSpeed ZeRO stage {ds.zero_stage}" + (" + " + ", ".join(extras) if extras else "")

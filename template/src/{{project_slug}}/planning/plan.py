@@ -1,0 +1,193 @@
+"""`plan`: parameters, memory per GPU, whether the run fits (and the smallest change that makes it
+fit), how long it takes on 1, 2, 4 and 8 nodes, how long a stop signal may wait for the next logging
+step, and what 2x and 4x the nodes give under strong and weak scaling (scaling.py). Torch-free.
+
+    <package> plan                                  # the project's config: model, strategy, layout, GPU
+    <package> plan model.size=d26 batch.micro_batch_size=8
+    <package> plan --zero-stage 2 --offload-optimizer   # what DeepSpeed would need
+    <package> plan parallel.pipeline=8 cluster.nodes=4   # gpt3: another layout
+    <package> plan --checkpointing --mfu 0.35 --tokens 2e10
+    <package> plan --json                           # machine-readable; exit 1 when it does not fit
+
+This module is the command (flags, the report, its table); the figures and their sources are in
+estimates.py, the search for a change that fits in fit.py, the GPUs in gpus.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..settings.bounds import positive_float
+from ..settings.config import Config, ConfigError
+from ..settings.precision import on_gpu_type
+from ..settings.sizes import model_shape
+from .estimates import GIB, RESERVE, flops_per_token, gpu_spec, memory, timing, zero_stage
+from .fit import changed, strategy_text, suggest, with_strategy
+from .scaling import render_rows, scaling_rows
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--zero-stage",
+        type=int,
+        choices=range(4),
+        help="0 = DDP; default: the config's strategy (run.strategy, deepspeed.zero_stage)",
+    )
+    p.add_argument(
+        "--offload-optimizer", action="store_true", default=None, help="optimizer states in host memory (DeepSpeed)"
+    )
+    p.add_argument(
+        "--offload-params", action="store_true", default=None, help="weights in host memory (DeepSpeed stage 3)"
+    )
+    p.add_argument(
+        "--checkpointing",
+        action="store_true",
+        help="assume full activation checkpointing (default: model.activation_checkpointing)",
+    )
+    p.add_argument(
+        "--tokens", type=positive_float, help="training tokens (default: max_steps x global batch x sequence_len)"
+    )
+    p.add_argument("--mfu", type=float, default=0.4, help="assumed model FLOPs utilisation (default 0.4)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+
+
+def with_flags(cfg: Config, args: argparse.Namespace) -> Config:
+    """The config with plan's flags applied (they override the config's strategy)."""
+    stage, ds = zero_stage(cfg), cfg.deepspeed
+    offload_opt, offload_params = stage > 0 and ds.offload_optimizer, stage == 3 and ds.offload_params
+    if args.zero_stage is not None:
+        stage, offload_opt, offload_params = args.zero_stage, False, False
+    offload_opt = offload_opt if args.offload_optimizer is None else args.offload_optimizer
+    offload_params = offload_params if args.offload_params is None else args.offload_params
+    if offload_params and stage != 3:
+        raise ConfigError("--offload-params needs --zero-stage 3 (DeepSpeed offloads parameters only in stage 3)")
+    if offload_opt and stage == 0:
+        raise ConfigError("--offload-optimizer needs --zero-stage 1, 2 or 3 (DDP keeps the optimizer on the GPU)")
+    cfg = (
+        with_strategy(cfg, stage, offload_opt, offload_params)
+        if args.zero_stage is not None or offload_opt or offload_params
+        else cfg
+    )
+    return changed(cfg, **{"model.activation_checkpointing": True}) if args.checkpointing else cfg
+
+
+def build(cfg: Config, args: argparse.Namespace) -> dict:
+    if not 0 < args.mfu <= 1:
+        raise ConfigError(f"--mfu {args.mfu} must be in (0, 1], e.g. 0.4")
+    cfg = with_flags(cfg, args)
+    tokens = args.tokens or cfg.schedule.max_steps * cfg.batch.global_batch_size * cfg.model.sequence_len
+    mem = memory(cfg)
+    precision = on_gpu_type(cfg)
+    return {
+        "model": cfg.model.size,
+        "arch": cfg.model.arch,
+        "gpu_type": cfg.cluster.gpu_type,
+        "nodes": cfg.cluster.nodes,
+        "gpus_per_node": cfg.cluster.gpus_per_node,
+        "micro_batch_size": cfg.batch.micro_batch_size,
+        "sequence_len": cfg.model.sequence_len,
+        "strategy": strategy_text(cfg),
+        "zero_stage": zero_stage(cfg),
+        "offload_optimizer": cfg.deepspeed.offload_optimizer and zero_stage(cfg) > 0,
+        "offload_params": cfg.deepspeed.offload_params and zero_stage(cfg) == 3,
+        "checkpointing": cfg.model.activation_checkpointing,
+        "memory": mem,
+        "fits": mem["fits"],
+        "suggestion": None if mem["fits"] else ("; ".join(mem["problems"]) if mem["problems"] else suggest(cfg)),
+        "precision": precision,  # bf16, or fp16 (loss-scaled) on a GPU without bf16; fp32 if asked
+        "peak_flops": gpu_spec(cfg.cluster.gpu_type, precision)[1],  # dense, per GPU, for the time table
+        "tokens": tokens,
+        "mfu": args.mfu,
+        "time": timing(cfg, tokens, args.mfu),
+        "stop": stop_reaction(cfg, args.mfu),
+        "scaling": {
+            "choice": cfg.batch.scaling,
+            "max_steps": cfg.schedule.max_steps,
+            "rows": scaling_rows(cfg, args.mfu),
+        },
+    }
+
+
+def stop_reaction(cfg: Config, mfu: float) -> dict:
+    """How long a stop signal may wait for the ranks' agreement, held at logging steps only
+    (preemption.py): logging.every_steps steps on cluster.nodes x cluster.gpus_per_node GPUs at this
+    MFU, against cluster.stop_grace_seconds, which has to cover that and the save."""
+    shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
+    _, peak = gpu_spec(cfg.cluster.gpu_type, on_gpu_type(cfg))
+    step_tokens = cfg.batch.global_batch_size * cfg.model.sequence_len
+    step_flops = step_tokens * flops_per_token(shape, cfg.data.vocab_size, cfg.model.sequence_len, cfg.model.arch)
+    seconds = cfg.logging.every_steps * step_flops / (cfg.cluster.nodes * cfg.cluster.gpus_per_node * peak * mfu)
+    grace = cfg.cluster.stop_grace_seconds
+    return {
+        "every_steps": cfg.logging.every_steps,
+        "seconds": seconds,
+        "grace_seconds": grace,
+        "tight": seconds > grace / 2,
+    }
+
+
+def render(r: dict) -> str:
+    m = r["memory"]
+    g = lambda b: f"{b / GIB:8.2f} GiB"  # noqa: E731
+    layout = f"tensor {m['tensor']} x pipeline {m['pipeline']} x data {m['data_parallel']}"
+    lines = [
+        f"model {r['arch']} {r['model']}: {m['params']:,} parameters | {r['strategy']} | "
+        f"{r['nodes']} x {r['gpus_per_node']} {r['gpu_type']} ({layout}) | "
+        f"micro batch {r['micro_batch_size']} x {r['sequence_len']} tokens",
+        "",
+    ]
+    if m["pipeline"] > 1 or m["tensor"] > 1:
+        lines.append(
+            f"memory per GPU (most loaded: pipeline stage {m['pipeline_stage']} of {m['pipeline']}, "
+            f"{m['params_per_gpu']:,} parameters, {m['in_flight']} micro batch(es) in flight)"
+        )
+    else:
+        lines.append("memory per GPU")
+    used = "  <- used"
+    lines += [
+        f"  weights                       {g(m['weights'])}",
+        f"  grads                         {g(m['grads'])}",
+        f"  optimizer                     {g(m['optimizer'])}",
+        f"  activations                   {g(m['activations'])}{'' if r['checkpointing'] else used}",
+        f"  activations, checkpointed     {g(m['activations_checkpointed'])}{used if r['checkpointing'] else ''}",
+        f"  total                         {g(m['total'])}",
+        f"  GPU (minus {RESERVE:.0%} reserve)        {g(m['usable'])} of {m['gpu'] / GIB:.0f} GiB",
+    ]
+    if m["host"]:
+        lines.append(f"  host memory (offloaded)       {g(m['host'])}")
+    if m["problems"]:
+        lines.append("verdict: refused by the rules: " + "; ".join(m["problems"]))
+    else:
+        lines.append(f"verdict: {'fits' if r['fits'] else 'does NOT fit'}")
+        if not r["fits"]:
+            lines.append(f"smallest change that fits: {r['suggestion'] or 'none found (a smaller model?)'}")
+    kind = "16-bit" if r["precision"] == "fp32" else r["precision"]  # an fp32 run against the 16-bit peak too
+    lines += [
+        "",
+        f"time to train {r['tokens']:.3g} tokens at MFU {r['mfu']:.2f} of the {r['peak_flops'] / 1e12:.0f} "
+        f"TFLOP/s dense {kind} peak per GPU",
+        "  nodes  GPUs     hours  GPU-hours",
+    ]
+    grid = f"tensor {m['tensor']} x pipeline {m['pipeline']} needs a multiple of {m['tensor'] * m['pipeline']} GPUs"
+    lines += [
+        f"  {t['nodes']:5d} {t['gpus']:5d} {t['hours']:9.2f} {t['gpu_hours']:10.1f}"
+        + ("" if t["layout_fits"] else f"   ({grid})")
+        for t in r["time"]
+    ]
+    stop = r["stop"]
+    lines += [
+        "",
+        f"after a stop signal: up to logging.every_steps={stop['every_steps']} steps (about {stop['seconds']:.0f} s), "
+        f"then the save, within cluster.stop_grace_seconds={stop['grace_seconds']}"
+        + ("   <- tight: lower logging.every_steps or raise the grace" if stop["tight"] else ""),
+    ]
+    return "\n".join(lines + [""] + render_rows(**r["scaling"]))
+
+
+def run(cfg: Config, args: argparse.Namespace) -> int:
+    r = build(cfg, args)
+    print(json.dumps(r, indent=2) if args.json else render(r))
+    sys.stdout.flush()
+    return 0 if r["fits"] else 1

@@ -1,0 +1,144 @@
+"""Process-level distributed setup: reads RANK, LOCAL_RANK, WORLD_SIZE (set by torchrun),
+picks the device and backend (NCCL on CUDA, Gloo on CPU) and offers small collective helpers.
+
+The training code only sees this module; it never learns which platform started it.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import nullcontext
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ..settings import precision
+from ..settings.config import ConfigError, debug_requested
+from ..settings.topology import process_ranks
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def pick_device(preference: str, local_rank: int) -> torch.device:
+    if preference == "cpu" or (preference == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError("run.device=cuda but no CUDA device is visible; use run.device=auto or cpu")
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def resolve_precision(device: torch.device, dtype: str) -> str:
+    """'bf16', 'fp16' or 'fp32': run.dtype on this device (precision.resolve). bf16 is judged by the
+    compute capability, not torch.cuda.is_bf16_supported(), which also counts a V100's slow emulation."""
+    on_gpu = device.type == "cuda"
+    name, has_bf16 = device.type, False
+    if on_gpu:
+        major, minor = torch.cuda.get_device_capability(device)
+        name, has_bf16 = f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor})", major >= 8
+    return precision.resolve(dtype, on_gpu, has_bf16, name)
+
+
+def autocast_context(device: torch.device, dtype: str):
+    """Autocast to the resolved precision of run.dtype (resolve_precision): bf16 or fp16, none for fp32.
+    On CPU 'auto' means fp32, where bf16 is slow and only emulated."""
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(resolve_precision(device, dtype))
+    return torch.autocast(device.type, dtype=half) if half else nullcontext()
+
+
+def collective_timeout(cfg) -> timedelta:
+    """How long a collective waits before the group aborts (and, with TORCH_NCCL_DUMP_ON_TIMEOUT,
+    dumps its flight recorder): shorter under debug so a hang shows itself in minutes."""
+    minutes = cfg.run.debug_timeout_minutes if debug_requested(cfg) else cfg.run.collective_timeout_minutes
+    return timedelta(minutes=minutes)
+
+
+def init_distributed(device_preference: str = "auto", timeout: timedelta | None = None) -> DistInfo:
+    """Join the process group when launched with several processes; no-op for one process."""
+    rank, local_rank, world_size = process_ranks(os.environ)
+    if world_size > 1:
+        # Libraries that read the variables themselves (DeepSpeed: LOCAL_RANK picks its device and is
+        # checked against OMPI_COMM_WORLD_LOCAL_RANK) see the ranks mpirun or srun gave this process.
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size))
+    device = pick_device(device_preference, local_rank)
+    if dist.is_initialized():  # Ray Train sets up the group before calling the training function
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    elif world_size > 1:
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        # Rendezvous at MASTER_ADDR:MASTER_PORT. device_id lets NCCL bind this GPU eagerly.
+        dist.init_process_group(
+            backend=backend,
+            rank=rank,
+            world_size=world_size,
+            timeout=timeout,
+            device_id=device if device.type == "cuda" else None,
+        )
+    return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+
+
+def finish() -> None:
+    """After a successful run: every rank finishes its outstanding collectives before any rank
+    closes its sockets (a Gloo peer torn down mid-operation aborts the other process with
+    "terminate called without an active exception"). Not on the error path: a failed rank must
+    not wait for peers that may be stuck in a collective it will never join."""
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        t /= dist.get_world_size()
+    return t
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def share_from_main(value):
+    """Collective: global rank 0's value (any picklable object) on every rank."""
+    if not dist.is_initialized():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def gather_objects(value) -> list:
+    """Collective: every rank's value, in rank order, on every rank."""
+    if not dist.is_initialized():
+        return [value]
+    found = [None] * dist.get_world_size()
+    dist.all_gather_object(found, value)
+    return found
+
+
+def print0(*args, **kwargs) -> None:
+    """Print on global rank 0 only."""
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(*args, **kwargs, flush=True)

@@ -1,0 +1,428 @@
+"""Typed training configuration: config/train.yaml plus command-line overrides.
+
+Precedence: command line (`key=value` or `--set key=value`) > YAML file > dataclass defaults.
+Every section is a dataclass; the docstring under each field says what it means and its unit.
+Also where the project's files are (project_root, under_root, read_env_file).
+A user mistake (unknown key, wrong type) raises ConfigError naming the key and the fix; the CLI
+prints it without a traceback. This module imports no torch so `check` runs anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import hashlib
+import json
+import os
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A mistake the user can fix, printed in a line or two without traceback. `key`: the config
+    key ("section.name") whose value is wrong; callers relate errors to settings by it, not by wording."""
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key
+
+
+def debug_requested(cfg: Config | None = None) -> bool:
+    """run.debug in the config or TRAIN_DEBUG=1 in the environment (the launchers set it)."""
+    env = os.environ.get("TRAIN_DEBUG", "").lower() in ("1", "true", "yes", "on")
+    return env or bool(cfg is not None and cfg.run.debug)
+
+
+@dataclass
+class ClusterConfig:
+    nodes: int = 1
+    """Machines a full-size run uses (a copier answer: change it with `copier update --data nodes=N`)."""
+    gpus_per_node: int = 8
+    """Training processes per machine, one per GPU (a copier answer)."""
+    gpu_type: str = "h100-80gb"
+    """GPU model, for `plan`'s memory fit and time estimate (a copier answer)."""
+    max_restarts: int = 3
+    """torchrun restarts of a node's workers after a failure (a rank crashed, a node left); each
+    restart resumes from the latest checkpoint. 0 = fail at the first error."""
+    stop_grace_seconds: int = 120
+    """After SIGTERM/SIGUSR1 (preemption, pod deletion, Slurm --signal), how long torchrun lets the
+    ranks finish their step and save before it kills them. Keep the platform's grace period
+    (Kubernetes terminationGracePeriodSeconds, Slurm --signal=USR1@N) at least this long."""
+
+
+@dataclass
+class ModelConfig:
+    arch: str = "gpt"
+    """Model family: 'gpt' (nanochat-style, from scratch), 'bert' (masked LM, transformers) or
+    'gpt3' (GPT-3 sizes with tensor/pipeline parallelism on DeepSpeed); a copier answer."""
+    size: str = "d20"
+    """gpt: 'tiny' or 'd<depth>' (width 64*depth, heads of 128); bert: tiny|base|large;
+    gpt3: tiny|125M|350M|760M|1.3B|2.7B|6.7B|13B|175B (see sizes.py)."""
+    n_kv_head: int | None = None
+    """gpt only: key/value heads for grouped-query attention; null = as many as query heads."""
+    sequence_len: int = 2048
+    """Tokens per training sequence (context length)."""
+    softcap: float = 15.0
+    """gpt only: logits are squashed to (-softcap, softcap) with tanh; 0 disables."""
+    pretrained: str = ""
+    """bert only: local folder with config.json and weights to start from (fine-tuning); empty =
+    from scratch with the shape of `size`. Nothing is downloaded (HF_HUB_OFFLINE=1)."""
+    dropout: float | None = None
+    """Hidden dropout, masks per sample (any layout, same losses); null = none, bert: config.json's."""
+    attention_dropout: float | None = None
+    """bert and gpt3: attention-probability dropout; null = none (the fused flash kernel); above 0 the
+    T x T probabilities are materialised (BERT's and Megatron's 0.1, at the cost plan shows)."""
+    activation_checkpointing: bool = False
+    """Recompute activations in backward instead of keeping them: ~1/3 more compute, far less memory."""
+
+
+@dataclass
+class DataConfig:
+    dir: str = "data"
+    """Folder on shared storage with raw/ (inputs), tokenizer.json and the packed token shards."""
+    raw: str = ""
+    """Input files for prepare-data (glob, relative to `dir` or absolute); empty = raw/* in `dir`."""
+    tokenizer: str = ""
+    """Existing tokenizer.json to use; empty = train a BPE tokenizer into `dir`/tokenizer.json."""
+    vocab_size: int = 32768
+    """Vocabulary size when prepare-data trains the tokenizer."""
+    tokenizer_train_chars: int = 1_000_000_000
+    """Characters of raw text the tokenizer is trained on (the rest is only encoded)."""
+    val_fraction: float = 0.005
+    """Share of documents held out for the validation shard."""
+    shard_tokens: int = 100_000_000
+    """Tokens per training shard file."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-4
+    """Peak learning rate of AdamW."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay for matrices; embeddings get none."""
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    """Global gradient-norm clip; 0 disables."""
+
+
+@dataclass
+class ScheduleConfig:
+    max_steps: int = 20000
+    """Optimizer steps of the whole run."""
+    warmup_steps: int = 500
+    """Steps of linear warmup from 0 to the peak learning rate."""
+    min_lr_ratio: float = 0.1
+    """Cosine decay ends at lr * min_lr_ratio."""
+
+
+@dataclass
+class BatchConfig:
+    global_batch_size: int = 256
+    """Sequences per optimizer step across all data-parallel ranks."""
+    micro_batch_size: int = 16
+    """Sequences per forward/backward pass on one rank."""
+    grad_accum_steps: int | None = None
+    """Micro steps per optimizer step; null = derived as global / (micro * data-parallel size)."""
+    scaling: str = "strong"
+    """Another number of GPUs than cluster.* keeps: 'strong' the global batch (accumulation is derived),
+    'weak' the batch per GPU (global_batch_size is then the one of cluster.nodes x gpus_per_node)."""
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = 1000
+    """Save every N optimizer steps (and at the end); 0 = only at the end."""
+    keep_last: int = 3
+    """Checkpoints kept on disk; older ones are deleted after a successful save."""
+    resume: bool = True
+    """Continue from the newest intact checkpoint in output_dir/checkpoints when one exists. false:
+    this is a new run, refused on a folder that holds an earlier one (never overwritten)."""
+    reshard: bool = False
+    """Allow resuming a checkpoint written by another number of data-parallel ranks. DDP only
+    (every rank holds the whole model; the data stream depends on the global batch alone); the
+    continuation is then equal up to reduction order, not bitwise. ZeRO shards cannot be resharded."""
+
+
+@dataclass
+class LoggingConfig:
+    every_steps: int = 10
+    """Write a metrics line (console, metrics.jsonl, TensorBoard) every N steps."""
+    tensorboard: bool = True
+    """Write TensorBoard events to output_dir/tensorboard."""
+    eval_every_steps: int = 1000
+    """Validation loss every N steps; 0 = only at the end."""
+    eval_batches: int = 20
+    """Micro batches per rank used for validation."""
+
+
+@dataclass
+class RunConfig:
+    output_dir: str = "runs"
+    """Folder on shared storage for checkpoints, metrics.jsonl, TensorBoard and the resolved config."""
+    seed: int = 1337
+    device: str = "auto"
+    """'auto' (CUDA when present), 'cuda' or 'cpu'."""
+    dtype: str = "auto"
+    """'auto' (bf16 on a GPU with bf16, fp16 loss-scaled on an older one, fp32 on CPU), 'bf16', 'fp16'
+    or 'fp32': precision.py."""
+    compile: bool = True
+    """torch.compile the model on CUDA under every strategy (a slower start, faster steps); CPU: eager."""
+    strategy: str = "ddp"
+    """'ddp' (torch DistributedDataParallel) or 'deepspeed' (ZeRO; settings in the deepspeed section)."""
+    debug: bool = False
+    """Hang forensics, same as TRAIN_DEBUG=1: per-rank log files, config/nccl-debug.env (NCCL INFO,
+    flight recorder dumps on a timeout, desync report) and collectives time out after
+    debug_timeout_minutes instead of collective_timeout_minutes."""
+    collective_timeout_minutes: float = 10.0
+    """How long a collective may wait for the other ranks before the process group aborts."""
+    debug_timeout_minutes: float = 2.0
+    """The collective timeout under run.debug / TRAIN_DEBUG=1: a hang surfaces (and dumps) sooner."""
+
+
+@dataclass
+class ParallelConfig:
+    tensor: int = 1
+    """Tensor-parallel degree (gpt3): each layer's matrices split over this many GPUs of a node."""
+    pipeline: int = 1
+    """Pipeline-parallel degree (gpt3): the layers split into this many stages."""
+
+
+@dataclass
+class DeepSpeedConfig:
+    zero_stage: int = 1
+    """ZeRO stage with run.strategy=deepspeed: 0 plain data parallel, 1 shards optimizer state,
+    2 also gradients, 3 also parameters."""
+    offload_optimizer: bool = False
+    """Keep optimizer state in CPU memory (ZeRO 1-3): less GPU memory, slower steps."""
+    offload_params: bool = False
+    """Keep parameters in CPU memory (ZeRO 3 only)."""
+
+
+@dataclass
+class Config:
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def data_parallel_size(self, world_size: int) -> int:
+        """Ranks that hold a full model replica: world / (tensor x pipeline)."""
+        return max(1, world_size // (self.parallel.tensor * self.parallel.pipeline))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def model_fingerprint(self) -> str:
+        """Hash of the settings a checkpoint cannot outlive (shape of model and data stream)."""
+        # Settings that do not change the weights stay out; so do new fields at their defaults,
+        # which keeps checkpoints of earlier template versions resumable.
+        model = {
+            k: v
+            for k, v in dataclasses.asdict(self.model).items()
+            if k != "activation_checkpointing" and (k, v) not in (("arch", "gpt"), ("pretrained", ""))
+        }
+        key = {"model": model, "global_batch_size": self.batch.global_batch_size}
+        if (self.parallel.tensor, self.parallel.pipeline) != (1, 1):
+            key["parallel"] = dataclasses.asdict(self.parallel)  # shards of a layout do not fit another
+        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# Where the project is, and the KEY=VALUE files it keeps (config/nccl.env, config/nccl-debug.env),
+# read the way shells and env_file do.
+def read_env_file(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines; '#' starts a comment; blank lines are skipped; a missing file is empty."""
+    values = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line:
+                key, sep, value = line.partition("=")
+                if sep:
+                    values[key.strip()] = value.strip().strip("'\"")
+    return values
+
+
+def project_root() -> Path:
+    """The folder holding config/ (the working directory in the image, else the source checkout)."""
+    here = Path.cwd()
+    return here if (here / "config").is_dir() else Path(__file__).resolve().parents[3]
+
+
+def under_root(path: str | Path) -> Path:
+    """An absolute path as it is; a relative one (run.output_dir=runs) from the project root."""
+    path = Path(path)
+    return path if path.is_absolute() else project_root() / path
+
+
+def default_config_path() -> Path:
+    """config/train.yaml in the working directory, else the one beside the installed project."""
+    here = Path("config/train.yaml")
+    if here.is_file():
+        return here
+    return Path(__file__).resolve().parents[3] / "config" / "train.yaml"
+
+
+def add_config_arguments(p: argparse.ArgumentParser) -> None:
+    """--config and --set of every command (load_config's path and overrides)."""
+    p.add_argument("--config", help="YAML config (default: config/train.yaml)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config value, e.g. --set optim.lr=1e-3; a bare KEY=VALUE argument works too",
+    )
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """Read YAML, apply `section.key=value` overrides, return a validated Config."""
+    path = Path(path) if path else default_config_path()
+    if not path.is_file():
+        raise ConfigError(f"config file {path} not found; pass --config PATH or run from the project folder")
+    text = path.read_text()
+    # A conflicting `copier update` (or git merge) leaves markers that may still parse as YAML.
+    markers = [
+        n
+        for n, line in enumerate(text.splitlines(), 1)
+        if line.startswith(("<<<<<<<", ">>>>>>>")) or line.rstrip() == "======="
+    ]
+    if markers:
+        raise ConfigError(
+            f"unresolved merge conflict markers in {path} (lines {', '.join(map(str, markers[:6]))}): "
+            "resolve them (keep one side between <<<<<<< and >>>>>>>), then run check again"
+        )
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path} must hold a mapping of sections (model:, data:, ...)")
+    cfg = Config()
+    for section_name, values in raw.items():
+        section = _section(cfg, section_name, str(path))
+        if not isinstance(values, dict):
+            raise ConfigError(f"{section_name} in {path} must be a mapping of keys, got {values!r}")
+        for key, value in values.items():
+            _assign(section, section_name, key, value, source=str(path), from_text=False)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or "." not in key:
+            raise ConfigError(f"override {item!r} must look like section.key=value, e.g. optim.lr=1e-3")
+        section_name, _, name = key.strip().partition(".")
+        section = _section(cfg, section_name, "the command line")
+        _assign(section, section_name, name, text.strip(), source="the command line", from_text=True)
+    _check_choices(cfg)
+    return cfg
+
+
+def save_config(cfg: Config, path: Path) -> None:
+    path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+
+def _section(cfg: Config, name: str, source: str):
+    names = [f.name for f in dataclasses.fields(cfg)]
+    if name not in names:
+        raise ConfigError(
+            f"unknown section '{name}' in {source}{_did_you_mean(name, names)}; sections are {', '.join(names)}"
+        )
+    return getattr(cfg, name)
+
+
+def _assign(section, section_name: str, key: str, value: Any, source: str, from_text: bool) -> None:
+    fields = {f.name: f for f in dataclasses.fields(section)}
+    if key not in fields:
+        raise ConfigError(
+            f"unknown key '{section_name}.{key}' in {source}{_did_you_mean(key, list(fields), section_name + '.')}; "
+            f"keys of {section_name}: {', '.join(fields)}"
+        )
+    hint = typing.get_type_hints(type(section))[key]
+    setattr(section, key, _coerce(value, hint, f"{section_name}.{key}", source, from_text))
+
+
+def _coerce(value: Any, hint: Any, name: str, source: str, from_text: bool) -> Any:
+    """Turn a YAML value or command-line text into the field's type, or raise naming the key."""
+    optional = isinstance(hint, types.UnionType) and type(None) in typing.get_args(hint)
+    base = next((a for a in typing.get_args(hint) if a is not type(None)), hint) if optional else hint
+    if optional and (value is None or (from_text and str(value).lower() in ("null", "none", ""))):
+        return None
+    wrong = ConfigError(f"{name} in {source}: expected {_type_word(base, optional)}, got {value!r}", key=name)
+    if base is bool:
+        if isinstance(value, bool):
+            return value
+        if from_text and str(value).lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
+            return str(value).lower() in ("true", "yes", "on", "1")
+        raise wrong
+    if base is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and re.fullmatch(r"[+-]?[0-9][0-9_]*", value.strip()):
+            return int(value.replace("_", ""))
+        raise wrong
+    if base is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                raise wrong from None
+        raise wrong
+    if base is str:
+        if isinstance(value, (dict, list)) or value is None:
+            raise wrong
+        return str(value)
+    raise AssertionError(f"unsupported field type {hint} for {name}")
+
+
+def _type_word(base: Any, optional: bool) -> str:
+    word = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[base]
+    return word + (" or null" if optional else "")
+
+
+def _did_you_mean(name: str, options: list[str], prefix: str = "") -> str:
+    close = difflib.get_close_matches(name, options, n=1)
+    return f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+
+
+def _check_choices(cfg: Config) -> None:
+    choices = {
+        "model.arch": ("gpt", "bert", "gpt3"),
+        "run.device": ("auto", "cuda", "cpu"),
+        "run.dtype": ("auto", "bf16", "fp16", "fp32"),
+        "run.strategy": ("ddp", "deepspeed"),
+        "batch.scaling": ("strong", "weak"),
+        "deepspeed.zero_stage": (0, 1, 2, 3),
+    }
+    for name, allowed in choices.items():
+        section, key = name.split(".")
+        value = getattr(getattr(cfg, section), key)
+        if value not in allowed:
+            raise ConfigError(f"{name}={value!r} is not one of {', '.join(map(str, allowed))}", key=name)
+    ds = cfg.deepspeed
+    if ds.offload_params and ds.zero_stage != 3:
+        raise ConfigError(
+            f"deepspeed.offload_params=true needs deepspeed.zero_stage=3 (got {ds.zero_stage})",
+            key="deepspeed.offload_params",
+        )
+    if ds.offload_optimizer and ds.zero_stage == 0:
+        raise ConfigError(
+            "deepspeed.offload_optimizer=true needs deepspeed.zero_stage 1, 2 or 3 (got 0)",
+            key="deepspeed.offload_optimizer",
+        )

@@ -1,0 +1,59 @@
+"""What every strategy does the same way: which parameters get weight decay (AdamW's groups), the
+global gradient norm they log and clip by, and whether the model is compiled.
+
+Every strategy compiles on CUDA: DDP the module before wrapping it, DeepSpeed its engine's module,
+the pipeline each layer of its stage (the schedule between them stays eager). CPU runs stay eager:
+they are the tests' runs, and Inductor's C++ build would cost each process minutes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from ..settings.config import Config
+
+
+def compiled(cfg: Config, device) -> tuple[bool, str]:
+    if not cfg.run.compile:
+        return False, "eager (run.compile=false)"
+    if device.type != "cuda":
+        return False, f"eager on {device.type} (run.compile applies on CUDA)"
+    return True, "compiled"
+
+
+def norm_dtype(device: torch.device) -> torch.dtype:
+    """fp64, as DeepSpeed uses, except where the device has none (Apple's MPS)."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+def global_grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The L2 norm of all grads as one vector, as a float32 scalar (inf or NaN if a gradient is)."""
+    if not grads:
+        return torch.zeros(())
+    norms = torch._foreach_norm(grads, 2, dtype=norm_dtype(grads[0].device))
+    return torch.linalg.vector_norm(torch.stack(norms)).float()
+
+
+def clip_gradients(parameters: Iterable[torch.nn.Parameter], max_norm: float | None) -> torch.Tensor:
+    """Scale the gradients so that their global norm is at most max_norm (0 or None: leave them);
+    returns the norm before clipping. The factor is torch's: max_norm / (norm + 1e-6), at most 1."""
+    params = [p for p in parameters if p.grad is not None]
+    norm = global_grad_norm([p.grad for p in params])
+    if max_norm:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    return norm
+
+
+def param_groups(model, weight_decay: float) -> list[dict]:
+    """AdamW groups: weight decay shrinks matrices toward zero; on embedding tables it only hurts rare tokens."""
+
+    def decays(name, p):
+        return p.dim() >= 2 and not any(key in name for key in ("wte", "wpe", "embeddings"))
+
+    named = list(model.named_parameters())
+    return [
+        {"params": [p for n, p in named if decays(n, p)], "weight_decay": weight_decay},
+        {"params": [p for n, p in named if not decays(n, p)], "weight_decay": 0.0},
+    ]

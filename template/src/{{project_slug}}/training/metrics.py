@@ -1,0 +1,99 @@
+"""Throughput, model FLOPs utilisation and the metric sinks (console, metrics.jsonl, TensorBoard).
+
+MFU = achieved model FLOPs / peak dense FLOPs of all GPUs in the run's 16-bit precision (bf16 or
+fp16; an fp32 run is measured against the GPU's 16-bit peak too). Peaks come from gpus.py (vendor
+figures without sparsity); an unknown device (CPU included) reports MFU as null rather than a made-up
+number. Under fp16 each record also holds loss_scale and skipped: the optimizer steps the loss scaler
+has skipped so far in the run (their gradients overflowed; no update was made).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from ..settings.gpus import peak_for_device_name
+
+
+def peak_flops(device: torch.device, precision: str | None = None) -> float | None:
+    if device.type != "cuda":
+        return None
+    return peak_for_device_name(torch.cuda.get_device_name(device), precision)
+
+
+def mfu(flops_per_token: float, tokens_per_sec: float, num_gpus: int, peak: float | None) -> float | None:
+    if not peak:
+        return None
+    return flops_per_token * tokens_per_sec / (peak * num_gpus)
+
+
+class MetricsLogger:
+    """Appends one JSON object per logged step to metrics.jsonl and mirrors scalars to TensorBoard.
+    Created with enabled=False on non-zero ranks, where every call is a no-op."""
+
+    def __init__(self, output_dir: Path, enabled: bool, tensorboard: bool, resume_step: int = 0):
+        """resume_step: the step training continues from; records after it (logged by an attempt
+        that stopped before its next checkpoint) are dropped, so every step appears once."""
+        self.enabled = enabled
+        self.writer = None
+        if not enabled:
+            return
+        output_dir.mkdir(parents=True, exist_ok=True)
+        path = output_dir / "metrics.jsonl"
+        drop_records_after(path, resume_step)
+        self.jsonl = path.open("a", encoding="utf-8")
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # purge_step hides the dead attempt's events from resume_step + 1 on.
+            self.writer = SummaryWriter(log_dir=str(output_dir / "tensorboard"), purge_step=resume_step + 1)
+
+    def log(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        self.jsonl.write(json.dumps(record) + "\n")
+        self.jsonl.flush()
+        if self.writer is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self.writer.add_scalar(key, value, record["step"])
+
+    def close(self) -> None:
+        if self.enabled:
+            self.jsonl.close()
+            if self.writer is not None:
+                self.writer.close()
+
+
+def drop_records_after(path: Path, step: int) -> None:
+    """Rewrite metrics.jsonl without records past `step`, nor a line torn by a kill (atomically:
+    the new file is renamed over the old one)."""
+    if not path.is_file():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = [line for line in lines if (_record_step(line) or step + 1) <= step]
+    if len(kept) != len(lines):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        os.replace(tmp, path)
+
+
+def _record_step(line: str) -> int | None:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def format_step(record: dict, max_steps: int) -> str:
+    parts = [f"step {record['step']:>6}/{max_steps}", f"loss {record['loss']:.4f}", f"lr {record['lr']:.2e}"]
+    parts.append(f"{record['tokens_per_sec']:,.0f} tok/s")
+    if record.get("mfu") is not None:
+        parts.append(f"mfu {100 * record['mfu']:.1f}%")
+    parts.append(f"{1000 * record['step_time']:.0f} ms/step")
+    if "loss_scale" in record:
+        parts.append(f"loss scale {record['loss_scale']:g}, {record['skipped']} skipped")
+    return " | ".join(parts)

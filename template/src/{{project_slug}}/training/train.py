@@ -1,0 +1,263 @@
+"""The training loop: data parallel over torchrun ranks (DDP or DeepSpeed ZeRO, see strategies/),
+gradient accumulation, mixed precision (bf16, or fp16 with loss scaling: precision.py), optional
+torch.compile, AdamW with warmup + cosine, clipping, metrics, evaluation and checkpoints.
+
+    torchrun --standalone --nproc-per-node 8 -m <package> train [key=value ...]
+    torchrun --standalone --nproc-per-node 8 -m <package> train run.strategy=deepspeed deepspeed.zero_stage=2
+    <package> launch devmachine            # builds that torchrun command for you
+
+Each rank reads its own slice of every global batch; the stream position follows from the step,
+so a resumed run reads exactly the data it would have read.
+
+Faults: a resume restores every rank's state (checkpoint.py), so the run continues bit for bit
+as if never stopped; SIGTERM/SIGUSR1 make all ranks save at the next logging or checkpoint step
+(at most logging.every_steps steps later) and exit with EXIT_PREEMPTED (preemption.py); torchrun's
+--max-restarts brings a crashed rank back, which then resumes from the latest intact checkpoint.
+Before anything is written, rank 0 claims the output folder for this job (run_lock.py) and refuses
+a folder that holds another run or lacks room for the next checkpoint
+(checkpoint_files.refuse_to_start); every rank follows its verdict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from ..data.masked import open_split
+from ..data.tokens import TokenData, data_fingerprint, load_tokenizer, micro_batch_start, read_meta, token_byte_lengths
+from ..evaluation.evaluate import evaluate, format_scores, val_scores
+from ..models.sample_dropout import sample_keys, samples
+from ..runtime import checkpoint, checkpoint_files, faults
+from ..runtime.distributed import (
+    DistInfo,
+    all_reduce_mean,
+    autocast_context,
+    collective_timeout,
+    finish,
+    init_distributed,
+    print0,
+    resolve_precision,
+    share_from_main,
+    shutdown,
+)
+from ..runtime.unrecoverable import SharedFailure, raise_on_every_rank
+from ..settings.config import Config, ConfigError, save_config
+from ..settings.rules import at_world_size, require_valid, resolve_grad_accum, scaling_note
+from ..strategies import build_strategy
+from . import preemption, prefetch, run_lock
+from .metrics import MetricsLogger, format_step, mfu, peak_flops
+
+
+def lr_at(step: int, cfg: Config) -> float:
+    """Linear warmup to optim.lr, then cosine decay to lr * min_lr_ratio at max_steps."""
+    s, peak = cfg.schedule, cfg.optim.lr
+    if step < s.warmup_steps:
+        return peak * (step + 1) / s.warmup_steps
+    progress = min(1.0, (step - s.warmup_steps) / max(1, s.max_steps - s.warmup_steps))
+    return peak * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def micro_batches(data: TokenData, step: int, accum: int, data_rank: int, b, seed: int) -> list[tuple]:
+    """The (inputs, targets, dropout keys) micro batches of one optimizer step for one data-parallel
+    rank, on the CPU (training/prefetch.py reads them ahead and moves them); the keys name the samples by
+    their place in the stream (models/sample_dropout.py)."""
+    batches = []
+    for micro in range(accum):
+        first = micro_batch_start(step, micro, data_rank, b.global_batch_size, b.micro_batch_size, accum)
+        x, y = data.batch(first, b.micro_batch_size)
+        batches.append((x, y, sample_keys(seed, step, first, b.micro_batch_size)))
+    return batches
+
+
+def run_training(cfg: Config) -> int:
+    info = init_distributed(cfg.run.device, collective_timeout(cfg))
+    try:
+        require_valid(cfg, info.world_size)  # before the folder is claimed: a mistake leaves no trace there
+        resolve_precision(info.device, cfg.run.dtype)  # bf16 on a GPU without it: one line from every rank
+        cfg = at_world_size(cfg, info.world_size)  # batch.scaling=weak: this world's global batch
+        lock, resume = claim_output_dir(cfg, info)
+        try:
+            code = _train(cfg, info, resume, lock)
+        finally:
+            if lock is not None:
+                lock.release()
+        finish()
+        return code
+    except SharedFailure:
+        # Every rank raised it at the same point: they end together, or a rank that leaves at once
+        # could tear down a peer still completing the collective that shared it (Gloo aborts it).
+        finish()
+        raise
+    finally:
+        shutdown()
+
+
+def claim_output_dir(cfg: Config, info: DistInfo) -> tuple[run_lock.RunLock | None, bool]:
+    """Collective: rank 0 holds run.output_dir for this job (or finds its supervisor holding it),
+    refuses a folder of another run under checkpoint.resume=false and a disk without room; every
+    rank ends with rank 0's verdict. Returns the lock (rank 0) and whether to resume: a restart of
+    the job that started the run in this folder continues it whatever checkpoint.resume says."""
+    out, lock, verdict = Path(cfg.run.output_dir), None, None
+    if info.is_main:
+        try:
+            lock = run_lock.acquire(out, run_lock.job_identity(os.environ))
+            resume = cfg.checkpoint.resume or run_lock.last_job(out) == lock.job
+            checkpoint_files.refuse_to_start(out, resume)
+            verdict = (None, resume)
+        except ConfigError as exc:
+            if lock is not None:
+                lock.release()
+                lock = None
+            verdict = (str(exc), False)
+    message, resume = share_from_main(verdict)
+    if message:
+        raise_on_every_rank(message, info.is_main, key="run.output_dir")
+    return lock, resume
+
+
+def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | None) -> int:
+    accum = resolve_grad_accum(cfg, cfg.data_parallel_size(info.world_size))
+    device, T = info.device, cfg.model.sequence_len
+    out = Path(cfg.run.output_dir)
+    ckpt_dir = out / "checkpoints"
+    data_dir = Path(cfg.data.dir)
+    meta = read_meta(data_dir)
+    trained_on = data_fingerprint(data_dir, meta)  # recorded in every checkpoint of this run
+    train_data = open_split(cfg, data_dir, "train")
+    val_data = open_split(cfg, data_dir, "val")
+    token_bytes = torch.from_numpy(token_byte_lengths(load_tokenizer(data_dir / meta["tokenizer"]))).to(device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+
+    torch.manual_seed(cfg.run.seed)  # same init on every rank; DDP also broadcasts rank 0's weights
+    # Builds and wraps the model, owns optimizer and checkpoints.
+    strategy = build_strategy(cfg, info, meta["vocab_size"], accum)
+    precision = resolve_precision(device, cfg.run.dtype)
+    num_params, flops_per_token, peak = strategy.num_params, strategy.flops_per_token, peak_flops(device, precision)
+    start_step = strategy.resume(ckpt_dir, resume)
+    stop = preemption.StopRequest(cfg.cluster.stop_grace_seconds)
+    if info.is_main:  # the first writes of this run to the folder, after every refusal
+        out.mkdir(parents=True, exist_ok=True)
+        run_lock.record_job(out, lock.job)
+        save_config(cfg, out / "config.yaml")
+        preemption.clear_marker(out)
+    autocast = autocast_context(device, precision)
+
+    b, s = cfg.batch, cfg.schedule
+    tokens_per_step = b.global_batch_size * T
+    print0(
+        f"model {cfg.model.size}: {num_params:,} parameters | {info.world_size} process(es) on {device.type} | "
+        f"global batch {b.global_batch_size} = micro {b.micro_batch_size} x accum {accum} x "
+        f"{cfg.data_parallel_size(info.world_size)} data-parallel ranks | "
+        f"{tokens_per_step:,} tokens/step | steps {start_step}->{s.max_steps} | {strategy.describe()} | "
+        f"precision {precision} | {scaling_note(cfg, info.world_size)}"
+    )
+    if start_step >= s.max_steps:
+        print0(f"already trained to step {start_step} (schedule.max_steps={s.max_steps}); nothing to do")
+        return 0
+
+    data_parallel = cfg.data_parallel_size(info.world_size)
+
+    def save(done: int) -> None:
+        positions = [
+            micro_batch_start(done, 0, r, b.global_batch_size, b.micro_batch_size, accum) for r in range(data_parallel)
+        ]
+        state = checkpoint.run_state(cfg, done, info.world_size, data_parallel, positions, trained_on)
+        strategy.save(ckpt_dir, done, state)
+
+    # Records after the checkpoint's step were written by the attempt that died: they are redone.
+    logger = MetricsLogger(out, info.is_main, cfg.logging.tensorboard, resume_step=start_step)
+    window_start, window_steps = time.perf_counter(), 0
+    # The next steps' batches are read on a thread while this one computes; leaving the loop stops it.
+    load = functools.partial(
+        micro_batches, train_data, accum=accum, data_rank=strategy.data_rank, b=b, seed=cfg.run.seed
+    )
+    for step, batches in prefetch.steps(load, range(start_step, s.max_steps), device):
+        faults.before_step(info.rank, step)
+        lr = lr_at(step, cfg)
+        strategy.set_lr(lr)
+        if strategy.consumes_batches:  # a pipeline engine schedules the micro batches over its stages itself
+            loss_sum, grad_norm = strategy.train_batch(batches)
+            loss_sum = loss_sum * accum
+        else:
+            loss_sum = torch.zeros((), device=device)
+            for micro, (x, y, keys) in enumerate(batches):
+                # DDP: all-reduce only on the last micro step. Dropout draws for these samples.
+                with strategy.micro_context(micro), samples(keys):
+                    with autocast:
+                        loss = strategy.runnable(x, y)
+                    strategy.backward(faults.overflow(loss, step, micro), micro)
+                loss_sum += loss.detach()
+            grad_norm = strategy.step()  # clip, update, clear; the norm before clipping
+        done, window_steps = step + 1, window_steps + 1
+        last = done == s.max_steps
+
+        # Only a logging step waits for the device (its .item() calls): between two of them the host
+        # queues work ahead and the losses and norms stay on the device.
+        logged = done % cfg.logging.every_steps == 0 or last
+        if logged:
+            loss_value = all_reduce_mean(loss_sum / accum).item()  # .item() also waits for the GPU
+            step_time = (time.perf_counter() - window_start) / window_steps
+            record = {
+                "step": done,
+                "loss": loss_value,
+                "lr": lr,
+                "grad_norm": grad_norm.item(),
+                "tokens_per_sec": tokens_per_step / step_time,
+                "mfu": mfu(flops_per_token, tokens_per_step / step_time, info.world_size, peak),
+                "step_time": step_time,
+                "tokens": done * tokens_per_step,
+                **strategy.loss_scaling(),  # fp16: loss_scale, skipped (steps of the run so far)
+            }
+            logger.log(record)
+            print0(format_step(record, s.max_steps))
+            window_start, window_steps = time.perf_counter(), 0
+
+        if (cfg.logging.eval_every_steps and done % cfg.logging.eval_every_steps == 0) or last:
+            if strategy.consumes_batches:  # the pipeline's stages evaluate together
+                result = strategy.evaluate(val_data, b.micro_batch_size, cfg.logging.eval_batches)
+            else:
+                result = evaluate(
+                    strategy.module, val_data, token_bytes, info, b.micro_batch_size, cfg.logging.eval_batches, autocast
+                )
+            scores = val_scores(result)
+            logger.log({"step": done, **scores})
+            print0(f"step {done:>6}/{s.max_steps} | {format_scores(scores)}")
+            window_start, window_steps = time.perf_counter(), 0
+
+        saved = (cfg.checkpoint.every_steps and done % cfg.checkpoint.every_steps == 0) or last
+        if saved:
+            save(done)
+            window_start, window_steps = time.perf_counter(), 0
+
+        # A collective that waits for every rank: held at the logging steps, which wait for the device
+        # anyway (every rank knows which they are), and at checkpoints, which would save again otherwise.
+        if not last and (logged or saved) and stop.agreed():
+            if not saved:
+                save(done)
+            if info.is_main:
+                preemption.write_marker(out, done, stop.signal_name, str(checkpoint.named_by_latest(ckpt_dir)))
+            print0(
+                f"preempted ({stop.signal_name or 'signal on another rank'}): checkpoint of step {done} saved; "
+                f"the same command resumes from it (exit code {preemption.EXIT_PREEMPTED})"
+            )
+            logger.close()
+            return preemption.EXIT_PREEMPTED
+
+    logger.close()
+    print0(f"done: metrics in {out / 'metrics.jsonl'}, checkpoints in {ckpt_dir}")
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`train` takes the config and its overrides only."""
+
+
+def run(cfg: Config, args: argparse.Namespace) -> int:
+    return run_training(cfg)
