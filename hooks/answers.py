@@ -80,7 +80,7 @@ COPIER_EXTENSIONS = ["jinja2_ansible_filters.AnsibleCoreFiltersExtension"]
 
 
 def package():
-    """The generated package's pure-Python modules (config, rules, plan, sizes), loaded by path."""
+    """The generated package's pure-Python modules (config, rules, fit, the model families), loaded by path."""
     if PACKAGE not in sys.modules:
         spec = importlib.util.spec_from_file_location(
             PACKAGE, PACKAGE_DIR / "__init__.py", submodule_search_locations=[str(PACKAGE_DIR)]
@@ -88,7 +88,7 @@ def package():
         module = importlib.util.module_from_spec(spec)
         sys.modules[PACKAGE] = module
         spec.loader.exec_module(module)
-    modules = {"config": "settings.config", "rules": "settings.rules", "fit": "planning.fit", "sizes": "settings.sizes"}
+    modules = {"config": "settings.config", "rules": "settings.rules", "fit": "planning.fit", "family": "models.family"}
     return {name: importlib.import_module(f"{PACKAGE}.{module}") for name, module in modules.items()}
 
 

@@ -34,7 +34,8 @@ MOVED = {
     "bounds.py": "settings/bounds.py",
     "rules.py": "settings/rules.py",
     "gpus.py": "settings/gpus.py",
-    "sizes.py": "settings/sizes.py",
+    "sizes.py": "+models/gpt3_family.py",  # the families' tables went to their descriptors
+    "settings/sizes.py": "+models/gpt3_family.py",
     "precision.py": "settings/precision.py",
     "topology.py": "settings/topology.py",
     "project.py": "+settings/config.py",

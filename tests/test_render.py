@@ -145,7 +145,7 @@ def test_answers_file_records_every_question(default_project):
 
 @pytest.mark.quick
 def test_copier_layout_table_equals_the_package_table():
-    """copier.yml's hidden gpt3_layouts (question defaults) and sizes.GPT3_LAYOUTS (plan, check) agree."""
+    """copier.yml's hidden gpt3_layouts (question defaults) and the gpt3 family's GPT3_LAYOUTS (plan, check) agree."""
     import ast
 
     questions = yaml.safe_load((TEMPLATE / "copier.yml").read_text())
@@ -154,7 +154,7 @@ def test_copier_layout_table_equals_the_package_table():
         for name, row in questions["gpt3_layouts"]["default"].items()
         if name != "custom"
     }
-    source = (TEMPLATE / "template" / "src" / "{{project_slug}}" / "settings" / "sizes.py").read_text()
+    source = (TEMPLATE / "template" / "src" / "{{project_slug}}" / "models" / "gpt3_family.py").read_text()
     tree = ast.parse(source)
     table = next(
         ast.literal_eval(node.value)

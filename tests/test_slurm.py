@@ -470,7 +470,7 @@ def test_modules_load_before_srun_and_dry_run(slurm_cluster, tmp_path):
     # Both nodes meet at the first host's c10d rendezvous (torchrun restarts a failed group from there),
     # the ordered one that keeps SLURM_NODEID 0 at global rank 0 (rendezvous.py).
     rendezvous = re.findall(
-        r"-m slurmmod\.rendezvous --nproc-per-node 1 .*--nnodes 2 --rdzv-backend c10d-ordered "
+        r"-m slurmmod\.cluster\.rendezvous --nproc-per-node 1 .*--nnodes 2 --rdzv-backend c10d-ordered "
         r"--rdzv-endpoint node1:\d+ --rdzv-conf is_host=(true|false),node_rank=([01]) ",
         log,
     )

@@ -432,7 +432,7 @@ def test_answers_module_uses_the_generated_packages_rules_not_a_copy():
     answers = _answers_module()
     package = answers.package()
     src = TEMPLATE / "template" / "src" / "{{project_slug}}"
-    for name, path in {"config": "settings", "rules": "settings", "fit": "planning", "sizes": "settings"}.items():
+    for name, path in {"config": "settings", "rules": "settings", "fit": "planning", "family": "models"}.items():
         assert Path(package[name].__file__) == src / path / f"{name}.py"
     assert "def check_config" not in (TEMPLATE / "hooks" / "answers.py").read_text()
     # its train.yaml is the template's: the default answers give the file copier renders

@@ -293,7 +293,7 @@ def test_a_mistake_met_in_the_ranks_ends_the_job_at_once(cli, run_2proc, demo_da
 RANK_PROGRAM = """
 import os, sys, time
 sys.path.insert(0, {src!r})
-from {package}.unrecoverable import hand_over
+from {package}.runtime.unrecoverable import hand_over
 if os.environ["RANK"] == "1":
     hand_over("data.dir: only rank 1 found this mistake")
     sys.exit(0)

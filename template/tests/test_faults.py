@@ -414,7 +414,7 @@ def test_ranks_stuck_in_a_collective_end_after_the_grace_when_torchrun_is_killed
 
 FOLLOW_LAUNCHER = """
 import sys
-from {package}.preemption import SUPERVISOR_PID, follow_launcher
+from {package}.training.preemption import SUPERVISOR_PID, follow_launcher
 follow_launcher(dict([(SUPERVISOR_PID, sys.argv[1])]) if sys.argv[1] else dict())
 print("started")
 """

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 package, out = sys.argv[1], sys.argv[2]
-faults = importlib.import_module(package + ".faults")
+faults = importlib.import_module(package + ".runtime.faults")
 counts, current = {}, [None]  # step done -> "method file:line" -> calls
 
 def counting(name, method):

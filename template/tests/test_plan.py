@@ -73,10 +73,10 @@ def test_gpt_count_and_flops_match_the_model(pkg, cfg_with, size, kv):
     )
     model = pkg.models.build_model(cfg, 512)
     shape = pkg.rules.model_shape(size, kv)
-    assert pkg.estimates.num_params(shape, 512) == model.num_params()
-    assert pkg.estimates.flops_per_token(shape, 512, 128) == model.flops_per_token()
+    assert pkg.estimates.num_params(shape, 512, "gpt") == model.num_params()
+    assert pkg.estimates.flops_per_token(shape, 512, 128, "gpt") == model.flops_per_token()
     biggest = max(p.numel() for p in model.parameters())
-    assert pkg.estimates.largest_layer_params(shape, 512) == biggest
+    assert pkg.estimates.largest_layer_params(shape, 512, "gpt") == biggest
 
 
 @pytest.mark.parametrize("size", ["tiny", "base", "large"])
@@ -86,7 +86,7 @@ def test_bert_count_and_flops_match_transformers(pkg, cfg_with, size):
     import torch
 
     BertConfig, BertForMaskedLM = transformers_bert()
-    shape, vocab = pkg.sizes.model_shape(size, None, "bert"), 30522
+    shape, vocab = pkg.family.model_shape(size, None, "bert"), 30522
     with torch.device("meta"):
         mlm = BertForMaskedLM(
             BertConfig(
@@ -113,7 +113,7 @@ def test_gpt3_count_and_flops_match_the_model(pkg, size):
     import torch
 
     gpt3 = pkg.module("models.gpt3")
-    shape = pkg.sizes.model_shape(size, None, "gpt3")
+    shape = pkg.family.model_shape(size, None, "gpt3")
     with torch.device("meta"):
         model = gpt3.GPT3(
             gpt3.GPT3Config(
@@ -135,7 +135,7 @@ def test_largest_layer_is_what_deepspeed_counts(pkg):
 
     _, _, stage3 = deepspeed_estimators()
     BertConfig, BertForMaskedLM = transformers_bert()
-    shape = pkg.sizes.model_shape("tiny", None, "bert")
+    shape = pkg.family.model_shape("tiny", None, "bert")
     mlm = BertForMaskedLM(
         BertConfig(
             vocab_size=1000,
@@ -151,7 +151,7 @@ def test_largest_layer_is_what_deepspeed_counts(pkg):
         pkg.estimates.largest_layer_params(shape, 1000, "bert"),
     )
     gpt3 = pkg.module("models.gpt3")
-    shape = pkg.sizes.model_shape("tiny", None, "gpt3")
+    shape = pkg.family.model_shape("tiny", None, "gpt3")
     torch.manual_seed(0)
     model = gpt3.GPT3(
         gpt3.GPT3Config(
@@ -172,7 +172,7 @@ def test_tensor_and_pipeline_split_of_13b(pkg):
     """13B on 4 tensor x 4 pipeline: stage 0's GPU holds 1/16 of the blocks' split parts plus the
     replicated ones (row-parallel biases and norms of its 10 blocks, both embeddings); the last
     stage the final norm and the tied word embedding; the stages add up to the model plus that copy."""
-    shape, V, S = pkg.sizes.model_shape("13B", None, "gpt3"), 50304, 2048
+    shape, V, S = pkg.family.model_shape("13B", None, "gpt3"), 50304, 2048
     h, L = shape["n_embd"], shape["n_layer"]
     total = pkg.estimates.num_params(shape, V, "gpt3", S)
     assert total == V * h + S * h + L * (12 * h * h + 13 * h) + 2 * h == 12_853_626_880
@@ -200,7 +200,7 @@ def test_pipeline_memory_is_the_first_stage_with_p_micro_batches(pkg, cfg_with):
         "batch.global_batch_size=1024",
     )
     m = pkg.estimates.memory(cfg)
-    shape = pkg.sizes.model_shape("13B", None, "gpt3")
+    shape = pkg.family.model_shape("13B", None, "gpt3")
     psi = pkg.estimates.stage_params(shape, 50304, "gpt3", 2048, 1, 4)[0]
     assert (m["pipeline_stage"], m["params_per_gpu"], m["data_parallel"], m["in_flight"]) == (0, psi, 4, 4)
     assert m["weights"] + m["grads"] + m["optimizer"] == pytest.approx(4 * psi + 12 * psi / 4)
@@ -212,7 +212,7 @@ def test_pipeline_memory_is_the_first_stage_with_p_micro_batches(pkg, cfg_with):
 
 
 def test_tensor_parallel_splits_activations(pkg):
-    shape = pkg.sizes.model_shape("13B", None, "gpt3")
+    shape = pkg.family.model_shape("13B", None, "gpt3")
     one, four = (pkg.estimates.layer_activations(shape, 2048, 1, "gpt3", t, "bf16") for t in (1, 4))
     sbh = 2048 * 5120
     assert one - four == pytest.approx(sbh * (24 - 6))  # only the 24/t part is split
@@ -275,7 +275,7 @@ def test_family_model_states_match_deepspeed(pkg, cfg_with, arch, size, vocab, s
         _, ds = zero2(psi, 8, 2, cpu_offload=False)
         assert abs(ds - (ours + 4 * psi / nd)) <= 1
     else:
-        shape = pkg.sizes.model_shape(size, None, arch)
+        shape = pkg.family.model_shape(size, None, arch)
         _, ds, largest_bytes = zero3(
             psi,
             pkg.estimates.largest_layer_params(shape, vocab, arch),
@@ -419,7 +419,7 @@ def test_refused_layouts(pkg, cli, empty_config, cfg_with):
                 "batch.micro_batch_size=4",
                 "batch.global_batch_size=512",
             )
-            shape = pkg.sizes.model_shape("1.3B", None, "gpt3")
+            shape = pkg.family.model_shape("1.3B", None, "gpt3")
             rules = pkg.rules.parallel_problems(cfg, shape, cfg.cluster.nodes * cfg.cluster.gpus_per_node)
             m = pkg.estimates.memory(cfg)
             assert rules and m["problems"] == rules and not m["fits"]
@@ -488,7 +488,7 @@ def test_time_scales_with_nodes(pkg, cli):
     for nodes, h in zip((1, 2, 4, 8), hours):
         assert h == pytest.approx(hours[0] / nodes)
     cfg = pkg.config.load_config(cli.root / "config" / "train.yaml")
-    shape = pkg.sizes.model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
+    shape = pkg.family.model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
     tokens = cfg.schedule.max_steps * cfg.batch.global_batch_size * cfg.model.sequence_len
     flops = tokens * pkg.estimates.flops_per_token(shape, cfg.data.vocab_size, cfg.model.sequence_len, cfg.model.arch)
     gpus = cfg.cluster.gpus_per_node
@@ -533,9 +533,9 @@ def test_nanochat_seed_6_6_hours_on_8_gpus(pkg, cli, empty_config):
     ]
     r = json.loads(cli("plan", *args).stdout)
     assert r["memory"]["params"] == 560_988_160  # nanochat's d20
-    shape = pkg.sizes.model_shape("d20", None, "gpt")
+    shape = pkg.family.model_shape("d20", None, "gpt")
     _, peak = pkg.estimates.gpu_spec("a800-80gb")
-    seed_mfu = pkg.estimates.flops_per_token(shape, 65536, 2048) * 256 * 2048 / (2.2 * 8 * peak)
+    seed_mfu = pkg.estimates.flops_per_token(shape, 65536, 2048, "gpt") * 256 * 2048 / (2.2 * 8 * peak)
     hours = [t["hours"] for t in r["time"]]
     print(
         f"nanochat d20 on 8 A800: the seed's 2.2 s/step = MFU {seed_mfu:.3f}; plan at MFU {r['mfu']}: "
@@ -559,7 +559,7 @@ def test_megatron_seed_times_give_one_plausible_mfu(pkg, cli, empty_config):
     the 2- and 4-GPU rows (~4 h, ~2 h)."""
     mfus = {}
     for size, tokens, gpus, hours in (("125M", 2.5e9, 1, 8), ("1.3B", 26e9, 4, 8 * 24)):
-        shape = pkg.sizes.model_shape(size, None, "gpt3")
+        shape = pkg.family.model_shape(size, None, "gpt3")
         flops = tokens * pkg.estimates.flops_per_token(shape, 50304, 2048, "gpt3")
         _, peak = pkg.estimates.gpu_spec("a100-40gb")
         mfus[size] = flops / (gpus * peak * hours * 3600)
@@ -694,7 +694,8 @@ def test_plan_needs_no_torch(cli):
     copier task and `plan` run where torch is not installed."""
     code = (
         "import argparse, sys; from pathlib import Path\n"
-        f"from {cli.package} import config, plan\n"
+        f"from {cli.package}.settings import config\n"
+        f"from {cli.package}.planning import plan\n"
         "assert 'torch' not in sys.modules, 'import plan'\n"
         "parser = argparse.ArgumentParser(); plan.add_arguments(parser)\n"
         "report = plan.build(config.load_config(Path('config/train.yaml')), parser.parse_args([]))\n"

@@ -86,7 +86,7 @@ def test_plan_on_a_v100_uses_fp16_and_its_peak(pkg, cli, v100, tmp_path):
     auto = json.loads(cli("plan", "--json", "--mfu", "0.5", *v100()).stdout)
     assert auto["precision"] == "fp16" and auto["peak_flops"] == 125e12 and auto["fits"]
     cfg = pkg.config.load_config(tmp_path / "empty.yaml", ["cluster.gpu_type=v100-32gb", "model.size=tiny"])
-    shape = pkg.sizes.model_shape("tiny", None, cfg.model.arch)
+    shape = pkg.family.model_shape("tiny", None, cfg.model.arch)
     flops = auto["tokens"] * pkg.estimates.flops_per_token(shape, cfg.data.vocab_size, 256, cfg.model.arch)
     assert auto["time"][0]["hours"] == pytest.approx(flops / (cfg.cluster.gpus_per_node * 125e12 * 0.5) / 3600)
     table = cli("plan", *v100()).stdout

@@ -228,7 +228,7 @@ def _hold_elsewhere(minutes_old):
 
 def _killed_holder(pkg, out):
     """What a run killed with SIGKILL leaves: its lock, naming a process that is gone."""
-    code = f"import os, signal; from {pkg.name} import run_lock; run_lock.acquire({str(out)!r}, 'crashed job'); os.kill(os.getpid(), signal.SIGKILL)"
+    code = f"import os, signal; from {pkg.name}.training import run_lock; run_lock.acquire({str(out)!r}, 'crashed job'); os.kill(os.getpid(), signal.SIGKILL)"
     subprocess.run([sys.executable, "-c", code], env=subprocess_env(), cwd=ROOT)
 
 

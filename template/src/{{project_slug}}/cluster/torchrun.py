@@ -115,6 +115,7 @@ def check_before_start(cfg: Config, world_size: int | None) -> None:
     a rank can find (a checkpoint's compatibility, the GPUs it sees) ends the job through
     supervise.py instead of being restarted into."""
     from ..data.tokens import TokenData, load_tokenizer, read_meta
+    from ..models.family import family
     from ..settings.rules import require_valid
 
     require_valid(cfg, world_size)
@@ -136,7 +137,7 @@ def check_before_start(cfg: Config, world_size: int | None) -> None:
                 f"{data_dir / missing[0]} is listed in meta.json but missing ({len(missing)} {split} shard(s)); "
                 f"run prepare-data again for data.dir={data_dir}"
             )
-        if cfg.model.arch != "bert":  # masked-LM sequences are checked by their ranks (mlm_data.py)
+        if family(cfg.model.arch).causal:  # masked-LM sequences are checked by their ranks (data/masked.py)
             TokenData.open(data_dir, split, cfg.model.sequence_len)
 
 

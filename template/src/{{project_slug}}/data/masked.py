@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from ..models.bert import predictions_per_sequence
+from ..models.family import family
 from ..models.sample_dropout import _MASK, _mix
 from ..settings.config import Config, ConfigError
 from .tokens import BERT_SPECIALS, TokenData, load_tokenizer, read_meta
@@ -146,7 +147,8 @@ def _position_keys(sequence_len: int) -> torch.Tensor:
 
 
 def open_split(cfg, data_dir: Path, split: str):
-    """Inputs and targets of one split: for bert, inputs with [MASK] and labels -100 where nothing is predicted."""
-    if cfg.model.arch == "bert":
+    """Inputs and targets of one split: for a masked family, inputs with [MASK] and labels -100 where
+    nothing is predicted; for a causal one, next-token pairs."""
+    if not family(cfg.model.arch).causal:
         return MaskedTokenData.open(cfg, data_dir, split)
     return TokenData.open(data_dir, split, cfg.model.sequence_len)

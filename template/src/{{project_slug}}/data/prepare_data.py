@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..models.family import family
 from ..settings.bounds import count, mebibytes
 from ..settings.config import Config, ConfigError
 from .demo_corpus import write_demo_corpus
@@ -127,7 +128,8 @@ def _plan(cfg: Config, files: list[Path], part_bytes: int) -> dict:
     d = cfg.data
     return {
         "files": [stat_of(str(path)) for path in files],
-        "tokenizer": stat_of(d.tokenizer) or (stat_of(cfg.model.pretrained) if cfg.model.arch == "bert" else None),
+        "tokenizer": stat_of(d.tokenizer)
+        or (stat_of(cfg.model.pretrained) if family(cfg.model.arch).pretrained else None),
         "settings": [
             cfg.model.arch,
             d.vocab_size,
@@ -171,8 +173,8 @@ def _write_data(
         staging.tokenizer.with_suffix(".tmp").replace(staging.tokenizer)
     vocab = tok.get_vocab_size()
     dtype = np.dtype(np.uint16 if vocab <= 2**16 else np.uint32)
-    # Documents are separated by <|bos|> (gpt) or [SEP] (bert: mlm_data cuts [CLS] ... [SEP] windows).
-    sep = tok.token_to_id("[SEP]") if cfg.model.arch == "bert" else bos_id(tok)
+    # Documents are separated by <|bos|> (BPE) or [SEP] (WordPiece: masked.py cuts [CLS] ... [SEP] windows).
+    sep = tok.token_to_id("[SEP]") if family(cfg.model.arch).tokenizer == "wordpiece" else bos_id(tok)
     settings = EncodeSettings(dtype.name, sep, cfg.run.seed, cfg.data.val_fraction, cfg.data.shard_tokens)
     finished, run = encode_all(tok, parts, settings, staging.parts, staging.tokenizer, workers)
     _check_every_file_has_text(files, finished)
@@ -246,13 +248,13 @@ def _install(staging: Path, data_dir: Path) -> Path | None:
 
 def obtain_tokenizer(cfg: Config, parts: list[Part], tokenizer_path: Path):
     """The tokenizer named by the config (see the module docstring), or a newly trained one."""
-    arch = cfg.model.arch
-    if arch == "bert":
+    fam = family(cfg.model.arch)
+    if fam.pretrained:  # local weights bring their tokenizer and vocabulary
         from ..models.bert import check_vocab, pretrained_folder, pretrained_vocab_size
     if cfg.data.tokenizer:
         tok = load_tokenizer(Path(cfg.data.tokenizer))
         print(f"using tokenizer {cfg.data.tokenizer} ({tok.get_vocab_size()} tokens)", flush=True)
-    elif arch == "bert" and cfg.model.pretrained:
+    elif fam.pretrained and cfg.model.pretrained:
         folder = pretrained_folder(cfg.model.pretrained)
         if not any((folder / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
             raise ConfigError(
@@ -264,20 +266,22 @@ def obtain_tokenizer(cfg: Config, parts: list[Part], tokenizer_path: Path):
     else:
         started = time.monotonic()
         limit = cfg.data.tokenizer_train_chars
-        tok = train_tokenizer(lambda purpose: _tokenizer_sample(parts, limit, purpose), cfg.data.vocab_size, arch)
-        kind = "WordPiece" if arch == "bert" else "BPE"
+        tok = train_tokenizer(
+            lambda purpose: _tokenizer_sample(parts, limit, purpose), cfg.data.vocab_size, fam.tokenizer
+        )
+        kind = {"wordpiece": "WordPiece", "bpe": "BPE"}[fam.tokenizer]
         print(
             f"trained a {tok.get_vocab_size()}-token {kind} tokenizer in {time.monotonic() - started:.1f}s -> {tokenizer_path}",
             flush=True,
         )
-    if arch == "bert":
+    if fam.tokenizer == "wordpiece":
         missing = [t for t in BERT_SPECIALS if tok.token_to_id(t) is None]
         if missing:
             raise ConfigError(
-                f"the tokenizer has no {', '.join(missing)}: model.arch=bert needs BERT's special tokens "
+                f"the tokenizer has no {', '.join(missing)}: model.arch={fam.name} needs BERT's special tokens "
                 f"{' '.join(BERT_SPECIALS)}; use a BERT tokenizer or leave data.tokenizer empty to train one"
             )
-        if cfg.model.pretrained:  # fail before hours of tokenizing, not at train start
+        if fam.pretrained and cfg.model.pretrained:  # fail before hours of tokenizing, not at train start
             check_vocab(cfg.model.pretrained, pretrained_vocab_size(cfg.model.pretrained), tok.get_vocab_size())
     return tok
 

@@ -32,12 +32,13 @@ META = "meta.json"
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # bert vocabularies must hold these
 
 
-def train_tokenizer(read_sample: Callable[[str], Iterator[str]], vocab_size: int, arch: str = "gpt"):
+def train_tokenizer(read_sample: Callable[[str], Iterator[str]], vocab_size: int, kind: str = "bpe"):
     """A tokenizer trained on the texts of read_sample(purpose), a fresh pass over the same sample
-    each call. gpt/gpt3: byte-level BPE (GPT-2 style: every byte is representable, nothing is
-    unknown). bert: lower-cased WordPiece with BERT's special tokens (bert-base-uncased style).
-    The same sample gives the same tokenizer, token ids included, on any machine."""
-    if arch == "bert":
+    each call; kind is the family's (models/family.py). "bpe": byte-level BPE (GPT-2 style: every
+    byte is representable, nothing is unknown). "wordpiece": lower-cased WordPiece with BERT's
+    special tokens (bert-base-uncased style). The same sample gives the same tokenizer, token ids
+    included, on any machine."""
+    if kind == "wordpiece":
         return _train_wordpiece(read_sample, vocab_size)
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 

@@ -16,14 +16,13 @@ from pathlib import Path
 import torch
 
 from ..data.tokens import bos_id, load_tokenizer, read_meta
+from ..models.family import families, family
 from ..runtime.distributed import autocast_context, pick_device
 from ..settings.bounds import count, non_negative_float, non_negative_int
 from ..settings.config import Config, ConfigError
 from .trained_model import load_trained_model
 
 MASK = "[MASK]"
-# --top-k when not given: tokens sampled among (causal LMs), predictions listed per [MASK] (bert)
-DEFAULT_TOP_K = {"gpt": 50, "gpt3": 50, "bert": 5}
 
 
 def run_sample(
@@ -41,9 +40,17 @@ def run_sample(
     data_dir = Path(cfg.data.dir)
     tok = load_tokenizer(data_dir / read_meta(data_dir)["tokenizer"])
     print(f"sampling from {path} (step {step})", flush=True)
-    if cfg.model.arch == "bert":
+    if not family(cfg.model.arch).causal:
         return [
-            fill_mask(model, tok, prompt, top_k or DEFAULT_TOP_K["bert"], device, cfg.run.dtype, cfg.model.sequence_len)
+            fill_mask(
+                model,
+                tok,
+                prompt,
+                top_k or family(cfg.model.arch).sample_top_k,
+                device,
+                cfg.run.dtype,
+                cfg.model.sequence_len,
+            )
             for prompt in prompts
         ]
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -95,20 +102,20 @@ def fill_mask(model, tok, prompt: str, top_k: int, device: torch.device, dtype: 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", action="append", help='prompt text (repeatable; default: "The")')
-    p.add_argument("--max-new-tokens", type=count, default=64, help="gpt/gpt3: tokens to generate (default 64)")
+    p.add_argument("--max-new-tokens", type=count, default=64, help="causal models: tokens to generate (default 64)")
     p.add_argument("--temperature", type=non_negative_float, default=0.8, help="0 = greedy")
     p.add_argument(
         "--top-k",
         type=non_negative_int,
-        help=f"gpt/gpt3: sample among the k likeliest tokens (default "
-        f"{DEFAULT_TOP_K['gpt']}, 0 = all); bert: predictions shown per {MASK} (default {DEFAULT_TOP_K['bert']})",
+        help=f"causal models: sample among the k likeliest tokens (0 = all); masked: predictions shown per {MASK} "
+        f"(default: the family's, {', '.join(f'{f.name} {f.sample_top_k}' for f in families().values())})",
     )
     p.add_argument("--seed", type=non_negative_int, default=0)
     p.add_argument("--checkpoint", help="checkpoint file or folder (default: latest)")
 
 
 def run(cfg: Config, args: argparse.Namespace) -> int:
-    top_k = args.top_k if args.top_k is not None else DEFAULT_TOP_K.get(cfg.model.arch, DEFAULT_TOP_K["gpt"])
+    top_k = args.top_k if args.top_k is not None else family(cfg.model.arch).sample_top_k
     run_sample(
         cfg, args.prompt or ["The"], args.max_new_tokens, args.temperature, top_k or None, args.seed, args.checkpoint
     )

@@ -77,11 +77,6 @@ def load_trained_model(cfg: Config, ckpt: str | None, device: torch.device):
     meta = read_meta(Path(cfg.data.dir))
     # The checkpoint's own model settings win, so eval and sample need no training overrides.
     cfg = dataclasses.replace(cfg, model=ModelConfig(**state["config"]["model"]))
-    if cfg.model.arch == "bert":
-        from ..models.bert import build_bert
-
-        model = build_bert(cfg, meta["vocab_size"], load_weights=False)  # the checkpoint has them
-    else:
-        model = build_model(cfg, meta["vocab_size"])
+    model = build_model(cfg, meta["vocab_size"], load_weights=False)  # the checkpoint has the weights
     model.load_state_dict(state["model"])
     return model.to(device), state["step"], path, cfg

@@ -21,10 +21,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..settings.config import Config, ConfigError
-from ..settings.sizes import BERT_SEQUENCE_LEN, model_shape
+from .bert_family import FAMILY, MLM_SHARE, SEQUENCE_LEN
 from .sample_dropout import KeyedDropout, keyed_dropout
 
-MLM_PROBABILITY = 0.15  # share of positions predicted (BERT's 15%; of those 80% [MASK], 10% random, 10% kept)
+MLM_PROBABILITY = MLM_SHARE  # share of positions predicted (BERT's 15%; of those 80% [MASK], 10% random, 10% kept)
 
 
 def predictions_per_sequence(sequence_len: int) -> int:
@@ -158,14 +158,14 @@ def build_bert(cfg: Config, vocab_size: int, load_weights: bool = True) -> BertM
             mlm = transformers.BertForMaskedLM(config)
         mlm = mlm.float()  # fp32 master weights whatever the file holds; autocast does bf16
     else:
-        shape = model_shape(m.size, None, "bert")
+        shape = FAMILY.shape(m.size)
         config = transformers.BertConfig(
             vocab_size=vocab_size,
             hidden_size=shape["n_embd"],
             num_hidden_layers=shape["n_layer"],
             num_attention_heads=shape["n_head"],
             intermediate_size=4 * shape["n_embd"],
-            max_position_embeddings=BERT_SEQUENCE_LEN,
+            max_position_embeddings=SEQUENCE_LEN,
         )
         mlm = transformers.BertForMaskedLM(config)
     draw_dropout_per_sample(mlm, m.dropout, m.attention_dropout or 0.0)

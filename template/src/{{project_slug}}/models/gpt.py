@@ -15,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
+from .gpt_family import FAMILY
 from .sample_dropout import keyed_dropout
 
 
@@ -159,8 +160,8 @@ class GPT(nn.Module):
         """Training FLOPs per token: 6 x matmul parameters + attention scores and values
         (12 x layers x heads x head_dim x sequence length). The embedding lookup is no matmul."""
         c = self.config
-        matmul_params = self.num_params() - self.wte.weight.numel()
-        return 6 * matmul_params + 12 * c.n_layer * c.n_head * c.head_dim * c.sequence_len
+        shape = {"n_layer": c.n_layer, "n_embd": c.n_embd, "n_head": c.n_head, "n_kv_head": c.n_kv_head}
+        return FAMILY.flops_per_token(shape, c.vocab_size, c.sequence_len)
 
     def forward(
         self,
@@ -227,3 +228,19 @@ class GPT(nn.Module):
             tokens.append(int(nxt))
             ids = nxt
         return out
+
+
+def build(cfg, vocab_size: int, load_weights: bool = True) -> GPT:
+    """The GPT of cfg.model (its size through the family's shapes), initialised on the CPU."""
+    shape = FAMILY.shape(cfg.model.size, cfg.model.n_kv_head)
+    config = GPTConfig(
+        vocab_size=vocab_size,
+        sequence_len=cfg.model.sequence_len,
+        softcap=cfg.model.softcap,
+        dropout=cfg.model.dropout or 0.0,
+        **shape,
+    )
+    model = GPT(config)
+    model.init_weights()
+    model.checkpointing = cfg.model.activation_checkpointing
+    return model

@@ -25,6 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
+from .gpt3_family import FAMILY
 from .sample_dropout import keyed_dropout
 
 
@@ -146,8 +147,8 @@ class GPT3(nn.Module):
     def flops_per_token(self) -> int:
         """6 x weights that multiply (all but the embeddings, head included) + attention scores."""
         c = self.cfg
-        matmul = c.n_layer * 12 * c.n_embd**2 + c.vocab_size * c.n_embd
-        return 6 * matmul + 12 * c.n_layer * c.n_embd * c.sequence_len
+        shape = {"n_layer": c.n_layer, "n_embd": c.n_embd, "n_head": c.n_head, "n_kv_head": c.n_head}
+        return FAMILY.flops_per_token(shape, c.vocab_size, c.sequence_len)
 
     def hidden(self, idx: torch.Tensor) -> torch.Tensor:
         x = self.embed(idx)
@@ -193,9 +194,7 @@ class GPT3(nn.Module):
 
 
 def gpt3_config(cfg, vocab_size: int) -> GPT3Config:
-    from ..settings.sizes import model_shape
-
-    shape = model_shape(cfg.model.size, None, "gpt3")
+    shape = FAMILY.shape(cfg.model.size)
     return GPT3Config(
         vocab_size=vocab_size,
         sequence_len=cfg.model.sequence_len,
@@ -208,5 +207,5 @@ def gpt3_config(cfg, vocab_size: int) -> GPT3Config:
     )
 
 
-def build_gpt3(cfg, vocab_size: int) -> GPT3:
+def build_gpt3(cfg, vocab_size: int, load_weights: bool = True) -> GPT3:
     return GPT3(gpt3_config(cfg, vocab_size), cfg.model.activation_checkpointing)

@@ -46,7 +46,7 @@ Activations per GPU for a micro batch b of s tokens, width h, a heads, vocab V (
   materialised so their masks can be keyed per sample (models/sample_dropout.py). The replicated part is measured
   (H100, torch 2.11, transformers 5.17, width 1024, layers 4 vs 12, two micro batches, peak
   allocated memory of one forward + backward) rather than taken as 10, because the precision
-  changes it: REPLICATED_BYTES. gpt3 has no dropout: 8 in pure bf16 (32 in all: the pipeline
+  changes it: REPLICATED_BYTES of models/gpt3_family.py and bert_family.py. gpt3 has no dropout: 8 in pure bf16 (32 in all: the pipeline
   engine's bf16 modules), 12 under autocast (36: train.py's DDP and ZeRO loop, whose LayerNorms run
   and return fp32). bert 11 in bf16 (35), 19 under autocast (43: post-LN in fp32). The logits, on
   the last stage: gpt3 12 bytes per b*s*V (bf16 logits, their fp32 copy for the loss and the
@@ -72,28 +72,15 @@ about 0.27 by this count (tests/test_plan.py); nanochat d20 at 2.2 s a step on 8
 
 from __future__ import annotations
 
+from ..models.family import family, model_shape
 from ..settings.config import Config, ConfigError
 from ..settings.gpus import ANSWERS, find_answer
 from ..settings.precision import on_gpu_type
 from ..settings.rules import parallel_problems, precision_problems
-from ..settings.sizes import model_shape
 
 GIB = 1024**3
 RESERVE = 0.10  # share of GPU memory kept free: CUDA context, NCCL buffers, fragmentation
-BERT_POSITIONS, BERT_TOKEN_TYPES = 512, 2  # BertConfig defaults: position and segment embeddings
-BERT_MLM_SHARE = 0.15  # positions models/bert.py predicts (its MLM_PROBABILITY): the head runs on those only
-
 NODE_COUNTS = (1, 2, 4, 8)
-
-# Bytes per token per unit of width that one gpt block keeps for backward (measured, see above).
-ACTIVATION_BYTES_PER_LAYER = 63
-# Per layer, bytes per s*b*h that tensor parallelism does not split, by family and precision
-# (Korthikanti's 10, measured; see the docstring); the split part is 24/t.
-REPLICATED_BYTES = {("gpt3", "bf16"): 8, ("gpt3", "autocast"): 12, ("bert", "bf16"): 11, ("bert", "autocast"): 19}
-# Per layer with activation checkpointing, bytes per s*b*h of the saved layer input.
-CHECKPOINT_BYTES = {("gpt3", "bf16"): 2, ("gpt3", "autocast"): 4, ("bert", "bf16"): 3, ("bert", "autocast"): 3}
-# Logits and loss, bytes per b*s*V (bert: only the 15% predicted positions reach the head).
-LOGITS_BYTES = {"gpt3": 12, "bert": 12 * BERT_MLM_SHARE}
 
 
 def gpu_spec(gpu_type: str, precision: str | None = None) -> tuple[float, float]:
@@ -113,20 +100,16 @@ def gpu_memory(gpu_type: str) -> float:
 # --- parameters ----------------------------------------------------------------------------------
 
 
-def block_params(h: int, tp: int = 1) -> int:
-    """One GPT-2/3 or BERT block on one tensor-parallel rank: 12h^2 + 13h when tp = 1."""
-    return (12 * h * h + 7 * h) // tp + 6 * h  # split: 4 matrices, qkv and fc biases; replicated: 2 biases, 2 norms
+def num_params(shape: dict[str, int], vocab_size: int, arch: str, sequence_len: int = 2048) -> int:
+    """All parameters of the model (tied weights once); the family's formula."""
+    return family(arch).num_params(shape, vocab_size, sequence_len)
 
 
-def num_params(shape: dict[str, int], vocab_size: int, arch: str = "gpt", sequence_len: int = 2048) -> int:
-    """All parameters of the model (tied weights once). sequence_len matters for gpt3 (learned positions)."""
-    h, L, V = shape["n_embd"], shape["n_layer"], vocab_size
-    if arch == "gpt3":
-        return V * h + sequence_len * h + L * block_params(h) + 2 * h
-    if arch == "bert":
-        return (V + BERT_POSITIONS + BERT_TOKEN_TYPES) * h + 2 * h + L * block_params(h) + h * h + 3 * h + V
-    kv = shape["n_kv_head"] * (h // shape["n_head"])
-    return 2 * V * h + L * (2 * h * h + 2 * h * kv + 8 * h * h)
+def stage_params(
+    shape: dict[str, int], vocab_size: int, arch: str, sequence_len: int, tp: int = 1, pp: int = 1
+) -> list[int]:
+    """Parameters one GPU holds, per pipeline stage, after the tensor-parallel split."""
+    return family(arch).stage_params(shape, vocab_size, sequence_len, tp, pp)
 
 
 def stage_layers(n_layer: int, pp: int) -> list[int]:
@@ -134,50 +117,15 @@ def stage_layers(n_layer: int, pp: int) -> list[int]:
     return [n_layer // pp + (1 if i < n_layer % pp else 0) for i in range(pp)]
 
 
-def stage_params(
-    shape: dict[str, int], vocab_size: int, arch: str, sequence_len: int, tp: int = 1, pp: int = 1
-) -> list[int]:
-    """Parameters one GPU holds, per pipeline stage, after the tensor-parallel split (gpt3 only;
-    the other families run with tp = pp = 1)."""
-    if arch != "gpt3" or (tp, pp) == (1, 1):
-        return [num_params(shape, vocab_size, arch, sequence_len)]
-    h, V = shape["n_embd"], vocab_size
-    stages = []
-    for i, layers in enumerate(stage_layers(shape["n_layer"], pp)):
-        n = layers * block_params(h, tp)
-        if i == 0:
-            n += V * h + sequence_len * h  # token and position embeddings
-        if i == pp - 1:
-            n += 2 * h + (V * h if pp > 1 else 0)  # final LayerNorm; the head's tied copy of wte
-        stages.append(n)
-    return stages
-
-
-def largest_layer_params(shape: dict[str, int], vocab_size: int, arch: str = "gpt") -> int:
+def largest_layer_params(shape: dict[str, int], vocab_size: int, arch: str) -> int:
     """Parameters of the largest module (DeepSpeed's estimate_zero3 counts a module's own tensors:
     what ZeRO-3 gathers at once)."""
-    h, V = shape["n_embd"], vocab_size
-    if arch == "gpt3":
-        return max(V * h, 4 * h * h + 4 * h)  # word embedding, or the fc layer with its bias
-    if arch == "bert":
-        return V * h + V  # the MLM decoder: the tied embedding matrix plus its own bias
-    return max(V * h, 4 * h * h)
+    return family(arch).largest_layer_params(shape, vocab_size)
 
 
-def flops_per_token(shape: dict[str, int], vocab_size: int, sequence_len: int, arch: str = "gpt") -> int:
-    """Training FLOPs per token; mirrors each model's flops_per_token (tests assert equality) so that
-    plan needs no torch model."""
-    h, L, V = shape["n_embd"], shape["n_layer"], vocab_size
-    attention = 12 * L * h * sequence_len
-    if arch == "gpt3":
-        return 6 * (L * 12 * h * h + V * h) + attention
-    if arch == "bert":  # all but the embedding tables (biases and norms included, as models/bert.py
-        # counts them), + the tied decoder on the predicted share of the positions
-        tables = (V + BERT_POSITIONS + BERT_TOKEN_TYPES) * h
-        return int(6 * (num_params(shape, V, arch) - tables) + 6 * BERT_MLM_SHARE * V * h + attention)
-    matmul = num_params(shape, vocab_size) - V * h
-    head_dim = h // shape["n_head"]
-    return 6 * matmul + 12 * L * shape["n_head"] * head_dim * sequence_len
+def flops_per_token(shape: dict[str, int], vocab_size: int, sequence_len: int, arch: str) -> int:
+    """Training FLOPs per token: the family's formula, which its model's flops_per_token uses too."""
+    return family(arch).flops_per_token(shape, vocab_size, sequence_len)
 
 
 # --- memory ----------------------------------------------------------------------------------------
@@ -203,7 +151,7 @@ def model_states(
 def precision(cfg: Config) -> str:
     """'bf16' where modules run in 16 bits without autocast (DeepSpeed's pipeline engine; fp16 takes the
     same bytes), else 'autocast' (train.py's loop: DDP with fp32 weights, ZeRO with 16-bit weights)."""
-    uses_engine = cfg.model.arch == "gpt3" and (cfg.parallel.tensor, cfg.parallel.pipeline) != (1, 1)
+    uses_engine = family(cfg.model.arch).layouts and (cfg.parallel.tensor, cfg.parallel.pipeline) != (1, 1)
     return "bf16" if uses_engine and cfg.run.strategy == "deepspeed" else "autocast"
 
 
@@ -218,11 +166,7 @@ def layer_activations(
 ) -> float:
     """Bytes one block keeps for backward for one micro batch; scores_stored: attention keeps its
     s x s probabilities (attention dropout), else the fused kernel keeps none."""
-    sbh = seq * micro * shape["n_embd"]
-    if arch == "gpt":
-        return ACTIVATION_BYTES_PER_LAYER * sbh
-    scores = 5 * shape["n_head"] * seq * seq * micro / tp if scores_stored else 0
-    return sbh * (REPLICATED_BYTES[arch, mode] + 24 / tp) + scores
+    return family(arch).layer_activations(shape, seq, micro, tp, mode, scores_stored)
 
 
 def activations(
@@ -232,7 +176,7 @@ def activations(
     micro: int,
     softcap: float,
     checkpointing: bool,
-    arch: str = "gpt",
+    arch: str,
     tp: int = 1,
     layers: int | None = None,
     in_flight: int = 1,
@@ -242,18 +186,15 @@ def activations(
 ) -> float:
     """Activation bytes on one GPU: `layers` blocks (default all) with `in_flight` micro batches
     kept (pipeline), and the logits where this GPU computes the loss."""
+    fam = family(arch)
     layers = shape["n_layer"] if layers is None else layers
-    per_layer = layer_activations(shape, seq, micro, arch, tp, mode, scores_stored)
+    per_layer = fam.layer_activations(shape, seq, micro, tp, mode, scores_stored)
     if checkpointing:
-        saved = 2 if arch == "gpt" else CHECKPOINT_BYTES[arch, mode]
+        saved = fam.checkpointed_layer_bytes(mode)
         kept = in_flight * layers * saved * seq * micro * shape["n_embd"] + (per_layer if layers else 0)
     else:
         kept = in_flight * layers * per_layer
-    if arch == "gpt":
-        per_logit = 4 * (2 if softcap > 0 else 1)  # fp32 logits, and the softcapped copy
-    else:
-        per_logit = LOGITS_BYTES[arch]
-    return kept + (micro * seq * vocab_size * per_logit if logits else 0)
+    return kept + (micro * seq * vocab_size * fam.logits_bytes(softcap) if logits else 0)
 
 
 def zero_stage(cfg: Config) -> int:

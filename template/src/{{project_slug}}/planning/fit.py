@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import copy
 
+from ..models.family import family
 from ..settings.config import Config, ConfigError
 from ..settings.rules import Problem, resolve_grad_accum
-from ..settings.sizes import model_shape
 from .estimates import GIB, layout_problems, memory, zero_stage
 
 
@@ -77,10 +77,12 @@ def same_hardware(cfg: Config):
 
 
 def more_stages(cfg: Config):
-    """gpt3: the next pipeline degrees that divide the layers (and the world), at ZeRO 0-1."""
-    if cfg.model.arch != "gpt3":
+    """A family with parallel layouts: the next pipeline degrees that divide the layers (and the
+    world), at ZeRO 0-1."""
+    fam = family(cfg.model.arch)
+    if not fam.layouts:
         return
-    layers = model_shape(cfg.model.size, None, "gpt3")["n_layer"]
+    layers = fam.shape(cfg.model.size)["n_layer"]
     for pp in range(cfg.parallel.pipeline + 1, layers + 1):
         if layers % pp == 0:
             base = with_strategy(cfg, min(zero_stage(cfg), 1), cfg.deepspeed.offload_optimizer and zero_stage(cfg) > 0)

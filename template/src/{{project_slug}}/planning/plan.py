@@ -19,10 +19,10 @@ import argparse
 import json
 import sys
 
+from ..models.family import model_shape
 from ..settings.bounds import positive_float
 from ..settings.config import Config, ConfigError
 from ..settings.precision import on_gpu_type
-from ..settings.sizes import model_shape
 from .estimates import GIB, RESERVE, flops_per_token, gpu_spec, memory, timing, zero_stage
 from .fit import changed, strategy_text, suggest, with_strategy
 from .scaling import render_rows, scaling_rows

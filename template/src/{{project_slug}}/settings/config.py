@@ -34,6 +34,26 @@ class ConfigError(ValueError):
         self.key = key
 
 
+class Problem(str):
+    """A rule's message (the string itself, so callers print, join and compare it as text) with
+    `fix_key`, the config key whose change is the fix, and `keys`, every key the rule relates
+    (fix_key first): Problem("parallel.tensor=16 exceeds ...", "parallel.tensor", "cluster.gpus_per_node")."""
+
+    __slots__ = ("fix_key", "keys")
+
+    def __new__(cls, message: str, fix_key: str, *other_keys: str) -> Problem:
+        problem = super().__new__(cls, message)
+        object.__setattr__(problem, "fix_key", fix_key)
+        object.__setattr__(problem, "keys", tuple(dict.fromkeys((fix_key, *other_keys))))
+        return problem
+
+    def __setattr__(self, name: str, value) -> None:
+        raise AttributeError(f"Problem is immutable: cannot set {name}")
+
+    def __reduce__(self):
+        return type(self), (str(self), *self.keys)
+
+
 def debug_requested(cfg: Config | None = None) -> bool:
     """run.debug in the config or TRAIN_DEBUG=1 in the environment (the launchers set it)."""
     env = os.environ.get("TRAIN_DEBUG", "").lower() in ("1", "true", "yes", "on")
@@ -60,8 +80,9 @@ class ClusterConfig:
 @dataclass
 class ModelConfig:
     arch: str = "gpt"
-    """Model family: 'gpt' (nanochat-style, from scratch), 'bert' (masked LM, transformers) or
-    'gpt3' (GPT-3 sizes with tensor/pipeline parallelism on DeepSpeed); a copier answer."""
+    """Model family, a copier answer: a module of models/ that defines FAMILY (the template's are gpt,
+    nanochat-style from scratch; bert, masked LM with transformers; gpt3, GPT-3 sizes with
+    tensor/pipeline parallelism on DeepSpeed)."""
     size: str = "d20"
     """gpt: 'tiny' or 'd<depth>' (width 64*depth, heads of 128); bert: tiny|base|large;
     gpt3: tiny|125M|350M|760M|1.3B|2.7B|6.7B|13B|175B (see sizes.py)."""
@@ -403,7 +424,6 @@ def _did_you_mean(name: str, options: list[str], prefix: str = "") -> str:
 
 def _check_choices(cfg: Config) -> None:
     choices = {
-        "model.arch": ("gpt", "bert", "gpt3"),
         "run.device": ("auto", "cuda", "cpu"),
         "run.dtype": ("auto", "bf16", "fp16", "fp32"),
         "run.strategy": ("ddp", "deepspeed"),

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..models.family import families, family, model_shape
 from .bounds import bound_problems
-from .config import Config, ConfigError
+from .config import Config, ConfigError, Problem
 from .gpus import find_answer
 from .precision import bf16_refusal, fp16_zero0_refusal
-from .sizes import model_shape
 
 __all__ = [
     "Problem",
@@ -30,26 +30,6 @@ __all__ = [
     "precision_problems",
     "require_valid",
 ]
-
-
-class Problem(str):
-    """A rule's message (the string itself, so callers print, join and compare it as text) with
-    `fix_key`, the config key whose change is the fix, and `keys`, every key the rule relates
-    (fix_key first): Problem("parallel.tensor=16 exceeds ...", "parallel.tensor", "cluster.gpus_per_node")."""
-
-    __slots__ = ("fix_key", "keys")
-
-    def __new__(cls, message: str, fix_key: str, *other_keys: str) -> Problem:
-        problem = super().__new__(cls, message)
-        object.__setattr__(problem, "fix_key", fix_key)
-        object.__setattr__(problem, "keys", tuple(dict.fromkeys((fix_key, *other_keys))))
-        return problem
-
-    def __setattr__(self, name: str, value) -> None:
-        raise AttributeError(f"Problem is immutable: cannot set {name}")
-
-    def __reduce__(self):
-        return type(self), (str(self), *self.keys)
 
 
 def per_rank_batch(cfg: Config) -> int:
@@ -170,73 +150,11 @@ def check_config(cfg: Config, world_size: int | None = None) -> list[Problem]:
         )
     try:
         shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
-    except ConfigError as exc:  # load_config has refused an unknown model.arch already: the size is wrong
-        return problems + [Problem(str(exc), "model.size", "model.arch")]
+    except ConfigError as exc:  # an unknown family (exc.key model.arch), or a size it does not have
+        return problems + [Problem(str(exc), exc.key or "model.size", "model.arch")]
     problems += parallel_problems(cfg, shape, world)
     problems += precision_problems(cfg)
-    arch = cfg.model.arch
-    if arch != "gpt" and cfg.model.n_kv_head is not None:
-        problems.append(
-            Problem(
-                f"model.n_kv_head={cfg.model.n_kv_head} applies to model.arch=gpt only; set it to null",
-                "model.n_kv_head",
-                "model.arch",
-            )
-        )
-    if arch == "gpt" and cfg.model.attention_dropout:
-        problems.append(
-            Problem(
-                f"model.attention_dropout={cfg.model.attention_dropout} applies to model.arch=bert and gpt3 (gpt "
-                "has no attention dropout; model.dropout is its embedding and residual dropout); set it to null",
-                "model.attention_dropout",
-                "model.arch",
-            )
-        )
-    if arch != "bert" and cfg.model.pretrained:
-        problems.append(
-            Problem(
-                f"model.pretrained={cfg.model.pretrained!r}: starting from local weights is built for "
-                f'model.arch=bert; set it to "" for {arch}',
-                "model.pretrained",
-                "model.arch",
-            )
-        )
-    limit = {"bert": 512}.get(arch)
-    if arch == "bert" and cfg.model.sequence_len < 3:
-        problems.append(
-            Problem(
-                f"model.sequence_len={cfg.model.sequence_len} leaves no room for text between BERT's [CLS] and "
-                "[SEP]; use at least 3 (e.g. 128)",
-                "model.sequence_len",
-                "model.arch",
-            )
-        )
-    if limit and cfg.model.sequence_len > limit:
-        problems.append(
-            Problem(
-                f"model.sequence_len={cfg.model.sequence_len} exceeds BERT's {limit} position "
-                f"embeddings; use at most {limit}",
-                "model.sequence_len",
-                "model.arch",
-            )
-        )
-    if shape["n_kv_head"] < 1 or shape["n_head"] % shape["n_kv_head"]:
-        problems.append(
-            Problem(
-                f"model.n_kv_head={shape['n_kv_head']} must divide the {shape['n_head']} query heads of "
-                f"model.size={cfg.model.size}; use a divisor of {shape['n_head']} or null",
-                "model.n_kv_head",
-                "model.size",
-            )
-        )
-    if shape["n_embd"] % shape["n_head"] or shape["n_embd"] // shape["n_head"] % 2:
-        problems.append(
-            Problem(
-                f"model.size={cfg.model.size} needs a width divisible into heads of even size "
-                "(rotary embeddings pair dimensions); choose another size",
-                "model.size",
-            )
-        )
+    problems += family(cfg.model.arch).problems(cfg, shape)
     counts = (
         cfg.batch.micro_batch_size,
         cfg.batch.global_batch_size,
@@ -279,11 +197,12 @@ def parallel_problems(cfg: Config, shape: dict, world: int) -> list[Problem]:
     if min(tp, pp) < 1 or (tp, pp) == (1, 1):  # a degree below 1 is reported by bounds.py
         return []
     split = "parallel.tensor" if tp > 1 else "parallel.pipeline"  # a degree above 1, which the fix lowers
-    if arch != "gpt3":
+    if not family(arch).layouts:
+        layouts = [f.name for f in families().values() if f.layouts]
         return [
             Problem(
                 f"parallel.tensor={tp}, parallel.pipeline={pp}: tensor and pipeline parallelism are built for "
-                f"model.arch=gpt3 only (this is {arch}); set both to 1 and scale {arch} with ZeRO instead",
+                f"model.arch={' or '.join(layouts)} only (this is {arch}); set both to 1 and scale {arch} with ZeRO instead",
                 split,
                 *degrees,
                 "model.arch",

@@ -24,11 +24,11 @@ from pathlib import Path
 import torch
 import torch.utils.checkpoint
 
+from ..models.family import family
 from ..models.gpt3 import GPT3, Block, Embedding, FinalNorm, gpt3_config, head_logits, lm_loss
 from ..models.sample_dropout import samples
 from ..runtime.distributed import DistInfo
 from ..settings.config import Config
-from ..settings.sizes import model_shape
 from .common import compiled, param_groups
 from .deepspeed import (
     DeepSpeedStrategy,
@@ -43,7 +43,7 @@ from .tensor_parallel import join_shards, parallelize_block
 
 
 def uses_pipeline_engine(cfg: Config) -> bool:
-    return cfg.model.arch == "gpt3" and (cfg.parallel.tensor, cfg.parallel.pipeline) != (1, 1)
+    return family(cfg.model.arch).layouts and (cfg.parallel.tensor, cfg.parallel.pipeline) != (1, 1)
 
 
 def is_pipeline_checkpoint(folder: Path) -> bool:
@@ -54,7 +54,8 @@ def read_checkpoint(folder: Path) -> dict:
     """A checkpoint folder this strategy wrote, for one process (eval, sample): train.py's client
     state with "model": the whole GPT3's weights in fp32."""
     states = load_model_states(folder)
-    n_layer = model_shape(states["config"]["model"]["size"], None, "gpt3")["n_layer"]
+    model = states["config"]["model"]
+    n_layer = family(model["arch"]).shape(model["size"])["n_layer"]
     return trained_state(states, consolidated_weights(folder, n_layer))
 
 

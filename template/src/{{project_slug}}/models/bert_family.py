@@ -1,0 +1,63 @@
+"""BERT masked LM (models/bert.py) as the rest of the project sees it: the paper's sizes, its
+formulas (the vocabulary head runs on the predicted positions only), WordPiece with BERT's special
+tokens, local weights (no torch here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .family import Family, block_params, transformer_layer_activations
+
+BERT_SIZES = {
+    "tiny": {"n_layer": 2, "n_embd": 64, "n_head": 2, "global_batch": 16, "lr": 1e-3},
+    "base": {"n_layer": 12, "n_embd": 768, "n_head": 12, "global_batch": 256, "lr": 1e-4},
+    "large": {"n_layer": 24, "n_embd": 1024, "n_head": 16, "global_batch": 256, "lr": 1e-4},
+}
+SEQUENCE_LEN = 512  # BertConfig's position embeddings
+POSITIONS, TOKEN_TYPES = 512, 2  # BertConfig defaults: position and segment embedding tables
+MLM_SHARE = 0.15  # positions the loss predicts (models/bert.py's MLM_PROBABILITY): the head runs on those only
+# Per layer, bytes per s*b*h kept for backward by precision (measured); checkpointed: the saved input.
+REPLICATED_BYTES = {"bf16": 11, "autocast": 19}
+CHECKPOINT_BYTES = {"bf16": 3, "autocast": 3}
+
+
+@dataclass(frozen=True)
+class BertFamily(Family):
+    def num_params(self, shape: dict, vocab_size: int, sequence_len: int) -> int:
+        h, L, V = shape["n_embd"], shape["n_layer"], vocab_size
+        # embeddings and their LayerNorm, blocks, the head's transform (dense + LayerNorm) and decoder bias
+        return (V + POSITIONS + TOKEN_TYPES) * h + 2 * h + L * block_params(h) + h * h + 3 * h + V
+
+    def flops_per_token(self, shape: dict, vocab_size: int, sequence_len: int) -> int:
+        """All but the embedding tables (biases and norms included), the tied decoder on the predicted
+        share of the positions, attention."""
+        h, L, V = shape["n_embd"], shape["n_layer"], vocab_size
+        tables = (V + POSITIONS + TOKEN_TYPES) * h
+        body = 6 * (self.num_params(shape, V, sequence_len) - tables)
+        return int(body + 6 * MLM_SHARE * V * h + 12 * L * h * sequence_len)
+
+    def largest_layer_params(self, shape: dict, vocab_size: int) -> int:
+        return vocab_size * shape["n_embd"] + vocab_size  # the MLM decoder: the tied embedding plus its bias
+
+    def layer_activations(self, shape: dict, seq: int, micro: int, tp: int, mode: str, scores_stored: bool) -> float:
+        return transformer_layer_activations(shape, seq, micro, tp, REPLICATED_BYTES[mode], scores_stored)
+
+    def checkpointed_layer_bytes(self, mode: str) -> float:
+        return CHECKPOINT_BYTES[mode]
+
+    def logits_bytes(self, softcap: float) -> float:
+        return 12 * MLM_SHARE
+
+
+FAMILY = BertFamily(
+    name="bert",
+    summary="BERT masked LM with transformers, from scratch or local weights",
+    builder="bert:build_bert",
+    sizes=BERT_SIZES,
+    causal=False,
+    tokenizer="wordpiece",
+    sample_top_k=5,
+    max_sequence_len=SEQUENCE_LEN,
+    min_sequence_len=3,
+    pretrained=True,
+)

@@ -1,0 +1,183 @@
+"""What the project knows of a model family, in one place, and where families are found (no torch).
+
+Everything outside models/ asks a family's descriptor and never the family's name: its shapes by
+size, its parameter, FLOP and activation formulas (the nn.Module and `plan` use the same ones), its
+tokenizer and objective, what sample does with it, which parallel layouts it runs and its own
+rules. A family is a module of models/ that defines `FAMILY = Family(...)` (or a subclass):
+
+    models/gpt_family.py + models/gpt.py     a descriptor beside its nn.Module (torch-free to import)
+    models/llama.py                          or one file holding both: it is imported when asked for
+
+    family("gpt3").shape("1.3B")            # {"n_layer": 24, "n_embd": 2048, ...}
+    family(cfg.model.arch).build(cfg, vocab) # the nn.Module, on the CPU
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..settings.config import ConfigError, Problem
+
+MODELS = Path(__file__).resolve().parent
+_DEFINES_FAMILY = re.compile(r"^FAMILY\s*=", re.M)
+
+
+def block_params(h: int, tp: int = 1) -> int:
+    """One GPT-2/3 or BERT block on one tensor-parallel rank: 12h^2 + 13h when tp = 1."""
+    return (12 * h * h + 7 * h) // tp + 6 * h  # split: 4 matrices, qkv and fc biases; replicated: 2 biases, 2 norms
+
+
+def transformer_layer_activations(
+    shape: dict, seq: int, micro: int, tp: int, replicated: float, scores_stored: bool
+) -> float:
+    """Korthikanti et al. 2022 for a GPT-2/3 or BERT block: s*b*h*(replicated + 24/t) bytes (24/t: what
+    the split heads and MLP keep; replicated: norms, block inputs, dropout masks, measured per family
+    and precision), plus 5*a*s^2*b/t where the attention probabilities are stored."""
+    scores = 5 * shape["n_head"] * seq * seq * micro / tp if scores_stored else 0
+    return seq * micro * shape["n_embd"] * (replicated + 24 / tp) + scores
+
+
+@dataclass(frozen=True)
+class Family:
+    """A model family. The formulas take a shape (`shape(size)`), the vocabulary size V and the
+    sequence length T; memory formulas count bytes."""
+
+    name: str
+    summary: str
+    builder: str  # "<module of models/>:<function(cfg, vocab_size, load_weights=True)>", imported when building
+    sizes: dict[str, dict[str, Any]] = field(default_factory=dict)  # size name -> n_layer, n_embd, n_head (...)
+    causal: bool = True  # next-token prediction (sample continues a prompt) or masked (sample fills [MASK])
+    tokenizer: str = "bpe"  # what prepare-data trains: "bpe" (a BOS token) or "wordpiece" (BERT's specials)
+    sample_top_k: int = 50  # sample's --top-k default: tokens sampled among, or predictions listed per [MASK]
+    max_sequence_len: int | None = None  # learned position embeddings: the longest sequence
+    min_sequence_len: int = 1
+    grouped_query: bool = False  # model.n_kv_head applies
+    attention_dropout: bool = True  # model.attention_dropout applies
+    pretrained: bool = False  # model.pretrained (local weights) applies
+    layouts: bool = False  # tensor and pipeline parallelism (DeepSpeed's pipeline engine)
+    rotary: bool = False  # heads of even size (rotary embeddings pair dimensions)
+    presets: dict[str, dict[str, Any]] = field(default_factory=dict)  # named sizes with a cluster layout
+
+    # --- shapes --------------------------------------------------------------------------------------
+
+    def shape(self, size: str, n_kv_head: int | None = None) -> dict:
+        """Layers, width, heads (and the published batch and lr where the table has them) of a size."""
+        if size not in self.sizes:
+            raise ConfigError(f"model.size={size!r} is not a {self.name} size; use one of {', '.join(self.sizes)}")
+        shape = dict(self.sizes[size])
+        shape["n_kv_head"] = shape["n_head"] if n_kv_head is None else n_kv_head
+        return shape
+
+    # --- formulas (the nn.Module's num_params and flops_per_token equal these; tests hold them) ------
+
+    def num_params(self, shape: dict, vocab_size: int, sequence_len: int) -> int:
+        raise NotImplementedError(f"{self.name}: num_params")
+
+    def flops_per_token(self, shape: dict, vocab_size: int, sequence_len: int) -> int:
+        raise NotImplementedError(f"{self.name}: flops_per_token")
+
+    def largest_layer_params(self, shape: dict, vocab_size: int) -> int:
+        """The largest module's own parameters: what ZeRO-3 gathers at once."""
+        return max(vocab_size * shape["n_embd"], 4 * shape["n_embd"] ** 2)
+
+    def stage_params(self, shape: dict, vocab_size: int, sequence_len: int, tp: int, pp: int) -> list[int]:
+        """Parameters one GPU holds per pipeline stage after the tensor split (no split: the model)."""
+        return [self.num_params(shape, vocab_size, sequence_len)]
+
+    def layer_activations(self, shape: dict, seq: int, micro: int, tp: int, mode: str, scores_stored: bool) -> float:
+        """Bytes one block keeps for backward for one micro batch (mode: 'bf16' or 'autocast')."""
+        raise NotImplementedError(f"{self.name}: layer_activations")
+
+    def checkpointed_layer_bytes(self, mode: str) -> float:
+        """Bytes per token per unit of width a checkpointed block keeps (its input)."""
+        return 2 if mode == "bf16" else 4
+
+    def logits_bytes(self, softcap: float) -> float:
+        """Bytes per position per vocabulary entry of the logits and the loss."""
+        return 12
+
+    # --- rules ---------------------------------------------------------------------------------------
+
+    def problems(self, cfg, shape: dict) -> list[Problem]:
+        """What this family refuses in a config, each naming the key and the fix."""
+        m, name, found = cfg.model, self.name, []
+        if not self.grouped_query and m.n_kv_head is not None:
+            found.append(Problem(f"model.n_kv_head={m.n_kv_head} does not apply to model.arch={name}; set it to null",
+                                 "model.n_kv_head", "model.arch"))  # fmt: skip
+        if not self.attention_dropout and m.attention_dropout:
+            found.append(Problem(f"model.attention_dropout={m.attention_dropout} does not apply to model.arch={name} "
+                                 "(model.dropout is its embedding and residual dropout); set it to null",
+                                 "model.attention_dropout", "model.arch"))  # fmt: skip
+        if not self.pretrained and m.pretrained:
+            found.append(Problem(f"model.pretrained={m.pretrained!r}: model.arch={name} starts from scratch; "
+                                 'set it to ""', "model.pretrained", "model.arch"))  # fmt: skip
+        if m.sequence_len < self.min_sequence_len:
+            found.append(Problem(f"model.sequence_len={m.sequence_len} is too short for model.arch={name}; use at "
+                                 f"least {self.min_sequence_len} (e.g. 128)", "model.sequence_len", "model.arch"))  # fmt: skip
+        if self.max_sequence_len and m.sequence_len > self.max_sequence_len:
+            found.append(Problem(f"model.sequence_len={m.sequence_len} exceeds {name}'s {self.max_sequence_len} "
+                                 f"position embeddings; use at most {self.max_sequence_len}",
+                                 "model.sequence_len", "model.arch"))  # fmt: skip
+        if shape["n_kv_head"] < 1 or shape["n_head"] % shape["n_kv_head"]:
+            found.append(Problem(f"model.n_kv_head={shape['n_kv_head']} must divide the {shape['n_head']} query heads "
+                                 f"of model.size={m.size}; use a divisor of {shape['n_head']} or null",
+                                 "model.n_kv_head", "model.size"))  # fmt: skip
+        if shape["n_embd"] % shape["n_head"] or (self.rotary and shape["n_embd"] // shape["n_head"] % 2):
+            even = " of even size (rotary embeddings pair dimensions)" if self.rotary else ""
+            found.append(Problem(f"model.size={m.size} needs a width divisible into heads{even}; choose another size",
+                                 "model.size"))  # fmt: skip
+        return found
+
+    # --- the model -----------------------------------------------------------------------------------
+
+    def build(self, cfg, vocab_size: int, load_weights: bool = True):
+        """A freshly initialised model on the CPU (with model.pretrained and load_weights: loaded)."""
+        module, _, function = self.builder.partition(":")
+        return getattr(importlib.import_module(f".{module}", __package__), function)(cfg, vocab_size, load_weights)
+
+
+_FOUND: dict[str, Family] = {}
+
+
+def family_modules() -> list[str]:
+    """The modules of models/ that define a family, by name, found without importing them."""
+    return sorted(p.stem for p in MODELS.glob("*.py") if _DEFINES_FAMILY.search(p.read_text()))
+
+
+def families() -> dict[str, Family]:
+    """Every family, by model.arch name (imports each family's module)."""
+    for module in family_modules():
+        _load(module)
+    return dict(sorted(_FOUND.items()))
+
+
+def _load(module: str) -> Family:
+    found = importlib.import_module(f".{module}", __package__).FAMILY
+    _FOUND[found.name] = found
+    return found
+
+
+def family(name: str) -> Family:
+    """The family model.arch names; a ConfigError listing the families for any other name."""
+    if name in _FOUND:
+        return _FOUND[name]
+    modules = family_modules()
+    for module in (m for m in (f"{name}_family", name) if m in modules):
+        found = _load(module)
+        if found.name == name:
+            return found
+    names = sorted({*_FOUND, *(m.removesuffix("_family") for m in modules)})
+    raise ConfigError(
+        f"model.arch={name!r} is not a model family; use one of {', '.join(names)} "
+        "(a new family is a module of models/ defining FAMILY)",
+        key="model.arch",
+    )
+
+
+def model_shape(size: str, n_kv_head: int | None = None, arch: str = "gpt") -> dict:
+    """The shape of a size of a family: family(arch).shape(size, n_kv_head)."""
+    return family(arch).shape(size, n_kv_head)
