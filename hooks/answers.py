@@ -88,7 +88,7 @@ def package():
         module = importlib.util.module_from_spec(spec)
         sys.modules[PACKAGE] = module
         spec.loader.exec_module(module)
-    modules = {"config": "settings.config", "rules": "settings.rules", "fit": "planning.fit", "family": "models.family"}
+    modules = {"config": "settings.config", "rules": "planning.rules", "fit": "planning.fit", "family": "models.family"}
     return {name: importlib.import_module(f"{PACKAGE}.{module}") for name, module in modules.items()}
 
 

@@ -32,7 +32,8 @@ import yaml
 MOVED = {
     "config.py": "settings/config.py",
     "bounds.py": "settings/bounds.py",
-    "rules.py": "settings/rules.py",
+    "rules.py": "planning/rules.py",
+    "settings/rules.py": "planning/rules.py",
     "gpus.py": "settings/gpus.py",
     "sizes.py": "+models/gpt3_family.py",  # the families' tables went to their descriptors
     "settings/sizes.py": "+models/gpt3_family.py",

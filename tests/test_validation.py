@@ -432,7 +432,7 @@ def test_answers_module_uses_the_generated_packages_rules_not_a_copy():
     answers = _answers_module()
     package = answers.package()
     src = TEMPLATE / "template" / "src" / "{{project_slug}}"
-    for name, path in {"config": "settings", "rules": "settings", "fit": "planning", "family": "models"}.items():
+    for name, path in {"config": "settings", "rules": "planning", "fit": "planning", "family": "models"}.items():
         assert Path(package[name].__file__) == src / path / f"{name}.py"
     assert "def check_config" not in (TEMPLATE / "hooks" / "answers.py").read_text()
     # its train.yaml is the template's: the default answers give the file copier renders
@@ -793,8 +793,10 @@ def test_the_answer_blamed_comes_from_the_problems_keys_not_their_wording(monkey
         def __new__(cls, message, *keys):
             return super().__new__(cls, "reworded", *keys)
 
-    monkeypatch.setattr(pkg["rules"], "Problem", Reworded)
-    monkeypatch.setattr(pkg["fit"], "Problem", Reworded)
+    original = pkg["rules"].Problem
+    for name, module in list(sys.modules.items()):  # every module that makes Problems: rules, fit, family, strategy
+        if name.startswith(answers.PACKAGE + ".") and getattr(module, "Problem", None) is original:
+            monkeypatch.setattr(module, "Problem", Reworded)
     monkeypatch.setattr(answers, "_CONFIG_PROBLEMS", {})  # findings kept from before the rewording
     after = []
     for given, _ in ROUTED[:-1]:  # the last is load_config's error, not a rule's problem

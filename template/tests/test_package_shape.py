@@ -16,22 +16,19 @@ from pathlib import Path
 PACKAGE_DIR = next(p.parent for p in (Path(__file__).resolve().parents[1] / "src").glob("*/cli.py"))
 
 # The folders, lowest first. A module may import its own folder and the folders of lower tiers; folders
-# of one tier stay independent of each other, except settings and models: the rules ask a model family's
-# descriptor (models/family.py), which speaks settings' language. What settings reaches must still
-# import no torch (test_settings_and_planning_import_no_torch follows every import on the way).
-# The modules at the top level are the entry, above all.
+# of one tier stay independent of each other. The modules at the top level are the entry, above all.
 TIERS = [
-    ("settings", "models"),  # plain Python: config, bounds, rules, GPUs, precision; the families and their modules
-    ("planning",),  # memory fit and time, torch-free
+    ("settings",),  # plain Python: config, bounds, GPUs, precision, topology
+    ("models",),  # a family each: its descriptor (torch-free) beside its plain layers
     ("data",),  # prepare-data and the token stream
     ("runtime",),  # process group, unrecoverable failures, faults, checkpoints
-    ("strategies",),  # DDP, DeepSpeed ZeRO, pipeline and tensor parallel
+    ("strategies",),  # DDP, DeepSpeed ZeRO, pipeline and tensor parallel; memory.py: what each keeps and allows
+    ("planning",),  # every rule run together, memory fit and time: torch-free
     ("evaluation",),  # a trained model loaded, eval, sample
     ("training",),  # the loop and its parts
     ("cluster",),  # node launcher, torchrun, rendezvous, supervision, Ray
     ("launch", "diagnostics", "image"),  # platforms; doctor and debug-dump; the image
 ]
-PARTNERS = {("settings", "models"), ("models", "settings")}  # folders of one tier that may import each other
 ENTRY = {"__init__", "__main__", "cli"}  # the package's top level: the entry...
 MAX_OTHER_TOP_LEVEL = 5  # ...and at most this many other modules
 TORCH_FREE = ("settings", "planning")
@@ -95,8 +92,7 @@ def test_every_import_points_down_the_folders():
         f"{a} imports {b}"
         for a, targets in graph().items()
         for b in sorted(targets)
-        if tier_of(b) > tier_of(a)
-        or (tier_of(b) == tier_of(a) and folder_of(a) != folder_of(b) and (folder_of(a), folder_of(b)) not in PARTNERS)
+        if tier_of(b) > tier_of(a) or (tier_of(b) == tier_of(a) and folder_of(a) != folder_of(b))
     ]
     assert not wrong, "imports upward or across independent folders:\n" + "\n".join(wrong)
 
@@ -140,7 +136,8 @@ def loaded_on_import(name: str, known: dict[str, Path]) -> set[str]:
 
 def test_settings_and_planning_import_no_torch():
     """check, plan and copier's hooks run where torch is not installed: nothing settings/ or planning/
-    import loads torch, in their own functions or through another module (models' descriptors included)."""
+    import loads torch, in their own functions or through another module (the families' descriptors and
+    strategies/memory.py included)."""
     known = modules()
     heavy = ("torch", "deepspeed", "transformers")
     found = [

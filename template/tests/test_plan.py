@@ -401,7 +401,7 @@ def test_more_pipeline_stages_when_zero_is_refused(pkg, cfg_with):
     )
     assert not pkg.estimates.memory(cfg)["fits"] and pkg.estimates.memory(cfg)["problems"] == []
     for stage in (2, 3):
-        assert not pkg.fit.allowed(pkg.fit.with_strategy(cfg, stage))
+        assert not pkg.fit.allowed(pkg.memory.at_stage(cfg, stage))
     assert pkg.fit.suggest(cfg) == "4 pipeline stages (parallel.pipeline=4; copier answer pipeline_parallel=4)"
     assert pkg.estimates.memory(pkg.fit.changed(cfg, **{"parallel.pipeline": 4}))["fits"]
 

@@ -116,7 +116,7 @@ def check_before_start(cfg: Config, world_size: int | None) -> None:
     supervise.py instead of being restarted into."""
     from ..data.tokens import TokenData, load_tokenizer, read_meta
     from ..models.family import family
-    from ..settings.rules import require_valid
+    from ..planning.rules import require_valid
 
     require_valid(cfg, world_size)
     out = Path(cfg.run.output_dir)

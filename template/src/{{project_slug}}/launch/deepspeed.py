@@ -47,6 +47,7 @@ INSTALL = "DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed"
 HOSTFILE = Path("launch") / "devmachine" / "hostfile"
 # DeepSpeed's multi-node backends offered here, and the program each needs on node 0.
 BACKENDS = {"pdsh": "pdsh", "openmpi": "ompi_info"}
+LAUNCHER = "deepspeed"  # --launcher's name for DeepSpeed's own launcher program
 _LINE = re.compile(r"(\S+)\s+slots=(\d+)\s*")
 
 
@@ -54,7 +55,7 @@ def add_arguments(p: ArgumentParser) -> None:
     """The options of `launch devmachine` that choose and steer DeepSpeed's launcher."""
     p.add_argument(
         "--launcher",
-        choices=("torchrun", "deepspeed"),
+        choices=("torchrun", LAUNCHER),
         default="torchrun",
         help="torchrun (default), or DeepSpeed's own launcher `deepspeed` (hostfile, ssh/MPI)",
     )

@@ -115,7 +115,7 @@ class DevMachine(Platform):
         args, cfg = self.args, self.cfg
         if args.debug:
             os.environ["TRAIN_DEBUG"] = "1"
-        if args.launcher == "deepspeed":
+        if args.launcher == deepspeed.LAUNCHER:
             plan = deepspeed.plan_launch(args, cfg)
             on_start = partial(self._record, f"deepspeed launcher, {plan.describe()}")
             return deepspeed.launch(plan, args, cfg, self.package, dry_run, on_start=on_start)

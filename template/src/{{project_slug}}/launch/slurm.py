@@ -42,11 +42,12 @@ from pathlib import Path
 from ..settings.config import Config, ConfigError, project_root, under_root
 from . import jobs
 from .base import Platform, print_file, tail_lines
+from .deepspeed import LAUNCHER
 from .jobs import Job
 
 SCRIPTS = {
     "torchrun": Path("launch") / "slurm" / "train.sbatch",
-    "deepspeed": Path("launch") / "slurm" / "train-deepspeed.sbatch",
+    LAUNCHER: Path("launch") / "slurm" / "train-deepspeed.sbatch",
 }
 
 
@@ -170,7 +171,7 @@ def script_path(launcher: str) -> Path:
     """The batch script for the launcher, relative to the project root; ConfigError naming the fix."""
     relative = SCRIPTS[launcher]
     if not (project_root() / relative).is_file():
-        if launcher == "deepspeed":
+        if launcher == LAUNCHER:
             raise ConfigError(
                 f"{relative} is missing: it is generated for projects with strategy deepspeed. Fixes: 1) `copier "
                 "update --data strategy=deepspeed` generates it; 2) `launch slurm` (torchrun on every node) trains "

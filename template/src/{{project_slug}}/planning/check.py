@@ -18,9 +18,9 @@ from ..models.family import model_shape
 from ..settings.bounds import count
 from ..settings.config import Config
 from ..settings.precision import on_gpu_type
-from ..settings.rules import at_world_size, check_config, resolve_grad_accum
 from .estimates import GIB, memory
 from .fit import fit_problem
+from .rules import at_world_size, check_config, resolve_grad_accum
 
 
 def summary(cfg: Config, world: int) -> str:

@@ -76,7 +76,8 @@ from ..models.family import family, model_shape
 from ..settings.config import Config, ConfigError
 from ..settings.gpus import ANSWERS, find_answer
 from ..settings.precision import on_gpu_type
-from ..settings.rules import parallel_problems, precision_problems
+from ..strategies.memory import model_states, precision_mode, zero_stage
+from .rules import parallel_problems, precision_problems
 
 GIB = 1024**3
 RESERVE = 0.10  # share of GPU memory kept free: CUDA context, NCCL buffers, fragmentation
@@ -131,30 +132,6 @@ def flops_per_token(shape: dict[str, int], vocab_size: int, sequence_len: int, a
 # --- memory ----------------------------------------------------------------------------------------
 
 
-def model_states(
-    psi: int, stage: int, nd: int, offload_optimizer: bool = False, offload_params: bool = False
-) -> dict[str, float]:
-    """Bytes per GPU of weights, grads and optimizer (ZeRO paper), and bytes on the host."""
-    weights = 2 * psi / nd if stage == 3 else 2 * psi
-    grads = 2 * psi / nd if stage >= 2 else 2 * psi
-    optimizer = 12 * psi / nd if stage >= 1 else 12 * psi
-    host = 0.0
-    if offload_optimizer:
-        host += optimizer
-        optimizer = 0.0
-    if offload_params:
-        host += weights
-        weights = 0.0
-    return {"weights": weights, "grads": grads, "optimizer": optimizer, "host": host}
-
-
-def precision(cfg: Config) -> str:
-    """'bf16' where modules run in 16 bits without autocast (DeepSpeed's pipeline engine; fp16 takes the
-    same bytes), else 'autocast' (train.py's loop: DDP with fp32 weights, ZeRO with 16-bit weights)."""
-    uses_engine = family(cfg.model.arch).layouts and (cfg.parallel.tensor, cfg.parallel.pipeline) != (1, 1)
-    return "bf16" if uses_engine and cfg.run.strategy == "deepspeed" else "autocast"
-
-
 def layer_activations(
     shape: dict[str, int],
     seq: int,
@@ -197,11 +174,6 @@ def activations(
     return kept + (micro * seq * vocab_size * fam.logits_bytes(softcap) if logits else 0)
 
 
-def zero_stage(cfg: Config) -> int:
-    """ZeRO stage of the config: 0 for DDP."""
-    return cfg.deepspeed.zero_stage if cfg.run.strategy == "deepspeed" else 0
-
-
 def layout_problems(cfg: Config) -> list[str]:
     """What the rules refuse about this layout, strategy and precision on this GPU (empty when allowed)."""
     shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
@@ -229,7 +201,7 @@ def memory(cfg: Config) -> dict:
             layers=layers[i],
             in_flight=min(pp - i, per_step),
             logits=i == pp - 1,
-            mode=precision(cfg),
+            mode=precision_mode(cfg),
             scores_stored=bool(cfg.model.attention_dropout),
         )
         act = {c: activations(shape, vocab, seq, micro, cfg.model.softcap, c, **kw) for c in (False, True)}

@@ -13,35 +13,12 @@ check_project (copier's post-generation task) and hooks/answers.py (copier's val
 
 from __future__ import annotations
 
-import copy
-
 from ..models.family import family
-from ..settings.config import Config, ConfigError
-from ..settings.rules import Problem, resolve_grad_accum
-from .estimates import GIB, layout_problems, memory, zero_stage
-
-
-def changed(cfg: Config, **changes) -> Config:
-    """A copy of cfg with dotted keys set: changed(cfg, **{"batch.micro_batch_size": 4})."""
-    new = copy.deepcopy(cfg)
-    for key, value in changes.items():
-        section, name = key.split(".")
-        setattr(getattr(new, section), name, value)
-    return new
-
-
-def with_strategy(cfg: Config, stage: int, offload_optimizer: bool = False, offload_params: bool = False) -> Config:
-    """The config on DeepSpeed ZeRO `stage` (a ddp config at stage 0 stays ddp)."""
-    strategy = "ddp" if stage == 0 and cfg.run.strategy == "ddp" else "deepspeed"
-    return changed(
-        cfg,
-        **{
-            "run.strategy": strategy,
-            "deepspeed.zero_stage": stage if strategy == "deepspeed" else cfg.deepspeed.zero_stage,
-            "deepspeed.offload_optimizer": offload_optimizer,
-            "deepspeed.offload_params": offload_params,
-        },
-    )
+from ..settings.config import Config, ConfigError, changed
+from ..strategies.memory import at_stage, for_pipeline_engine, zero_stage
+from ..strategies.memory import describe as describe_strategy
+from .estimates import GIB, layout_problems, memory
+from .rules import Problem, resolve_grad_accum
 
 
 def allowed(cfg: Config) -> bool:
@@ -70,9 +47,9 @@ def same_hardware(cfg: Config):
         yield changed(cfg, **{"model.activation_checkpointing": True})
     stage = zero_stage(cfg)
     for higher in range(stage + 1, 4):
-        yield with_strategy(cfg, higher)
+        yield at_stage(cfg, higher)
     if not cfg.deepspeed.offload_optimizer or stage == 0:
-        yield with_strategy(cfg, max(stage, 1), offload_optimizer=True)
+        yield at_stage(cfg, max(stage, 1), offload_optimizer=True)
     yield from more_stages(cfg)
 
 
@@ -85,10 +62,7 @@ def more_stages(cfg: Config):
     layers = fam.shape(cfg.model.size)["n_layer"]
     for pp in range(cfg.parallel.pipeline + 1, layers + 1):
         if layers % pp == 0:
-            base = with_strategy(cfg, min(zero_stage(cfg), 1), cfg.deepspeed.offload_optimizer and zero_stage(cfg) > 0)
-            if base.run.strategy == "ddp":
-                base = changed(base, **{"run.strategy": "deepspeed", "deepspeed.zero_stage": 0})
-            yield changed(base, **{"parallel.pipeline": pp})
+            yield changed(for_pipeline_engine(cfg), **{"parallel.pipeline": pp})
 
 
 def piles(cfg: Config):
@@ -104,15 +78,15 @@ def piles(cfg: Config):
     cfg = changed(cfg, **{"model.activation_checkpointing": True})
     yield cfg
     for stage in range(zero_stage(cfg) + 1, 4):
-        if allowed(with_strategy(cfg, stage)):
-            cfg = with_strategy(cfg, stage)
+        if allowed(at_stage(cfg, stage)):
+            cfg = at_stage(cfg, stage)
             yield cfg
     stage = max(zero_stage(cfg), 1)
-    if allowed(with_strategy(cfg, stage, True)):
-        cfg = with_strategy(cfg, stage, True)
+    if allowed(at_stage(cfg, stage, True)):
+        cfg = at_stage(cfg, stage, True)
         yield cfg
     if stage == 3:
-        cfg = with_strategy(cfg, 3, True, True)
+        cfg = at_stage(cfg, 3, True, True)
         yield cfg
     yield from more_stages(cfg)
 
@@ -123,11 +97,9 @@ def more_nodes(cfg: Config):
     while nodes <= 128:
         wider = changed(cfg, **{"cluster.nodes": nodes})
         ds = cfg.deepspeed
-        stages = [s for s in range(zero_stage(cfg), 4) if allowed(with_strategy(wider, s))]
+        stages = [s for s in range(zero_stage(cfg), 4) if allowed(at_stage(wider, s))]
         yield (
-            with_strategy(
-                wider, stages[-1], ds.offload_optimizer and stages[-1] > 0, ds.offload_params and stages[-1] == 3
-            )
+            at_stage(wider, stages[-1], ds.offload_optimizer and stages[-1] > 0, ds.offload_params and stages[-1] == 3)
             if stages
             else wider
         )
@@ -215,7 +187,7 @@ def fit_problem(cfg: Config) -> Problem | None:
     where = f", pipeline stage {m['pipeline_stage']} of {m['pipeline']}" if m["pipeline"] > 1 else ""
     reason = (
         f"{cfg.model.arch} {cfg.model.size} on {cfg.cluster.nodes} x {cfg.cluster.gpus_per_node} "
-        f"{cfg.cluster.gpu_type} ({strategy_text(cfg)}, tensor {m['tensor']} x pipeline {m['pipeline']} x data "
+        f"{cfg.cluster.gpu_type} ({describe_strategy(cfg)}, tensor {m['tensor']} x pipeline {m['pipeline']} x data "
         f"{m['data_parallel']}, micro batch {cfg.batch.micro_batch_size}{where}) needs {g(m['total'])} GiB "
         f"per GPU (weights {g(m['weights'])} + grads {g(m['grads'])} + optimizer {g(m['optimizer'])} + "
         f"activations {g(act)}) > {g(m['usable'])} GiB usable of {m['gpu'] / GIB:.0f} GiB"
@@ -229,11 +201,3 @@ def fit_problem(cfg: Config) -> Problem | None:
         "cluster.nodes",
         "cluster.gpus_per_node",
     )
-
-
-def strategy_text(cfg: Config) -> str:
-    if cfg.run.strategy != "deepspeed":
-        return "DDP (ZeRO stage 0)"
-    ds = cfg.deepspeed
-    extras = [x for x, on in (("optimizer offload", ds.offload_optimizer), ("param offload", ds.offload_params)) if on]
-    return f"DeepSpeed ZeRO stage {ds.zero_stage}" + (" + " + ", ".join(extras) if extras else "")

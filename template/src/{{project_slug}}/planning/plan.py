@@ -21,10 +21,11 @@ import sys
 
 from ..models.family import model_shape
 from ..settings.bounds import positive_float
-from ..settings.config import Config, ConfigError
+from ..settings.config import Config, ConfigError, changed
 from ..settings.precision import on_gpu_type
-from .estimates import GIB, RESERVE, flops_per_token, gpu_spec, memory, timing, zero_stage
-from .fit import changed, strategy_text, suggest, with_strategy
+from ..strategies.memory import at_stage, describe, zero_stage
+from .estimates import GIB, RESERVE, flops_per_token, gpu_spec, memory, timing
+from .fit import suggest
 from .scaling import render_rows, scaling_rows
 
 
@@ -66,7 +67,7 @@ def with_flags(cfg: Config, args: argparse.Namespace) -> Config:
     if offload_opt and stage == 0:
         raise ConfigError("--offload-optimizer needs --zero-stage 1, 2 or 3 (DDP keeps the optimizer on the GPU)")
     cfg = (
-        with_strategy(cfg, stage, offload_opt, offload_params)
+        at_stage(cfg, stage, offload_opt, offload_params)
         if args.zero_stage is not None or offload_opt or offload_params
         else cfg
     )
@@ -88,7 +89,7 @@ def build(cfg: Config, args: argparse.Namespace) -> dict:
         "gpus_per_node": cfg.cluster.gpus_per_node,
         "micro_batch_size": cfg.batch.micro_batch_size,
         "sequence_len": cfg.model.sequence_len,
-        "strategy": strategy_text(cfg),
+        "strategy": describe(cfg),
         "zero_stage": zero_stage(cfg),
         "offload_optimizer": cfg.deepspeed.offload_optimizer and zero_stage(cfg) > 0,
         "offload_params": cfg.deepspeed.offload_params and zero_stage(cfg) == 3,

@@ -17,8 +17,8 @@ from dataclasses import replace
 
 from ..models.family import model_shape
 from ..settings.config import Config, ConfigError
-from ..settings.rules import at_world_size, per_rank_batch, resolve_grad_accum
 from .estimates import flops_per_token, gpu_spec
+from .rules import at_world_size, per_rank_batch, resolve_grad_accum
 
 NODE_FACTORS = (1, 2, 4)
 

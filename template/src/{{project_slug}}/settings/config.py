@@ -10,6 +10,7 @@ prints it without a traceback. This module imports no torch so `check` runs anyw
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import difflib
 import hashlib
@@ -446,3 +447,12 @@ def _check_choices(cfg: Config) -> None:
             "deepspeed.offload_optimizer=true needs deepspeed.zero_stage 1, 2 or 3 (got 0)",
             key="deepspeed.offload_optimizer",
         )
+
+
+def changed(cfg: Config, **changes) -> Config:
+    """A copy of cfg with dotted keys set: changed(cfg, **{"batch.micro_batch_size": 4})."""
+    new = copy.deepcopy(cfg)
+    for key, value in changes.items():
+        section, name = key.split(".")
+        setattr(getattr(new, section), name, value)
+    return new

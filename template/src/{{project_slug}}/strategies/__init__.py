@@ -6,21 +6,22 @@ A strategy owns what differs between the two: wrapping the model, building the o
 backward and the optimizer step (accumulation, clipping), setting the learning rate, and the
 checkpoint format: writing it, resuming from it, and reading it back for eval and sample
 (read_checkpoint, which trained_model.py picks by what is on disk). train.py keeps the loop, the
-data stream, logging and evaluation.
+data stream, logging and evaluation. What each strategy keeps on a GPU and allows, for plan and
+check without torch: memory.py. info: runtime.distributed.DistInfo (this package imports no torch
+until a strategy is built).
 """
 
 from __future__ import annotations
 
-from ..models import build_model
-from ..runtime.distributed import DistInfo
 from ..settings.config import Config
+from .memory import on_deepspeed, uses_pipeline_engine
 
 
-def build_strategy(cfg: Config, info: DistInfo, vocab_size: int, accum: int):
+def build_strategy(cfg: Config, info, vocab_size: int, accum: int):
     """The model, built and wrapped by the strategy for cfg.run.strategy (and parallel.* for gpt3).
     The strategy has num_params and flops_per_token of the whole model (ZeRO-3 and pipelines
     leave only a part on each rank)."""
-    from .pipeline import uses_pipeline_engine
+    from ..models import build_model
 
     if uses_pipeline_engine(cfg):
         from .pipeline import PipelineStrategy  # builds its own stage of the model
@@ -28,7 +29,7 @@ def build_strategy(cfg: Config, info: DistInfo, vocab_size: int, accum: int):
         return PipelineStrategy(cfg, info, vocab_size, accum)
     model = build_model(cfg, vocab_size).to(info.device)
     num_params, flops_per_token = model.num_params(), model.flops_per_token()
-    if cfg.run.strategy == "deepspeed":
+    if on_deepspeed(cfg):
         from .deepspeed import DeepSpeedStrategy  # imports deepspeed only when asked for
 
         strategy = DeepSpeedStrategy(cfg, info, model, accum)

@@ -42,10 +42,6 @@ from .deepspeed import (
 from .tensor_parallel import join_shards, parallelize_block
 
 
-def uses_pipeline_engine(cfg: Config) -> bool:
-    return family(cfg.model.arch).layouts and (cfg.parallel.tensor, cfg.parallel.pipeline) != (1, 1)
-
-
 def is_pipeline_checkpoint(folder: Path) -> bool:
     return any(Path(folder).glob("layer_*-model_states.pt"))
 

@@ -33,6 +33,7 @@ from ..data.masked import open_split
 from ..data.tokens import TokenData, data_fingerprint, load_tokenizer, micro_batch_start, read_meta, token_byte_lengths
 from ..evaluation.evaluate import evaluate, format_scores, val_scores
 from ..models.sample_dropout import sample_keys, samples
+from ..planning.rules import at_world_size, require_valid, resolve_grad_accum, scaling_note
 from ..runtime import checkpoint, checkpoint_files, faults
 from ..runtime.distributed import (
     DistInfo,
@@ -48,7 +49,6 @@ from ..runtime.distributed import (
 )
 from ..runtime.unrecoverable import SharedFailure, raise_on_every_rank
 from ..settings.config import Config, ConfigError, save_config
-from ..settings.rules import at_world_size, require_valid, resolve_grad_accum, scaling_note
 from ..strategies import build_strategy
 from . import preemption, prefetch, run_lock
 from .metrics import MetricsLogger, format_step, mfu, peak_flops

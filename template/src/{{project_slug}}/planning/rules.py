@@ -12,10 +12,11 @@ from __future__ import annotations
 import dataclasses
 
 from ..models.family import families, family, model_shape
-from .bounds import bound_problems
-from .config import Config, ConfigError, Problem
-from .gpus import find_answer
-from .precision import bf16_refusal, fp16_zero0_refusal
+from ..settings.bounds import bound_problems
+from ..settings.config import Config, ConfigError, Problem
+from ..settings.gpus import find_answer
+from ..settings.precision import bf16_refusal
+from ..strategies import memory as strategy
 
 __all__ = [
     "Problem",
@@ -248,25 +249,7 @@ def parallel_problems(cfg: Config, shape: dict, world: int) -> list[Problem]:
                 "model.size",
             )
         )
-    if cfg.run.strategy != "deepspeed":
-        problems.append(
-            Problem(
-                f"parallel.tensor={tp}/parallel.pipeline={pp} run on DeepSpeed's pipeline engine and "
-                "tensor-parallel layers; set run.strategy=deepspeed",
-                "run.strategy",
-                *degrees,
-            )
-        )
-    elif cfg.deepspeed.zero_stage > 1:
-        problems.append(
-            Problem(
-                f"deepspeed.zero_stage={cfg.deepspeed.zero_stage} with parallel.tensor={tp}, "
-                f"parallel.pipeline={pp}: these layouts run on DeepSpeed's pipeline engine, which "
-                "shards only optimizer state; use deepspeed.zero_stage=1 (or 0)",
-                "deepspeed.zero_stage",
-                *degrees,
-            )
-        )
+    problems += strategy.layout_problems(cfg)
     return problems
 
 
@@ -279,9 +262,7 @@ def precision_problems(cfg: Config, precision: str | None = None) -> list[Proble
     name = f"{found[0].device_name if found else 'GPU'} of cluster.gpu_type={cfg.cluster.gpu_type}"
     if precision == "bf16" and found is not None and not found[0].has_bf16:
         problems.append(Problem(bf16_refusal(name), "run.dtype", "cluster.gpu_type"))
-    if precision == "fp16" and cfg.run.strategy == "deepspeed" and cfg.deepspeed.zero_stage == 0:
-        refusal = fp16_zero0_refusal(cfg.run.dtype, name)
-        problems.append(Problem(refusal, "deepspeed.zero_stage", "run.dtype", "cluster.gpu_type"))
+    problems += strategy.precision_problems(cfg, precision, name)
     return problems
 
 
