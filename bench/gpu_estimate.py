@@ -54,7 +54,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 TEMPLATE_ROOT = Path(__file__).resolve().parent.parent
-GPUS_FILE = TEMPLATE_ROOT / "template" / "src" / "{{project_slug}}" / "gpus.py"
+GPUS_FILE = TEMPLATE_ROOT / "template" / "src" / "{{project_slug}}" / "settings" / "gpus.py"
 aten = torch.ops.aten
 
 

@@ -459,7 +459,7 @@ def test_node_launcher_keeps_injected_values_and_reads_train_debug(one):
     """What the README claims, run: config/nccl.env never overrides a platform's NCCL_IB_HCA, and
     TRAIN_DEBUG "0" adds nothing while "1" adds config/nccl-debug.env."""
     code = (
-        f"import json, os; from {one.slug}.nccl_env import apply_nccl_env; apply_nccl_env(log=lambda m: None); "
+        f"import json, os; from {one.slug}.cluster.nccl_env import apply_nccl_env; apply_nccl_env(log=lambda m: None); "
         "print(json.dumps({k: v for k, v in os.environ.items() if k.startswith(('NCCL_', 'TORCH_NCCL_'))}))"
     )
     base = {"PYTHONPATH": str(one.path / "src"), "NCCL_IB_HCA": "mlx5_bond", "NCCL_IB_GID_INDEX": "3"}

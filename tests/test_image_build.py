@@ -120,7 +120,7 @@ def first_build(project, engine, docker_client):
 @pytest.fixture(scope="module")
 def rebuild(project, engine, docker_client, first_build):
     """A one-line change to a .py file, committed, then `image build` again: (output, commit, image id)."""
-    path = project.path / "src" / SLUG / "train.py"
+    path = project.path / "src" / SLUG / "training" / "train.py"
     path.write_text(path.read_text() + "\n# a code-only change: the image rebuilds one thin layer\n")
     commit = project.commit("code change")
     proc = timed("image build (code change)", lambda: project.cli("build", "--base-image", BASE, env=engine))

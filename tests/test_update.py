@@ -328,12 +328,13 @@ def template_at(commit: str, dst: Path) -> Path:
 
 
 def release_today(tpl: Path, message: str) -> None:
-    """The template of today, committed over an older one in the same repository as its next release."""
+    """The template of today, committed over an older one in the same repository as its next release
+    (v0.3.0: the release that moved the package's modules into folders, whose migration runs then)."""
     for child in tpl.iterdir():
         if child.name != ".git":
             shutil.rmtree(child) if child.is_dir() else child.unlink()
     snapshot_template(tpl)
-    commit_all(tpl, message, tag="v0.2.0")
+    commit_all(tpl, message, tag="v0.3.0")
 
 
 def test_update_across_the_launch_package_move_keeps_user_edits(tmp_path):

@@ -40,6 +40,8 @@ def train_tokenizer(read_sample: Callable[[str], Iterator[str]], vocab_size: int
     included, on any machine."""
     if kind == "wordpiece":
         return _train_wordpiece(read_sample, vocab_size)
+    if kind != "bpe":
+        raise ConfigError(f"a model family's tokenizer is 'bpe' or 'wordpiece', not {kind!r} (models/family.py)")
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
