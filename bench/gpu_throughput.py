@@ -265,20 +265,10 @@ def bert_plain_loop(
 
     # The project's own definitions: K per row, the shape of a size, FLOPs per token, peak FLOP/s.
     bert = importlib.import_module(f"{package}.models.bert")
-    bert_family = importlib.import_module(f"{package}.models.bert_family")
     metrics = importlib.import_module(f"{package}.training.metrics")
     transformers = bert.import_transformers()  # offline: the model is built from a config, nothing downloads
-    shape = bert_family.FAMILY.shape(size)
-    config = transformers.BertConfig(
-        vocab_size=vocab,
-        hidden_size=shape["n_embd"],
-        num_hidden_layers=shape["n_layer"],
-        num_attention_heads=shape["n_head"],
-        intermediate_size=4 * shape["n_embd"],
-        max_position_embeddings=bert_family.SEQUENCE_LEN,
-        hidden_dropout_prob=0.1,
-        attention_probs_dropout_prob=0.0,
-        attn_implementation="sdpa",
+    config = bert.scratch_config(
+        size, vocab, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.0, attn_implementation="sdpa"
     )
     dev = torch.device(device)
     cuda = dev.type == "cuda"

@@ -137,3 +137,11 @@ def test_clear_errors_when_there_is_nothing_to_dump(cli, tmp_path):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_rank_in_our_data_modules_waits_in_data_loading(pkg):
+    """The token stream and the masked-LM batches are data loading wherever the package keeps them."""
+    for module in ("data/tokens.py", "data/masked.py", "training/prefetch.py"):
+        frame = {"filename": f"/opt/src/{pkg.name}/{module}", "name": "__next__", "line": 0}
+        where = pkg.rank_stacks.where([{"os_thread_id": 7, "frames": [frame]}], 7, pkg.name)
+        assert where["waits_in"] == "data loading", (module, where)

@@ -244,7 +244,7 @@ def test_optimizer_skips_weight_decay_on_the_embedding(pkg, gpt, tmp_path):
 
 
 def test_gradient_norm_is_accumulated_in_fp64_and_clips_to_the_limit(pkg):
-    """DDP and DeepSpeed ZeRO 0 clip by strategies/grad_norm.py's norm, taken the way ZeRO 1-3 take
+    """DDP and DeepSpeed ZeRO 0 clip by strategies/common.py's norm, taken the way ZeRO 1-3 take
     theirs (each gradient's norm in fp64), so all strategies log and clip by the same number. torch's
     fp32 norm of these gradients is 8e-6 (relative) off on a 2-core x86 CPU."""
     grad_norm = pkg.module("strategies.common")

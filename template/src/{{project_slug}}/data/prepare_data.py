@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..models.family import family
+from ..models.family import check_vocab, family
 from ..settings.bounds import count, mebibytes
 from ..settings.config import Config, ConfigError
 from .demo_corpus import write_demo_corpus
@@ -249,13 +249,11 @@ def _install(staging: Path, data_dir: Path) -> Path | None:
 def obtain_tokenizer(cfg: Config, parts: list[Part], tokenizer_path: Path):
     """The tokenizer named by the config (see the module docstring), or a newly trained one."""
     fam = family(cfg.model.arch)
-    if fam.pretrained:  # local weights bring their tokenizer and vocabulary
-        from ..models.bert import check_vocab, pretrained_folder, pretrained_vocab_size
     if cfg.data.tokenizer:
         tok = load_tokenizer(Path(cfg.data.tokenizer))
         print(f"using tokenizer {cfg.data.tokenizer} ({tok.get_vocab_size()} tokens)", flush=True)
     elif fam.pretrained and cfg.model.pretrained:
-        folder = pretrained_folder(cfg.model.pretrained)
+        folder = fam.weights_folder(cfg.model.pretrained)  # local weights bring their tokenizer
         if not any((folder / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
             raise ConfigError(
                 f"model.pretrained={cfg.model.pretrained!r} holds no tokenizer.json or vocab.txt; set "
@@ -282,7 +280,7 @@ def obtain_tokenizer(cfg: Config, parts: list[Part], tokenizer_path: Path):
                 f"{' '.join(BERT_SPECIALS)}; use a BERT tokenizer or leave data.tokenizer empty to train one"
             )
         if fam.pretrained and cfg.model.pretrained:  # fail before hours of tokenizing, not at train start
-            check_vocab(cfg.model.pretrained, pretrained_vocab_size(cfg.model.pretrained), tok.get_vocab_size())
+            check_vocab(cfg.model.pretrained, fam.weights_vocab_size(cfg.model.pretrained), tok.get_vocab_size())
     return tok
 
 

@@ -95,7 +95,7 @@ def _train_wordpiece(read_sample: Callable[[str], Iterator[str]], vocab_size: in
     tok = _wordpiece(trained.get_vocab())
     tok.add_special_tokens(BERT_SPECIALS)
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    # What transformers' BERT tokenizers add around a text; training adds them itself (mlm_data.py).
+    # What transformers' BERT tokenizers add around a text; training adds them itself (masked.py).
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
     )

@@ -71,7 +71,8 @@ CALLS_COLLECTIVE = re.compile(
     r"reduce_scatter|barrier|all_to_all)[a-z_]*)\("
 )
 BACKWARD = {"_engine_run_backward", "run_backward", "backward"}
-DATA_LOADING = ("torch/utils/data/", "/data.py", "/mlm_data.py", "/training/prefetch.py")
+# torch's loaders, and ours: the token stream, the masked-LM batches, the prefetch thread.
+DATA_LOADING = ("torch/utils/data/", "/data/tokens.py", "/data/masked.py", "/training/prefetch.py")
 
 
 def main_thread(threads: list[dict], pid: int) -> dict | None:

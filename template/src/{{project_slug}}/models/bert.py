@@ -12,9 +12,7 @@ this file knows nothing of distribution.
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -22,6 +20,7 @@ import torch.nn.functional as F
 
 from ..settings.config import Config, ConfigError
 from .bert_family import FAMILY, MLM_SHARE, SEQUENCE_LEN
+from .family import check_vocab
 from .sample_dropout import KeyedDropout, keyed_dropout
 
 MLM_PROBABILITY = MLM_SHARE  # share of positions predicted (BERT's 15%; of those 80% [MASK], 10% random, 10% kept)
@@ -29,17 +28,11 @@ MLM_PROBABILITY = MLM_SHARE  # share of positions predicted (BERT's 15%; of thos
 
 def predictions_per_sequence(sequence_len: int) -> int:
     """Positions predicted in every sequence (BERT's num_to_predict, max_predictions_per_seq at 15% of
-    the length): mlm_data.py masks this many where a row has as many non-special tokens, and the
+    the length): data/masked.py masks this many where a row has as many non-special tokens, and the
     loss gathers this many per row, a shape fixed by the length alone (no graph break, no host sync)."""
     return max(1, round(sequence_len * MLM_PROBABILITY))
 
 
-WEIGHT_FILES = (
-    "model.safetensors",
-    "pytorch_model.bin",
-    "model.safetensors.index.json",
-    "pytorch_model.bin.index.json",
-)
 KEYED_ATTENTION = "sdpa_keyed_dropout"  # the attention function registered with transformers below
 INSTALL = "pip install 'transformers>=4.46' (the project's `bert` extra)"
 
@@ -58,33 +51,6 @@ def import_transformers():
         ) from None
     transformers.logging.set_verbosity_error()  # load reports of every rank would drown the metrics
     return transformers
-
-
-def pretrained_folder(pretrained: str) -> Path:
-    """The model.pretrained folder, checked for config.json and weights (one-line errors)."""
-    folder = Path(pretrained)
-    fix = 'copy config.json and model.safetensors (or pytorch_model.bin) there, or set model.pretrained="" to train from scratch'
-    if not folder.is_dir():
-        raise ConfigError(f"model.pretrained={pretrained!r} is not a folder on this machine; {fix}")
-    if not (folder / "config.json").is_file():
-        raise ConfigError(f"model.pretrained={pretrained!r} has no config.json; {fix}")
-    if not any((folder / name).is_file() for name in WEIGHT_FILES):
-        raise ConfigError(f"model.pretrained={pretrained!r} has no weights ({' or '.join(WEIGHT_FILES[:2])}); {fix}")
-    return folder
-
-
-def pretrained_vocab_size(pretrained: str) -> int:
-    """vocab_size of the folder's config.json, read without transformers (prepare-data checks it early)."""
-    return int(json.loads((pretrained_folder(pretrained) / "config.json").read_text())["vocab_size"])
-
-
-def check_vocab(pretrained: str, model_vocab: int, tokenizer_vocab: int) -> None:
-    if model_vocab != tokenizer_vocab:
-        raise ConfigError(
-            f"model.pretrained={pretrained!r} has vocab_size {model_vocab} but the tokenizer has {tokenizer_vocab} "
-            "tokens; use the tokenizer these weights were trained with (its tokenizer.json or vocab.txt as "
-            "data.tokenizer, or leave data.tokenizer empty to take the folder's) and run prepare-data again"
-        )
 
 
 class BertMLM(nn.Module):
@@ -138,13 +104,28 @@ class BertMLM(nn.Module):
         return losses / picked.sum().clamp(min=1)
 
 
+def scratch_config(size: str, vocab_size: int, **extra):
+    """transformers' BertConfig of a size of the family's table (a 4h feed-forward, BERT's 512
+    positions); extra: more BertConfig fields."""
+    shape = FAMILY.shape(size)
+    return import_transformers().BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=shape["n_embd"],
+        num_hidden_layers=shape["n_layer"],
+        num_attention_heads=shape["n_head"],
+        intermediate_size=4 * shape["n_embd"],
+        max_position_embeddings=SEQUENCE_LEN,
+        **extra,
+    )
+
+
 def build_bert(cfg: Config, vocab_size: int, load_weights: bool = True) -> BertMLM:
     """The model on the CPU: from model.pretrained (weights loaded unless load_weights=False, when a
     checkpoint will overwrite them) or freshly initialised with the shape of model.size."""
     transformers = import_transformers()
     m = cfg.model
     if m.pretrained:
-        folder = pretrained_folder(m.pretrained)
+        folder = FAMILY.weights_folder(m.pretrained)
         config = transformers.BertConfig.from_pretrained(str(folder), local_files_only=True)
         check_vocab(m.pretrained, config.vocab_size, vocab_size)
         if m.sequence_len > config.max_position_embeddings:
@@ -158,16 +139,7 @@ def build_bert(cfg: Config, vocab_size: int, load_weights: bool = True) -> BertM
             mlm = transformers.BertForMaskedLM(config)
         mlm = mlm.float()  # fp32 master weights whatever the file holds; autocast does bf16
     else:
-        shape = FAMILY.shape(m.size)
-        config = transformers.BertConfig(
-            vocab_size=vocab_size,
-            hidden_size=shape["n_embd"],
-            num_hidden_layers=shape["n_layer"],
-            num_attention_heads=shape["n_head"],
-            intermediate_size=4 * shape["n_embd"],
-            max_position_embeddings=SEQUENCE_LEN,
-        )
-        mlm = transformers.BertForMaskedLM(config)
+        mlm = transformers.BertForMaskedLM(scratch_config(m.size, vocab_size))
     draw_dropout_per_sample(mlm, m.dropout, m.attention_dropout or 0.0)
     if m.activation_checkpointing:
         # Non-reentrant: works with ZeRO-3's parameter hooks and with inputs that need no grad.

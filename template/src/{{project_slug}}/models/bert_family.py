@@ -4,8 +4,11 @@ tokens, local weights (no torch here)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
+from ..settings.config import ConfigError
 from .family import Family, block_params, transformer_layer_activations
 
 BERT_SIZES = {
@@ -13,6 +16,12 @@ BERT_SIZES = {
     "base": {"n_layer": 12, "n_embd": 768, "n_head": 12, "global_batch": 256, "lr": 1e-4},
     "large": {"n_layer": 24, "n_embd": 1024, "n_head": 16, "global_batch": 256, "lr": 1e-4},
 }
+WEIGHT_FILES = (
+    "model.safetensors",
+    "pytorch_model.bin",
+    "model.safetensors.index.json",
+    "pytorch_model.bin.index.json",
+)  # transformers' weight files, one or sharded
 SEQUENCE_LEN = 512  # BertConfig's position embeddings
 POSITIONS, TOKEN_TYPES = 512, 2  # BertConfig defaults: position and segment embedding tables
 MLM_SHARE = 0.15  # positions the loss predicts (models/bert.py's MLM_PROBABILITY): the head runs on those only
@@ -47,6 +56,24 @@ class BertFamily(Family):
 
     def logits_bytes(self, softcap: float) -> float:
         return 12 * MLM_SHARE
+
+    def weights_folder(self, pretrained: str) -> Path:
+        """The model.pretrained folder (transformers' layout), checked for config.json and weights."""
+        folder = Path(pretrained)
+        fix = 'copy config.json and model.safetensors (or pytorch_model.bin) there, or set model.pretrained="" to train from scratch'
+        if not folder.is_dir():
+            raise ConfigError(f"model.pretrained={pretrained!r} is not a folder on this machine; {fix}")
+        if not (folder / "config.json").is_file():
+            raise ConfigError(f"model.pretrained={pretrained!r} has no config.json; {fix}")
+        if not any((folder / name).is_file() for name in WEIGHT_FILES):
+            raise ConfigError(
+                f"model.pretrained={pretrained!r} has no weights ({' or '.join(WEIGHT_FILES[:2])}); {fix}"
+            )
+        return folder
+
+    def weights_vocab_size(self, pretrained: str) -> int:
+        """vocab_size of the folder's config.json, read without transformers (prepare-data checks it early)."""
+        return int(json.loads((self.weights_folder(pretrained) / "config.json").read_text())["vocab_size"])
 
 
 FAMILY = BertFamily(

@@ -14,6 +14,7 @@ rules. A family is a module of models/ that defines `FAMILY = Family(...)` (or a
 
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 from dataclasses import dataclass, field
@@ -29,6 +30,11 @@ _DEFINES_FAMILY = re.compile(r"^FAMILY\s*=", re.M)
 def block_params(h: int, tp: int = 1) -> int:
     """One GPT-2/3 or BERT block on one tensor-parallel rank: 12h^2 + 13h when tp = 1."""
     return (12 * h * h + 7 * h) // tp + 6 * h  # split: 4 matrices, qkv and fc biases; replicated: 2 biases, 2 norms
+
+
+def stage_layers(n_layer: int, pp: int) -> list[int]:
+    """Blocks per pipeline stage (equal when pp divides the layers, as the rules require)."""
+    return [n_layer // pp + (1 if i < n_layer % pp else 0) for i in range(pp)]
 
 
 def transformer_layer_activations(
@@ -132,6 +138,20 @@ class Family:
                                  "model.size"))  # fmt: skip
         return found
 
+    # --- local weights (families with pretrained=True override these) -------------------------------
+
+    def weights_folder(self, pretrained: str):
+        """The model.pretrained folder, checked; families that take no local weights refuse it."""
+        raise ConfigError(
+            f'model.pretrained: model.arch={self.name} starts from scratch; set it to ""', key="model.pretrained"
+        )
+
+    def weights_vocab_size(self, pretrained: str) -> int:
+        """The vocabulary size of the local weights, read without torch."""
+        raise ConfigError(
+            f'model.pretrained: model.arch={self.name} starts from scratch; set it to ""', key="model.pretrained"
+        )
+
     # --- the model -----------------------------------------------------------------------------------
 
     def build(self, cfg, vocab_size: int, load_weights: bool = True):
@@ -140,12 +160,23 @@ class Family:
         return getattr(importlib.import_module(f".{module}", __package__), function)(cfg, vocab_size, load_weights)
 
 
+def check_vocab(pretrained: str, model_vocab: int, tokenizer_vocab: int) -> None:
+    """Local weights and their tokenizer must agree on the vocabulary."""
+    if model_vocab != tokenizer_vocab:
+        raise ConfigError(
+            f"model.pretrained={pretrained!r} has vocab_size {model_vocab} but the tokenizer has {tokenizer_vocab} "
+            "tokens; use the tokenizer these weights were trained with (its tokenizer.json or vocab.txt as "
+            "data.tokenizer, or leave data.tokenizer empty to take the folder's) and run prepare-data again"
+        )
+
+
 _FOUND: dict[str, Family] = {}
 
 
-def family_modules() -> list[str]:
-    """The modules of models/ that define a family, by name, found without importing them."""
-    return sorted(p.stem for p in MODELS.glob("*.py") if _DEFINES_FAMILY.search(p.read_text()))
+@functools.cache
+def family_modules() -> tuple[str, ...]:
+    """The modules of models/ that define a family, by name, found without importing them (once)."""
+    return tuple(sorted(p.stem for p in MODELS.glob("*.py") if _DEFINES_FAMILY.search(p.read_text())))
 
 
 def families() -> dict[str, Family]:

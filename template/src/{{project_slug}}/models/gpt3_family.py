@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .family import Family, block_params, transformer_layer_activations
+from .family import Family, block_params, stage_layers, transformer_layer_activations
 
 # GPT-3 paper, Table 2.1: layers, width, heads, batch in tokens (here in 2048-token sequences:
 # 0.5M -> 256, 1M -> 512, 2M -> 1024, 3.2M -> 1536 as Megatron runs it) and learning rate.
@@ -75,11 +75,6 @@ class GPT3Family(Family):
 
     def checkpointed_layer_bytes(self, mode: str) -> float:
         return CHECKPOINT_BYTES[mode]
-
-
-def stage_layers(n_layer: int, pp: int) -> list[int]:
-    """Blocks per pipeline stage (equal when pp divides the layers, as the rules require)."""
-    return [n_layer // pp + (1 if i < n_layer % pp else 0) for i in range(pp)]
 
 
 FAMILY = GPT3Family(

@@ -72,7 +72,7 @@ about 0.27 by this count (tests/test_plan.py); nanochat d20 at 2.2 s a step on 8
 
 from __future__ import annotations
 
-from ..models.family import family, model_shape
+from ..models.family import family, model_shape, stage_layers
 from ..settings.config import Config, ConfigError
 from ..settings.gpus import ANSWERS, find_answer
 from ..settings.precision import on_gpu_type
@@ -111,11 +111,6 @@ def stage_params(
 ) -> list[int]:
     """Parameters one GPU holds, per pipeline stage, after the tensor-parallel split."""
     return family(arch).stage_params(shape, vocab_size, sequence_len, tp, pp)
-
-
-def stage_layers(n_layer: int, pp: int) -> list[int]:
-    """Blocks per pipeline stage (equal when pp divides the layers, as the rules require)."""
-    return [n_layer // pp + (1 if i < n_layer % pp else 0) for i in range(pp)]
 
 
 def largest_layer_params(shape: dict[str, int], vocab_size: int, arch: str) -> int:

@@ -86,7 +86,7 @@ class ModelConfig:
     tensor/pipeline parallelism on DeepSpeed)."""
     size: str = "d20"
     """gpt: 'tiny' or 'd<depth>' (width 64*depth, heads of 128); bert: tiny|base|large;
-    gpt3: tiny|125M|350M|760M|1.3B|2.7B|6.7B|13B|175B (see sizes.py)."""
+    gpt3: tiny|125M|350M|760M|1.3B|2.7B|6.7B|13B|175B (see models/gpt3_family.py)."""
     n_kv_head: int | None = None
     """gpt only: key/value heads for grouped-query attention; null = as many as query heads."""
     sequence_len: int = 2048

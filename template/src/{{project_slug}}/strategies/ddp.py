@@ -1,5 +1,5 @@
 """DDP strategy: torch DistributedDataParallel, manual gradient accumulation with no_sync,
-AdamW, global-norm clipping (grad_norm.py: the norm as DeepSpeed's ZeRO computes it), one
+AdamW, global-norm clipping (common.py: the norm as DeepSpeed's ZeRO computes it), one
 checkpoint file per step written by rank 0 (checkpoint.py).
 
     <package> train run.strategy=ddp        # the default

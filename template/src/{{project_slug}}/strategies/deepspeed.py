@@ -19,7 +19,7 @@ Precision (precision.py): bf16 and fp16 put DeepSpeed's "bf16" or "fp16" section
 fp32 master copies in the optimizer); fp16 brings DeepSpeed's dynamic loss scaler, whose state and
 skipped-step count DeepSpeed keeps in its own checkpoint.
 Clipping: ZeRO 1-3 take each gradient's norm in fp64 and clip by their global norm; ZeRO 0 in fp32
-computes the same number here and clips by it, as DDP does (grad_norm.py): all log one norm to 1e-7.
+computes the same number here and clips by it, as DDP does (common.py): all log one norm to 1e-7.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def zero_compiled(cfg: Config, device) -> tuple[bool, str]:
 
 
 def clipped_by_strategy(zero_stage: int, precision: str) -> bool:
-    """ZeRO 0 in fp32: the strategy clips, with the norm DDP and ZeRO 1-3 use (grad_norm.py: each
+    """ZeRO 0 in fp32: the strategy clips, with the norm DDP and ZeRO 1-3 use (common.py: each
     gradient's norm in fp64); DeepSpeed's own clip there takes them in fp32 (1e-5 off on a CPU) and
     reports none. ZeRO 1-3, and ZeRO 0 in bf16 (DeepSpeed's 16-bit optimizer wrapper), clip and
     report their own norm."""
