@@ -92,6 +92,55 @@ def package():
     return {name: importlib.import_module(f"{PACKAGE}.{module}") for name, module in modules.items()}
 
 
+# --- a family's named layouts (copier's gpt3_layout question), from its descriptor -------------------
+
+CUSTOM_LAYOUT = "custom"
+
+
+def layouts(model: str) -> dict[str, dict]:
+    """The family's presets (size, nodes, gpus_per_node, tp, pp) by name, and 'custom': its first
+    size on one node of 8, the answers then asked one by one."""
+    presets = dict(package()["family"].family(model).presets)
+    first = next(iter(presets.values()))
+    return {**presets, CUSTOM_LAYOUT: {"size": first["size"], "nodes": 1, "gpus_per_node": 8, "tp": 1, "pp": 1}}
+
+
+def layout_label(name: str, row: dict) -> str:
+    """'1.3B, 2 x 8 GPUs: 4 data x 4 pipeline': what the menu shows for a preset."""
+    if name == CUSTOM_LAYOUT:
+        return "Custom: choose size, nodes and degrees yourself"
+    nodes, gpus, tp, pp = row["nodes"], row["gpus_per_node"], row["tp"], row["pp"]
+    world = nodes * gpus
+    if world == 1:
+        return f"{row['size']}, 1 GPU"
+    if nodes == 1 and tp * pp == 1:
+        return f"{row['size']}, {world} GPUs data parallel"
+    degrees = [f"{world // (tp * pp)} data"] + [f"{pp} pipeline"] * (pp > 1) + [f"{tp} tensor"] * (tp > 1)
+    return f"{row['size']}, {nodes} x {gpus} GPUs: {' x '.join(degrees)}"
+
+
+def size_names(model: str) -> str:
+    """The sizes of a family, from its descriptor ("" for a family this template does not have)."""
+    try:
+        return package()["family"].family(model).size_names()
+    except package()["config"].ConfigError:
+        return ""
+
+
+def recipe(model: str, size: str) -> dict:
+    """The family's starting recipe for a size (global_batch, micro_batch, lr, sequence_len); the generic
+    one for a family this template does not have (the model answer's own check names it)."""
+    family = package()["family"]
+    try:
+        return family.family(model).recipe(str(size))
+    except package()["config"].ConfigError:
+        return family.Family(name=str(model), summary="", builder="").recipe(str(size))
+
+
+def layout_choices(model: str) -> dict[str, str]:
+    return {layout_label(name, row): name for name, row in layouts(model).items()}
+
+
 # --- copier.yml: questions, their order, their defaults ---------------------------------------------
 
 
@@ -160,16 +209,31 @@ def complete(answers: dict) -> dict:
             continue
         default = question["default"]
         if isinstance(default, str):
-            if question.get("when") is False:
-                continue  # a value derived for rendering, not an answer (answers_check's runs these very checks)
+            if question.get("when") is False and name not in _template_tables():
+                continue  # a check run for its refusal, or a value rendered from answers for the files
             default = _default_template(default).render(a)
         a[name] = _typed(question, default)
     return {**{name: value for name, value in given.items() if name not in a}, **a}
 
 
+@functools.cache
+def _template_tables() -> set[str]:
+    """Hidden yaml questions that depend on no answer (a family's layouts): the defaults read them."""
+    names = set(questions())
+    return {
+        name
+        for name, question in questions().items()
+        if question.get("when") is False
+        and question.get("type") in ("yaml", "json")
+        and isinstance(question.get("default"), str)
+        and not jinja2.meta.find_undeclared_variables(_jinja().parse(question["default"])) & names
+    }
+
+
 def render_train_yaml(answers: dict) -> str:
     """config/train.yaml as the template renders it for these (complete) answers."""
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    env.globals["family_recipe"] = recipe
     return env.from_string((TEMPLATE / "config" / "train.yaml.jinja").read_text()).render(answers)
 
 
@@ -208,6 +272,10 @@ def config_problems(a: dict, fit: bool = True) -> list[tuple[str, str]]:
 def _config_problems(a: dict, fit: bool) -> list[tuple[str, str]]:
     pkg = package()
     config_error = pkg["config"].ConfigError
+    try:  # the family's sizes first: train.yaml's recipe looks the size up in the family's table
+        pkg["family"].model_shape(str(a["model_size"]), None, a["model"])
+    except config_error as exc:
+        return [(blamed_answer(exc.key or "model.size", ("model.arch", "model.size")), str(exc))]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "train.yaml"
         path.write_text(render_train_yaml(a))
@@ -215,7 +283,7 @@ def _config_problems(a: dict, fit: bool) -> list[tuple[str, str]]:
             cfg = pkg["config"].load_config(path)
         except config_error as exc:
             return [(blamed_answer(exc.key, (exc.key,) if exc.key else ()), str(exc))]
-    found = [(blamed_answer(p.fix_key, p.keys), p) for p in pkg["rules"].check_config(cfg)]
+    found = [_weakly_scaled(a, blamed_answer(p.fix_key, p.keys), p) for p in pkg["rules"].check_config(cfg)]
     if not found and fit:
         try:
             problem = pkg["fit"].fit_problem(cfg)
@@ -224,6 +292,14 @@ def _config_problems(a: dict, fit: bool) -> list[tuple[str, str]]:
         if problem:
             found.append((blamed_answer(problem.fix_key, problem.keys), problem))
     return found
+
+
+def _weakly_scaled(a: dict, blamed: str, message) -> tuple[str, str]:
+    """Under weak scaling the global batch is batch_per_gpu x the data-parallel GPUs: a problem of it is
+    the batch_per_gpu answer's (global_batch_size is not asked then)."""
+    if blamed != "global_batch_size" or a.get("scaling") != "weak":
+        return blamed, message
+    return "batch_per_gpu", f"{message} (weak scaling: the global batch is batch_per_gpu x the data-parallel GPUs)"
 
 
 def platform_problems(a: dict) -> list[tuple[str, str]]:
@@ -312,6 +388,8 @@ def unknown_name_problem(name: str) -> str:
 
 def _choices(question: dict) -> list:
     choices = question.get("choices") or []
+    if isinstance(choices, str):  # rendered by copier into YAML (a family's layouts)
+        choices = yaml.safe_load(_default_template(choices).render())
     return list(choices.values()) if isinstance(choices, dict) else list(choices)
 
 

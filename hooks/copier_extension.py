@@ -42,6 +42,12 @@ Globals it adds:
     tolerations_problem('k8s_tolerations', text), toleration_items(text)
                                              "" or why the text is not key[=value][:effect] taints; and
                                              the pod tolerations it stands for
+    family_recipe(model, model_size)         the family's starting recipe (global and micro batch, lr,
+                                             sequence length), what train.yaml and the batch defaults read
+    family_sizes(model)                      the sizes model_size takes, from the family's descriptor
+    family_layouts('gpt3'), family_layout_choices('gpt3')
+                                             the family's named layouts (presets of its descriptor and
+                                             'custom') as JSON, and the menu of them: label -> name
     quantity_problem('k8s_cpu_limit', value, 'cpu', request)
                                              "" or why the value is not a Kubernetes quantity (or is a
                                              limit below its request)
@@ -52,6 +58,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import posixpath
 import re
 import sys
@@ -348,6 +355,26 @@ def quantity_problem(field: str, value: str, resource: str, request: str = "") -
     return ""
 
 
+def family_layouts(model: str) -> str:
+    """The family's named layouts as JSON (a hidden yaml question's default), from its descriptor."""
+    return json.dumps(_answers_module().layouts(model))
+
+
+def family_recipe(model: str, size: str) -> dict:
+    """The family's starting recipe for a size: global_batch, micro_batch, lr, sequence_len (params)."""
+    return _answers_module().recipe(str(model), str(size))
+
+
+def family_sizes(model: str) -> str:
+    """The family's sizes as its descriptor lists them (model_size's help)."""
+    return _answers_module().size_names(str(model))
+
+
+def family_layout_choices(model: str) -> str:
+    """The layout menu, label -> name, as JSON (copier renders string choices, then reads them as YAML)."""
+    return json.dumps(_answers_module().layout_choices(model))
+
+
 def _compiled_once(from_string):
     """from_string that compiles each source once. copier compiles every validator, default and path
     again each time it evaluates one: ~1,400 compilations of ~300 distinct strings per copy, about
@@ -384,3 +411,7 @@ class RulesExtension(Extension):
         environment.globals["tolerations_problem"] = tolerations_problem
         environment.globals["toleration_items"] = toleration_items
         environment.globals["quantity_problem"] = quantity_problem
+        environment.globals["family_layouts"] = family_layouts
+        environment.globals["family_sizes"] = family_sizes
+        environment.globals["family_recipe"] = family_recipe
+        environment.globals["family_layout_choices"] = family_layout_choices

@@ -22,6 +22,9 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import BIN, TEMPLATE, copier_copy, run  # noqa: E402
 
+sys.path.insert(0, str(TEMPLATE / "hooks"))
+import answers  # noqa: E402
+
 COOKIECUTTER_JSON = TEMPLATE / "cookiecutter.json"
 # Private (not asked, not passed to copier) tables that derived defaults look things up in.
 PRIVATE_TABLES = {"gpt3_layouts": "_gpt3_layouts"}
@@ -59,9 +62,11 @@ def derive_cookiecutter_json(copier_yml: Path = TEMPLATE / "copier.yml") -> dict
     asked = [k for k, v in questions.items() if v.get("when") is not False]
     names = set(asked)
     # Private tables first: cookiecutter adds `_` keys to the context in file order, and the
-    # derived defaults below look them up.
-    out: dict = {private: questions[name]["default"] for name, private in PRIVATE_TABLES.items()}
-    out["_extensions"] = ["jinja2_ansible_filters.AnsibleCoreFiltersExtension"]  # copier's regex_* filters
+    # derived defaults below look them up. copier renders them (a family's layouts); so do we.
+    out: dict = {private: answers.complete({})[name] for name, private in PRIVATE_TABLES.items()}
+    # copier's regex_* filters, and the template's globals the defaults call (a family's recipe), which
+    # cookiecutter imports from the template's folder
+    out["_extensions"] = ["jinja2_ansible_filters.AnsibleCoreFiltersExtension", "hooks.copier_extension.RulesExtension"]
     prompts: dict = {}
     for key in asked:
         q = questions[key]
@@ -71,9 +76,8 @@ def derive_cookiecutter_json(copier_yml: Path = TEMPLATE / "copier.yml") -> dict
         elif isinstance(default, str):
             default = _translate(default, names)
         out[key] = default
-        choices = q.get("choices")
-        values = list(choices.values()) if isinstance(choices, dict) else list(choices or [])
-        text = " ".join(str(q.get("help", key)).split())
+        values = answers._choices(q)
+        text = " ".join(_help(q, key).split())
         if q.get("multiselect"):
             text += f" (comma-separated, from: {','.join(map(str, values))})"
         elif values:
@@ -81,6 +85,16 @@ def derive_cookiecutter_json(copier_yml: Path = TEMPLATE / "copier.yml") -> dict
         prompts[key] = f"{key}: {text}"
     out["__prompts__"] = prompts
     return out
+
+
+def _help(question: dict, key: str) -> str:
+    """copier's help, rendered as copier renders it; one per model where it depends on the model."""
+    text = str(question.get("help", key))
+    if "{{" not in text:
+        return text
+    models = answers._choices(answers.questions()["model"])
+    rendered = [answers._default_template(text).render(model=model) for model in models]
+    return "; ".join(dict.fromkeys(rendered))
 
 
 def _dump(data: dict) -> str:

@@ -144,24 +144,58 @@ def test_answers_file_records_every_question(default_project):
 
 
 @pytest.mark.quick
-def test_copier_layout_table_equals_the_package_table():
-    """copier.yml's hidden gpt3_layouts (question defaults) and the gpt3 family's GPT3_LAYOUTS (plan, check) agree."""
+def test_copier_layouts_and_sizes_come_from_the_family_descriptor():
+    """copier.yml writes no layout or size: the gpt3_layout menu, the table its defaults read and
+    model_size's help are rendered from the gpt3 descriptor (GPT3_LAYOUTS, GPT3_SIZES), as copier
+    renders them (the RulesExtension's globals)."""
     import ast
+    import importlib.util
+    import json
+
+    import jinja2
+
+    text = (TEMPLATE / "copier.yml").read_text()
+    assert "13b-4dp-4pp" not in text and "175B" not in text
+    spec = importlib.util.spec_from_file_location(
+        "copier_extension_layouts", TEMPLATE / "hooks" / "copier_extension.py"
+    )
+    extension = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(extension)
+    env = jinja2.Environment(extensions=[extension.RulesExtension])
+    questions = yaml.safe_load(text)
+    table = json.loads(env.from_string(questions["gpt3_layouts"]["default"]).render())
+    menu = yaml.safe_load(env.from_string(questions["gpt3_layout"]["choices"]).render())
+    source = (TEMPLATE / "template" / "src" / "{{project_slug}}" / "models" / "gpt3_family.py").read_text()
+    literal = {
+        node.targets[0].id: ast.literal_eval(node.value)
+        for node in ast.parse(source).body
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") in ("GPT3_LAYOUTS", "GPT3_SIZES")
+    }
+    assert {name: row for name, row in table.items() if name != "custom"} == literal["GPT3_LAYOUTS"]
+    assert list(menu.values()) == list(table)
+    assert menu["1.3B, 2 x 8 GPUs: 4 data x 4 pipeline"] == "1.3b-4dp-4pp"
+    assert menu["13B, 8 x 8 GPUs: 4 data x 4 pipeline x 4 tensor"] == "13b-4dp-4pp-4tp"
+    assert menu["125M, 1 GPU"] == "125m-1gpu" and menu["1.3B, 8 GPUs data parallel"] == "1.3b-8dp"
+    sizes = env.from_string(questions["model_size"]["help"]).render(model="gpt3")
+    assert sizes.endswith(", ".join(literal["GPT3_SIZES"]))
+
+
+@pytest.mark.quick
+def test_copier_validators_of_config_answers_only_call_the_rules():
+    """Every answer rendered into train.yaml is judged by the package's rules (answer_problems):
+    no copier.yml validator restates one in Jinja."""
+    sys.path.insert(0, str(TEMPLATE / "hooks"))
+    import answers
 
     questions = yaml.safe_load((TEMPLATE / "copier.yml").read_text())
-    in_copier = {
-        name: {k: (str(v) if k == "size" else v) for k, v in row.items()}
-        for name, row in questions["gpt3_layouts"]["default"].items()
-        if name != "custom"
+    restated = {
+        name: questions[name]["validator"]
+        for name in [*answers.CONFIG_ANSWERS.values(), "batch_per_gpu"]
+        if "validator" in questions[name]
+        and not re.fullmatch(r"\{\{ answer_problems\([^{}%]*\) \}\}", questions[name]["validator"])
     }
-    source = (TEMPLATE / "template" / "src" / "{{project_slug}}" / "models" / "gpt3_family.py").read_text()
-    tree = ast.parse(source)
-    table = next(
-        ast.literal_eval(node.value)
-        for node in tree.body
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "GPT3_LAYOUTS"
-    )
-    assert in_copier == table
+    path_rules = {"pretrained_dir", "data_dir", "output_dir"}  # single-field path rules (path_characters_problem ...)
+    assert set(restated) <= path_rules, restated
 
 
 @pytest.mark.quick

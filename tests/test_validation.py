@@ -92,16 +92,20 @@ BAD_ANSWERS = [
     ({"gpus_per_node": "eight"}, "gpus_per_node", "gpus_per_node=8"),
     # the batch: a global batch the data-parallel GPUs cannot split names the nearest values that can
     ({"scaling": "sideways"}, "scaling", "not one of strong, weak"),
-    ({"global_batch_size": 0}, "global_batch_size", "at least 1 sequence per step"),
+    ({"global_batch_size": 0}, "global_batch_size", "batch.global_batch_size=0 must be at least 1"),
     (
         {"gpus_per_node": 3, "global_batch_size": 256},
         "global_batch_size",
         "(16) x data-parallel size (3) = 48; set it to 240 or 288, or run on 2 or 4 data-parallel ranks",
     ),
-    ({"scaling": "weak", "batch_per_gpu": 0}, "batch_per_gpu", "at least 1 sequence per GPU"),
+    (
+        {"scaling": "weak", "batch_per_gpu": 0},
+        "batch_per_gpu",
+        "the global batch is batch_per_gpu x the data-parallel GPUs",
+    ),
     ({"gpus_per_node": -1}, "gpus_per_node", "at least 1"),
     ({**GPT3, "tensor_parallel": "1.5"}, "tensor_parallel", "not a whole number"),
-    ({**GPT3, "tensor_parallel": 0}, "tensor_parallel", "between 1 and gpus_per_node"),
+    ({**GPT3, "tensor_parallel": 0}, "tensor_parallel", "parallel.tensor=0 must be at least 1"),
     ({**GPT3, "pipeline_parallel": "2x"}, "pipeline_parallel", "not a whole number"),
     ({**GPT3, "pipeline_parallel": 0}, "pipeline_parallel", "at least 1"),
     ({"strategy": "deepspeed", "zero_stage": "one"}, "zero_stage", "not a whole number"),
@@ -114,7 +118,7 @@ BAD_ANSWERS = [
         "not a whole number",
     ),
     # tensor / pipeline degrees against the world size and the model's shape
-    ({**GPT3, "gpus_per_node": 4, "tensor_parallel": 8}, "tensor_parallel", "gpus_per_node"),
+    ({**GPT3, "gpus_per_node": 4, "tensor_parallel": 8}, "tensor_parallel", "exceeds cluster.gpus_per_node=4"),
     ({**GPT3, "gpus_per_node": 4, "pipeline_parallel": 3}, "pipeline_parallel", "divide"),
     (
         {**GPT3, "nodes": 1, "gpus_per_node": 6, "tensor_parallel": 2, "pipeline_parallel": 4},
@@ -126,7 +130,11 @@ BAD_ANSWERS = [
     ({**GPT3, "model_size": "1.3B", "gpus_per_node": 5, "pipeline_parallel": 5}, "pipeline_parallel", "layers"),
     ({**GPT3, "model_size": "2.7B", "gpus_per_node": 3, "pipeline_parallel": 3}, "pipeline_parallel", "layers"),
     # ZeRO and strategy against the layout
-    ({"model": "gpt3", "gpt3_layout": "13b-4dp-4pp", "zero_stage": 2}, "zero_stage", "ZeRO 0 or 1"),
+    (
+        {"model": "gpt3", "gpt3_layout": "13b-4dp-4pp", "zero_stage": 2},
+        "zero_stage",
+        "use deepspeed.zero_stage=1 (or 0)",
+    ),
     ({**GPT3, "pipeline_parallel": 2, "zero_stage": 3}, "zero_stage", "pipeline engine"),
     ({"model": "gpt3", "gpt3_layout": "13b-4dp-4pp", "strategy": "ddp"}, "strategy", "run.strategy=deepspeed"),
     ({**GPT3, "model_size": "tiny", "tensor_parallel": 2, "strategy": "ddp"}, "strategy", "run.strategy=deepspeed"),
@@ -326,7 +334,7 @@ UPDATES = [
     ("project_slug=class", "Validation error for question 'project_slug': project_slug 'class' is a Python keyword"),
     ("node=4", "unknown answer 'node': did you mean 'nodes'?"),
     ("nodes=two", "Validation error for question 'nodes': nodes 'two' is not a whole number"),
-    ("nodes=0", "Validation error for question 'nodes': nodes=0 is not allowed"),
+    ("nodes=0", "Validation error for question 'nodes': nodes=0: cluster.nodes=0 must be at least 1"),
     ("output_dir=/", "Validation error for question 'output_dir': output_dir '/' is the root folder"),
     # strong scaling keeps 256 sequences per step, which 3 nodes x 8 GPUs cannot split
     (
@@ -568,7 +576,7 @@ def _validator(field: str, answers: dict, defaults: bool = False) -> str:
         extensions=["jinja2_ansible_filters.AnsibleCoreFiltersExtension", extension.RulesExtension]
     )
     context = {
-        "gpt3_layouts": questions["gpt3_layouts"]["default"],
+        "gpt3_layouts": extension.json.loads(extension.family_layouts("gpt3")),
         "_copier_conf": {"defaults": defaults},
         "project_slug": "run",
         "platforms": ["devmachine"],

@@ -12,9 +12,9 @@ from ..settings.config import ConfigError
 from .family import Family, block_params, transformer_layer_activations
 
 BERT_SIZES = {
-    "tiny": {"n_layer": 2, "n_embd": 64, "n_head": 2, "global_batch": 16, "lr": 1e-3},
-    "base": {"n_layer": 12, "n_embd": 768, "n_head": 12, "global_batch": 256, "lr": 1e-4},
-    "large": {"n_layer": 24, "n_embd": 1024, "n_head": 16, "global_batch": 256, "lr": 1e-4},
+    "tiny": {"n_layer": 2, "n_embd": 64, "n_head": 2},
+    "base": {"n_layer": 12, "n_embd": 768, "n_head": 12},
+    "large": {"n_layer": 24, "n_embd": 1024, "n_head": 16},
 }
 WEIGHT_FILES = (
     "model.safetensors",
@@ -81,6 +81,9 @@ FAMILY = BertFamily(
     summary="BERT masked LM with transformers, from scratch or local weights",
     builder="bert:build_bert",
     sizes=BERT_SIZES,
+    # BERT's 256 x 512 batch and 1e-4 (Devlin et al.); micro 16 keeps large's activations in 40 GB
+    recipe_defaults={"global_batch": 256, "micro_batch": 32, "lr": 1e-4, "sequence_len": SEQUENCE_LEN},
+    recipe_by_size={"large": {"micro_batch": 16}},
     causal=False,
     tokenizer="wordpiece",
     sample_top_k=5,

@@ -67,8 +67,22 @@ class Family:
     layouts: bool = False  # tensor and pipeline parallelism (DeepSpeed's pipeline engine)
     rotary: bool = False  # heads of even size (rotary embeddings pair dimensions)
     presets: dict[str, dict[str, Any]] = field(default_factory=dict)  # named sizes with a cluster layout
+    # The starting recipe copier writes into train.yaml (global and micro batch in sequences, peak lr,
+    # sequence length, nominal parameters for the step budget), and what a size changes of it.
+    recipe_defaults: dict[str, Any] = field(
+        default_factory=lambda: {"global_batch": 256, "micro_batch": 16, "lr": 3e-4, "sequence_len": 2048}
+    )
+    recipe_by_size: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     # --- shapes --------------------------------------------------------------------------------------
+
+    def recipe(self, size: str) -> dict[str, Any]:
+        """global_batch, micro_batch, lr, sequence_len (and nominal params where known) for a size."""
+        return {**self.recipe_defaults, **self.recipe_by_size.get(size, {})}
+
+    def size_names(self) -> str:
+        """The sizes a user may write in model.size, as the copier question's help lists them."""
+        return ", ".join(self.sizes)
 
     def shape(self, size: str, n_kv_head: int | None = None) -> dict:
         """Layers, width, heads (and the published batch and lr where the table has them) of a size."""

@@ -23,6 +23,16 @@ GPT3_SIZES = {
     "175B": {"n_layer": 96, "n_embd": 12288, "n_head": 96, "global_batch": 1536, "lr": 0.6e-4},
 }
 
+# Micro batch per size (sequences per forward on one GPU: what the seeds' layouts fit on A100s) and
+# the nominal parameters the step budget is counted from (20 tokens per parameter).
+GPT3_RECIPES = {
+    size: {"global_batch": row["global_batch"], "lr": row["lr"], "micro_batch": micro, "params": params}
+    for (size, row), (micro, params) in zip(
+        GPT3_SIZES.items(),
+        [(2, 2e6), (8, 125e6), (8, 350e6), (4, 760e6), (4, 1.3e9), (2, 2.7e9), (1, 6.7e9), (1, 13e9), (1, 175e9)],
+    )
+}
+
 # The seeds' Megatron-DeepSpeed layouts (A100 40/80 GB nodes of 8), selectable as copier presets.
 GPT3_LAYOUTS = {
     "125m-1gpu": {"size": "125M", "nodes": 1, "gpus_per_node": 1, "tp": 1, "pp": 1},
@@ -83,5 +93,6 @@ FAMILY = GPT3Family(
     builder="gpt3:build_gpt3",
     sizes=GPT3_SIZES,
     presets=GPT3_LAYOUTS,
+    recipe_by_size=GPT3_RECIPES,
     layouts=True,
 )

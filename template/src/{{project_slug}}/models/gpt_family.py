@@ -17,6 +17,9 @@ ACTIVATION_BYTES_PER_LAYER = 63
 
 @dataclass(frozen=True)
 class GPTFamily(Family):
+    def size_names(self) -> str:
+        return "'tiny', or 'd<depth>' such as d20 (width 64 x depth in heads of 128)"
+
     def shape(self, size: str, n_kv_head: int | None = None) -> dict:
         """'tiny', or nanochat's depth dial 'd<depth>': width 64 x depth rounded up to heads of 128."""
         if size == "tiny":

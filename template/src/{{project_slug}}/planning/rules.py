@@ -210,6 +210,16 @@ def parallel_problems(cfg: Config, shape: dict, world: int) -> list[Problem]:
             )
         ]
     problems = []
+    if tp > cfg.cluster.gpus_per_node:
+        problems.append(
+            Problem(
+                f"parallel.tensor={tp} exceeds cluster.gpus_per_node={cfg.cluster.gpus_per_node}: "
+                "tensor parallelism all-reduces in every layer and must stay inside one node's NVLink; "
+                f"use at most {cfg.cluster.gpus_per_node}",
+                "parallel.tensor",
+                "cluster.gpus_per_node",
+            )
+        )
     if world % (tp * pp):
         problems.append(
             Problem(
@@ -218,16 +228,6 @@ def parallel_problems(cfg: Config, shape: dict, world: int) -> list[Problem]:
                 "parallel.pipeline" if pp > 1 else "parallel.tensor",
                 *degrees,
                 "cluster.nodes",
-                "cluster.gpus_per_node",
-            )
-        )
-    if tp > cfg.cluster.gpus_per_node:
-        problems.append(
-            Problem(
-                f"parallel.tensor={tp} exceeds cluster.gpus_per_node={cfg.cluster.gpus_per_node}: "
-                "tensor parallelism all-reduces in every layer and must stay inside one node's NVLink; "
-                f"use at most {cfg.cluster.gpus_per_node}",
-                "parallel.tensor",
                 "cluster.gpus_per_node",
             )
         )
