@@ -33,6 +33,7 @@ COMMANDS = {
     "train": ("training.train", "train (run under torchrun for several processes)"),
     "eval": ("evaluation.evaluate", "validation loss and bits per byte of a checkpoint"),
     "sample": ("evaluation.sample", "generate text from a checkpoint"),
+    "export": ("evaluation.export", "a checkpoint as a folder transformers loads (weights, config, tokenizer)"),
     "image": ("image.build", "build and push the project image (docker SDK, DOCKER_HOST)"),
     "launch": ("launch", "submit to a platform, or its job's status, logs, cancel (launch/<platform>/)"),
     "node": ("cluster.node", "node launcher run by the platform on each node: topology -> torchrun"),

@@ -21,10 +21,12 @@ from pathlib import Path
 import torch
 
 from ..data.masked import open_split
-from ..data.tokens import TokenData, load_tokenizer, read_meta, token_byte_lengths
+from ..data.tokens import TokenData, bos_id, load_tokenizer, read_meta, token_byte_lengths
+from ..models.family import family
 from ..runtime.distributed import DistInfo, all_reduce_sum, autocast_context, init_distributed, print0, shutdown
 from ..settings.bounds import count
-from ..settings.config import Config
+from ..settings.config import Config, ConfigError
+from . import tasks
 from .trained_model import load_trained_model
 
 
@@ -87,11 +89,41 @@ def run_eval(cfg: Config, ckpt: str | None = None, num_batches: int | None = Non
             num_batches or cfg.logging.eval_batches,
             autocast_context(info.device, cfg.run.dtype),
         )
-        result = {"step": step, "checkpoint": str(path), **result}
-        print0(f"step {step} | {format_scores(result)} | {result['val_tokens']:,} tokens | {path}")
-        if info.is_main:
-            (Path(cfg.run.output_dir) / "eval.json").write_text(json.dumps(result, indent=2))
-        return result
+        return _written(
+            cfg, info, step, path, result, f"{format_scores(result)} | {result['val_tokens']:,} tokens | {path}"
+        )
+    finally:
+        shutdown()
+
+
+def _written(cfg: Config, info: DistInfo, step: int, path, result: dict, line: str) -> dict:
+    """The result with its step and checkpoint, printed once and written to output_dir/eval.json."""
+    result = {"step": step, "checkpoint": str(path), **result}
+    print0(f"step {step} | {line}")
+    if info.is_main:
+        (Path(cfg.run.output_dir) / "eval.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def run_tasks(cfg: Config, names: str, ckpt: str | None, bundle: str | None, max_per_task: int | None) -> dict:
+    """`eval --tasks core|label,...`: accuracy per task and CORE (evaluation/tasks.py), eval.json."""
+    if not family(cfg.model.arch).causal:
+        raise ConfigError(
+            f"--tasks: the bundle's tasks score continuations of a causal model; model.arch={cfg.model.arch} is "
+            "masked, so `eval` without --tasks reports its masked-token loss and perplexity"
+        )
+    data_dir = Path(cfg.data.dir)
+    wanted = None if names == "core" else [name.strip() for name in names.split(",") if name.strip()]
+    task_list = tasks.load_bundle(Path(bundle) if bundle else data_dir / "eval_bundle", wanted)
+    info = init_distributed(cfg.run.device)
+    try:
+        model, step, path, cfg = load_trained_model(cfg, ckpt, info.device)
+        tok = load_tokenizer(data_dir / read_meta(data_dir)["tokenizer"])
+        autocast = autocast_context(info.device, cfg.run.dtype)
+        result = tasks.evaluate_tasks(
+            model, tok, bos_id(tok), task_list, cfg.model.sequence_len, info, autocast, max_per_task
+        )
+        return _written(cfg, info, step, path, result, f"{path}\n{tasks.table(result)}")
     finally:
         shutdown()
 
@@ -99,8 +131,14 @@ def run_eval(cfg: Config, ckpt: str | None = None, num_batches: int | None = Non
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", help="checkpoint file or folder (default: latest)")
     p.add_argument("--batches", type=count, help="micro batches per rank (default: logging.eval_batches)")
+    p.add_argument("--tasks", help="'core' (every task of the bundle) or task labels a,b: accuracy and CORE")
+    p.add_argument("--bundle", help="task bundle folder (default: <data.dir>/eval_bundle)")
+    p.add_argument("--max-per-task", type=count, help="items per task at most (a fixed shuffle)")
 
 
 def run(cfg: Config, args: argparse.Namespace) -> int:
-    run_eval(cfg, args.checkpoint, args.batches)
+    if args.tasks:
+        run_tasks(cfg, args.tasks, args.checkpoint, args.bundle, args.max_per_task)
+    else:
+        run_eval(cfg, args.checkpoint, args.batches)
     return 0

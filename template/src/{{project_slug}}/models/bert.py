@@ -147,6 +147,17 @@ def build_bert(cfg: Config, vocab_size: int, load_weights: bool = True) -> BertM
     return BertMLM(mlm, m.sequence_len)
 
 
+def to_transformers(model: BertMLM):
+    """A plain BertForMaskedLM with these weights: the same config (its attention on transformers'
+    own SDPA rather than the per-sample dropout function registered here), so any tool loads it."""
+    transformers = import_transformers()
+    config = transformers.BertConfig.from_dict(model.mlm.config.to_dict())
+    config._attn_implementation = "sdpa"
+    hf = transformers.BertForMaskedLM(config)
+    hf.load_state_dict(model.mlm.state_dict())
+    return hf.eval()
+
+
 def draw_dropout_per_sample(mlm: nn.Module, p: float | None, attention_p: float) -> None:
     """Every dropout of transformers' BERT draws its masks per sample (models/sample_dropout.py): the
     hidden ones become KeyedDropout, the attention probabilities' go through keyed_attention,

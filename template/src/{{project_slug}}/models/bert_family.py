@@ -80,6 +80,7 @@ FAMILY = BertFamily(
     name="bert",
     summary="BERT masked LM with transformers, from scratch or local weights",
     builder="bert:build_bert",
+    exporter="bert:to_transformers",
     sizes=BERT_SIZES,
     # BERT's 256 x 512 batch and 1e-4 (Devlin et al.); micro 16 keeps large's activations in 40 GB
     recipe_defaults={"global_batch": 256, "micro_batch": 32, "lr": 1e-4, "sequence_len": SEQUENCE_LEN},

@@ -55,6 +55,8 @@ class Family:
     name: str
     summary: str
     builder: str  # "<module of models/>:<function(cfg, vocab_size, load_weights=True)>", imported when building
+    # "<module of models/>:<function(model) -> transformers model>": `export`'s conversion, exact (tests hold it)
+    exporter: str = ""
     sizes: dict[str, dict[str, Any]] = field(default_factory=dict)  # size name -> n_layer, n_embd, n_head (...)
     causal: bool = True  # next-token prediction (sample continues a prompt) or masked (sample fills [MASK])
     tokenizer: str = "bpe"  # what prepare-data trains: "bpe" (a BOS token) or "wordpiece" (BERT's specials)
@@ -172,6 +174,13 @@ class Family:
         """A freshly initialised model on the CPU (with model.pretrained and load_weights: loaded)."""
         module, _, function = self.builder.partition(":")
         return getattr(importlib.import_module(f".{module}", __package__), function)(cfg, vocab_size, load_weights)
+
+    def to_transformers(self, model):
+        """The trained model as the transformers model that computes the same (`export`)."""
+        if not self.exporter:
+            raise ConfigError(f"model.arch={self.name} has no export to transformers (its descriptor sets no exporter)")
+        module, _, function = self.exporter.partition(":")
+        return getattr(importlib.import_module(f".{module}", __package__), function)(model)
 
 
 def check_vocab(pretrained: str, model_vocab: int, tokenizer_vocab: int) -> None:

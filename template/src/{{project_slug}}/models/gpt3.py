@@ -209,3 +209,50 @@ def gpt3_config(cfg, vocab_size: int) -> GPT3Config:
 
 def build_gpt3(cfg, vocab_size: int, load_weights: bool = True) -> GPT3:
     return GPT3(gpt3_config(cfg, vocab_size), cfg.model.activation_checkpointing)
+
+
+def to_transformers(model: GPT3):
+    """transformers' GPT2LMHeadModel with these weights: learned positions, pre-LayerNorm with bias,
+    tanh-GELU, tied head. GPT-2's fused qkv is [all q | all k | all v] where ours groups [q k v] per
+    head (so a tensor split keeps whole heads), and its Conv1D keeps weights as (in, out)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    c = model.cfg
+    config = GPT2Config(
+        vocab_size=c.vocab_size,
+        n_positions=c.sequence_len,
+        n_embd=c.n_embd,
+        n_layer=c.n_layer,
+        n_head=c.n_head,
+        activation_function="gelu_new",
+        resid_pdrop=c.dropout,
+        embd_pdrop=c.dropout,
+        attn_pdrop=c.attention_dropout,
+        layer_norm_epsilon=model.norm.eps,
+        tie_word_embeddings=True,
+    )
+    state, h, heads = model.state_dict(), c.n_embd, c.n_head
+
+    def per_part(t: torch.Tensor) -> torch.Tensor:  # rows (head, part, dim) -> (part, head, dim)
+        return t.reshape(heads, 3, h // heads, *t.shape[1:]).transpose(0, 1).reshape(3 * h, *t.shape[1:])
+
+    out = {
+        "transformer.wte.weight": state["embed.wte.weight"],
+        "transformer.wpe.weight": state["embed.wpe.weight"],
+        "transformer.ln_f.weight": state["norm.weight"],
+        "transformer.ln_f.bias": state["norm.bias"],
+    }
+    for i in range(c.n_layer):
+        ours, theirs = f"blocks.{i}.", f"transformer.h.{i}."
+        for a, b in (("ln1", "ln_1"), ("ln2", "ln_2")):
+            out[f"{theirs}{b}.weight"], out[f"{theirs}{b}.bias"] = state[f"{ours}{a}.weight"], state[f"{ours}{a}.bias"]
+        out[f"{theirs}attn.c_attn.weight"] = per_part(state[f"{ours}qkv.weight"]).t()
+        out[f"{theirs}attn.c_attn.bias"] = per_part(state[f"{ours}qkv.bias"])
+        for a, b in (("proj", "attn.c_proj"), ("fc", "mlp.c_fc"), ("fc2", "mlp.c_proj")):
+            out[f"{theirs}{b}.weight"] = state[f"{ours}{a}.weight"].t()
+            out[f"{theirs}{b}.bias"] = state[f"{ours}{a}.bias"]
+    hf = GPT2LMHeadModel(config)
+    missing, unexpected = hf.load_state_dict({k: v.contiguous() for k, v in out.items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)  # the tied head
+    hf.tie_weights()
+    return hf.eval()

@@ -91,6 +91,7 @@ FAMILY = GPT3Family(
     name="gpt3",
     summary="GPT-3 sizes (125M to 175B) with tensor and pipeline parallelism on DeepSpeed",
     builder="gpt3:build_gpt3",
+    exporter="gpt3:to_transformers",
     sizes=GPT3_SIZES,
     presets=GPT3_LAYOUTS,
     recipe_by_size=GPT3_RECIPES,

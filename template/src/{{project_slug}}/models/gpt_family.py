@@ -60,6 +60,7 @@ FAMILY = GPTFamily(
     name="gpt",
     summary="nanochat-style GPT trained from scratch (rotary, QK-norm, GQA, ReLU^2, untied head)",
     builder="gpt:build",
+    exporter="gpt:to_transformers",
     grouped_query=True,
     attention_dropout=False,
     rotary=True,

@@ -1,0 +1,87 @@
+"""`export`: a checkpoint as a folder transformers loads, computing what our model computes.
+
+The gpt run here (run_2proc: DDP, 2 processes) is exported to NanoChatForCausalLM; the DeepSpeed,
+gpt3 and bert suites export their own checkpoints (ZeRO-3 with and without offload, tensor x
+pipeline shards, BERT) with the same checks.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+PROMPT = "The module"
+
+
+def ours_and_theirs(pkg, cfg_with, overrides, folder, checkpoint=None):
+    """Our model from the checkpoint, and transformers' from the export (both fp32, eval mode)."""
+    import transformers
+
+    cfg = cfg_with(*overrides)
+    model, _, _, cfg = pkg.trained_model.load_trained_model(cfg, checkpoint, torch.device("cpu"))
+    causal = pkg.family.family(cfg.model.arch).causal
+    auto = transformers.AutoModelForCausalLM if causal else transformers.AutoModelForMaskedLM
+    return model.float().eval(), auto.from_pretrained(str(folder)).eval(), cfg
+
+
+def assert_same_logits(model, hf, vocab_size: int, length: int, atol: float = 1e-4) -> None:
+    ids = torch.randint(5, vocab_size, (3, length), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours, theirs = model(ids), hf(ids).logits
+    assert ours.shape == theirs.shape
+    assert (ours - theirs).abs().max().item() < atol
+
+
+def assert_greedy_like_sample(cli, hf, folder, overrides) -> None:
+    """transformers' greedy generate of 32 tokens writes the text `sample --temperature 0` prints."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    ids = tok(PROMPT)["input_ids"]
+    assert ids[0] == tok.bos_token_id  # the exported tokenizer starts a text as training documents start
+    new = hf.generate(torch.tensor([ids]), max_new_tokens=32, min_new_tokens=32, do_sample=False)[0, len(ids) :]
+    printed = cli("sample", "--prompt", PROMPT, "--temperature", "0", "--max-new-tokens", "32", *overrides).stdout
+    text = re.search(rf"--- {PROMPT!r}\n(.*)\n\n", printed, re.S).group(1)
+    assert text == PROMPT + tok.decode(new.tolist())
+
+
+@pytest.fixture(scope="module")
+def gpt_export(run_2proc, demo_data, export, tiny_model):
+    return export(demo_data, run_2proc[0], *tiny_model)
+
+
+def test_gpt_export_is_nanochat_with_our_logits_and_greedy_tokens(
+    gpt_export, run_2proc, demo_data, cli, pkg, cfg_with, tiny_model
+):
+    overrides = [
+        *tiny_model,
+        f"data.dir={demo_data}",
+        f"run.output_dir={run_2proc[0]}",
+        "run.device=cpu",
+        "run.dtype=fp32",
+    ]
+    model, hf, cfg = ours_and_theirs(pkg, cfg_with, overrides, gpt_export)
+    assert type(hf).__name__ == "NanoChatForCausalLM"
+    assert hf.num_parameters() == model.num_params()
+    assert_same_logits(model, hf, model.config.vocab_size, cfg.model.sequence_len)
+    assert_greedy_like_sample(cli, hf, gpt_export, overrides)
+
+
+def test_export_folder_names_its_source(gpt_export, run_2proc, demo_data, pkg):
+    readme = (gpt_export / "README.md").read_text()
+    assert "| step | 30 |" in readme
+    assert pkg.tokens.data_fingerprint(demo_data) in readme
+    assert str(run_2proc[0] / "checkpoints" / "step_00000030.pt") in readme
+    assert {p.name for p in gpt_export.iterdir()} >= {"model.safetensors", "config.json", "tokenizer.json"}
+
+
+def test_export_into_a_folder_holding_files_is_refused_and_leaves_it(run_2proc, demo_data, cli, tmp_path, tiny_model):
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    proc = cli("export", out, f"data.dir={demo_data}", f"run.output_dir={run_2proc[0]}", *tiny_model, expect=1)
+    assert proc.stderr.strip().count("\n") == 0 and "is not empty" in proc.stderr
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    assert not [p for p in tmp_path.iterdir() if "partial" in p.name]

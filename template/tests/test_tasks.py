@@ -1,0 +1,216 @@
+"""`eval --tasks`: CORE's three task types scored as defined, on bundles in the real layout.
+
+A bigram model whose every choice is known gives hand-computed accuracies; the demo checkpoint
+gives the same CORE on 1, 2 and 4 processes; a broken bundle is refused in one line naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from contextlib import nullcontext
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+WORDS = ["[BOS]", "q", "yes", "no", "maybe", "cat", "dog", "runs", "sits", "x", "y", "z", "w"]
+# The model's one preferred next word after each word (all others equally unlikely).
+NEXT = {"q": "yes", "cat": "runs", "dog": "sits", "x": "y", "y": "z", "[BOS]": "q"}
+
+
+class Bigram(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        table = torch.zeros(len(WORDS), len(WORDS))
+        for word, nxt in NEXT.items():
+            table[WORDS.index(word), WORDS.index(nxt)] = 10.0
+        self.table = torch.nn.Parameter(table)
+
+    def forward(self, ids):
+        return self.table[ids]
+
+
+def word_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[BOS]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return tok
+
+
+def write_bundle(root, tasks: dict, baselines: dict):
+    """tasks: label -> (icl_task_type, num_fewshot, items); the layout of DCLM's and nanochat's bundle."""
+    import yaml
+
+    (root / "eval_data").mkdir(parents=True)
+    specs = []
+    for label, (kind, shots, items) in tasks.items():
+        (root / "eval_data" / f"{label}.jsonl").write_text("".join(json.dumps(i) + "\n" for i in items))
+        specs.append({"label": label, "dataset_uri": f"{label}.jsonl", "num_fewshot": [shots], "icl_task_type": kind})
+    (root / "core.yaml").write_text(yaml.safe_dump({"icl_tasks": specs}))
+    rows = "".join(f"{label},{baselines[label]}\n" for label in tasks)
+    (root / "eval_meta_data.csv").write_text("Eval Task,Random baseline\n" + rows)
+    return root
+
+
+KNOWN = {
+    # the model prefers "yes" after "q": right where gold is "yes" (items 1 and 3), wrong otherwise
+    "mc": (
+        "multiple_choice",
+        0,
+        [
+            {"query": "q", "choices": ["yes", "no"], "gold": 0},
+            {"query": "q", "choices": ["no", "yes"], "gold": 0},
+            {"query": "q", "choices": ["no", "yes", "maybe"], "gold": 1},
+            {"query": "q", "choices": ["yes", "no"], "gold": 1},
+        ],
+    ),
+    # "runs" follows "cat", "sits" follows "dog": the context that predicts the continuation wins
+    "schema": (
+        "schema",
+        0,
+        [
+            {"context_options": ["cat", "dog"], "continuation": "runs", "gold": 0},
+            {"context_options": ["cat", "dog"], "continuation": "sits", "gold": 1},
+            {"context_options": ["cat", "dog"], "continuation": "runs", "gold": 1},
+        ],
+    ),
+    # right only if every continuation token is the greedy one: x -> y -> z
+    "lm": (
+        "language_modeling",
+        0,
+        [
+            {"context": "x", "continuation": "y z"},
+            {"context": "x", "continuation": "y"},
+            {"context": "x", "continuation": "y w"},
+            {"context": "dog", "continuation": "runs"},
+        ],
+    ),
+}
+EXPECTED = {"mc": 2 / 4, "schema": 2 / 3, "lm": 2 / 4}
+BASELINES = {"mc": 25.0, "schema": 50.0, "lm": 0.0}
+
+
+def score(pkg, bundle, wanted=None, max_per_task=None):
+    tasks = pkg.tasks.load_bundle(bundle, wanted)
+    info = SimpleNamespace(rank=0, world_size=1, device=torch.device("cpu"))
+    tok = word_tokenizer()
+    return pkg.tasks.evaluate_tasks(Bigram(), tok, 0, tasks, 16, info, nullcontext(), max_per_task)
+
+
+def test_each_task_type_scores_as_computed_by_hand(pkg, tmp_path):
+    result = score(pkg, write_bundle(tmp_path / "bundle", KNOWN, BASELINES))
+    for label, accuracy in EXPECTED.items():
+        got = result["tasks"][label]
+        b = BASELINES[label] / 100
+        assert got["accuracy"] == pytest.approx(accuracy), label
+        assert got["centred"] == pytest.approx((accuracy - b) / (1 - b)), label
+        assert got["items"] == len(KNOWN[label][2])
+    assert result["core"] == pytest.approx(sum(r["centred"] for r in result["tasks"].values()) / 3)
+    assert "CORE" in pkg.tasks.table(result)
+
+
+def test_few_shot_examples_are_fixed_per_item_and_never_the_item(pkg, tmp_path):
+    items = [{"query": f"q{i}", "choices": ["a", "b"], "gold": i % 2} for i in range(12)]
+    bundle = write_bundle(tmp_path / "bundle", {"mc": ("multiple_choice", 3, items)}, {"mc": 50})
+    (task,) = pkg.tasks.load_bundle(bundle)
+    for index in range(12):
+        opts, gold = pkg.tasks.options(task, index)
+        context = opts[0][0]
+        shots = context.split("\n\n")[:-1]
+        assert len(shots) == 3 and f"q{index} " not in [s[: len(f"q{index} ")] for s in shots]
+        assert context.endswith(f"q{index}") and gold == index % 2
+        assert pkg.tasks.options(task, index) == (opts, gold)  # the same draw every time
+    assert (
+        pkg.tasks.chosen_items(task, 5) == pkg.tasks.chosen_items(task, 5) and len(pkg.tasks.chosen_items(task, 5)) == 5
+    )
+
+
+def test_a_prompt_longer_than_the_context_is_cut_from_the_left(pkg):
+    tok = word_tokenizer()
+    ids, start = pkg.tasks.encode_option(tok, 0, " ".join(["x"] * 30), " y z", limit=8)
+    assert len(ids) == 9 and ids[-2:] == [WORDS.index("y"), WORDS.index("z")] and start == 7
+
+
+BROKEN = {
+    "missing bundle": (lambda root: None, "no task bundle at"),
+    "unknown type": (lambda root: _spec(root, icl_task_type="cloze"), "icl_task_type 'cloze' is not one of"),
+    "missing task file": (lambda root: (root / "eval_data" / "mc.jsonl").unlink(), "mc.jsonl is missing"),
+    "gold out of range": (
+        lambda root: _items(root, [{"query": "q", "choices": ["a"], "gold": 3}]),
+        "mc.jsonl:1: the item gold 3 is out of range",
+    ),
+    "empty choices": (
+        lambda root: _items(root, [{"query": "q", "choices": [], "gold": 0}]),
+        "mc.jsonl:1: the item has no choices",
+    ),
+    "no baseline": (
+        lambda root: (root / "eval_meta_data.csv").write_text("Eval Task,Random baseline\n"),
+        "no random baseline for task mc",
+    ),
+}
+
+
+def _spec(root, **change):
+    import yaml
+
+    spec = yaml.safe_load((root / "core.yaml").read_text())
+    spec["icl_tasks"][0].update(change)
+    (root / "core.yaml").write_text(yaml.safe_dump(spec))
+
+
+def _items(root, items):
+    (root / "eval_data" / "mc.jsonl").write_text("".join(json.dumps(i) + "\n" for i in items))
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_a_broken_bundle_is_refused_naming_the_file(case, pkg, tmp_path):
+    root = tmp_path / "bundle"
+    if case != "missing bundle":
+        write_bundle(root, {"mc": KNOWN["mc"]}, {"mc": 25})
+    BROKEN[case][0](root)
+    with pytest.raises(pkg.config.ConfigError) as refused:
+        pkg.tasks.load_bundle(root)
+    assert BROKEN[case][1] in str(refused.value) and "\n" not in str(refused.value)
+
+
+def demo_bundle(root):
+    """A few tasks of each type written from ordinary English, in the real layout."""
+    words = "the module reads a file and returns the list of names it holds".split()
+    mc = [{"query": " ".join(words[i : i + 4]), "choices": words[i + 4 : i + 7], "gold": i % 3} for i in range(6)]
+    schema = [
+        {"context_options": [words[i], words[i + 1]], "continuation": " ".join(words[i + 2 : i + 5]), "gold": i % 2}
+        for i in range(5)
+    ]
+    lm = [{"context": " ".join(words[i : i + 5]), "continuation": words[i + 5]} for i in range(6)]
+    tasks = {"mc": ("multiple_choice", 2, mc), "schema": ("schema", 1, schema), "lm": ("language_modeling", 1, lm)}
+    return write_bundle(root, tasks, {"mc": 33.3, "schema": 50, "lm": 0})
+
+
+def test_core_of_the_demo_checkpoint_is_the_same_on_1_2_and_4_processes(
+    run_2proc, demo_data, cli, tmp_path, tiny_model
+):
+    bundle = demo_bundle(tmp_path / "bundle")
+    found = {}
+    for nproc in (1, 2, 4):
+        out = tmp_path / f"eval{nproc}"
+        out.mkdir()
+        # a run folder of its own per count (eval.json), reading run_2proc's checkpoint
+        ckpt = run_2proc[0] / "checkpoints" / "step_00000030.pt"
+        args = ["eval", "--tasks", "core", "--bundle", bundle, "--checkpoint", ckpt, *tiny_model]
+        args += [f"data.dir={demo_data}", f"run.output_dir={out}", "run.device=cpu", "run.dtype=fp32"]
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+        proc = cli.run([*launcher, "-m", cli.package, *args], timeout=300)
+        result = json.loads((out / "eval.json").read_text())
+        assert re.search(r"CORE\s+-?\d\.\d{4}", proc.stdout), proc.stdout
+        found[nproc] = result
+    assert found[1]["tasks"] == found[2]["tasks"] == found[4]["tasks"]
+    assert found[1]["core"] == found[2]["core"] == found[4]["core"]
+    assert {label: s["items"] for label, s in found[1]["tasks"].items()} == {"mc": 6, "schema": 5, "lm": 6}
+
+
+def test_bert_refuses_tasks_in_one_line(cli, demo_data, tmp_path):
+    proc = cli("eval", "--tasks", "core", "model.arch=bert", "model.pretrained=", f"data.dir={demo_data}", expect=1)
+    assert "masked" in proc.stderr and proc.stderr.strip().count("\n") == 0
