@@ -214,3 +214,40 @@ def test_core_of_the_demo_checkpoint_is_the_same_on_1_2_and_4_processes(
 def test_bert_refuses_tasks_in_one_line(cli, demo_data, tmp_path):
     proc = cli("eval", "--tasks", "core", "model.arch=bert", "model.pretrained=", f"data.dir={demo_data}", expect=1)
     assert "masked" in proc.stderr and proc.stderr.strip().count("\n") == 0
+
+
+def test_training_logs_every_task_and_core_at_the_task_steps(cli, demo_data, tmp_path, train):
+    """eval.tasks_every_steps scores the demo's bundle (prepare-data --demo-corpus writes it) during a
+    2-process run: per-task centred accuracy and CORE in metrics.jsonl and TensorBoard at those steps."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert (demo_data / "eval_bundle" / "core.yaml").is_file()
+    out = tmp_path / "run"
+    proc = train(
+        cli, demo_data, out, 2, "eval.tasks_every_steps=10", "eval.tasks_max_per_task=6", "schedule.max_steps=20"
+    )
+    assert re.search(r"step +10/20 \| CORE -?\d\.\d{4} \(3 tasks\)", proc.stdout), proc.stdout[-3000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    scored = [r for r in records if "core" in r]
+    assert [r["step"] for r in scored] == [10, 20]
+    labels = {"docstring_next_word", "docstring_next_words", "docstring_opening"}
+    assert {key for key in scored[0] if key.startswith("tasks/")} == {f"tasks/{label}" for label in labels}
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"core", *(f"tasks/{label}" for label in labels)} <= tags
+    assert [e.step for e in events.Scalars("core")] == [10, 20]
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (["model.arch=bert", "model.size=tiny", "model.sequence_len=64"], "model.arch=bert is masked"),
+        (["eval.tasks_every_steps=-1"], "eval.tasks_every_steps=-1"),
+        (["eval.tasks_max_per_task=0"], "eval.tasks_max_per_task=0"),
+    ],
+)
+def test_task_settings_are_refused_where_they_cannot_run(overrides, needle, pkg, cfg_with):
+    cfg = cfg_with("eval.tasks_every_steps=10", "model.pretrained=", *overrides)
+    problems = pkg.rules.check_config(cfg)
+    assert any(needle in p for p in problems), problems

@@ -41,7 +41,7 @@ import numpy as np
 from ..models.family import check_vocab, family
 from ..settings.bounds import count, mebibytes
 from ..settings.config import Config, ConfigError
-from .demo_corpus import write_demo_corpus
+from .demo_corpus import write_demo_bundle, write_demo_corpus
 from .documents import PART_BYTES, SEGMENT_CHARS, Part, check_input_file, find_raw_files, iter_segments, plan_parts
 from .encode_parts import BLOCK_CHARS, BLOCK_SEGMENTS, EncodeSettings
 from .encode_workers import WorkerDied, encode_all
@@ -101,6 +101,8 @@ def prepare_data(
                 flush=True,
             )
         raise
+    if demo_corpus and family(cfg.model.arch).causal and not (data_dir / "eval_bundle").exists():
+        print(f"writing a small task bundle of the demo corpus to {write_demo_bundle(data_dir / 'eval_bundle')}")
     n_train = sum(s["tokens"] for s in meta["train"])
     n_val = sum(s["tokens"] for s in meta["val"])
     rate = run["tokens"] / max(run["seconds"], 1e-9)

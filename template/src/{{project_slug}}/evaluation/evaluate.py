@@ -114,7 +114,7 @@ def run_tasks(cfg: Config, names: str, ckpt: str | None, bundle: str | None, max
         )
     data_dir = Path(cfg.data.dir)
     wanted = None if names == "core" else [name.strip() for name in names.split(",") if name.strip()]
-    task_list = tasks.load_bundle(Path(bundle) if bundle else data_dir / "eval_bundle", wanted)
+    task_list = tasks.load_bundle(Path(bundle) if bundle else tasks.bundle_path(cfg), wanted)
     info = init_distributed(cfg.run.device)
     try:
         model, step, path, cfg = load_trained_model(cfg, ckpt, info.device)
@@ -132,7 +132,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", help="checkpoint file or folder (default: latest)")
     p.add_argument("--batches", type=count, help="micro batches per rank (default: logging.eval_batches)")
     p.add_argument("--tasks", help="'core' (every task of the bundle) or task labels a,b: accuracy and CORE")
-    p.add_argument("--bundle", help="task bundle folder (default: <data.dir>/eval_bundle)")
+    p.add_argument("--bundle", help="task bundle folder (default: eval.bundle_dir, else <data.dir>/eval_bundle)")
     p.add_argument("--max-per-task", type=count, help="items per task at most (a fixed shuffle)")
 
 

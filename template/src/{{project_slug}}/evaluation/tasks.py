@@ -208,6 +208,16 @@ def chosen_items(task: Task, max_per_task: int | None) -> list[int]:
     return sorted(order[:max_per_task])
 
 
+def bundle_path(cfg) -> Path:
+    """eval.bundle_dir, or the bundle beside the data (data.dir/eval_bundle)."""
+    return Path(cfg.eval.bundle_dir) if cfg.eval.bundle_dir else Path(cfg.data.dir) / "eval_bundle"
+
+
+def metrics_record(step: int, result: dict) -> dict:
+    """One metrics.jsonl record (and TensorBoard scalars): CORE and each task's centred accuracy."""
+    return {"step": step, "core": result["core"], **{f"tasks/{k}": s["centred"] for k, s in result["tasks"].items()}}
+
+
 def centred(accuracy: float, baseline: float) -> float:
     return (accuracy - baseline) / (1 - baseline)
 
@@ -219,8 +229,12 @@ def evaluate_tasks(model, tok, bos: int, tasks: list[Task], limit: int, info, au
     right = torch.zeros(len(tasks), dtype=torch.float64, device=info.device)
     was_training = model.training
     model.eval()
-    for t, i in jobs[info.rank :: info.world_size]:
+    mine = jobs[info.rank :: info.world_size]
+    for t, i in mine:
         right[t] += score_item(model, tok, bos, tasks[t], i, limit, info.device, autocast)
+    if len(mine) < -(-len(jobs) // info.world_size):
+        # Every rank runs as many forwards: ZeRO-3 gathers the weights in each, all ranks together.
+        score_item(model, tok, bos, tasks[jobs[0][0]], jobs[0][1], limit, info.device, autocast)
     all_reduce_sum(right)
     model.train(was_training)
     totals = [sum(1 for t, _ in jobs if t == k) for k in range(len(tasks))]

@@ -156,6 +156,27 @@ def check_config(cfg: Config, world_size: int | None = None) -> list[Problem]:
     problems += parallel_problems(cfg, shape, world)
     problems += precision_problems(cfg)
     problems += family(cfg.model.arch).problems(cfg, shape)
+    if cfg.eval.tasks_every_steps and strategy.uses_pipeline_engine(cfg):
+        problems.append(
+            Problem(
+                f"eval.tasks_every_steps={cfg.eval.tasks_every_steps}: the pipeline engine holds the model in "
+                "stages over the ranks, so tasks are scored after training; set it to 0 and run "
+                "`eval --tasks core` on a checkpoint (it reads any layout)",
+                "eval.tasks_every_steps",
+                "parallel.tensor",
+                "parallel.pipeline",
+            )
+        )
+    if cfg.eval.tasks_every_steps and not family(cfg.model.arch).causal:
+        problems.append(
+            Problem(
+                f"eval.tasks_every_steps={cfg.eval.tasks_every_steps}: the task bundle scores continuations of a "
+                f"causal model and model.arch={cfg.model.arch} is masked; set it to 0 (validation reports its "
+                "masked-token loss and perplexity)",
+                "eval.tasks_every_steps",
+                "model.arch",
+            )
+        )
     counts = (
         cfg.batch.micro_batch_size,
         cfg.batch.global_batch_size,

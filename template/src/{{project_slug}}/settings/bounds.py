@@ -82,6 +82,8 @@ BOUNDS: dict[str, Range] = {
     "logging.every_steps": COUNT,
     "logging.eval_every_steps": NON_NEGATIVE,
     "logging.eval_batches": COUNT,
+    "eval.tasks_every_steps": NON_NEGATIVE,
+    "eval.tasks_max_per_task": COUNT,
     # numpy seeds each rank with seed + rank, and numpy takes at most 2**32 - 1
     "run.seed": Range(0, 2**31 - 1),
     "run.collective_timeout_minutes": POSITIVE,

@@ -187,6 +187,16 @@ class LoggingConfig:
 
 
 @dataclass
+class EvalConfig:
+    bundle_dir: str = ""
+    """Task bundle in CORE's layout (core.yaml, eval_meta_data.csv, eval_data/); empty = data.dir/eval_bundle."""
+    tasks_every_steps: int = 0
+    """Score the bundle's tasks (capped) every N steps during training, per task and CORE; 0 = never."""
+    tasks_max_per_task: int = 100
+    """Items per task at those steps (a fixed shuffle); `eval --tasks` scores all by default."""
+
+
+@dataclass
 class RunConfig:
     output_dir: str = "runs"
     """Folder on shared storage for checkpoints, metrics.jsonl, TensorBoard and the resolved config."""
@@ -239,6 +249,7 @@ class Config:
     batch: BatchConfig = field(default_factory=BatchConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     run: RunConfig = field(default_factory=RunConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)

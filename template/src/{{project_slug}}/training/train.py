@@ -30,7 +30,16 @@ from pathlib import Path
 import torch
 
 from ..data.masked import open_split
-from ..data.tokens import TokenData, data_fingerprint, load_tokenizer, micro_batch_start, read_meta, token_byte_lengths
+from ..data.tokens import (
+    TokenData,
+    bos_id,
+    data_fingerprint,
+    load_tokenizer,
+    micro_batch_start,
+    read_meta,
+    token_byte_lengths,
+)
+from ..evaluation import tasks
 from ..evaluation.evaluate import evaluate, format_scores, val_scores
 from ..models.sample_dropout import sample_keys, samples
 from ..planning.rules import at_world_size, require_valid, resolve_grad_accum, scaling_note
@@ -131,7 +140,10 @@ def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | N
     trained_on = data_fingerprint(data_dir, meta)  # recorded in every checkpoint of this run
     train_data = open_split(cfg, data_dir, "train")
     val_data = open_split(cfg, data_dir, "val")
-    token_bytes = torch.from_numpy(token_byte_lengths(load_tokenizer(data_dir / meta["tokenizer"]))).to(device)
+    tokenizer = load_tokenizer(data_dir / meta["tokenizer"])
+    token_bytes = torch.from_numpy(token_byte_lengths(tokenizer)).to(device)
+    # The task bundle is read and checked before anything is written (a broken one stops the start).
+    task_list = tasks.load_bundle(tasks.bundle_path(cfg)) if cfg.eval.tasks_every_steps else []
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
 
@@ -229,6 +241,14 @@ def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | N
             scores = val_scores(result)
             logger.log({"step": done, **scores})
             print0(f"step {done:>6}/{s.max_steps} | {format_scores(scores)}")
+            window_start, window_steps = time.perf_counter(), 0
+
+        if task_list and done % cfg.eval.tasks_every_steps == 0:
+            result = tasks.evaluate_tasks(
+                strategy.module, tokenizer, bos_id(tokenizer), task_list, T, info, autocast, cfg.eval.tasks_max_per_task
+            )
+            logger.log(tasks.metrics_record(done, result))
+            print0(f"step {done:>6}/{s.max_steps} | CORE {result['core']:.4f} ({len(task_list)} tasks)")
             window_start, window_steps = time.perf_counter(), 0
 
         saved = (cfg.checkpoint.every_steps and done % cfg.checkpoint.every_steps == 0) or last
