@@ -112,6 +112,18 @@ def test_each_task_type_scores_as_computed_by_hand(pkg, tmp_path):
     assert "CORE" in pkg.tasks.table(result)
 
 
+def test_batching_by_length_gives_the_scores_of_one_row_per_forward(pkg, tmp_path):
+    tasks = pkg.tasks.load_bundle(write_bundle(tmp_path / "bundle", KNOWN, BASELINES))
+    info = SimpleNamespace(rank=0, world_size=1, device=torch.device("cpu"))
+    scored = [
+        pkg.tasks.evaluate_tasks(Bigram(), word_tokenizer(), 0, tasks, 16, info, nullcontext(), None, tokens)
+        for tokens in (1, 12, 4096)
+    ]
+    assert scored[0] == scored[1] == scored[2]
+    rows, _ = pkg.tasks.rows_of(word_tokenizer(), 0, tasks, [(0, 0), (2, 0)], 16)
+    assert [len(b) for b in pkg.tasks.length_batches(rows, 4096)] == [3]
+
+
 def test_few_shot_examples_are_fixed_per_item_and_never_the_item(pkg, tmp_path):
     items = [{"query": f"q{i}", "choices": ["a", "b"], "gold": i % 2} for i in range(12)]
     bundle = write_bundle(tmp_path / "bundle", {"mc": ("multiple_choice", 3, items)}, {"mc": 50})

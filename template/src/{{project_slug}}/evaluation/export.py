@@ -58,6 +58,17 @@ def transformers_tokenizer(tok, causal: bool):
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=bos)
 
 
+def _require_transformers() -> None:
+    """Refuse in one line, before reading a checkpoint, where transformers is missing or too old."""
+    try:
+        import transformers
+    except ImportError:
+        transformers = None
+    if transformers is None or int(transformers.__version__.split(".")[0]) < 5:
+        found = f"transformers {transformers.__version__}" if transformers else "no transformers"
+        raise ConfigError(f"export needs transformers 5 or newer ({found} here); pip install -e '.[export]'")
+
+
 def _commit() -> str:
     try:
         found = subprocess.run(
@@ -93,6 +104,7 @@ def export(cfg: Config, out_dir: str | Path, ckpt: str | None = None) -> Path:
     out = Path(out_dir).resolve()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"export folder {out} exists and is not empty; give a new or an empty folder")
+    _require_transformers()
     model, step, path, cfg = load_trained_model(cfg, ckpt, torch.device("cpu"))
     hf = family(cfg.model.arch).to_transformers(model.float().eval())
     data_dir = Path(cfg.data.dir)

@@ -17,8 +17,9 @@ itself, and joined by blank lines before it. Multiple choice and schema pick the
 lowest mean loss over its continuation tokens; language modelling counts an item right only if
 the greedy prediction reproduces every continuation token. A prompt longer than the model's
 context is cut from the left. Accuracy is centred by the task's random baseline b, (acc - b)/(1 - b);
-CORE is the mean of the centred accuracies. Items are dealt to the ranks and each is scored
-alone, so the scores do not depend on the number of processes.
+CORE is the mean of the centred accuracies. The options of all items are batched by length in
+batches fixed by the bundle alone, dealt to the ranks, so the scores do not depend on the number of
+processes.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ FIELDS = {
     "language_modeling": ("context", "continuation"),
 }
 SHUFFLE_SEED, FEWSHOT_SEED = 1337, 1234
+GPU_BATCH_TOKENS = 16384  # padded tokens per forward on a GPU (logits: this x vocabulary x 2-4 bytes)
 
 
 @dataclass
@@ -177,26 +179,56 @@ def encode_option(tok, bos: int, context: str, continuation: str, limit: int) ->
     return ids[cut:], max(start - cut, 1)
 
 
+@dataclass
+class Row:
+    """One option of one item: its tokens and where the continuation starts."""
+
+    job: int
+    ids: list[int]
+    start: int
+
+
+def rows_of(tok, bos: int, tasks: list[Task], jobs: list[tuple[int, int]], limit: int) -> tuple[list[Row], list[int]]:
+    """Every option of every job as a Row, and each job's gold option."""
+    rows, golds = [], []
+    for job, (t, i) in enumerate(jobs):
+        opts, gold = options(tasks[t], i)
+        golds.append(gold)
+        rows += [Row(job, *encode_option(tok, bos, c, k, limit)) for c, k in opts]
+    return rows, golds
+
+
+def length_batches(rows: list[Row], tokens_per_batch: int) -> list[list[int]]:
+    """Row indices in batches of similar length (longest first), each at most tokens_per_batch
+    padded tokens. Fixed by the rows alone: a row is computed in the same batch on any number of
+    ranks, so the scores do not depend on it."""
+    order = sorted(range(len(rows)), key=lambda r: (-len(rows[r].ids), r))
+    batches, current = [], []
+    for r in order:
+        width = len(rows[current[0]].ids) if current else len(rows[r].ids)
+        if current and (len(current) + 1) * width > tokens_per_batch:
+            batches.append(current)
+            current = []
+        current.append(r)
+    return batches + ([current] if current else [])
+
+
 @torch.no_grad()
-def score_item(model, tok, bos: int, task: Task, index: int, limit: int, device, autocast) -> bool:
-    """Whether the model gets item `index` right (one batch of its options, right-padded)."""
-    opts, gold = options(task, index)
-    encoded = [encode_option(tok, bos, c, k, limit) for c, k in opts]
-    width = max(len(ids) for ids, _ in encoded) - 1
-    x = torch.zeros(len(encoded), width, dtype=torch.long)
-    for row, (ids, _) in enumerate(encoded):
-        x[row, : len(ids) - 1] = torch.tensor(ids[:-1])
+def score_batch(model, rows: list[Row], batch: list[int], device, autocast) -> tuple[list[float], list[bool]]:
+    """Mean continuation loss and exact greedy match of each row of a right-padded batch."""
+    width = max(len(rows[r].ids) for r in batch) - 1
+    x = torch.zeros(len(batch), width, dtype=torch.long)
+    for n, r in enumerate(batch):
+        x[n, : len(rows[r].ids) - 1] = torch.tensor(rows[r].ids[:-1])
     with autocast:
-        logits = model(x.to(device)).float().cpu()
+        logits = model(x.to(device))
     losses, exact = [], []
-    for row, (ids, start) in enumerate(encoded):
-        targets = torch.tensor(ids[start:])
-        predicted = logits[row, start - 1 : len(ids) - 1]
-        losses.append(F.cross_entropy(predicted, targets).item())
-        exact.append(bool((predicted.argmax(-1) == targets).all()))
-    if task.kind == "language_modeling":
-        return exact[0]
-    return min(range(len(losses)), key=losses.__getitem__) == gold
+    for n, r in enumerate(batch):  # on the device: only two numbers per row come back
+        ids, start = rows[r].ids, rows[r].start
+        targets, predicted = torch.tensor(ids[start:], device=device), logits[n, start - 1 : len(ids) - 1].float()
+        losses.append(F.cross_entropy(predicted, targets))
+        exact.append((predicted.argmax(-1) == targets).all())
+    return torch.stack(losses).tolist(), torch.stack(exact).tolist()
 
 
 def chosen_items(task: Task, max_per_task: int | None) -> list[int]:
@@ -222,30 +254,48 @@ def centred(accuracy: float, baseline: float) -> float:
     return (accuracy - baseline) / (1 - baseline)
 
 
-def evaluate_tasks(model, tok, bos: int, tasks: list[Task], limit: int, info, autocast, max_per_task=None) -> dict:
-    """{"tasks": {label: accuracy, centred, items}, "core": mean centred}: items dealt round-robin
-    over the ranks, right answers summed over them."""
+def evaluate_tasks(
+    model, tok, bos: int, tasks: list[Task], limit: int, info, autocast, max_per_task=None, tokens_per_batch=None
+) -> dict:
+    """{"tasks": {label: accuracy, centred, items}, "core": mean centred}. The options of every item
+    are batched by length (length_batches), the batches dealt round-robin over the ranks, and each
+    row's loss and greedy match summed over them, so every rank decides every item alike."""
     jobs = [(t, i) for t, task in enumerate(tasks) for i in chosen_items(task, max_per_task)]
-    right = torch.zeros(len(tasks), dtype=torch.float64, device=info.device)
+    rows, golds = rows_of(tok, bos, tasks, jobs, limit)
+    # A GPU is bound by launches, a CPU by work (padding costs it more than batching saves).
+    if tokens_per_batch is None:
+        tokens_per_batch = GPU_BATCH_TOKENS if info.device.type == "cuda" else 1
+    batches = length_batches(rows, tokens_per_batch)
+    found = torch.zeros(2, len(rows), dtype=torch.float64, device=info.device)  # loss, exact
     was_training = model.training
     model.eval()
-    mine = jobs[info.rank :: info.world_size]
-    for t, i in mine:
-        right[t] += score_item(model, tok, bos, tasks[t], i, limit, info.device, autocast)
-    if len(mine) < -(-len(jobs) // info.world_size):
+    mine = batches[info.rank :: info.world_size]
+    for batch in mine:
+        losses, exact = score_batch(model, rows, batch, info.device, autocast)
+        found[0, batch] = torch.tensor(losses, dtype=torch.float64, device=info.device)
+        found[1, batch] = torch.tensor(exact, dtype=torch.float64, device=info.device)
+    if len(mine) < -(-len(batches) // info.world_size):
         # Every rank runs as many forwards: ZeRO-3 gathers the weights in each, all ranks together.
-        score_item(model, tok, bos, tasks[jobs[0][0]], jobs[0][1], limit, info.device, autocast)
-    all_reduce_sum(right)
+        score_batch(model, rows, batches[0][:1], info.device, autocast)
+    all_reduce_sum(found)
     model.train(was_training)
-    totals = [sum(1 for t, _ in jobs if t == k) for k in range(len(tasks))]
+    losses, exact = found[0].tolist(), found[1].tolist()
+    per_job: list[list[int]] = [[] for _ in jobs]
+    for r, row in enumerate(rows):
+        per_job[row.job].append(r)
+    right, totals = [0] * len(tasks), [0] * len(tasks)
+    for job, (t, _) in enumerate(jobs):
+        mine_rows = per_job[job]
+        if tasks[t].kind == "language_modeling":
+            correct = exact[mine_rows[0]] == 1.0
+        else:
+            correct = min(range(len(mine_rows)), key=lambda k: losses[mine_rows[k]]) == golds[job]
+        right[t] += correct
+        totals[t] += 1
     scores = {}
     for k, task in enumerate(tasks):
-        accuracy = right[k].item() / totals[k]
-        scores[task.label] = {
-            "accuracy": accuracy,
-            "centred": centred(accuracy, task.baseline),
-            "items": totals[k],
-        }
+        accuracy = right[k] / totals[k]
+        scores[task.label] = {"accuracy": accuracy, "centred": centred(accuracy, task.baseline), "items": totals[k]}
     return {"tasks": scores, "core": sum(s["centred"] for s in scores.values()) / len(scores)}
 
 
