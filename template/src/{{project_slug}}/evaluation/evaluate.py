@@ -1,4 +1,4 @@
-"""Validation loss and bits per byte (gpt, gpt3) or perplexity (bert) on the held-out shard.
+"""Validation loss and bits per byte (gpt, gpt3), or perplexity and masked-token accuracy (bert).
 
     <package> eval                       # latest checkpoint (DDP file or DeepSpeed folder), one process
     <package> eval --checkpoint runs/checkpoints/step_00001000     # a DeepSpeed checkpoint folder
@@ -36,28 +36,38 @@ def evaluate(
 ) -> dict:
     """Mean loss (nats/token) and bits per byte over the first num_batches micro batches of the
     split, dealt round-robin to the ranks: the result does not depend on the number of processes.
-    Masked-LM data (mlm_data.MaskedTokenData): mean loss over the predicted positions and perplexity."""
+    Masked-LM data (data/masked.py): mean loss over the predicted positions, perplexity and the
+    masked-token accuracy (top prediction right)."""
     was_training = model.training
     model.eval()
     masked_lm = getattr(data, "masked_lm", False)
     num_batches = max(1, min(num_batches, data.num_sequences // micro_batch))
-    sums = torch.zeros(4, dtype=torch.float64, device=info.device)  # loss, tokens, loss on bytes, bytes
+    # loss, tokens, then loss on bytes and bytes (causal) or right top predictions (masked)
+    sums = torch.zeros(4, dtype=torch.float64, device=info.device)
     for b in range(info.rank, num_batches, info.world_size):
         x, y = data.batch(b * micro_batch, micro_batch)
         x, y = x.to(info.device), y.to(info.device)
+        if masked_lm:  # one value per predicted position; no bytes
+            with autocast:
+                losses, hits = model(x, y, loss_reduction="hits").double()
+            sums[:3] += torch.stack([losses.sum(), torch.tensor(losses.numel(), device=info.device), hits.sum()])
+            continue
         with autocast:
             per_token = model(x, y, loss_reduction="none").double()
         count = torch.tensor(per_token.numel(), device=info.device, dtype=torch.float64)
-        if masked_lm:  # one value per predicted position; no bytes
-            sums[:2] += torch.stack([per_token.sum(), count])
-            continue
         nbytes = token_bytes[y.reshape(-1)]
         sums += torch.stack([per_token.sum(), count, (per_token * (nbytes > 0)).sum(), nbytes.sum().double()])
     all_reduce_sum(sums)
     model.train(was_training)
     loss = (sums[0] / sums[1]).item()
     if masked_lm:
-        return {"val_loss": loss, "val_ppl": math.exp(loss), "val_tokens": int(sums[1].item())}
+        accuracy = (sums[2] / sums[1]).item()  # top prediction right, of the predicted positions
+        return {
+            "val_loss": loss,
+            "val_ppl": math.exp(loss),
+            "val_accuracy": accuracy,
+            "val_tokens": int(sums[1].item()),
+        }
     bpb = (sums[2] / (math.log(2) * sums[3])).item() if sums[3] > 0 else float("nan")
     return {"val_loss": loss, "val_bpb": bpb, "val_tokens": int(sums[1].item())}
 

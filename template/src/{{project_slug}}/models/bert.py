@@ -85,13 +85,18 @@ class BertMLM(nn.Module):
     ) -> torch.Tensor:
         """Logits (B, T, vocab) without labels. With labels (-100 = not predicted): the
         cross-entropy over the predicted positions, their mean, or with loss_reduction='none'
-        one value per predicted position (flat, in row-major order)."""
+        one value per predicted position (flat, in row-major order); 'hits': those losses and, as a
+        second row, 1 where the top prediction is the label (eval's masked-token accuracy)."""
         if labels is None:
             return self.mlm(input_ids=input_ids).logits
         hidden = self.mlm.bert(input_ids=input_ids).last_hidden_state
         picked = labels != -100
-        if loss_reduction == "none":  # eval's per-position losses: a shape that follows the labels
-            return F.cross_entropy(self.mlm.cls(hidden[picked]).float(), labels[picked], reduction="none")
+        if loss_reduction in ("none", "hits"):  # eval's per-position values: a shape that follows the labels
+            logits = self.mlm.cls(hidden[picked]).float()
+            losses = F.cross_entropy(logits, labels[picked], reduction="none")
+            if loss_reduction == "none":
+                return losses
+            return torch.stack([losses, (logits.argmax(-1) == labels[picked]).float()])
         # The vocabulary projection only where a token is predicted: the (at most) K predicted
         # positions of each row, in order, then unpredicted ones (label -100) up to K. A fixed shape:
         # boolean indexing would break a compiled graph and wait for the GPU twice per micro batch.
