@@ -26,15 +26,21 @@ def test_console_script_and_module_entry(default_project):
     assert script.stdout == module.stdout.replace("__main__.py", slug)
 
 
-# The default project's suite is the longest work here (~15 minutes of one core): two halves of about
+# The default project's suite is the longest work here (~25 minutes of one core): two halves of about
 # equal time, on two workers at once. Each half runs in a render of its own (the default answers, another
 # name): two jobs of ONE project on one machine would be one job to `debug-dump`, which dumps every rank
 # of its project here. Each half prepares its corpus and trains its reference runs for itself (~40 s).
-FIRST_HALF = ["tests/test_faults.py", "tests/test_dropout.py", "tests/test_precision.py"]
+FIRST_HALF = [
+    "tests/test_faults.py",
+    "tests/test_dropout.py",
+    "tests/test_precision.py",
+    "tests/test_tasks.py",
+    "tests/test_export.py",
+]
 
 
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("half", ["faults-dropout-precision", "the-rest"])
+@pytest.mark.parametrize("half", ["faults-dropout-precision-tasks-export", "the-rest"])
 def test_generated_project_own_tests_pass(default_project, tmp_path, half):
     if half == "the-rest":
         run_project_suite(default_project, *[f"--ignore={path}" for path in FIRST_HALF], name=f"default-project-{half}")
