@@ -102,6 +102,11 @@ def _train_wordpiece(read_sample: Callable[[str], Iterator[str]], vocab_size: in
     return tok
 
 
+def data_tokenizer(data_dir: Path):
+    """The tokenizer the prepared data in data_dir was encoded with (meta.json names it)."""
+    return load_tokenizer(Path(data_dir) / read_meta(Path(data_dir))["tokenizer"])
+
+
 def load_tokenizer(path: Path):
     """A tokenizers.Tokenizer from a tokenizer.json, a vocab.txt (BERT WordPiece, read through
     transformers so tokenizer_config.json's do_lower_case is honoured) or a folder holding either."""

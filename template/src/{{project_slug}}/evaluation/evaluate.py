@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from ..data.masked import open_split
-from ..data.tokens import TokenData, bos_id, load_tokenizer, read_meta, token_byte_lengths
+from ..data.tokens import TokenData, bos_id, data_tokenizer, token_byte_lengths
 from ..models.family import family
 from ..runtime.distributed import DistInfo, all_reduce_sum, autocast_context, init_distributed, print0, shutdown
 from ..settings.bounds import count
@@ -89,7 +89,7 @@ def run_eval(cfg: Config, ckpt: str | None = None, num_batches: int | None = Non
         model, step, path, cfg = load_trained_model(cfg, ckpt, info.device)
         data_dir = Path(cfg.data.dir)
         val = open_split(cfg, data_dir, "val")
-        token_bytes = torch.from_numpy(token_byte_lengths(load_tokenizer(data_dir / read_meta(data_dir)["tokenizer"])))
+        token_bytes = torch.from_numpy(token_byte_lengths(data_tokenizer(data_dir)))
         result = evaluate(
             model,
             val,
@@ -128,7 +128,7 @@ def run_tasks(cfg: Config, names: str, ckpt: str | None, bundle: str | None, max
     info = init_distributed(cfg.run.device)
     try:
         model, step, path, cfg = load_trained_model(cfg, ckpt, info.device)
-        tok = load_tokenizer(data_dir / read_meta(data_dir)["tokenizer"])
+        tok = data_tokenizer(data_dir)
         autocast = autocast_context(info.device, cfg.run.dtype)
         result = tasks.evaluate_tasks(
             model, tok, bos_id(tok), task_list, cfg.model.sequence_len, info, autocast, max_per_task

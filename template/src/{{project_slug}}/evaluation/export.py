@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from ..data.tokens import bos_id, data_fingerprint, load_tokenizer, read_meta
+from ..data.tokens import bos_id, data_fingerprint, data_tokenizer
 from ..models.family import family
 from ..settings.config import Config, ConfigError, project_root
 from .trained_model import load_trained_model
@@ -109,7 +109,7 @@ def export(cfg: Config, out_dir: str | Path, ckpt: str | None = None) -> Path:
     hf = family(cfg.model.arch).to_transformers(model.float().eval())
     data_dir = Path(cfg.data.dir)
     causal = family(cfg.model.arch).causal
-    tok = transformers_tokenizer(load_tokenizer(data_dir / read_meta(data_dir)["tokenizer"]), causal)
+    tok = transformers_tokenizer(data_tokenizer(data_dir), causal)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
     try:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..data.tokens import bos_id, load_tokenizer, read_meta
+from ..data.tokens import bos_id, data_tokenizer
 from ..models.family import families, family
 from ..runtime.distributed import autocast_context, pick_device
 from ..settings.bounds import count, non_negative_float, non_negative_int
@@ -38,7 +38,7 @@ def run_sample(
     model, step, path, cfg = load_trained_model(cfg, ckpt, device)
     model.eval()
     data_dir = Path(cfg.data.dir)
-    tok = load_tokenizer(data_dir / read_meta(data_dir)["tokenizer"])
+    tok = data_tokenizer(data_dir)
     print(f"sampling from {path} (step {step})", flush=True)
     if not family(cfg.model.arch).causal:
         return [
