@@ -137,6 +137,12 @@ def recipe(model: str, size: str) -> dict:
         return family.Family(name=str(model), summary="", builder="").recipe(str(size))
 
 
+def micro_batch_at(global_batch: int, data_parallel_size: int, largest: int) -> int:
+    """The micro batch train.yaml renders for this global batch and data-parallel size (rules.py's rule,
+    which plan's scaling table applies too), at most `largest`: the family's."""
+    return package()["rules"].micro_batch_at(int(global_batch), int(data_parallel_size), int(largest))
+
+
 def layout_choices(model: str) -> dict[str, str]:
     return {layout_label(name, row): name for name, row in layouts(model).items()}
 
@@ -234,6 +240,7 @@ def render_train_yaml(answers: dict) -> str:
     """config/train.yaml as the template renders it for these (complete) answers."""
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     env.globals["family_recipe"] = recipe
+    env.globals["micro_batch_at"] = micro_batch_at
     return env.from_string((TEMPLATE / "config" / "train.yaml.jinja").read_text()).render(answers)
 
 

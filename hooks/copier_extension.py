@@ -44,6 +44,9 @@ Globals it adds:
                                              the pod tolerations it stands for
     family_recipe(model, model_size)         the family's starting recipe (global and micro batch, lr,
                                              sequence length), what train.yaml and the batch defaults read
+    micro_batch_at(global, dp, micro)        the micro batch train.yaml renders: the largest up to the
+                                             family's that splits the global batch over dp ranks (the
+                                             rule plan's scaling table applies for more nodes)
     family_sizes(model)                      the sizes model_size takes, from the family's descriptor
     family_layouts('gpt3'), family_layout_choices('gpt3')
                                              the family's named layouts (presets of its descriptor and
@@ -365,6 +368,11 @@ def family_recipe(model: str, size: str) -> dict:
     return _answers_module().recipe(str(model), str(size))
 
 
+def micro_batch_at(global_batch: int, data_parallel_size: int, largest: int) -> int:
+    """The micro batch for a global batch on data_parallel_size ranks, at most `largest` (rules.py)."""
+    return _answers_module().micro_batch_at(global_batch, data_parallel_size, largest)
+
+
 def family_sizes(model: str) -> str:
     """The family's sizes as its descriptor lists them (model_size's help)."""
     return _answers_module().size_names(str(model))
@@ -414,4 +422,5 @@ class RulesExtension(Extension):
         environment.globals["family_layouts"] = family_layouts
         environment.globals["family_sizes"] = family_sizes
         environment.globals["family_recipe"] = family_recipe
+        environment.globals["micro_batch_at"] = micro_batch_at
         environment.globals["family_layout_choices"] = family_layout_choices

@@ -36,11 +36,12 @@ FIRST_HALF = [
     "tests/test_precision.py",
     "tests/test_tasks.py",
     "tests/test_export.py",
+    "tests/test_epochs.py",
 ]
 
 
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("half", ["faults-dropout-precision-tasks-export", "the-rest"])
+@pytest.mark.parametrize("half", ["faults-dropout-precision-tasks-export-epochs", "the-rest"])
 def test_generated_project_own_tests_pass(default_project, tmp_path, half):
     if half == "the-rest":
         run_project_suite(default_project, *[f"--ignore={path}" for path in FIRST_HALF], name=f"default-project-{half}")

@@ -501,6 +501,62 @@ def test_dry_run_prints_exactly_the_manifest(solo, kind):
         assert command == [solo.slug, "node", "optim.lr=0.001", "schedule.max_steps=5"]
 
 
+READY_IMAGE = "nvcr.io/nvidia/pytorch:25.01-py3"
+
+
+@pytest.fixture(scope="module")
+def ready(tmp_path_factory) -> Project:
+    """code_from=storage: a ready-made image, the code copied to the shared storage at each launch."""
+    root = tmp_path_factory.mktemp("ready")
+    return render_kubeflow(
+        root / "p",
+        project_name="KF Ready",
+        nodes=2,
+        gpus_per_node=2,
+        code_from="storage",
+        ready_image=READY_IMAGE,
+        shared_mount=str(root / "shared"),
+    )
+
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+def test_ready_image_runs_the_code_copied_to_the_shared_storage(ready, kind):
+    proc = ready.cli("launch", "kubeflow", "--manifest", kind, "--dry-run", "schedule.max_steps=5")
+    assert proc.returncode == 0, proc.stderr
+    copy = re.fullmatch(r"note: submitting copies the project to (\S+)\n", proc.stderr).group(1)
+    assert re.fullmatch(rf"{ready.answers['shared_mount']}/d/code/\d{{8}}T\d{{6}}Z-[0-9a-f]{{12}}", copy), copy
+    shown, original = yaml.safe_load(proc.stdout), ready.manifest(kind)
+    assert validation_errors(shown) == []
+    containers = training_containers_of(shown)
+    assert len(containers) == (2 if kind == "pytorchjob" else 1)
+    for container in containers:
+        assert container["image"] == READY_IMAGE
+        assert container["command"] == [
+            "python",
+            f"{copy}/src/{ready.slug}/cluster/ready_image.py",
+            "node",
+            "schedule.max_steps=5",
+        ]
+    # The rendered manifest keeps the project's own image and command; only the submission changes.
+    assert [c["command"] for c in training_containers_of(original)] == [[ready.slug, "node"]] * len(containers)
+    assert not (ready.path.parent / "shared" / "d" / "code").exists()  # a dry run copies nothing
+    # Another image for one job; or the project's own image, as before.
+    other = ready.cli("launch", "kubeflow", "--manifest", kind, "--dry-run", "--image", "registry.example.com/pt:2.6")
+    assert {c["image"] for c in training_containers_of(yaml.safe_load(other.stdout))} == {"registry.example.com/pt:2.6"}
+    own = ready.cli("launch", "kubeflow", "--manifest", kind, "--dry-run", "--no-code-from-storage")
+    assert yaml.safe_load(own.stdout) == original and own.stderr == ""
+    refused = ready.cli("launch", "kubeflow", "--dry-run", "--no-code-from-storage", "--image", "x/y:1")
+    assert refused.returncode == 1 and refused.stderr.startswith("error: --image runs a ready-made image"), (
+        refused.stderr
+    )
+
+
+def training_containers_of(manifest: dict) -> list[dict]:
+    if manifest["kind"] == "TrainJob":
+        return [manifest["spec"]["trainer"]]
+    return [r["template"]["spec"]["containers"][0] for r in replica_specs(manifest).values()]
+
+
 @pytest.fixture(scope="module")
 def placed(tmp_path_factory) -> Project:
     project = render_kubeflow(tmp_path_factory.mktemp("placed") / "p", **ANSWER_SETS["placement"])

@@ -14,6 +14,7 @@ import json
 import sys
 
 import pytest
+import yaml
 from conftest import BIN, TEMPLATE, copier_copy, render, run
 
 PRESETS = [
@@ -102,3 +103,26 @@ def test_presets_render_and_fit(tmp_path, name, data):
         f"{r['micro_batch_size']}: {m['total'] / gib:.1f} of {m['usable'] / gib:.0f} GiB; {r['tokens']:.3g} tokens "
         f"at MFU {r['mfu']}: " + ", ".join(f"{t['nodes']} node(s) {t['hours']:.1f} h" for t in r["time"])
     )
+
+
+def test_scaling_rows_take_the_micro_batch_copier_renders_for_more_nodes(tmp_path):
+    """gpt's recipe (micro batch 16, global batch 256) on 2 nodes of 8: plan's strong-scaling rows for
+    4 and 8 nodes, where 16 x 32 and 16 x 64 outgrow 256, are real rows whose micro batch and
+    accumulation are what a project rendered with nodes=4 and nodes=8 holds in config/train.yaml."""
+    shape = {"nodes": 2, "gpus_per_node": 8, "global_batch_size": 256}
+    project = render(tmp_path / "p2", **answers(tmp_path, **shape))
+    proc = run(
+        [str(BIN / "python"), "-m", "fitrun", "plan", "--json"], cwd=project, env={"PYTHONPATH": str(project / "src")}
+    )
+    rows = json.loads(proc.stdout)["scaling"]["rows"]
+    assert [row["nodes"] for row in rows] == [2, 4, 8]
+    for row in rows:
+        rendered = render(tmp_path / f"p{row['nodes']}", **answers(tmp_path, **{**shape, "nodes": row["nodes"]}))
+        text = (rendered / "config" / "train.yaml").read_text()
+        batch = yaml.safe_load(text)["batch"]
+        strong = row["strong"]
+        assert strong["problem"] is None
+        assert (batch["global_batch_size"], batch["micro_batch_size"]) == (256, strong["micro_batch_size"])
+        accum_note = f"{strong['grad_accum_steps']} on {row['nodes']} x 8 GPUs"
+        assert f"grad_accum_steps: null # null = global / (micro x data-parallel size): {accum_note}" in text
+    assert [row["strong"]["micro_batch_size"] for row in rows] == [16, 8, 4]

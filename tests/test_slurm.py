@@ -160,7 +160,8 @@ def test_sbatch_lines_follow_the_answers(tmp_path, name):
         assert f'MODULES=${{MODULES-"{answers["slurm_modules"]}"}}' in script
     else:
         assert modules == [] and "MODULES" not in script
-    assert "srun --kill-on-bad-exit=1" in script and "-m slurmshape node" in script
+    assert "srun --kill-on-bad-exit=1" in script and '"$PYTHON" "${node_start[@]}" node' in script
+    assert "node_start=(-m slurmshape)" in script  # `python -m <slug> node`, unless CODE_COPY names a copy
     outside = run(["bash", str(path)], env={"SLURM_JOB_ID": ""})  # run by mistake without sbatch
     assert outside.returncode == 2 and "not inside a Slurm job" in outside.stderr, outside.stderr
     # Preemption: back into the queue, and a save warning before the time limit (to the steps only).
@@ -1098,3 +1099,117 @@ def test_cancel_of_an_unknown_job_id_fails(slurm_cluster, slurm_project):
         cancel.stderr.startswith(f"error: Slurm does not know job {UNKNOWN_JOB}")
         and len(cancel.stderr.splitlines()) == 1
     )
+
+
+# --- The partition's limits, read with sinfo before submitting ------------------------------------
+
+
+def node_cpus(env: dict) -> int:
+    [cpus] = set(run(["sinfo", "-h", "-N", "-o", "%c"], env=env).stdout.split())
+    return int(cpus)
+
+
+def test_request_no_node_holds_is_refused_before_sbatch(slurm_cluster, tmp_path):
+    """As on the seed's V100 node (20 cores, 4 GPUs, 8 asked per GPU): each node here has 2 stand-in
+    GPUs and this host's cores, and the project asks twice those cores for its 2 GPUs."""
+    cpus = node_cpus(slurm_cluster)
+    answers = dict(platforms="[devmachine,slurm]", nodes=1, gpus_per_node=2, slurm_time="00:05:00")
+    paths = dict(data_dir=str(tmp_path / "data"), output_dir=str(tmp_path / "runs"))
+    project = render(tmp_path / "big", project_name="Too Big", slurm_cpus_per_gpu=cpus, **answers, **paths)
+    result = cli(project, "launch", "slurm", env=slurm_cluster)
+    expected = (
+        f"error: slurm default partition debug: the job asks {2 * cpus} CPUs per node for 2 GPU(s), but its "
+        f"largest such node (node1) has {cpus}; change slurm_cpus_per_gpu={cpus // 2} "
+        f"(`copier update --data slurm_cpus_per_gpu={cpus // 2}`; for one job --sbatch-arg=--cpus-per-task={cpus})"
+    )
+    assert result.returncode == 1 and result.stderr.strip() == expected, result.stdout + result.stderr
+    assert result.stdout == "" and not (project / ".jobs").exists()  # nothing submitted
+    # Slurm agrees: the same script given to sbatch directly is refused, in its own words.
+    direct = run(["sbatch", "launch/slurm/train.sbatch"], cwd=project, env=slurm_cluster)
+    assert direct.returncode != 0 and "node configuration is not available" in direct.stderr, direct.stderr
+    # `check` says the same where sinfo answers, and nothing of it where it does not.
+    check = cli(project, "check", env=slurm_cluster)
+    assert check.returncode == 1 and f"  - {expected.removeprefix('error: ')}" in check.stderr.splitlines()
+    elsewhere = cli(project, "check", env={"SLURM_CONF": str(tmp_path / "no-cluster.conf")})
+    assert elsewhere.returncode == 0 and "slurm" not in elsewhere.stdout + elsewhere.stderr, elsewhere.stderr
+
+    # The answer it names is accepted by Slurm: the job runs (DRY_RUN: each node prints its topology).
+    fixed = render(tmp_path / "fixed", project_name="Too Big", slurm_cpus_per_gpu=cpus // 2, **answers, **paths)
+    assert cli(fixed, "check", env=slurm_cluster).returncode == 0
+    done = cli(fixed, "launch", "slurm", "--wait", env={**slurm_cluster, "DRY_RUN": "1"}, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert record_state(submitted_job(done.stdout)) == "COMPLETED"
+
+
+def record_state(job_id: str) -> str:
+    return job_record(job_id)["JobState"]
+
+
+# --- Code from the shared storage -----------------------------------------------------------------
+
+
+def test_job_runs_its_code_copy_without_the_checkout(slurm_cluster, demo_corpus, tmp_path):
+    """code_from=storage: `launch slurm` copies the project to <shared>/<slug>/code/... and the job runs
+    that copy with the nodes' Python (the "image"): the checkout is moved away before the job starts
+    (held, then released) and it trains all the same."""
+    shared = tmp_path / "shared"
+    checkout = render(
+        tmp_path / "checkout",
+        project_name="From Storage",
+        platforms="[devmachine,slurm]",
+        code_from="storage",
+        nodes=2,
+        gpus_per_node=1,
+        slurm_time="00:10:00",
+        shared_mount=str(shared),
+    )
+    copy_demo_corpus(demo_corpus, shared / "fromstorage" / "data")
+    submit = cli(checkout, "launch", "slurm", "--sbatch-arg=--hold", *CPU_CLUSTER, *TINY_RUN, env=slurm_cluster)
+    assert submit.returncode == 0, submit.stdout + submit.stderr
+    job_id = submitted_job(submit.stdout)
+    [record] = [json.loads(line) for line in (checkout / ".jobs" / "slurm.jsonl").read_text().splitlines()]
+    copy = Path(record["code_copy"])
+    assert copy.parent == shared / "fromstorage" / "code" and record["id"] == job_id
+    assert sorted(p.name for p in copy.iterdir()) == ["config", "launch", "pyproject.toml", "src"]
+
+    moved = checkout.rename(tmp_path / "moved")
+    released = run(["scontrol", "release", job_id], env=slurm_cluster)
+    assert released.returncode == 0, released.stderr
+    wait_until(lambda: job_state(job_id, slurm_cluster) == "", 240, f"job {job_id} to end")
+    runs = shared / "fromstorage" / "runs"
+    log = (runs / "slurm" / f"fromstorage-{job_id}.out").read_text()
+    errors = (runs / "slurm" / f"fromstorage-{job_id}.err").read_text()
+    assert record_state(job_id) == "COMPLETED", log + errors
+    assert f"project {copy}," in log and str(moved) not in log + errors
+    steps = [r["step"] for r in map(json.loads, (runs / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    assert steps == [5, 10], log + errors
+
+
+def test_python_without_torch_fails_in_one_line(slurm_cluster, slurm_project, tmp_path):
+    """The "image" lacks what the project needs: every node says so in one line and the job fails."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    out = tmp_path / "runs"
+    result = cli(
+        slurm_project,
+        "launch",
+        "slurm",
+        "--wait",
+        "--code-from-storage",
+        *CPU_CLUSTER,
+        f"run.output_dir={out}",
+        env={**slurm_cluster, "PYTHON": str(bare / "bin" / "python")},
+        timeout=180,
+    )
+    assert result.returncode != 0 and "FAILED" in result.stdout, result.stdout + result.stderr
+    job_id = submitted_job(result.stdout)
+    [copy] = (tmp_path / "code").iterdir()  # beside run.output_dir
+    lines = (out / "slurm" / f"slurmci-{job_id}.err").read_text().splitlines()
+    # The first node to fail has srun end the other (--kill-on-bad-exit): one such line, or two.
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert errors and set(errors) == {
+        f"error: the image's Python ({bare}/bin/python) lacks torch, numpy, pyyaml, tokenizers, pyarrow, tqdm, "
+        f"tensorboard, py-spy (the project's dependencies, pyproject.toml): use an image that has them, or the "
+        f"project's own image (code_from=image); code from {copy}"
+    }, lines
+    assert "Traceback" not in "\n".join(lines)

@@ -885,6 +885,32 @@ def test_submit_sends_the_dry_run_request_and_records_the_task(api_projects, end
     assert job["extra"]["project"] == (PROJECT_ID if mode == "ddp" else "")
 
 
+def test_code_from_storage_task_runs_the_copy_in_the_image_given(api_projects, endpoint, tmp_path):
+    """--code-from-storage: the project is copied beside run.output_dir, the start command checks the
+    image and runs the copy's start script, the image is the one given, and the record names the copy."""
+    project = fresh_project(api_projects, "ddp", tmp_path)
+    env = api_env(project, tmp_path / "home")
+    runs = tmp_path / "cfs" / "p" / "runs"
+    given = ["--code-from-storage", "--image", "nvcr.io/nvidia/pytorch:25.01-py3", f"run.output_dir={runs}"]
+    dry = tione(project, env, "--dry-run", "--name", "ready-1", *given)
+    assert dry.returncode == 0, dry.stderr
+    assert not (runs.parent / "code").exists()  # a dry run copies nothing
+    result = tione(project, env, "--endpoint", endpoint.url, "--name", "ready-1", *given)
+    assert result.returncode == 0, result.stdout + result.stderr
+    [request] = endpoint.bodies("CreateTrainingTask")
+    assert request == json.loads(dry.stdout) and sdk_unknown_fields("CreateTrainingTaskRequest", request) == []
+    [copy] = (runs.parent / "code").iterdir()
+    assert request["ImageInfo"] == {"ImageType": "CUSTOM", "ImageUrl": "nvcr.io/nvidia/pytorch:25.01-py3"}
+    slug = slug_of(project)
+    assert request["StartCmdInfo"] == {
+        "StartCmd": f"python {copy}/src/{slug}/cluster/ready_image.py --check run.output_dir={runs} && "
+        f"bash {copy}/launch/tione/start-ddp.sh run.output_dir={runs}"
+    }
+    assert (copy / "launch" / "tione" / "start-ddp.sh").is_file() and not (copy / ".jobs").exists()
+    [job] = recorded(project)
+    assert job["code_copy"] == str(copy) and job["image"] == "nvcr.io/nvidia/pytorch:25.01-py3"
+
+
 def test_ray_submit_prints_the_console_settings_and_sends_nothing(api_projects, endpoint, tmp_path):
     project = fresh_project(api_projects, "ray", tmp_path)
     env = api_env(project, tmp_path / "home", TENCENTCLOUD_TIONE_ENDPOINT=endpoint.url)

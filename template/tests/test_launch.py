@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import shlex
 import socket
+import subprocess
+import sys
 import time
 from argparse import Namespace
 
@@ -191,3 +193,97 @@ def test_verbs_without_a_recorded_run_say_how_to_start_one(cli, tmp_path):
     proc = cli("launch", "devmachine", "--action", "status", "--id", "elsewhere:1", expect=1)
     assert proc.stderr.startswith("error: no devmachine job --id elsewhere:1") and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+# --- Slurm: what the partition's nodes hold (sinfo) ---------------------------------------------
+
+# `sinfo -h -N -o "%P|%N|%c|%m|%G"` as clusters print it: typed GPUs with a socket list, untyped
+# ones, none, several generic resources, and a line that is no node (a warning).
+SINFO = """\
+gpu*|v100-01|20|191000|gpu:v100:4(S:0-1)
+gpu*|v100-02|20|191000|gpu:4
+cpu|c01|64|256000|(null)
+big|a01|128|1000000|gpu:a100:8(S:0-1),nvme:1
+sinfo: warning: some partitions are hidden
+"""
+# sbatch reads #SBATCH lines up to the first command: the --mem below it is not part of the request.
+SEED_SCRIPT = "#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-node=4\n"
+SEED_SCRIPT += "#SBATCH --cpus-per-task=32   # 8 per GPU\nset -e\n#SBATCH --mem=1T\n"
+
+
+def test_sinfo_lines_of_every_shape(pkg):
+    nodes = pkg.slurm_partition.parse_sinfo(SINFO)
+    assert [(n.partition, n.default_partition, n.name, n.cpus, n.memory_mb) for n in nodes] == [
+        ("gpu", True, "v100-01", 20, 191000),
+        ("gpu", True, "v100-02", 20, 191000),
+        ("cpu", False, "c01", 64, 256000),
+        ("big", False, "a01", 128, 1000000),
+    ]
+    assert [n.gpus for n in nodes] == [{"v100": 4}, {"": 4}, {}, {"a100": 8}]
+    assert nodes[0].gpu_count("v100") == 4 and nodes[1].gpu_count("v100") == 0 and nodes[1].gpu_count(None) == 4
+
+
+@pytest.mark.parametrize(
+    "given, words",
+    [
+        # The seed's V100 node: 20 cores for 4 GPUs, asked 8 per GPU by the script (the answer's line).
+        (
+            [],
+            ["default partition gpu", "asks 32 CPUs per node for 4 GPU(s)", "(v100-01) has 20", "slurm_cpus_per_gpu=5"],
+        ),
+        (["--cpus-per-task=40"], ["asks 40 CPUs", "change --sbatch-arg=--cpus-per-task=20"]),
+        (
+            ["--cpus-per-task=20", "--gpus-per-node=a100:4"],
+            ["4 GPU(s) of type a100 (its types: v100)", "--sbatch-arg=--gpus-per-node=v100:4"],
+        ),
+        (["--cpus-per-task=20", "--gpus-per-node=6"], ["no node has 6 GPU(s) (the most: 4)", "--gpus-per-node=4"]),
+        (["--cpus-per-task=20", "--nodes=3"], ["2 node(s) hold 20 CPUs and 4 GPU(s) each", "asks 3", "--nodes=2"]),
+        (["--cpus-per-task=20", "--mem=200G"], ["204800 MB", "has 191000 MB", "--mem=191000M"]),
+        (["--partition=big", "--cpus-per-task=128"], []),
+    ],
+)
+def test_partition_verdicts_name_the_change(pkg, given, words):
+    partition = pkg.slurm_partition
+    problem = partition.partition_problem(partition.requested(SEED_SCRIPT, given), partition.parse_sinfo(SINFO))
+    if not words:
+        assert problem is None
+        return
+    assert problem.startswith("slurm ") and "\n" not in problem
+    for word in words:
+        assert word in problem, (word, problem)
+
+
+def test_requests_that_fit_or_cannot_be_judged(pkg):
+    partition = pkg.slurm_partition
+    nodes = partition.parse_sinfo(SINFO)
+    fits = partition.requested(SEED_SCRIPT, ["--cpus-per-task=20", "--nodes=2"])
+    assert partition.partition_problem(fits, nodes) is None
+    cpu_job = partition.requested(SEED_SCRIPT, ["--partition=cpu", "--gpus-per-node=0", "--cpus-per-task=64"])
+    assert partition.partition_problem(cpu_job, nodes) is None
+    # No sinfo answer, or a partition it does not list: sbatch speaks for itself.
+    assert partition.partition_problem(partition.requested(SEED_SCRIPT, []), []) is None
+    assert partition.partition_problem(partition.requested(SEED_SCRIPT, ["--partition=gone"]), nodes) is None
+
+
+# --- Code from the shared storage, in a ready-made image -----------------------------------------
+
+
+def test_code_copy_runs_in_any_python_that_has_the_dependencies(pkg, cfg_with, cli, tmp_path):
+    cfg = cfg_with(f"run.output_dir={tmp_path}/shared/proj/runs")
+    copy = pkg.code_copy.copy_project(cfg)
+    assert copy.parent == tmp_path / "shared" / "proj" / "code"
+    assert sorted(p.name for p in copy.iterdir()) == ["config", "launch", "pyproject.toml", "src"]
+    assert (copy / "src" / pkg.name / "cluster" / "ready_image.py").is_file()
+    assert not list(copy.rglob("__pycache__")) and not list(copy.rglob("*.egg-info"))
+    assert pkg.code_copy.copy_project(cfg) == copy  # the same files: the same copy
+    entry = pkg.code_copy.entry(copy, pkg.name)
+
+    # The tests' Python has every dependency: the check passes and names the copy it checked.
+    ok = cli.run([sys.executable, entry, "--check"])
+    assert ok.stdout.strip() == f"image OK for {copy}"
+    # A Python without torch (a bare virtual environment): one line naming what it lacks.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
+    bare = cli.run([str(tmp_path / "bare" / "bin" / "python"), entry, "node", "--dry-run"], expect=1)
+    lines = bare.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: the image's Python") and "lacks torch, " in lines[0]
+    assert "Traceback" not in bare.stderr and bare.stdout == ""

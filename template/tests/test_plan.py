@@ -650,17 +650,21 @@ SCALING = ["model.size=d20", "cluster.nodes=1", "cluster.gpus_per_node=8", "batc
 
 def test_plan_shows_strong_and_weak_scaling_on_more_nodes(cli, empty_config):
     """Strong: 256 sequences kept, accumulation 2 -> 1 and half the step time on 2 nodes; on 4 nodes
-    micro 16 x 32 ranks exceeds 256 and the row says what would fix it. Weak: the global batch and
-    the tokens double with the nodes, the step time stays."""
+    micro 16 x 32 ranks exceeds 256, so the row takes micro batch 8 (what `copier update --data
+    nodes=4` renders) and says so. Weak: the global batch and the tokens double with the nodes, the
+    step time stays."""
     r = json.loads(cli("plan", "--config", empty_config, "--json", *SCALING, "schedule.max_steps=1000").stdout)
     rows = r["scaling"]["rows"]
     assert r["scaling"]["choice"] == "strong" and [row["nodes"] for row in rows] == [1, 2, 4]
     strong, weak = [row["strong"] for row in rows], [row["weak"] for row in rows]
-    assert [s["grad_accum_steps"] for s in strong] == [2, 1, None]
+    assert [s["grad_accum_steps"] for s in strong] == [2, 1, 1]
+    assert [s["micro_batch_size"] for s in strong] == [16, 16, 8]
+    assert [s["micro_batch_lowered"] for s in strong] == [False, False, True]
+    assert [s["problem"] for s in strong] == [None, None, None]
     assert {s["global_batch"] for s in strong} == {256} and {s["tokens"] for s in strong} == {1000 * 256 * 2048}
     assert strong[1]["step_seconds"] == pytest.approx(strong[0]["step_seconds"] / 2)
+    assert strong[2]["step_seconds"] == pytest.approx(strong[0]["step_seconds"] / 4)
     assert strong[1]["hours"] == pytest.approx(1000 * strong[1]["step_seconds"] / 3600)
-    assert "or batch.micro_batch_size=8" in strong[2]["problem"]
     assert [w["global_batch"] for w in weak] == [256, 512, 1024]
     assert [w["tokens"] for w in weak] == [1000 * g * 2048 for g in (256, 512, 1024)]
     assert weak[2]["step_seconds"] == pytest.approx(weak[0]["step_seconds"])
@@ -670,9 +674,31 @@ def test_plan_shows_strong_and_weak_scaling_on_more_nodes(cli, empty_config):
     assert "strong: global batch 256 and 1.05e+10 tokens kept" in text
     assert "weak (the config's): 32 sequences per GPU kept, global batch and tokens grow" in text
     table = text[text.index("  nodes  GPUs |") :].splitlines()
-    assert table[1].split()[:5] == ["1", "8", "|", "2", strong_text(strong[0])]
-    assert table[3].split()[:8] == ["4", "32", "|", "-", "-", "-", "|", "1024"]
-    assert table[4].startswith("  4 nodes, strong: batch.global_batch_size=256 is not a multiple of")
+    assert table[0].split()[:5] == ["nodes", "GPUs", "|", "micro", "accum"]
+    assert table[1].split()[:6] == ["1", "8", "|", "16", "2", strong_text(strong[0])]
+    hours = f"{20000 * strong[2]['step_seconds'] / 3600:.2f}"  # the text's run has the default 20000 steps
+    assert table[3].split()[:9] == ["4", "32", "|", "8", "1", strong_text(strong[2]), hours, "|", "1024"]
+    assert table[4] == (
+        "  4 nodes, strong: micro batch 8 (as `copier update --data nodes=4` would set: 8 x 32 data-parallel GPUs "
+        "x 1 = 256)"
+    )
+    assert len([line for line in table if "nodes, strong:" in line]) == 1
+
+
+def test_scaling_row_is_refused_only_where_no_micro_batch_splits_the_global_batch(cli, empty_config):
+    """Global batch 48, micro 2: 6 per GPU on 8 GPUs (micro 2 x 3), 3 on 16 (micro 1, lowered), and
+    48 sequences do not split over 32 GPUs at all: that row alone is '-' with the rule's fix."""
+    overrides = [*SCALING[:3], "batch.global_batch_size=48", "batch.micro_batch_size=2"]
+    r = json.loads(cli("plan", "--config", empty_config, "--json", *overrides).stdout)
+    strong = [row["strong"] for row in r["scaling"]["rows"]]
+    assert [(s["micro_batch_size"], s["grad_accum_steps"]) for s in strong[:2]] == [(2, 3), (1, 3)]
+    assert strong[2]["grad_accum_steps"] is None
+    assert strong[2]["problem"].startswith("batch.global_batch_size=48 is not a multiple of batch.micro_batch_size (2)")
+    text = cli("plan", "--config", empty_config, *overrides).stdout
+    table = text[text.index("  nodes  GPUs |") :].splitlines()
+    assert table[3].split()[:7] == ["4", "32", "|", "-", "-", "-", "-"]
+    assert table[4].startswith("  2 nodes, strong: micro batch 1 (as `copier update --data nodes=2` would set")
+    assert table[5].startswith("  4 nodes, strong: batch.global_batch_size=48 is not a multiple of")
 
 
 def strong_text(row: dict) -> str:

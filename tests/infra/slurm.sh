@@ -10,9 +10,8 @@
 #   bash tests/infra/slurm.sh stop       # stop the daemons this script started
 #   export SLURM_CONF=/tmp/dtt-slurm/slurm.conf   # then sbatch, srun, sinfo, scontrol talk to it
 #
-# Everything lives under $SLURM_TEST_DIR (config, state, spool, logs). /etc/slurm/slurm.conf is
-# linked to our config only when no other Slurm setup owns that path; otherwise it is left alone
-# and the clients need SLURM_CONF. Needs root (slurmd runs jobs as their users) and the Debian
+# Everything lives under $SLURM_TEST_DIR (config, state, spool, logs); the clients find the cluster
+# through SLURM_CONF alone (/etc/slurm is left to the host's own setup). Needs root (slurmd runs jobs as their users) and the Debian
 # packages slurm-wlm and munge (installed here with apt when missing).
 set -euo pipefail
 
@@ -125,15 +124,11 @@ render_gres_config() {
   echo "NodeName=$(IFS=,; echo "${NODES[*]}") Name=gpu Type=standin File=$DIR/dev/gpu[0-$((GPUS - 1))]"
 }
 
-link_etc_config() {
-  # Plain `sbatch` without SLURM_CONF finds the cluster, unless another setup owns /etc/slurm.
-  if [ -L "$ETC_CONF" ] && [ "$(readlink "$ETC_CONF")" = "$CONF" ]; then return; fi
-  if [ -e "$ETC_CONF" ] || [ -L "$ETC_CONF" ]; then
-    log "$ETC_CONF belongs to another Slurm setup and is left alone; use: export SLURM_CONF=$CONF"
-    return
-  fi
-  mkdir -p /etc/slurm
-  ln -s "$CONF" "$ETC_CONF"
+forget_etc_config() {
+  # Clients find this cluster through SLURM_CONF only: a link at /etc/slurm/slurm.conf (older versions
+  # of this script made one) would make it the Slurm of every program on this host, such as the
+  # partition check of `<package> check` in unrelated tests.
+  if [ -L "$ETC_CONF" ] && [ "$(readlink "$ETC_CONF")" = "$CONF" ]; then rm -f "$ETC_CONF"; fi
 }
 
 hosts_entries() {
@@ -158,7 +153,7 @@ start() {
   mkdir -p "$DIR/dev"
   for i in $(seq 0 $((GPUS - 1))); do ln -sfn /dev/null "$DIR/dev/gpu$i"; done
   render_gres_config >"$GRES_CONF"
-  link_etc_config
+  forget_etc_config
   hosts_entries
   start_munge
   # -i: start even when state files from an earlier cluster in $DIR do not match.
@@ -205,7 +200,7 @@ stop() {
     kill "$(cat /run/munge/munged.pid)" && log "stopped munged"
   fi
   rm -f "$DIR/run/munged.ours"
-  if [ -L "$ETC_CONF" ] && [ "$(readlink "$ETC_CONF")" = "$CONF" ]; then rm -f "$ETC_CONF"; fi
+  forget_etc_config
 }
 
 case "${1:-start}" in

@@ -107,28 +107,121 @@ def data_tokenizer(data_dir: Path):
     return load_tokenizer(Path(data_dir) / read_meta(Path(data_dir))["tokenizer"])
 
 
+# What a tokenizer folder may hold, in the order they are looked for (load_tokenizer).
+TOKENIZER_FILES = (
+    "tokenizer.json (with tokenizer_config.json: a transformers folder)",
+    "vocab.json + merges.txt (GPT-2 byte-level BPE)",
+    "vocab.txt (BERT WordPiece)",
+)
+# A transformers folder's own description of its tokenizer: its special tokens, its class's settings.
+TRANSFORMERS_CONFIGS = ("tokenizer_config.json", "special_tokens_map.json")
+GPT2_SEPARATOR = "<|endoftext|>"
+
+
 def load_tokenizer(path: Path):
-    """A tokenizers.Tokenizer from a tokenizer.json, a vocab.txt (BERT WordPiece, read through
-    transformers so tokenizer_config.json's do_lower_case is honoured) or a folder holding either."""
+    """A tokenizers.Tokenizer from what users have: a tokenizer.json; a transformers tokenizer folder
+    (tokenizer.json and tokenizer_config.json: loaded by transformers, so its special tokens and its
+    class's settings hold); GPT-2's vocab.json + merges.txt (a folder holding them, or either file,
+    also as Megatron's gpt2-vocab.json + gpt2-merges.txt); a BERT vocab.txt; or a folder holding
+    any of these (TOKENIZER_FILES, first found wins)."""
     from tokenizers import Tokenizer
 
     path = Path(path)
     if path.is_dir():
-        for name in ("tokenizer.json", "vocab.txt"):
-            if (path / name).is_file():
-                return load_tokenizer(path / name)
-        raise ConfigError(
-            f"tokenizer folder {path} holds neither tokenizer.json nor vocab.txt; "
-            "copy the tokenizer files there or point data.tokenizer at them"
-        )
+        return _from_folder(path)
     if not path.is_file():
         raise ConfigError(f"tokenizer {path} not found; run prepare-data first or set data.tokenizer")
+    if path.name.endswith(("vocab.json", "merges.txt")):
+        return _gpt2_from_files(path)
     if path.suffix == ".txt":
         return _wordpiece_from_vocab(path)
     try:
         return Tokenizer.from_file(str(path))
     except Exception as exc:  # tokenizers raises a bare Exception on a malformed file
-        raise ConfigError(f"tokenizer {path} could not be read ({exc}); give a tokenizer.json or a vocab.txt") from None
+        raise ConfigError(
+            f"tokenizer {path} could not be read ({_first_line(exc)}); give a tokenizer.json, GPT-2's "
+            "vocab.json + merges.txt or a vocab.txt",
+            key="data.tokenizer",
+        ) from None
+
+
+def _from_folder(folder: Path):
+    has = {name for name in ("tokenizer.json", "vocab.json", "merges.txt", "vocab.txt") if (folder / name).is_file()}
+    transformers_folder = any((folder / name).is_file() for name in TRANSFORMERS_CONFIGS)
+    if "tokenizer.json" in has or (transformers_folder and {"vocab.json", "merges.txt"} <= has):
+        return _from_transformers_folder(folder) if transformers_folder else load_tokenizer(folder / "tokenizer.json")
+    if {"vocab.json", "merges.txt"} & has:
+        return _gpt2_from_files(folder / ("vocab.json" if "vocab.json" in has else "merges.txt"))
+    if "vocab.txt" in has:
+        return load_tokenizer(folder / "vocab.txt")
+    raise ConfigError(
+        f"tokenizer folder {folder} holds no tokenizer files: looked for {'; '.join(TOKENIZER_FILES)}; "
+        "copy them there or point data.tokenizer at them",
+        key="data.tokenizer",
+    )
+
+
+def _from_transformers_folder(folder: Path):
+    """The folder's tokenizer as transformers loads it (AutoTokenizer when tokenizer_config.json names
+    the class, else the generic fast tokenizer): special tokens from special_tokens_map.json and
+    tokenizer_config.json are special here too (never split, no bytes in bits-per-byte)."""
+    from ..models.bert import import_transformers
+
+    transformers = import_transformers()
+    try:
+        config_path = folder / "tokenizer_config.json"
+        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        named = isinstance(config, dict) and config.get("tokenizer_class")
+        loader = transformers.AutoTokenizer if named else transformers.PreTrainedTokenizerFast
+        loaded = loader.from_pretrained(str(folder), local_files_only=True)
+    except Exception as exc:  # malformed JSON, an unknown class, a missing file: transformers raises many kinds
+        raise ConfigError(
+            f"tokenizer folder {folder} could not be read by transformers ({_first_line(exc)}); "
+            "fix or remove its tokenizer_config.json / special_tokens_map.json, or point data.tokenizer at its tokenizer.json",
+            key="data.tokenizer",
+        ) from None
+    backend = getattr(loaded, "backend_tokenizer", None)
+    if backend is None:
+        raise ConfigError(
+            f"tokenizer folder {folder} loads as {type(loaded).__name__}, which has no tokenizer.json form; "
+            "save it with a fast tokenizer (tokenizer.save_pretrained) and point data.tokenizer at that folder",
+            key="data.tokenizer",
+        )
+    return backend
+
+
+def _gpt2_from_files(given: Path):
+    """GPT-2's byte-level BPE from its vocab.json and merges.txt (either path names the pair: the
+    other is the sibling with the same prefix), with <|endoftext|> as the special document separator."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+    prefix = given.name[: -len("vocab.json")] if given.name.endswith("vocab.json") else given.name[: -len("merges.txt")]
+    vocab, merges = given.with_name(prefix + "vocab.json"), given.with_name(prefix + "merges.txt")
+    for present, missing in ((vocab, merges), (merges, vocab)):
+        if present.is_file() and not missing.is_file():
+            raise ConfigError(
+                f"tokenizer {present} has no {missing.name} beside it: GPT-2's byte-level BPE needs both "
+                f"{vocab.name} and {merges.name}; copy {missing.name} into {missing.parent}",
+                key="data.tokenizer",
+            )
+    try:
+        table = json.loads(vocab.read_text(encoding="utf-8"))
+        if not isinstance(table, dict) or not all(isinstance(i, int) for i in table.values()):
+            raise ValueError("not a JSON object of token -> id")
+        tok = Tokenizer(models.BPE.from_file(str(vocab), str(merges)))
+    except Exception as exc:  # json's, ours, or tokenizers' bare Exception on a bad merges line
+        raise ConfigError(
+            f"tokenizer {vocab} + {merges.name} could not be read ({_first_line(exc)}); give GPT-2's "
+            "vocab.json (token -> id) and merges.txt (one 'left right' pair a line)",
+            key="data.tokenizer",
+        ) from None
+    # GPT-2's settings, as transformers' GPT2 tokenizer sets them.
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    if GPT2_SEPARATOR in table:
+        tok.add_special_tokens([GPT2_SEPARATOR])
+    return tok
 
 
 def _wordpiece_from_vocab(vocab: Path):
@@ -143,13 +236,17 @@ def _wordpiece_from_vocab(vocab: Path):
     return fast.backend_tokenizer
 
 
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def bos_id(tok) -> int:
     """Id of the document separator; user tokenizers may name it differently."""
-    for name in (BOS, "<|endoftext|>", "</s>", "[SEP]", "<s>"):
+    for name in (BOS, GPT2_SEPARATOR, "</s>", "[SEP]", "<s>"):
         idx = tok.token_to_id(name)
         if idx is not None:
             return idx
-    raise ConfigError(f"tokenizer has none of the separator tokens {BOS}, <|endoftext|>, </s>; add one")
+    raise ConfigError(f"tokenizer has none of the separator tokens {BOS}, {GPT2_SEPARATOR}, </s>, [SEP], <s>; add one")
 
 
 def token_byte_lengths(tok) -> np.ndarray:
@@ -209,6 +306,15 @@ class ShardWriter:
         return f"{self.prefix}_{len(self.shards):05d}.bin"
 
 
+def sequences_in_shard(tokens: int, sequence_len: int, causal: bool) -> int:
+    """Sequences training reads from a shard of `tokens` tokens (windows never cross shards).
+    Causal: inputs and their shifted targets take sequence_len + 1 tokens, and the next window starts
+    sequence_len later. Masked: sequence_len - 2 tokens between [CLS] and [SEP] (masked.py)."""
+    if causal:
+        return max(0, (tokens - 1) // sequence_len)
+    return tokens // max(1, sequence_len - 2)
+
+
 @dataclass
 class TokenData:
     """Memory-mapped shards of one split, addressed as a list of fixed-length sequences."""
@@ -230,8 +336,7 @@ class TokenData:
         return data
 
     def __post_init__(self):
-        # Each sequence takes T+1 tokens (inputs and shifted targets); shards are not crossed.
-        self.counts = [max(0, (len(s) - 1) // self.sequence_len) for s in self.shards]
+        self.counts = [sequences_in_shard(len(s), self.sequence_len, causal=True) for s in self.shards]
         self.offsets = np.cumsum([0] + self.counts)
 
     @property

@@ -1,4 +1,5 @@
-"""Job records: what `launch <platform>` submitted, when, from where, with which image and code.
+"""Job records: what `launch <platform>` submitted, when, from where, with which image and code (the
+commit, and the copy on shared storage it runs with --code-from-storage).
 
     <project>/.jobs/<platform>.jsonl          one JSON object per submission, newest last
 
@@ -43,6 +44,8 @@ class Job:
     """git commit of the project when submitted ('-dirty': with uncommitted changes), '' outside git."""
     command: list[str] = field(default_factory=list)
     """The launch command's arguments (options and config overrides)."""
+    code_copy: str = ""
+    """The project's copy on shared storage the job runs (launch --code-from-storage); '' for the image's code."""
     extra: dict = field(default_factory=dict)
     """What the platform needs to find the job again (Kubeflow kind and namespace, Slurm log paths, ...)."""
 
@@ -54,6 +57,8 @@ class Job:
             parts.append(f"image {self.image}")
         if self.commit:
             parts.append(f"code {self.commit}")
+        if self.code_copy:
+            parts.append(f"run from {self.code_copy}")
         return "; ".join(parts)
 
 

@@ -30,7 +30,7 @@ import yaml
 
 from ..settings.bounds import non_negative_int
 from ..settings.config import ConfigError, project_root
-from . import jobs
+from . import code_copy, jobs
 from .base import Platform
 from .jobs import Job
 from .kubeflow_cluster import Cluster
@@ -64,6 +64,7 @@ def add_arguments(p: ArgumentParser) -> None:
     p.add_argument(
         "--wait", type=float, default=600, help="logs: seconds to wait for the pod to exist and start (default 600)"
     )
+    code_copy.add_arguments(p)
 
 
 # --- The manifest ---------------------------------------------------------------------------------
@@ -242,19 +243,43 @@ def first_image(manifest: dict) -> str:
     return containers[0].get("image", "") if containers else ""
 
 
+def run_from_copy(manifest: dict, copy: Path, image: str | None, package: str) -> None:
+    """The training containers start the copy's node start, in the ready-made image."""
+    if manifest["kind"] == "MPIJob":
+        raise ConfigError(
+            "--code-from-storage: the MPIJob's Launcher runs mpirun from the image's shell script and its Workers "
+            "need sshd in the image; use --manifest pytorchjob (or trainjob), which train with any strategy"
+        )
+    for container in training_containers(manifest):
+        container["command"] = code_copy.node_command(list(container.get("command") or []), copy, package)
+        if image:
+            container["image"] = image
+
+
 class Kubeflow(Platform):
     name = "kubeflow"
     add_arguments = staticmethod(add_arguments)
 
-    def dry_run(self) -> int:
+    def _manifest(self) -> tuple[dict, Path | None]:
+        """The manifest to submit, and the project's copy it runs (None: the image's code)."""
         manifest = prepared_manifest(self.args)
         check_grace(manifest, self.cfg.cluster.stop_grace_seconds)
+        from_storage, image = code_copy.ready_image(self.args)
+        if not from_storage:
+            return manifest, None
+        copy = code_copy.copy_project(self.cfg, dry_run=self.args.dry_run)
+        run_from_copy(manifest, copy, image, self.package)
+        return manifest, copy
+
+    def dry_run(self) -> int:
+        manifest, copy = self._manifest()
+        if copy is not None:
+            print(f"note: submitting copies the project to {copy}", file=sys.stderr)
         sys.stdout.write(yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False))
         return 0
 
     def submit(self) -> int:
-        manifest = prepared_manifest(self.args)
-        check_grace(manifest, self.cfg.cluster.stop_grace_seconds)
+        manifest, copy = self._manifest()
         cluster = Cluster(self.args, manifest)
         created = cluster.submit()
         name = created["metadata"]["name"]
@@ -264,6 +289,7 @@ class Kubeflow(Platform):
             name=name,
             where=cluster.host,
             image=first_image(manifest),
+            code_copy=str(copy or ""),
             extra={"manifest": self.args.manifest, "kind": cluster.kind, "namespace": cluster.namespace},
         )
         jobs.record(job)

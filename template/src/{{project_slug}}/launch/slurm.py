@@ -29,6 +29,7 @@ ends), then `sacct` where the cluster keeps accounting.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -39,8 +40,9 @@ import time
 from argparse import ArgumentParser, Namespace
 from pathlib import Path
 
+from ..planning.slurm_partition import partition_problem, requested
 from ..settings.config import Config, ConfigError, project_root, under_root
-from . import jobs
+from . import code_copy, jobs
 from .base import Platform, print_file, tail_lines
 from .deepspeed import LAUNCHER
 from .jobs import Job
@@ -82,6 +84,7 @@ def add_arguments(p: ArgumentParser) -> None:
         help="cancel: send this signal instead of ending the job: USR1 saves, requeues and continues "
         "later (the scripts' preemption path); TERM saves and stops",
     )
+    code_copy.add_arguments(p)
 
 
 def log_dir(cfg: Config) -> Path:
@@ -231,9 +234,32 @@ class Slurm(Platform):
         relative = script_path(getattr(self.args, "launcher", "torchrun"))
         return relative, sbatch_command(self.args, self.cfg, relative)
 
+    def _partition_problem(self, relative: Path, cmd: list[str]) -> str | None:
+        """What no node of the job's partition can hold (sinfo), before sbatch refuses it in its own words."""
+        options = cmd[1 : cmd.index(str(relative))]
+        return partition_problem(requested((project_root() / relative).read_text(), options))
+
+    def _code_copy(self) -> Path | None:
+        """The project's copy on shared storage the job runs from (None: the checkout, as submitted)."""
+        from_storage, _ = code_copy.ready_image(self.args)
+        if self.args.image:
+            raise ConfigError(
+                "--image: on Slurm the nodes' Python is the image; choose it with PYTHON=/path/to/python in the "
+                "environment of `launch slurm` (sbatch passes it on)"
+            )
+        return code_copy.copy_project(self.cfg, dry_run=self.args.dry_run) if from_storage else None
+
     def dry_run(self) -> int:
         relative, cmd = self._command()
-        print(f"$ cd {shlex.quote(str(project_root()))} && {shlex.join(cmd)}")
+        problem = self._partition_problem(relative, cmd)
+        if problem:
+            print(f"warning: {problem}", file=sys.stderr)
+        copy = self._code_copy()
+        if copy is None:
+            print(f"$ cd {shlex.quote(str(project_root()))} && {shlex.join(cmd)}")
+        else:
+            print(f"note: submitting copies the project to {copy}", file=sys.stderr)
+            print(f"$ cd {shlex.quote(str(copy))} && CODE_COPY={shlex.quote(str(copy))} {shlex.join(cmd)}")
         print(f"--- {relative}")
         print((project_root() / relative).read_text(), end="")
         return 0
@@ -242,6 +268,10 @@ class Slurm(Platform):
         args, cfg, root = self.args, self.cfg, project_root()
         relative, cmd = self._command()
         require_slurm("sbatch")
+        problem = self._partition_problem(relative, cmd)
+        if problem:
+            raise ConfigError(problem)
+        copy = self._code_copy()
         logs = log_dir(cfg)
         try:
             logs.mkdir(parents=True, exist_ok=True)
@@ -251,8 +281,10 @@ class Slurm(Platform):
                 "storage this node can write and every compute node can reach"
             ) from None
         print("$ " + shlex.join(cmd), flush=True)
-        # From the project root: the job's SLURM_SUBMIT_DIR, where the script finds config/ and src/.
-        proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, text=True)
+        # From the project root (or its copy): the job's SLURM_SUBMIT_DIR, where the script finds config/
+        # and src/. CODE_COPY tells the script to run the copy's node start (sbatch passes the environment on).
+        env = {**os.environ, "CODE_COPY": str(copy)} if copy else None
+        proc = subprocess.Popen(cmd, cwd=copy or root, env=env, stdout=subprocess.PIPE, text=True)
         assert proc.stdout is not None
         first = proc.stdout.readline().strip()
         job_id = first.split(";")[0]
@@ -269,6 +301,7 @@ class Slurm(Platform):
             job_id,
             name=fields.get("JobName", args.name or ""),
             where=cluster_name(),
+            code_copy=str(copy or ""),
             extra={"script": str(relative), "stdout": stdout, "stderr": stderr},
         )
         jobs.record(job)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from ..settings.config import ConfigError, project_root
 from ..settings.topology import tione_variables
-from . import jobs
+from . import code_copy, jobs
 from .base import Platform
 from .jobs import Job
 from .tione_console import print_console_settings, start_script
@@ -71,6 +71,7 @@ def add_arguments(p: ArgumentParser) -> None:
         "file's, else the public one; http://HOST:PORT for a local test endpoint)",
     )
     p.add_argument("--pod", help="logs: only this pod's lines (default: every pod of the task)")
+    code_copy.add_arguments(p)
 
 
 # --- The API ------------------------------------------------------------------------------------------
@@ -156,6 +157,29 @@ def rfc3339(moment: datetime) -> str:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def run_from_copy(
+    task: dict, request: dict, copy: Path, image: str | None, package: str, extra_args: list[str]
+) -> None:
+    """Every start command checks the image first (the copy's node start), then runs the copy's start
+    script; the image is the ready-made one."""
+    check = shlex.join(["python", code_copy.entry(copy, package), "--check", *extra_args])
+    info = request["StartCmdInfo"]
+    for key, start in info.items():
+        info[key] = f"{check} && {start}"
+    if image:
+        request["ImageInfo"] = {"ImageType": image_type(image), "ImageUrl": image}
+        if image_type(image) == "TCR":
+            request["ImageInfo"].update(RegistryRegion=task["region"], RegistryId="")  # the TCR instance: fill in
+
+
+def image_type(image: str) -> str:
+    """ImageInfo.ImageType: CCR and TCR are Tencent's registries (as task.yaml decides), others CUSTOM."""
+    registry = image.split("/")[0]
+    if registry == "ccr.ccs.tencentyun.com":
+        return "CCR"
+    return "TCR" if registry.endswith(".tencentcloudcr.com") else "CUSTOM"
+
+
 class Tione(Platform):
     name = "tione"
     add_arguments = staticmethod(add_arguments)
@@ -164,12 +188,20 @@ class Tione(Platform):
     def launch_dir(self) -> Path:
         return project_root() / "launch" / "tione"
 
-    def _request(self) -> tuple[dict, dict, Path]:
+    def _request(self) -> tuple[dict, dict, Path, Path | None]:
+        """task.yaml, the request to send, the start script, and the project's copy the task runs
+        (None: the image's code)."""
         task_path = project_root() / TASK_FILE
         task = load_task(task_path)
         script = start_script(self.launch_dir)
         extra = (["--config", self.args.config] if self.args.config else []) + list(self.args.overrides)
+        from_storage, image = code_copy.ready_image(self.args)
+        copy = code_copy.copy_project(self.cfg, dry_run=self.args.dry_run) if from_storage else None
+        if copy is not None:
+            task["code_dir"] = str(copy)
         request = build_request(task, api_mode(script), script, self.args.name, extra)
+        if copy is not None:
+            run_from_copy(task, request, copy, image, self.package, extra)
         mistakes, missing = request_problems(request)
         if mistakes or (missing and not self.args.dry_run):
             raise ConfigError(
@@ -177,7 +209,9 @@ class Tione(Platform):
             )
         for line in missing:
             print(f"note: not ready to submit: {line}", file=sys.stderr)
-        return task, request, script
+        if copy is not None and self.args.dry_run:
+            print(f"note: submitting copies the project to {copy}", file=sys.stderr)
+        return task, request, script, copy
 
     def _refuse_inside_task(self, script: Path) -> None:
         inside = tione_variables(os.environ)
@@ -191,7 +225,7 @@ class Tione(Platform):
     def dry_run(self) -> int:
         if self.args.console:
             return self._console()
-        task, request, script = self._request()
+        task, request, script, _ = self._request()
         if api_mode(script) is None:
             print(
                 "TI-ONE's API has no Ray mode (TrainingMode: PS_WORKER, DDP, MPI, HOROVOD): this is the request "
@@ -219,7 +253,7 @@ class Tione(Platform):
                 file=sys.stderr,
             )
             return self._console()
-        task, request, _ = self._request()
+        task, request, _, copy = self._request()
         endpoint = self.args.endpoint or task.get("endpoint")
         response = Api(task["region"], endpoint).call("CreateTrainingTask", request)
         job = jobs.new_job(
@@ -228,6 +262,7 @@ class Tione(Platform):
             name=request["Name"],
             where=task["region"],
             image=(request.get("ImageInfo") or {}).get("ImageUrl", ""),
+            code_copy=str(copy or ""),
             extra={
                 "region": task["region"],
                 "endpoint": endpoint or "",

@@ -7,6 +7,8 @@ Also run by the template right after generation (python -m <package> check --qui
 that copier refuses answers that break a rule or whose layout does not fit the GPUs: after the
 rules pass, plan's memory estimate for the configured nodes x gpus_per_node must fit gpu_type,
 else it exits 1 with "does not fit: <figures>; smallest change: <what to change>". No torch here.
+Where sinfo answers (a Slurm login node), launch/slurm/train.sbatch's request must also fit a node
+of its partition (slurm_partition.py); elsewhere, and in the generation check, that is skipped.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ import sys
 
 from ..models.family import model_shape
 from ..settings.bounds import count
-from ..settings.config import Config
+from ..settings.config import Config, project_root
 from ..settings.precision import on_gpu_type
 from .estimates import GIB, memory
 from .fit import fit_problem
 from .rules import at_world_size, check_config, resolve_grad_accum
+from .slurm_partition import partition_problem, requested
 
 
 def summary(cfg: Config, world: int) -> str:
@@ -38,9 +41,21 @@ def summary(cfg: Config, world: int) -> str:
     )
 
 
+def slurm_partition_problem() -> str | None:
+    """launch/slurm/train.sbatch against the nodes sinfo lists; None without the script or sinfo."""
+    script = project_root() / "launch" / "slurm" / "train.sbatch"
+    if not script.is_file():
+        return None
+    return partition_problem(requested(script.read_text(), []))
+
+
 def run_check(cfg: Config, world_size: int | None = None, quiet: bool = False) -> int:
     world = world_size or cfg.cluster.nodes * cfg.cluster.gpus_per_node
     problems = check_config(cfg, world)
+    # Not in the generation check (quiet): the machine generating may not be the cluster's login node.
+    slurm_problem = None if quiet else slurm_partition_problem()
+    if slurm_problem:
+        problems.append(slurm_problem)
     if problems:
         print(f"config check failed ({len(problems)} problem(s)):", file=sys.stderr)
         for p in problems:

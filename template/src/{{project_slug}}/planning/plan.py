@@ -18,7 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
+from ..data.epochs import steps_where_known
 from ..models.family import model_shape
 from ..settings.bounds import positive_float
 from ..settings.config import Config, ConfigError, changed
@@ -48,7 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="assume full activation checkpointing (default: model.activation_checkpointing)",
     )
     p.add_argument(
-        "--tokens", type=positive_float, help="training tokens (default: max_steps x global batch x sequence_len)"
+        "--tokens",
+        type=positive_float,
+        help="training tokens (default: max_steps, or the steps schedule.epochs gives, x global batch x sequence_len)",
     )
     p.add_argument("--mfu", type=float, default=0.4, help="assumed model FLOPs utilisation (default 0.4)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
@@ -78,7 +82,10 @@ def build(cfg: Config, args: argparse.Namespace) -> dict:
     if not 0 < args.mfu <= 1:
         raise ConfigError(f"--mfu {args.mfu} must be in (0, 1], e.g. 0.4")
     cfg = with_flags(cfg, args)
-    tokens = args.tokens or cfg.schedule.max_steps * cfg.batch.global_batch_size * cfg.model.sequence_len
+    # schedule.epochs: the steps once the data is prepared; before, no token count unless --tokens gives one
+    cfg, steps_line = steps_where_known(cfg, Path(cfg.data.dir))
+    steps = cfg.schedule.max_steps
+    tokens = args.tokens or (steps and steps * cfg.batch.global_batch_size * cfg.model.sequence_len)
     mem = memory(cfg)
     precision = on_gpu_type(cfg)
     return {
@@ -99,13 +106,14 @@ def build(cfg: Config, args: argparse.Namespace) -> dict:
         "suggestion": None if mem["fits"] else ("; ".join(mem["problems"]) if mem["problems"] else suggest(cfg)),
         "precision": precision,  # bf16, or fp16 (loss-scaled) on a GPU without bf16; fp32 if asked
         "peak_flops": gpu_spec(cfg.cluster.gpu_type, precision)[1],  # dense, per GPU, for the time table
+        "steps_line": steps_line,  # how schedule.epochs gave the steps, or that prepare-data will
         "tokens": tokens,
         "mfu": args.mfu,
-        "time": timing(cfg, tokens, args.mfu),
+        "time": timing(cfg, tokens, args.mfu) if tokens else [],
         "stop": stop_reaction(cfg, args.mfu),
         "scaling": {
             "choice": cfg.batch.scaling,
-            "max_steps": cfg.schedule.max_steps,
+            "max_steps": steps,
             "rows": scaling_rows(cfg, args.mfu),
         },
     }
@@ -165,12 +173,16 @@ def render(r: dict) -> str:
         if not r["fits"]:
             lines.append(f"smallest change that fits: {r['suggestion'] or 'none found (a smaller model?)'}")
     kind = "16-bit" if r["precision"] == "fp32" else r["precision"]  # an fp32 run against the 16-bit peak too
-    lines += [
-        "",
-        f"time to train {r['tokens']:.3g} tokens at MFU {r['mfu']:.2f} of the {r['peak_flops'] / 1e12:.0f} "
-        f"TFLOP/s dense {kind} peak per GPU",
-        "  nodes  GPUs     hours  GPU-hours",
-    ]
+    lines += ["", r["steps_line"]] if r["steps_line"] else []
+    if r["tokens"]:
+        lines += [
+            "",
+            f"time to train {r['tokens']:.3g} tokens at MFU {r['mfu']:.2f} of the {r['peak_flops'] / 1e12:.0f} "
+            f"TFLOP/s dense {kind} peak per GPU",
+            "  nodes  GPUs     hours  GPU-hours",
+        ]
+    else:
+        lines.append("time to train: give --tokens, or prepare the data so that schedule.epochs gives the steps")
     grid = f"tensor {m['tensor']} x pipeline {m['pipeline']} needs a multiple of {m['tensor'] * m['pipeline']} GPUs"
     lines += [
         f"  {t['nodes']:5d} {t['gpus']:5d} {t['hours']:9.2f} {t['gpu_hours']:10.1f}"

@@ -24,6 +24,7 @@ __all__ = [
     "resolve_grad_accum",
     "per_rank_batch",
     "global_batch_at",
+    "micro_batch_at",
     "at_world_size",
     "scaling_note",
     "check_config",
@@ -49,6 +50,18 @@ def global_batch_at(cfg: Config, data_parallel_size: int) -> int:
     if cfg.batch.scaling == "weak":
         return per_rank_batch(cfg) * data_parallel_size
     return cfg.batch.global_batch_size
+
+
+def micro_batch_at(global_batch: int, data_parallel_size: int, largest: int) -> int:
+    """The micro batch that splits global_batch over data_parallel_size ranks: the largest one up to
+    `largest` that divides each rank's share, so only the accumulation changes where it can; `largest`
+    itself when the share is no whole number (resolve_grad_accum then says what would fix it).
+    config/train.yaml renders its micro batch with this (largest: the family's), so `copier update
+    --data nodes=N` and plan's scaling table pick the same one."""
+    if data_parallel_size < 1 or global_batch % data_parallel_size:
+        return largest
+    fitting = [m for m in _divisors(global_batch // data_parallel_size) if m <= largest]
+    return fitting[-1] if fitting else largest
 
 
 def at_world_size(cfg: Config, world_size: int) -> Config:
@@ -101,8 +114,8 @@ def _split(b, global_batch: int, data_parallel_size: int, where: str = "") -> in
         return global_batch // per_step
     below, above = global_batch // per_step * per_step, (global_batch // per_step + 1) * per_step
     # the largest smaller micro batch that splits it over these ranks; the rank counts this micro batch splits it over
-    smaller = [m for m in _divisors(global_batch // data_parallel_size) if m < b.micro_batch_size]
-    micro = smaller[-1] if global_batch % data_parallel_size == 0 and smaller else None
+    micro = micro_batch_at(global_batch, data_parallel_size, b.micro_batch_size)
+    micro = micro if micro < b.micro_batch_size else None
     ranks = _divisors(global_batch // b.micro_batch_size) if global_batch % b.micro_batch_size == 0 else []
     closest = sorted(ranks, key=lambda d: (abs(d - data_parallel_size), d))[:2]
     raise ConfigError(
@@ -140,7 +153,11 @@ def check_config(cfg: Config, world_size: int | None = None) -> list[Problem]:
     # Each setting's own range (bounds.py); the rules below relate settings to each other.
     # (model.n_kv_head's own rule below says more: which head count it must divide.)
     problems += [Problem(message, key) for key, message in bound_problems(cfg) if key != "model.n_kv_head"]
-    if cfg.schedule.warmup_steps > cfg.schedule.max_steps:
+    length = cfg.schedule.length_problem()
+    if length:
+        problems.append(Problem(length, "schedule.epochs", "schedule.max_steps"))
+    # With schedule.epochs, max_steps is known once the data is prepared (data/epochs.py checks the warmup).
+    if cfg.schedule.max_steps is not None and cfg.schedule.warmup_steps > cfg.schedule.max_steps:
         problems.append(
             Problem(
                 f"schedule.warmup_steps={cfg.schedule.warmup_steps} exceeds schedule.max_steps={cfg.schedule.max_steps}; "

@@ -6,7 +6,9 @@
 
 Strong scaling (the default) keeps batch.global_batch_size: the tokens per step and the token budget
 (schedule.max_steps x global batch) stay, the gradient accumulation shrinks, each step and the run
-take less time. Weak scaling keeps the batch per data-parallel GPU: the global batch and the tokens
+take less time. Where the micro batch x the data-parallel GPUs outgrows the global batch, the row
+takes the smaller micro batch `copier update --data nodes=N` renders (rules.micro_batch_at, the
+largest up to the config's that splits it) and says so. Weak scaling keeps the batch per data-parallel GPU: the global batch and the tokens
 per step grow with the GPUs, a step takes as long as before, so max_steps trains on more tokens in
 the same time. Step times are estimates: FLOPs / (GPUs x peak x MFU), as estimates.timing.
 """
@@ -18,7 +20,7 @@ from dataclasses import replace
 from ..models.family import model_shape
 from ..settings.config import Config, ConfigError
 from .estimates import flops_per_token, gpu_spec
-from .rules import at_world_size, per_rank_batch, resolve_grad_accum
+from .rules import at_world_size, micro_batch_at, per_rank_batch, resolve_grad_accum
 
 NODE_FACTORS = (1, 2, 4)
 
@@ -34,6 +36,11 @@ def step_seconds(cfg: Config, global_batch: int, gpus: int, mfu: float) -> float
 def scaling_rows(cfg: Config, mfu: float) -> list[dict]:
     """One row per node count (the config's, then 2x and 4x) with what strong and weak scaling give."""
     steps, seq = cfg.schedule.max_steps, cfg.model.sequence_len
+
+    def total(per_step: float) -> float | None:
+        """A run's total of a per-step figure; None before prepare-data when schedule.epochs gives the steps."""
+        return None if steps is None else steps * per_step
+
     fixed = at_world_size(cfg, cfg.cluster.nodes * cfg.cluster.gpus_per_node).batch.global_batch_size
     per_gpu = per_rank_batch(cfg)  # sequences per data-parallel GPU in the config's own shape
     # Strong scaling of this recipe: its global batch kept, the accumulation derived for each world.
@@ -43,8 +50,12 @@ def scaling_rows(cfg: Config, mfu: float) -> list[dict]:
         nodes = cfg.cluster.nodes * factor
         gpus = nodes * cfg.cluster.gpus_per_node
         dp = cfg.data_parallel_size(gpus)
+        micro = micro_batch_at(fixed, dp, cfg.batch.micro_batch_size)
         try:
-            accum, why = resolve_grad_accum(strong, dp), None
+            accum, why = (
+                resolve_grad_accum(replace(strong, batch=replace(strong.batch, micro_batch_size=micro)), dp),
+                None,
+            )
         except ConfigError as exc:
             accum, why = None, str(exc)
         strong_step, weak_step = step_seconds(cfg, fixed, gpus, mfu), step_seconds(cfg, per_gpu * dp, gpus, mfu)
@@ -55,17 +66,19 @@ def scaling_rows(cfg: Config, mfu: float) -> list[dict]:
                 "data_parallel": dp,
                 "strong": {
                     "global_batch": fixed,
+                    "micro_batch_size": micro,
+                    "micro_batch_lowered": micro < cfg.batch.micro_batch_size,
                     "grad_accum_steps": accum,
                     "problem": why,
-                    "tokens": steps * fixed * seq,
+                    "tokens": total(fixed * seq),
                     "step_seconds": strong_step,
-                    "hours": steps * strong_step / 3600,
+                    "hours": total(strong_step / 3600),
                 },
                 "weak": {
                     "global_batch": per_gpu * dp,
-                    "tokens": steps * per_gpu * dp * seq,
+                    "tokens": total(per_gpu * dp * seq),
                     "step_seconds": weak_step,
-                    "hours": steps * weak_step / 3600,
+                    "hours": total(weak_step / 3600),
                 },
             }
         )
@@ -77,23 +90,38 @@ def render_rows(choice: str, max_steps: int, rows: list[dict]) -> list[str]:
     first = rows[0]
     mark = {"strong": "", "weak": "", choice: " (the config's)"}
     per_gpu = first["weak"]["global_batch"] // first["data_parallel"]
+    length = f"{max_steps} steps" if max_steps is not None else "steps from schedule.epochs once the data is prepared"
     lines = [
-        f"scaling out, {max_steps} steps (batch.scaling=strong|weak)",
+        f"scaling out, {length} (batch.scaling=strong|weak)",
         f"  strong{mark['strong']}: global batch {first['strong']['global_batch']} and "
-        f"{first['strong']['tokens']:.3g} tokens kept, accumulation shrinks | weak{mark['weak']}: "
+        f"{_figure(first['strong']['tokens'], '.3g')} tokens kept, accumulation shrinks | weak{mark['weak']}: "
         f"{per_gpu} sequences per GPU kept, global batch and tokens grow",
-        "  nodes  GPUs |  accum  s/step    hours | global batch    tokens  s/step    hours",
+        "  nodes  GPUs |  micro  accum  s/step    hours | global batch    tokens  s/step    hours",
     ]
     for r in rows:
         s, w = r["strong"], r["weak"]
         strong = (
-            f"{s['grad_accum_steps']:6d} {s['step_seconds']:7.2f} {s['hours']:8.2f}"
+            f"{s['micro_batch_size']:6d} {s['grad_accum_steps']:6d} {s['step_seconds']:7.2f} {_figure(s['hours'], '8.2f')}"
             if s["problem"] is None
-            else f"{'-':>6} {'-':>7} {'-':>8}"
+            else f"{'-':>6} {'-':>6} {'-':>7} {'-':>8}"
         )
         lines.append(
-            f"  {r['nodes']:5d} {r['gpus']:5d} | {strong} | {w['global_batch']:12d} {w['tokens']:9.3g} "
-            f"{w['step_seconds']:7.2f} {w['hours']:8.2f}"
+            f"  {r['nodes']:5d} {r['gpus']:5d} | {strong} | {w['global_batch']:12d} {_figure(w['tokens'], '9.3g')} "
+            f"{w['step_seconds']:7.2f} {_figure(w['hours'], '8.2f')}"
         )
-    lines += [f"  {r['nodes']} nodes, strong: {r['strong']['problem']}" for r in rows if r["strong"]["problem"]]
+    for r in rows:
+        s = r["strong"]
+        if s["problem"]:
+            lines.append(f"  {r['nodes']} nodes, strong: {s['problem']}")
+        elif s["micro_batch_lowered"]:
+            lines.append(
+                f"  {r['nodes']} nodes, strong: micro batch {s['micro_batch_size']} (as `copier update --data "
+                f"nodes={r['nodes']}` would set: {s['micro_batch_size']} x {r['data_parallel']} data-parallel GPUs "
+                f"x {s['grad_accum_steps']} = {s['global_batch']})"
+            )
     return lines
+
+
+def _figure(value: float | None, spec: str) -> str:
+    """A run total in the table's format; '?' where the steps are not known yet."""
+    return format(value, spec) if value is not None else format("?", ">" + spec.split(".")[0])

@@ -112,8 +112,10 @@ def run_state(
     }
 
 
-def check_compatible(state: dict, cfg: Config, world_size: int, where, can_reshard: bool) -> list[str]:
-    """Refuse a checkpoint this run cannot continue exactly; returns notes on what changed."""
+def check_compatible(state: dict, cfg: Config, world_size: int, where) -> list[str]:
+    """Refuse a checkpoint this run cannot continue exactly; returns notes on what changed. Another
+    number of processes continues only under checkpoint.reshard=true (DDP loads its replicas on any
+    data-parallel size, DeepSpeed through its universal format: strategies/universal_checkpoint.py)."""
     saved_world, trained_batch = state.get("world_size", world_size), state.get("config", {}).get("batch", {})
     saved_global = trained_batch.get("global_batch_size", cfg.batch.global_batch_size)
     if cfg.batch.scaling == "weak" and saved_world != world_size and saved_global != cfg.batch.global_batch_size:
@@ -132,17 +134,12 @@ def check_compatible(state: dict, cfg: Config, world_size: int, where, can_resha
     check_data(state, Path(cfg.data.dir), where, "to train on the new data, use a new run.output_dir")
     notes = []
     if saved_world != world_size:
-        if not can_reshard:
-            raise ConfigError(
-                f"{where} was written by {saved_world} processes; this run has {world_size}. ZeRO and "
-                f"pipeline checkpoints are sharded per rank: run with {saved_world} processes, or start "
-                "over with a new run.output_dir"
-            )
         if not cfg.checkpoint.reshard:
             raise ConfigError(
                 f"{where} was written by {saved_world} processes; this run has {world_size}. Run with "
                 f"{saved_world} processes to continue exactly, or set checkpoint.reshard=true to continue on "
-                f"{world_size} (same data and schedule; results equal up to the order of reductions)"
+                f"{world_size} (same data and schedule; results equal up to the order of reductions)",
+                key="checkpoint.reshard",
             )
         notes.append(f"resharded from {saved_world} to {world_size} processes (checkpoint.reshard=true)")
     changed = _changed_settings(state.get("config", {}), cfg.to_dict())

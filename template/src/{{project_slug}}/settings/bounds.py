@@ -72,6 +72,7 @@ BOUNDS: dict[str, Range] = {
     "optim.eps": NON_NEGATIVE,
     "optim.grad_clip": NON_NEGATIVE,
     "schedule.max_steps": COUNT,
+    "schedule.epochs": POSITIVE,
     "schedule.warmup_steps": NON_NEGATIVE,
     "schedule.min_lr_ratio": FRACTION,
     "batch.global_batch_size": COUNT,

@@ -112,7 +112,9 @@ class DataConfig:
     raw: str = ""
     """Input files for prepare-data (glob, relative to `dir` or absolute); empty = raw/* in `dir`."""
     tokenizer: str = ""
-    """Existing tokenizer.json to use; empty = train a BPE tokenizer into `dir`/tokenizer.json."""
+    """Existing tokenizer: a tokenizer.json, a transformers tokenizer folder, GPT-2's vocab.json +
+    merges.txt, a BERT vocab.txt, or a folder holding one (data/tokens.py load_tokenizer); empty =
+    train one into `dir`/tokenizer.json."""
     vocab_size: int = 32768
     """Vocabulary size when prepare-data trains the tokenizer."""
     tokenizer_train_chars: int = 1_000_000_000
@@ -138,12 +140,27 @@ class OptimConfig:
 
 @dataclass
 class ScheduleConfig:
-    max_steps: int = 20000
-    """Optimizer steps of the whole run."""
+    max_steps: int | None = 20000
+    """Optimizer steps of the whole run; null when schedule.epochs gives the length instead."""
+    epochs: float | None = None
+    """Passes over the prepared train split instead of max_steps (which must then be null); may be
+    fractional (0.5). Train start derives max_steps = ceil(train sequences x epochs / global batch)
+    from the prepared data (data/epochs.py) and prints it; null = max_steps gives the length."""
     warmup_steps: int = 500
     """Steps of linear warmup from 0 to the peak learning rate."""
     min_lr_ratio: float = 0.1
     """Cosine decay ends at lr * min_lr_ratio."""
+
+    def length_problem(self) -> str | None:
+        """One line when the run's length is given twice (max_steps and epochs) or not at all."""
+        if self.max_steps is not None and self.epochs is not None:
+            return (
+                f"schedule.max_steps={self.max_steps} and schedule.epochs={self.epochs:g} are both set; keep one: "
+                f"schedule.max_steps=null to train {self.epochs:g} epochs, or remove schedule.epochs"
+            )
+        if self.max_steps is None and self.epochs is None:
+            return "schedule.max_steps and schedule.epochs are both null; set one, e.g. schedule.max_steps=20000"
+        return None
 
 
 @dataclass
@@ -169,9 +186,11 @@ class CheckpointConfig:
     """Continue from the newest intact checkpoint in output_dir/checkpoints when one exists. false:
     this is a new run, refused on a folder that holds an earlier one (never overwritten)."""
     reshard: bool = False
-    """Allow resuming a checkpoint written by another number of data-parallel ranks. DDP only
-    (every rank holds the whole model; the data stream depends on the global batch alone); the
-    continuation is then equal up to reduction order, not bitwise. ZeRO shards cannot be resharded."""
+    """Allow resuming a checkpoint written by another number of data-parallel ranks (the data stream
+    depends on the global batch alone). DDP loads its replicas on any size; a DeepSpeed ZeRO
+    checkpoint is converted once to DeepSpeed's universal format, kept beside it
+    (checkpoints/universal/). The continuation is equal up to reduction order, not bitwise. The
+    tensor and pipeline degrees cannot change."""
 
 
 @dataclass

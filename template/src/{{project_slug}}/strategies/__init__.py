@@ -17,22 +17,23 @@ from ..settings.config import Config
 from .memory import on_deepspeed, uses_pipeline_engine
 
 
-def build_strategy(cfg: Config, info, vocab_size: int, accum: int):
+def build_strategy(cfg: Config, info, vocab_size: int, accum: int, resume: bool = False):
     """The model, built and wrapped by the strategy for cfg.run.strategy (and parallel.* for gpt3).
     The strategy has num_params and flops_per_token of the whole model (ZeRO-3 and pipelines
-    leave only a part on each rank)."""
+    leave only a part on each rank). resume: whether this run continues its newest checkpoint
+    (DeepSpeed settles how to load it before its engine is built)."""
     from ..models import build_model
 
     if uses_pipeline_engine(cfg):
         from .pipeline import PipelineStrategy  # builds its own stage of the model
 
-        return PipelineStrategy(cfg, info, vocab_size, accum)
+        return PipelineStrategy(cfg, info, vocab_size, accum, resume)
     model = build_model(cfg, vocab_size).to(info.device)
     num_params, flops_per_token = model.num_params(), model.flops_per_token()
     if on_deepspeed(cfg):
         from .deepspeed import DeepSpeedStrategy  # imports deepspeed only when asked for
 
-        strategy = DeepSpeedStrategy(cfg, info, model, accum)
+        strategy = DeepSpeedStrategy(cfg, info, model, accum, resume)
     else:
         from .ddp import DDPStrategy
 

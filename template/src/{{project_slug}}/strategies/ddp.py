@@ -134,7 +134,7 @@ class DDPStrategy:
                 )
             return 0
         state = checkpoint.load(latest)
-        notes = checkpoint.check_compatible(state, self.cfg, self.info.world_size, latest, can_reshard=True)
+        notes = checkpoint.check_compatible(state, self.cfg, self.info.world_size, latest)
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scaler.is_enabled() and state.get("grad_scaler"):  # a run switched to fp16 starts a new scale

@@ -38,6 +38,7 @@ from ..runtime.distributed import DistInfo, barrier, gather_objects, print0, res
 from ..runtime.unrecoverable import raise_on_every_rank
 from ..settings.config import Config, ConfigError
 from ..settings.precision import HYSTERESIS, INITIAL_SCALE_POWER, MIN_LOSS_SCALE, SCALE_WINDOW, fp16_zero0_refusal
+from . import universal_checkpoint
 from .common import clip_gradients, compiled, param_groups
 
 INSTALL = "DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed"
@@ -223,8 +224,9 @@ def current_loss_scale(optimizer) -> float:
 class DeepSpeedStrategy:
     name = "deepspeed"
     consumes_batches = False  # train.py runs the micro steps (see PipelineStrategy for the other case)
+    converts_to_universal = True  # a sharded checkpoint continues on another data-parallel size
 
-    def __init__(self, cfg: Config, info: DistInfo, model: torch.nn.Module, accum: int):
+    def __init__(self, cfg: Config, info: DistInfo, model: torch.nn.Module, accum: int, resume: bool = False):
         deepspeed = import_deepspeed()
         self.cfg, self.info, self.accum = cfg, info, accum
         self.data_rank = info.rank  # every rank is a data-parallel rank
@@ -232,6 +234,7 @@ class DeepSpeedStrategy:
         self.ds_config = deepspeed_config(cfg, accum, info.world_size, info.device)
         self.clips_itself = clipped_by_strategy(cfg.deepspeed.zero_stage, resolve_precision(info.device, cfg.run.dtype))
         refuse_unsupported_precision(self.ds_config, info.device, cfg.run.dtype)
+        self.find_resume_point(resume, info.world_size)
         self._write_config()
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, model_parameters=param_groups(model, cfg.optim.weight_decay), config=self.ds_config
@@ -242,7 +245,48 @@ class DeepSpeedStrategy:
         self.runnable = self.engine
         self.module = self.engine.module  # evaluation runs on it (ZeRO-3 hooks gather the weights)
         self._grad_norm = None
-        self.run_id = None  # set by resume: the resumed checkpoint's run, or a new one
+
+    def find_resume_point(self, allowed: bool, data_parallel_size: int) -> None:
+        """Collective, before the engine is built: the newest intact checkpoint (verified once, here),
+        checked against this run. One of another data-parallel size whose optimizer state is sharded
+        is converted to DeepSpeed's universal format, which the engine is configured to load."""
+        self.resume_point = self.load_dir = None
+        self.run_id = checkpoint_files.new_run_id()
+        ckpt_dir = Path(self.cfg.run.output_dir) / "checkpoints"
+        latest = checkpoint.newest_intact(ckpt_dir, listing=_checkpoint_dirs) if allowed else None
+        if latest is None:
+            if allowed and checkpoint_files.list_files(ckpt_dir):
+                raise ConfigError(
+                    f"{ckpt_dir} holds DDP checkpoints (*.pt) but run.strategy=deepspeed; continue that run with "
+                    "run.strategy=ddp, or start a new one in a folder of its own: "
+                    f"run.output_dir={checkpoint_files.unused_sibling(ckpt_dir.parent)}"
+                )
+            return
+        self.run_id = checkpoint_files.run_id_of(latest) or self.run_id
+        # Check the layout and fingerprint before DeepSpeed loads tensors of a possibly different shape.
+        states = sorted(latest.glob("*mp_rank_*model_states.pt"))  # not the pipeline's layer_* files
+        if not states:
+            raise ConfigError(
+                f"{latest} holds no DeepSpeed model states; move it out of {ckpt_dir} to resume from the one before"
+            )
+        saved = torch.load(states[0], map_location="cpu", weights_only=False, mmap=True)
+        parallel = self.cfg.parallel
+        refusal = universal_checkpoint.layout_change_refusal(
+            saved, parallel.tensor, parallel.pipeline, self.info.world_size, latest
+        )
+        if refusal:
+            raise ConfigError(refusal, key="parallel.tensor")
+        self.resume_notes = checkpoint.check_compatible(saved, self.cfg, self.info.world_size, latest)
+        self.resume_point, self.load_dir = latest, ckpt_dir
+        saved_dp = saved.get("data_parallel_size", saved.get("world_size"))
+        if saved_dp != data_parallel_size and universal_checkpoint.is_partitioned(latest):
+            if not self.converts_to_universal:
+                raise ConfigError(universal_checkpoint.pipeline_refusal(latest, saved, self.info.world_size))
+            self.load_dir = universal_checkpoint.convert_once(latest, self.info.is_main).parent
+            self.ds_config["checkpoint"] = {"load_universal": True}
+            self.resume_notes.append(
+                f"optimizer state re-partitioned from {saved_dp} to {data_parallel_size} data-parallel ranks"
+            )
 
     def _init_process_group(self, deepspeed) -> None:
         for key, value in {
@@ -341,6 +385,7 @@ class DeepSpeedStrategy:
             checkpoint.write_latest(ckpt_dir, tag)
             for old in checkpoint_files.own(_checkpoint_dirs(ckpt_dir), self.run_id)[: -self.cfg.checkpoint.keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
+                universal_checkpoint.remove_conversion(old)
             print0(f"saved {final}")
         barrier()
 
@@ -361,25 +406,24 @@ class DeepSpeedStrategy:
         return checkpoint_files.size_on_disk(previous) if previous else 16 * getattr(self, "num_params", 0)
 
     def resume(self, ckpt_dir: Path, allowed: bool) -> int:
-        latest = checkpoint.newest_intact(ckpt_dir, listing=_checkpoint_dirs) if allowed else None
-        self.run_id = (checkpoint_files.run_id_of(latest) if latest else None) or checkpoint_files.new_run_id()
-        if latest is None:
-            if allowed and checkpoint_files.list_files(ckpt_dir):
-                raise ConfigError(
-                    f"{ckpt_dir} holds DDP checkpoints (*.pt) but run.strategy=deepspeed; continue that run with "
-                    "run.strategy=ddp, or start a new one in a folder of its own: "
-                    f"run.output_dir={checkpoint_files.unused_sibling(ckpt_dir.parent)}"
-                )
+        """Load what find_resume_point chose (the checkpoint, or its universal form); 0 when none."""
+        if self.resume_point is None:
             return 0
-        # Check the fingerprint before DeepSpeed loads tensors of a possibly different shape.
-        states = sorted(latest.glob("*mp_rank_*model_states.pt"))  # not the pipeline's layer_* files
-        if not states:
-            raise ConfigError(
-                f"{latest} holds no DeepSpeed model states; move it out of {ckpt_dir} to resume from the one before"
-            )
-        saved = torch.load(states[0], map_location="cpu", weights_only=False)
-        notes = checkpoint.check_compatible(saved, self.cfg, self.info.world_size, latest, can_reshard=False)
-        _, client = self.engine.load_checkpoint(str(ckpt_dir), tag=latest.name)
+        inner = getattr(self.engine.optimizer, "optimizer", self.engine.optimizer)  # the torch optimizer ZeRO wraps
+        groups = [dict(group) for group in inner.param_groups]
+        _, client = self.engine.load_checkpoint(str(self.load_dir), tag=self.resume_point.name)
+        if self.ds_config.get("checkpoint", {}).get("load_universal"):
+            # DeepSpeed's ZeRO-3 universal load gives every parameter group the hyperparameters of the
+            # first and empties their parameter lists: the groups as built here (from the config, the
+            # same as the checkpoint's) are put back, or the no-decay group would decay. It also hands
+            # every group one and the same `step` tensor, which torch's Adam advances in place once per
+            # group: each gets its own, or the bias correction runs ahead from the second update on.
+            for group, built in zip(inner.param_groups, groups):
+                group.update(built)
+            for state in inner.state.values():
+                if isinstance(state.get("step"), torch.Tensor):
+                    state["step"] = state["step"].clone()
         checkpoint.restore_rank_rng(client["rng"], self.info.rank, self.cfg.run.seed)
-        print0(f"resumed from {latest} at step {client['step']}" + "".join(f"; {n}" for n in notes))
+        notes = "".join(f"; {n}" for n in self.resume_notes)
+        print0(f"resumed from {self.resume_point} at step {client['step']}{notes}")
         return client["step"]

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from ..data.epochs import epochs_line, with_epoch_steps
 from ..data.masked import open_split
 from ..data.tokens import (
     TokenData,
@@ -90,6 +91,7 @@ def run_training(cfg: Config) -> int:
         require_valid(cfg, info.world_size)  # before the folder is claimed: a mistake leaves no trace there
         resolve_precision(info.device, cfg.run.dtype)  # bf16 on a GPU without it: one line from every rank
         cfg = at_world_size(cfg, info.world_size)  # batch.scaling=weak: this world's global batch
+        cfg = with_epoch_steps(cfg, Path(cfg.data.dir))  # schedule.epochs: max_steps from the train split
         lock, resume = claim_output_dir(cfg, info)
         try:
             code = _train(cfg, info, resume, lock)
@@ -149,7 +151,7 @@ def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | N
 
     torch.manual_seed(cfg.run.seed)  # same init on every rank; DDP also broadcasts rank 0's weights
     # Builds and wraps the model, owns optimizer and checkpoints.
-    strategy = build_strategy(cfg, info, meta["vocab_size"], accum)
+    strategy = build_strategy(cfg, info, meta["vocab_size"], accum, resume)
     precision = resolve_precision(device, cfg.run.dtype)
     num_params, flops_per_token, peak = strategy.num_params, strategy.flops_per_token, peak_flops(device, precision)
     start_step = strategy.resume(ckpt_dir, resume)
@@ -170,6 +172,8 @@ def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | N
         f"{tokens_per_step:,} tokens/step | steps {start_step}->{s.max_steps} | {strategy.describe()} | "
         f"precision {precision} | {scaling_note(cfg, info.world_size)}"
     )
+    if s.epochs is not None:
+        print0(epochs_line(cfg, data_dir))
     if start_step >= s.max_steps:
         print0(f"already trained to step {start_step} (schedule.max_steps={s.max_steps}); nothing to do")
         return 0

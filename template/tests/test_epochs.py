@@ -1,0 +1,121 @@
+"""schedule.epochs instead of schedule.max_steps: the steps follow from the prepared train split
+(rounded up), training takes exactly them, a resume derives the same number, and plan says what it
+can before prepare-data.
+
+    python -m pytest -q tests/test_epochs.py
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import yaml
+
+EPOCHS = 0.02  # of the demo corpus at sequence_len 64 and global batch 16: a few steps, not a whole number
+IN_EPOCHS = ["schedule.max_steps=null", f"schedule.epochs={EPOCHS}"]
+
+
+def expected_steps(pkg, data_dir, sequence_len: int = 64, global_batch: int = 16) -> tuple[int, int]:
+    """(train sequences as training's reader counts them, ceil(sequences x EPOCHS / global batch))."""
+    sequences = pkg.tokens.TokenData.open(data_dir, "train", sequence_len).num_sequences
+    return sequences, math.ceil(sequences * EPOCHS / global_batch)
+
+
+def test_training_in_epochs_takes_the_derived_steps_and_resumes_to_them(
+    pkg, cli, demo_data, train_overrides, tmp_path, metrics
+):
+    sequences, steps = expected_steps(pkg, demo_data)
+    assert steps != sequences * EPOCHS // 16  # rounding up is visible: floor would stop a step earlier
+    out = tmp_path / "run"
+    run = ["train", *train_overrides, *IN_EPOCHS, f"data.dir={demo_data}", f"run.output_dir={out}"]
+    proc = cli(*run)
+    line = (
+        f"schedule.epochs={EPOCHS:g}: {steps} steps = ceil({sequences} train sequences x {EPOCHS:g} / global batch 16)"
+    )
+    assert line in proc.stdout and f"steps 0->{steps}" in proc.stdout
+    train_records, _ = metrics(out)
+    assert train_records[-1]["step"] == steps
+    assert train_records[-1]["tokens"] == steps * 16 * 64
+    saved = yaml.safe_load((out / "config.yaml").read_text())["schedule"]
+    assert (saved["max_steps"], saved["epochs"]) == (steps, EPOCHS)
+    assert (out / "checkpoints" / f"step_{steps:08d}.pt").is_file()  # the last step saves
+
+    again = cli(*run)  # the same data: the same steps, so the run is complete
+    assert f"already trained to step {steps} (schedule.max_steps={steps}); nothing to do" in again.stdout
+
+
+def test_max_steps_and_epochs_are_one_or_the_other(cli, demo_data, tmp_path):
+    both = "schedule.max_steps=20000 and schedule.epochs=3 are both set; keep one: schedule.max_steps=null to train 3 epochs"
+    proc = cli("check", "schedule.epochs=3", expect=1)
+    assert both in proc.stderr
+    for command in ("train", "plan"):
+        proc = cli(command, "schedule.epochs=3", f"data.dir={demo_data}", f"run.output_dir={tmp_path}/out", expect=1)
+        assert proc.stderr.startswith(f"error: {both}") and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    neither = "schedule.max_steps and schedule.epochs are both null; set one"
+    assert neither in cli("check", "schedule.max_steps=null", expect=1).stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_epochs_bounds(cli):
+    for value in ("0", "-1", "nan"):
+        proc = cli("check", "schedule.max_steps=null", f"schedule.epochs={value}", expect=1)
+        assert f"schedule.epochs={value} must be above 0" in proc.stderr, proc.stderr
+    assert "expected a number or null, got 'three'" in cli("check", "schedule.epochs=three", expect=1).stderr
+    cli("check", "schedule.max_steps=null", "schedule.epochs=0.5")  # fractional epochs are fine
+
+
+def test_warmup_longer_than_the_derived_steps_is_refused(pkg, cli, demo_data, train_overrides, tmp_path):
+    sequences, steps = expected_steps(pkg, demo_data)
+    proc = cli(
+        "train",
+        *train_overrides,
+        *IN_EPOCHS,
+        f"schedule.warmup_steps={steps + 1}",
+        f"data.dir={demo_data}",
+        f"run.output_dir={tmp_path}/out",
+        expect=1,
+    )
+    assert proc.stderr.strip() == (
+        f"error: schedule.warmup_steps={steps + 1} exceeds the {steps} steps schedule.epochs={EPOCHS:g} gives "
+        f"({sequences} train sequences, global batch 16); lower the warmup"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_plan_in_epochs_before_and_after_prepare_data(pkg, cli, demo_data, tiny_model, tmp_path):
+    """Before prepare-data plan fits the memory and says where the steps will come from (no token count,
+    no time); on prepared data it plans the derived steps."""
+    shape = [
+        *tiny_model,
+        "batch.global_batch_size=16",
+        "batch.micro_batch_size=4",
+        "schedule.warmup_steps=5",
+        *IN_EPOCHS,
+    ]
+    before = cli("plan", *shape, f"data.dir={tmp_path}/not-prepared")
+    assert (
+        f"schedule.epochs={EPOCHS:g}: the steps are derived from the prepared train split "
+        f"(data.dir={tmp_path}/not-prepared) after prepare-data"
+    ) in before.stdout
+    assert "scaling out, steps from schedule.epochs once the data is prepared" in before.stdout
+    r = json.loads(cli("plan", "--json", *shape, f"data.dir={tmp_path}/not-prepared").stdout)
+    assert r["tokens"] is None and r["time"] == [] and r["scaling"]["max_steps"] is None
+
+    sequences, steps = expected_steps(pkg, demo_data)
+    r = json.loads(cli("plan", "--json", *shape, f"data.dir={demo_data}").stdout)
+    assert r["tokens"] == steps * 16 * 64 and r["scaling"]["max_steps"] == steps
+    assert r["steps_line"].startswith(f"schedule.epochs={EPOCHS:g}: {steps} steps = ceil({sequences} train sequences")
+
+
+def test_the_shipped_config_documents_epochs(pkg, cli, tmp_path):
+    """train.yaml names the key, commented out under max_steps; taken in (max_steps null) it loads."""
+    text = (cli.root / "config" / "train.yaml").read_text()
+    schedule = text[text.index("\nschedule:") :]
+    assert "\n  # epochs: 3 " in schedule[: schedule.index("warmup_steps")]
+    lines = [line for line in text.splitlines() if not line.startswith("  max_steps:")]
+    edited = tmp_path / "train.yaml"
+    edited.write_text("\n".join(line.replace("  # epochs: 3", "  epochs: 3") for line in lines))
+    cfg = pkg.config.load_config(edited, ["schedule.max_steps=null"])
+    assert (cfg.schedule.max_steps, cfg.schedule.epochs) == (None, 3.0)
+    assert pkg.config.ScheduleConfig(max_steps=None, epochs=3).length_problem() is None
