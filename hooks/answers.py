@@ -259,7 +259,9 @@ def blamed_answer(fix_key: str | None, keys: tuple[str, ...] = ()) -> str:
 
 def _line(a: dict, field: str, message: str) -> str:
     value = a.get(field)
-    value = ",".join(value) if isinstance(value, list) else value
+    value = str(",".join(value) if isinstance(value, list) else value)
+    if len(value) > 40:  # a 400-digit answer is named by its length, not printed whole
+        value = f"{value[:20]}... ({len(value)} characters)"
     return f"{field}={value}: {' '.join(message.split())}"
 
 

@@ -37,11 +37,13 @@ FIRST_HALF = [
     "tests/test_tasks.py",
     "tests/test_export.py",
     "tests/test_epochs.py",
+    "tests/test_bad_paths.py",
+    "tests/test_bad_files.py",
 ]
 
 
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("half", ["faults-dropout-precision-tasks-export-epochs", "the-rest"])
+@pytest.mark.parametrize("half", ["faults-dropout-precision-tasks-export-epochs-bad-paths-files", "the-rest"])
 def test_generated_project_own_tests_pass(default_project, tmp_path, half):
     if half == "the-rest":
         run_project_suite(default_project, *[f"--ignore={path}" for path in FIRST_HALF], name=f"default-project-{half}")

@@ -1213,3 +1213,32 @@ def test_python_without_torch_fails_in_one_line(slurm_cluster, slurm_project, tm
         f"project's own image (code_from=image); code from {copy}"
     }, lines
     assert "Traceback" not in "\n".join(lines)
+
+
+@pytest.fixture(scope="module")
+def slurm_only_project(tmp_path_factory) -> Path:
+    return render(tmp_path_factory.mktemp("no-slurm") / "p", project_name="No Slurm", platforms="[slurm]")
+
+
+@pytest.mark.parametrize(
+    "args, tool",
+    [
+        ([], "sbatch"),
+        (["--action", "status", "--name", "any"], "squeue"),
+        (["--action", "status", "--id", "12"], "scontrol"),
+        (["--action", "logs", "--id", "12"], "scontrol"),
+        (["--action", "cancel", "--id", "12"], "scancel"),
+    ],
+    ids=["submit", "status-by-name", "status", "logs", "cancel"],
+)
+def test_a_slurm_client_missing_from_path_is_one_line(slurm_only_project, tmp_path, args, tool):
+    """A machine that is no Slurm login node: every verb names the missing tool, no traceback."""
+    project = slurm_only_project
+    tools = tmp_path / "python-only"
+    tools.mkdir()
+    (tools / "python").symlink_to(BIN / "python")
+    env = {"HOME": str(tools), "PATH": str(tools), "PYTHONPATH": str(project / "src")}
+    result = run(["python", "-m", slug_of(project), "launch", "slurm", *args], cwd=project, env=env)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stdout + result.stderr
+    assert lines[0].startswith(f"error: {tool} is not on PATH") and "Traceback" not in result.stderr

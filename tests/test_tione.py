@@ -1105,6 +1105,24 @@ def test_api_error_is_one_line_with_code_message_and_request_id(api_projects, en
     assert "AuthFailure.SignatureFailure" in line and "wrong or expired" in line, line
 
 
+def refusals_of_an_edited_task(api_projects, endpoint, tmp_path, edit) -> list[str]:
+    """A DDP project's task.yaml changed by `edit`, submitted and dry-run: each must end in one line
+    before anything is sent or recorded; returns the two lines."""
+    project = fresh_project(api_projects, "ddp", tmp_path)
+    task = project / "launch" / "tione" / "task.yaml"
+    edited = edit(task.read_text())
+    assert edited != task.read_text()
+    task.write_text(edited)
+    env = api_env(project, tmp_path / "home")
+    lines = []
+    for args in (["--endpoint", endpoint.url], ["--dry-run"]):
+        result = tione(project, env, *args)
+        lines.append(one_line_error(result))
+        assert result.stdout == ""
+    assert endpoint.calls == [] and recorded(project) == []
+    return lines
+
+
 @pytest.mark.parametrize(
     "edit, name",
     [
@@ -1120,17 +1138,30 @@ def test_api_error_is_one_line_with_code_message_and_request_id(api_projects, en
     ids=["top-level", "nested"],
 )
 def test_misspelt_field_in_task_yaml_is_refused_before_sending(api_projects, endpoint, tmp_path, edit, name):
-    project = fresh_project(api_projects, "ddp", tmp_path)
-    task = project / "launch" / "tione" / "task.yaml"
-    edited = edit(task.read_text())
-    assert edited != task.read_text()
-    task.write_text(edited)
-    env = api_env(project, tmp_path / "home")
-    for args in (["--endpoint", endpoint.url], ["--dry-run"]):
-        result = tione(project, env, *args)
-        line = one_line_error(result)
+    for line in refusals_of_an_edited_task(api_projects, endpoint, tmp_path, edit):
         assert f"unknown field(s) {name}" in line and "task.yaml" in line, line
-        assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (lambda text: re.sub(r"InstanceNum: \d+", "InstanceNum: two", text, count=1), "InstanceNum"),
+        (lambda text: re.sub(r"InstanceNum: \d+", "InstanceNum: 100000000000", text, count=1), "InstanceNum"),
+        (lambda text: re.sub(r'(\n  Name: )"[^"]*"', r"\1yes", text, count=1), "Name"),  # YAML 1.1: a boolean
+        (lambda text: re.sub(r'(\n  Name: )"[^"]*"', r"\g<1>0755", text, count=1), "Name"),  # an int
+    ],
+    ids=["word-for-a-count", "huge-count", "yes-for-a-name", "number-for-a-name"],
+)
+def test_a_task_yaml_field_of_the_wrong_type_is_refused_before_sending(api_projects, endpoint, tmp_path, edit, words):
+    for line in refusals_of_an_edited_task(api_projects, endpoint, tmp_path, edit):
+        assert words in line and "task.yaml" in line, line
+
+
+def test_credentials_that_are_only_whitespace_are_one_line(api_projects, endpoint, tmp_path):
+    project = fresh_project(api_projects, "ddp", tmp_path)
+    env = api_env(project, tmp_path / "home", TENCENTCLOUD_SECRET_ID="  ", TENCENTCLOUD_SECRET_KEY="\t")
+    line = one_line_error(tione(project, env, "--endpoint", endpoint.url))
+    assert "TENCENTCLOUD_SECRET_ID" in line, line
     assert endpoint.calls == [] and recorded(project) == []
 
 

@@ -45,6 +45,7 @@ BAD_ANSWERS = [
     ({"data_dir": "/mnt/shared/v/data#1"}, "data_dir", "read specially"),
     ({"image": "Registry/Name:tag with space"}, "image", "image reference"),
     ({"base_image": "nvcr.io/nvidia/pytorch:bad tag"}, "base_image", "image reference"),
+    ({"code_from": "storage", "ready_image": "nvcr.io/nvidia/pytorch:bad tag"}, "ready_image", "image reference"),
     ({"nccl_socket_ifname": "eth0; reboot"}, "nccl_socket_ifname", "interface"),
     ({"nccl_ib_hca": "mlx5 0"}, "nccl_ib_hca", "device names"),
     ({"fabric": "roce", "nccl_ib_gid_index": 300}, "nccl_ib_gid_index", "255"),
@@ -209,6 +210,17 @@ BAD_ANSWERS = [
     ({"platforms": "[tione]", "tione_cls_logset_id": "logs#1"}, "tione_cls_logset_id", "letters"),
     ({"platforms": "[tione]", "tione_cls_logset_id": "ls-1"}, "tione_cls_topic_id", "required"),
     ({"platforms": "[slurm]", "slurm_time": "one day"}, "slurm_time", "HH:MM:SS"),
+    ({"platforms": "[slurm]", "slurm_time": "99:99:99"}, "slurm_time", "below 60"),
+    ({"platforms": "[slurm]", "slurm_time": "24:00:00\n"}, "slurm_time", "HH:MM:SS"),
+    ({"platforms": "[slurm]", "slurm_cpus_per_gpu": 100000}, "slurm_cpus_per_gpu", "at most 256"),
+    ({"nodes": 100000}, "nodes", "at most 4096"),
+    ({"gpus_per_node": 1000}, "gpus_per_node", "at most 16"),
+    ({"nodes": "1" + "0" * 400}, "nodes", "at most 4096"),
+    (
+        {"platforms": "[tione]", "tione_resource_group": "trsg-1", "tione_memory_gb_per_node": 10**9},
+        "tione_memory_gb_per_node",
+        "at most 16384",
+    ),
     ({"platforms": "[slurm]", "slurm_partition": "gpu;rm -rf /"}, "slurm_partition", "letters"),
     ({"platforms": "[slurm]", "slurm_account": "team a"}, "slurm_account", "letters"),
     ({"platforms": "[slurm]", "slurm_modules": "cuda; reboot"}, "slurm_modules", "module names"),
@@ -654,7 +666,12 @@ def test_every_path_answer_refuses_characters_shells_read(field, others, path):
 
 @pytest.mark.quick
 @pytest.mark.parametrize(
-    "field, example", [("image", "registry.example.com/run:v1"), ("base_image", "nvcr.io/nvidia/pytorch:25.01-py3")]
+    "field, example",
+    [
+        ("image", "registry.example.com/run:v1"),
+        ("base_image", "nvcr.io/nvidia/pytorch:25.01-py3"),
+        ("ready_image", "nvcr.io/nvidia/pytorch:25.01-py3"),
+    ],
 )
 def test_every_image_answer_uses_the_one_reference_rule(field, example):
     for good in ("registry.example.com/run:latest", "localhost:5000/a/b", f"r.io/x@sha256:{'0' * 64}"):
@@ -670,7 +687,7 @@ def test_every_image_answer_uses_the_one_reference_rule(field, example):
 def test_path_and_image_rules_are_written_once():
     copier_yml = (TEMPLATE / "copier.yml").read_text()
     assert "`$%#" not in copier_yml and "sha256" not in copier_yml  # the patterns live in copier_extension.py
-    assert copier_yml.count("path_characters_problem(") == 4 and copier_yml.count("image_reference_problem(") == 2
+    assert copier_yml.count("path_characters_problem(") == 4 and copier_yml.count("image_reference_problem(") == 3
     assert copier_yml.count("path_placement_problem(") == 3 and copier_yml.count("paths_apart_problem(") == 1
 
 
@@ -812,3 +829,57 @@ def test_the_answer_blamed_comes_from_the_problems_keys_not_their_wording(monkey
         assert {message for _, message in found} == {"reworded"}, found
         after.append([blamed for blamed, _ in found])
     assert after == before[:-1]
+
+
+# A valid value of every answer copier.yml checks with a pattern; the same value with a trailing newline
+# must be refused (a pattern ending in `$` would let it through into scripts and manifests).
+PATTERN_ANSWERS = {
+    "project_slug": ("run", {}),
+    "shared_mount": ("/mnt/shared", {}),
+    "nccl_socket_ifname": ("eth0", {}),
+    "nccl_ib_hca": ("mlx5_0:1", {}),
+    "k8s_namespace": ("ml-training", {}),
+    "pvc_name": ("shared-data", {}),
+    "rdma_resource": ("rdma/hca", {}),
+    "image_pull_secret": ("regcred", {}),
+    "k8s_scheduler_name": ("volcano", {}),
+    "k8s_queue": ("training", {}),
+    "k8s_priority_class": ("high-priority", {}),
+    "tione_region": ("ap-guangzhou", {}),
+    "tione_project_id": ("p-1", {}),
+    "tione_resource_group": ("trsg-abcd1234", {}),
+    "tione_instance_type": ("TI.GN7.20XLARGE320", {}),
+    "tione_gpu_type": ("H800", {}),
+    "tione_storage_id": ("cfs-abcd1234", {}),
+    "tione_storage_path": ("/team", {}),
+    "tione_vpc_id": ("vpc-abc123", {"tione_subnet_id": "subnet-abc123"}),
+    "tione_subnet_id": ("subnet-abc123", {"tione_vpc_id": "vpc-abc123"}),
+    "tione_cls_logset_id": ("logset-1", {"tione_cls_topic_id": "topic-1"}),
+    "tione_cls_topic_id": ("topic-1", {"tione_cls_logset_id": "logset-1"}),
+    "slurm_partition": ("gpu", {}),
+    "slurm_account": ("team-a", {}),
+    "slurm_time": ("2-00:00:00", {}),
+    "slurm_gpu_type": ("v100", {}),
+    "slurm_modules": ("cuda/12.4 nccl/2.21", {}),
+}
+
+
+@pytest.mark.quick
+def test_pattern_answers_cover_every_pattern_in_copier_yml():
+    import yaml
+
+    spec = yaml.safe_load((TEMPLATE / "copier.yml").read_text())
+    questions = {name: q for name, q in spec.items() if isinstance(q, dict)}
+    # project_name's search for control characters refuses a newline anywhere already
+    patterned = {name for name, q in questions.items() if "regex_search('^" in str(q.get("validator", ""))}
+    assert patterned == set(PATTERN_ANSWERS)
+    assert all("$'" not in str(q.get("validator", "")) for q in questions.values()), "anchor patterns with \\Z"
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("field", PATTERN_ANSWERS)
+def test_every_pattern_answer_refuses_a_trailing_newline(field):
+    value, others = PATTERN_ANSWERS[field]
+    assert _validator(field, {**others, field: value}) == ""
+    refused = _validator(field, {**others, field: value + "\n"})
+    assert refused.startswith(field), refused

@@ -181,25 +181,38 @@ def test_compatibility_refusals_name_the_setting_and_the_way_out(pkg, cfg_with):
     ck, ConfigError = pkg.checkpoint, pkg.config.ConfigError
     cfg = cfg_with("model.size=tiny", "batch.global_batch_size=16")
     state = {"fingerprint": cfg.model_fingerprint(), "world_size": 4, "config": cfg.to_dict()}
-    assert ck.check_compatible(state, cfg, 4, "ckpt", can_reshard=False) == []
+    assert ck.check_compatible(state, cfg, 4, "ckpt") == []
 
     with pytest.raises(ConfigError, match=r"written by 4 processes; this run has 2.*checkpoint.reshard=true"):
-        ck.check_compatible(state, cfg, 2, "ckpt", can_reshard=True)
-    with pytest.raises(ConfigError, match=r"sharded per rank: run with 4 processes"):
-        ck.check_compatible(
-            state,
-            cfg_with("model.size=tiny", "batch.global_batch_size=16", "checkpoint.reshard=true"),
-            2,
-            "ckpt",
-            can_reshard=False,
-        )
+        ck.check_compatible(state, cfg, 2, "ckpt")
     resharded = cfg_with("model.size=tiny", "batch.global_batch_size=16", "checkpoint.reshard=true", "optim.lr=0.01")
-    notes = ck.check_compatible(state, resharded, 2, "ckpt", can_reshard=True)
+    notes = ck.check_compatible(state, resharded, 2, "ckpt")
     assert notes[0] == "resharded from 4 to 2 processes (checkpoint.reshard=true)"
     assert "optim.lr" in notes[1] and "-> 0.01" in notes[1]
 
     with pytest.raises(ConfigError, match="different model, global batch"):
-        ck.check_compatible(state, cfg_with("model.size=tiny", "batch.global_batch_size=32"), 4, "ckpt", False)
+        ck.check_compatible(state, cfg_with("model.size=tiny", "batch.global_batch_size=32"), 4, "ckpt")
+
+
+def test_a_layout_the_strategy_re_splits_still_needs_reshard_and_the_same_model(pkg, cfg_with):
+    """Other tensor and pipeline degrees: part of the fingerprint, unless the strategy re-splits the
+    checkpoint (DeepSpeed's universal format); then checkpoint.reshard=true, as for another world."""
+    ck, ConfigError = pkg.checkpoint, pkg.config.ConfigError
+    layout = ["model.arch=gpt3", "model.size=tiny", "batch.global_batch_size=16", "run.strategy=deepspeed"]
+    written = cfg_with(*layout, "parallel.tensor=2", "parallel.pipeline=1")
+    state = {"fingerprint": written.model_fingerprint(), "world_size": 2, "config": written.to_dict()}
+    pipelined = cfg_with(*layout, "parallel.tensor=1", "parallel.pipeline=2")
+    with pytest.raises(ConfigError, match="different model, global batch or parallel layout"):
+        ck.check_compatible(state, pipelined, 2, "ckpt")
+    asked = r"written with parallel.tensor=2 parallel.pipeline=1; this run has parallel.tensor=1 parallel.pipeline=2\. Set checkpoint.reshard=true"
+    with pytest.raises(ConfigError, match=asked):
+        ck.check_compatible(state, pipelined, 2, "ckpt", layout_changed=True)
+    resharded = cfg_with(*layout, "parallel.tensor=1", "parallel.pipeline=2", "checkpoint.reshard=true")
+    notes = ck.check_compatible(state, resharded, 2, "ckpt", layout_changed=True)
+    assert notes[0] == "layout changed from tensor 2 x pipeline 1 to tensor 1 x pipeline 2 (checkpoint.reshard=true)"
+    with pytest.raises(ConfigError, match="different model"):  # the rest of the fingerprint still holds
+        bigger = cfg_with(*layout, "parallel.pipeline=2", "checkpoint.reshard=true", "batch.global_batch_size=32")
+        ck.check_compatible(state, bigger, 2, "ckpt", layout_changed=True)
 
 
 def test_weak_scaling_refuses_another_world_and_names_the_strong_recipe_that_continues(pkg, cfg_with):
@@ -210,14 +223,14 @@ def test_weak_scaling_refuses_another_world_and_names_the_strong_recipe_that_con
     weak = cfg_with(*shape, "batch.global_batch_size=16", "batch.scaling=weak", "checkpoint.reshard=true")
     trained = rules.at_world_size(weak, 2)
     state = {"fingerprint": trained.model_fingerprint(), "world_size": 2, "config": trained.to_dict()}
-    assert ck.check_compatible(state, rules.at_world_size(weak, 2), 2, "ckpt", can_reshard=True) == []
+    assert ck.check_compatible(state, rules.at_world_size(weak, 2), 2, "ckpt") == []
     with pytest.raises(pkg.config.ConfigError) as err:
-        ck.check_compatible(state, rules.at_world_size(weak, 4), 4, "ckpt", can_reshard=True)
+        ck.check_compatible(state, rules.at_world_size(weak, 4), 4, "ckpt")
     message = str(err.value)
     assert "trained at global batch 16 by 2 processes; batch.scaling=weak makes it 32 on 4" in message
     assert "batch.scaling=strong batch.global_batch_size=16 checkpoint.reshard=true" in message
     strong = cfg_with(*shape, "batch.global_batch_size=16", "batch.scaling=strong", "checkpoint.reshard=true")
-    notes = ck.check_compatible(state, strong, 4, "ckpt", can_reshard=True)
+    notes = ck.check_compatible(state, strong, 4, "ckpt")
     assert notes[0] == "resharded from 2 to 4 processes (checkpoint.reshard=true)"
 
 

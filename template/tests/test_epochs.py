@@ -41,8 +41,13 @@ def test_training_in_epochs_takes_the_derived_steps_and_resumes_to_them(
     assert (saved["max_steps"], saved["epochs"]) == (steps, EPOCHS)
     assert (out / "checkpoints" / f"step_{steps:08d}.pt").is_file()  # the last step saves
 
-    again = cli(*run)  # the same data: the same steps, so the run is complete
+    # The same data: the same steps, so the run is complete. Launched, so that its record and `status`
+    # carry the derived steps too (the config itself has max_steps null).
+    launch = ["launch", "devmachine", "--nproc-per-node", "1", "--name", "in-epochs"]
+    again = cli(*launch, *run[1:])
     assert f"already trained to step {steps} (schedule.max_steps={steps}); nothing to do" in again.stdout
+    status = cli("launch", "devmachine", "--action", "status", "--name", "in-epochs").stdout
+    assert f"latest: step {steps:>6}/{steps} | loss " in status, status
 
 
 def test_max_steps_and_epochs_are_one_or_the_other(cli, demo_data, tmp_path):

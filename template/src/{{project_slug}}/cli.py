@@ -21,6 +21,7 @@ import sys
 from types import ModuleType
 
 from .runtime import unrecoverable
+from .runtime.output_paths import own_paths, require_writable_outputs
 from .settings.bounds import require_in_bounds
 from .settings.config import ConfigError, add_config_arguments, load_config
 from .training.preemption import follow_launcher
@@ -97,13 +98,22 @@ def main(argv: list[str] | None = None) -> int:
     if command == "train":
         follow_launcher(os.environ)  # a rank of torchrun or DeepSpeed's launcher ends with it
     args = parse_with_overrides(build_parser([command] if command in COMMANDS else ()), argv)
+    cfg = None
     try:
         cfg = load_config(args.config, args.overrides)
         require_in_bounds(cfg)  # before any command computes with a count of 0
+        require_writable_outputs(cfg, args.command, args)
         return command_module(args.command).run(cfg, args)
     except ConfigError as exc:
         # One line; in a rank under the node supervisor, handed to it instead (unrecoverable.py)
         return unrecoverable.report(exc)
+    except Exception as exc:
+        failure = unrecoverable.unwritable(exc, own_paths(cfg)) if cfg and isinstance(exc, OSError) else None
+        if failure is not None:
+            return unrecoverable.report(failure)
+        if unrecoverable.recorded_by_a_rank():
+            return 0  # a peer's echo (its collective lost the rank that failed): the job ends for that failure
+        raise  # a crash a restart may outlive: torchrun's to handle
     except KeyboardInterrupt:  # Ctrl-C where no command handles it: what it kept was said above
         print(f"{args.command}: interrupted", file=sys.stderr)
         return 130

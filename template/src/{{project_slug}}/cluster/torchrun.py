@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from ..settings.config import Config, ConfigError, debug_requested
+from ..settings.config import Config, debug_requested
 from ..settings.topology import Topology, platform_max_restarts
 from ..training import run_lock
 from .nccl_env import apply_nccl_env
@@ -110,33 +110,19 @@ def train_entry(package: str, config: str | None, overrides: list[str]) -> list[
 
 
 def check_before_start(cfg: Config, world_size: int | None) -> None:
-    """Mistakes every rank would hit at once, reported before torchrun starts: the rules, the output
-    folder, meta.json, the tokenizer and the token shards (enough tokens for a sequence). What only
+    """Mistakes every rank would hit at once, reported before torchrun starts: the rules, meta.json, the tokenizer and the token shards (enough tokens for a sequence). What only
     a rank can find (a checkpoint's compatibility, the GPUs it sees) ends the job through
     supervise.py instead of being restarted into."""
-    from ..data.tokens import TokenData, load_tokenizer, read_meta
+    from ..data.tokens import TokenData, load_tokenizer, read_meta, require_shards
     from ..models.family import family
     from ..planning.rules import require_valid
 
-    require_valid(cfg, world_size)
-    out = Path(cfg.run.output_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        writable = os.access(out, os.W_OK)
-    except OSError:
-        writable = False
-    if not writable:
-        raise ConfigError(f"run.output_dir={out} cannot be written; choose a folder you can write (shared storage)")
+    require_valid(cfg, world_size)  # run.output_dir was checked by cli.py (runtime/output_paths.py)
     data_dir = Path(cfg.data.dir)
     meta = read_meta(data_dir)
     load_tokenizer(data_dir / meta["tokenizer"])
     for split in ("train", "val"):
-        missing = [s["file"] for s in meta[split] if not (data_dir / s["file"]).is_file()]
-        if missing:
-            raise ConfigError(
-                f"{data_dir / missing[0]} is listed in meta.json but missing ({len(missing)} {split} shard(s)); "
-                f"run prepare-data again for data.dir={data_dir}"
-            )
+        require_shards(data_dir, meta, split)
         if family(cfg.model.arch).causal:  # masked-LM sequences are checked by their ranks (data/masked.py)
             TokenData.open(data_dir, split, cfg.model.sequence_len)
 

@@ -280,7 +280,24 @@ def _not_text(path: Path, why: str) -> ConfigError:
 def find_raw_files(data_dir: Path, pattern: str) -> list[Path]:
     pattern = pattern or "raw/*"
     full = pattern if Path(pattern).is_absolute() else str(data_dir / pattern)
-    files = sorted(Path(p) for p in glob.glob(full, recursive=True) if Path(p).is_file())
+    files, seen, repeated = [], set(), 0
+    # `**` follows links into folders, so a link to a parent (raw/sub/loop -> ..) names each file
+    # again at every depth until the kernel stops the loop: each real file is read once (its
+    # shortest name first), or it would land in train and validation both.
+    for path in sorted((Path(p) for p in glob.glob(full, recursive=True)), key=lambda p: (len(p.parts), p)):
+        if not path.is_file():
+            continue
+        real = path.resolve()
+        if real in seen:
+            repeated += 1
+            continue
+        seen.add(real)
+        files.append(path)
+    if repeated:
+        print(
+            f"data.raw: skipped {repeated:,} path(s) that lead to a file already read (links); each file is read once"
+        )
+    files.sort()
     if not files:
         raise ConfigError(
             f"no input files match {full}; put .parquet/.jsonl/.txt files there, set data.raw, "

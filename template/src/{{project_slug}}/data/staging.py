@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 
 from ..settings.config import ConfigError
+from ..settings.stored_files import DamagedFile, read_json, shape_problem, warn
 
 FOLDER = ".prepare-data"
 DONE = "done.json"  # written into a part's folder last: the part is whole
@@ -27,12 +28,28 @@ def part_folder(parts_dir: Path, index: int) -> Path:
     return parts_dir / f"{index:05d}"
 
 
+DONE_KEYS = {"train": list, "val": list, "files": dict}  # what assembling and the checks read
+SHARD_KEYS = {"file": str, "tokens": int}
+
+
 def finished(parts_dir: Path, index: int) -> dict | None:
-    """What a finished part wrote (its done.json), or None."""
-    try:
-        return json.loads((part_folder(parts_dir, index) / DONE).read_text())
-    except (OSError, ValueError):
+    """What a finished part wrote (its done.json), or None; a damaged one (said) is encoded again."""
+    path = part_folder(parts_dir, index) / DONE
+    if not path.is_file():
         return None
+    again = "the part is encoded again"
+    try:
+        done = read_json(path, fix=again, keys=DONE_KEYS)
+    except DamagedFile as exc:
+        warn(str(exc))
+        return None
+    shards = [shape_problem(shard, SHARD_KEYS) for split in ("train", "val") for shard in done[split]]
+    counts = shape_problem(done["files"], optional=dict.fromkeys(done["files"], int))
+    problem = next(filter(None, [*shards, counts]), None)
+    if problem:
+        warn(f"{path}: {'files' if problem == counts else 'a shard'} {problem}; {again}")
+        return None
+    return done
 
 
 class Staging:
@@ -64,8 +81,9 @@ class Staging:
         self._lock.flush()
         plan_file = self.folder / "plan.json"
         try:
-            earlier = json.loads(plan_file.read_text())
-        except (OSError, ValueError):
+            earlier = read_json(plan_file, fix="starting over") if plan_file.is_file() else None
+        except DamagedFile as exc:
+            warn(str(exc))
             earlier = None
         note = None
         if earlier == plan:

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..settings.config import ConfigError
+from ..settings.stored_files import DamagedFile, read_json
 
 BOS = "<|bos|>"
 META = "meta.json"
@@ -315,6 +316,17 @@ def sequences_in_shard(tokens: int, sequence_len: int, causal: bool) -> int:
     return tokens // max(1, sequence_len - 2)
 
 
+def require_shards(data_dir: Path, meta: dict, split: str) -> None:
+    """One line for a shard meta.json lists that is gone (one deleted, a copy cut short)."""
+    missing = [s["file"] for s in meta[split] if not (data_dir / s["file"]).is_file()]
+    if missing:
+        raise ConfigError(
+            f"{data_dir / missing[0]} is listed in meta.json but missing ({len(missing)} {split} shard(s)); "
+            f"run prepare-data again for data.dir={data_dir}",
+            key="data.dir",
+        )
+
+
 @dataclass
 class TokenData:
     """Memory-mapped shards of one split, addressed as a list of fixed-length sequences."""
@@ -326,6 +338,7 @@ class TokenData:
     def open(cls, data_dir: Path, split: str, sequence_len: int) -> TokenData:
         meta = read_meta(data_dir)
         dtype = np.dtype(meta["dtype"])
+        require_shards(data_dir, meta, split)
         shards = [np.memmap(data_dir / s["file"], dtype=dtype, mode="r") for s in meta[split]]
         data = cls(shards, sequence_len)
         if data.num_sequences == 0:
@@ -369,10 +382,10 @@ def read_meta(data_dir: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"{path} not found: run `prepare-data` first (data.dir={data_dir})")
     try:
-        meta = json.loads(path.read_text())
+        meta = read_json(path, fix="run `prepare-data --force`")
         problem = _meta_problem(meta)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        problem = f"not readable JSON: {exc}"
+    except DamagedFile as exc:
+        problem = exc.problem
     if problem:
         raise ConfigError(
             f"{path} is damaged ({problem}): run `prepare-data --force` to prepare data.dir={data_dir} again",
@@ -388,9 +401,11 @@ def _meta_problem(meta) -> str | None:
     missing = [key for key in ("dtype", "vocab_size", "tokenizer", "train", "val") if key not in meta]
     if missing:
         return "no " + ", ".join(missing)
+    if not isinstance(meta["tokenizer"], str):
+        return f"tokenizer {meta['tokenizer']!r} is not a file name"
     try:
         np.dtype(meta["dtype"])
-    except TypeError:
+    except (TypeError, ValueError):
         return f"dtype {meta['dtype']!r} is not a NumPy dtype"
     if not isinstance(meta["vocab_size"], int) or isinstance(meta["vocab_size"], bool) or meta["vocab_size"] < 1:
         return f"vocab_size {meta['vocab_size']!r} is not a positive whole number"

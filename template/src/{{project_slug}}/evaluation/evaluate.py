@@ -44,19 +44,26 @@ def evaluate(
     num_batches = max(1, min(num_batches, data.num_sequences // micro_batch))
     # loss, tokens, then loss on bytes and bytes (causal) or right top predictions (masked)
     sums = torch.zeros(4, dtype=torch.float64, device=info.device)
-    for b in range(info.rank, num_batches, info.world_size):
-        x, y = data.batch(b * micro_batch, micro_batch)
+    # Every rank runs the same number of forwards: under ZeRO-3 each forward gathers the weights from
+    # all ranks, so a rank left without a batch (fewer batches than ranks) repeats batch 0 and
+    # discards it, or the others would wait for it in their gathers.
+    rounds = -(-num_batches // info.world_size)
+    for b in range(info.rank, rounds * info.world_size, info.world_size):
+        counted = b < num_batches
+        x, y = data.batch((b if counted else 0) * micro_batch, micro_batch)
         x, y = x.to(info.device), y.to(info.device)
         if masked_lm:  # one value per predicted position; no bytes
             with autocast:
                 losses, hits = model(x, y, loss_reduction="hits").double()
-            sums[:3] += torch.stack([losses.sum(), torch.tensor(losses.numel(), device=info.device), hits.sum()])
+            if counted:
+                sums[:3] += torch.stack([losses.sum(), torch.tensor(losses.numel(), device=info.device), hits.sum()])
             continue
         with autocast:
             per_token = model(x, y, loss_reduction="none").double()
-        count = torch.tensor(per_token.numel(), device=info.device, dtype=torch.float64)
-        nbytes = token_bytes[y.reshape(-1)]
-        sums += torch.stack([per_token.sum(), count, (per_token * (nbytes > 0)).sum(), nbytes.sum().double()])
+        if counted:
+            count = torch.tensor(per_token.numel(), device=info.device, dtype=torch.float64)
+            nbytes = token_bytes[y.reshape(-1)]
+            sums += torch.stack([per_token.sum(), count, (per_token * (nbytes > 0)).sum(), nbytes.sum().double()])
     all_reduce_sum(sums)
     model.train(was_training)
     loss = (sums[0] / sums[1]).item()

@@ -6,11 +6,17 @@
 Past the model's context (model.sequence_len) gpt and gpt3 slide a window: each new token is read
 from the last sequence_len tokens, and a longer prompt from its end (a note says so). BERT reads a
 prompt whole, so one longer than its context is refused.
+
+The text goes to stdout; the progress of a long generation to stderr (a tqdm bar on a terminal, a
+line every PROGRESS_SECONDS elsewhere), so `sample ... > out.txt` holds the text alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -23,6 +29,38 @@ from ..settings.config import Config, ConfigError
 from .trained_model import load_trained_model
 
 MASK = "[MASK]"
+PROGRESS_SECONDS = 10.0
+
+
+@contextmanager
+def generation_progress(model, total: int, every: float = PROGRESS_SECONDS):
+    """Counts the tokens `model.generate` makes (one forward pass each) on stderr."""
+    bar, started, printed, made = None, time.monotonic(), [time.monotonic()], [0]
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, desc="sampling", unit="token", file=sys.stderr, leave=False)
+    else:
+        print(f"sampling {total:,} tokens", file=sys.stderr, flush=True)
+
+    def count(module, inputs, output):
+        made[0] += 1
+        if bar is not None:
+            bar.update(1)
+        elif time.monotonic() - printed[0] >= every:
+            printed[0] = time.monotonic()
+            print(f"sampling: {made[0]:,}/{total:,} tokens", file=sys.stderr, flush=True)
+
+    hook = model.register_forward_hook(count)
+    try:
+        yield
+    finally:
+        hook.remove()
+        if bar is not None:
+            bar.close()
+        else:
+            rate = made[0] / max(time.monotonic() - started, 1e-9)
+            print(f"sampled {made[0]:,}/{total:,} tokens ({rate:,.1f} tokens/s)", file=sys.stderr, flush=True)
 
 
 def run_sample(
@@ -62,7 +100,7 @@ def run_sample(
             print(f"note: the prompt is {len(ids)} tokens; the model reads its last {context} (model.sequence_len)")
         elif len(ids) + max_new_tokens > context:
             print(f"note: past {context} tokens (model.sequence_len) each new one is read from the last {context}")
-        with autocast_context(device, cfg.run.dtype):
+        with autocast_context(device, cfg.run.dtype), generation_progress(model, max_new_tokens):
             new = model.generate(ids, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator)
         text = prompt + tok.decode(new)
         texts.append(text)

@@ -24,7 +24,8 @@ from functools import partial
 from pathlib import Path
 
 from ..cluster.torchrun import run_torchrun, train_entry
-from ..settings.bounds import count, non_negative_int, positive_float, tcp_port
+from ..data.epochs import steps_where_known
+from ..settings.bounds import count, node_count, non_negative_int, positive_float, tcp_port
 from ..settings.config import Config, ConfigError, under_root
 from ..settings.topology import Topology, default_nproc
 from . import deepspeed, jobs
@@ -91,7 +92,7 @@ class DevMachine(Platform):
 
     @staticmethod
     def add_arguments(p: ArgumentParser) -> None:
-        p.add_argument("--nnodes", type=count, help="nodes in the job (default: 1)")
+        p.add_argument("--nnodes", type=node_count, help="nodes in the job (default: 1)")
         p.add_argument("--node-rank", type=non_negative_int, help="this node's rank, 0 on the master")
         p.add_argument("--master-addr", help="address of node 0 (multi-node only)")
         p.add_argument("--master-port", type=tcp_port, default=29500)
@@ -146,7 +147,8 @@ class DevMachine(Platform):
                 extra={
                     "output_dir": str(under_root(self.cfg.run.output_dir)),
                     "how": how,
-                    "max_steps": self.cfg.schedule.max_steps,
+                    # schedule.epochs: the steps the prepared data gives (None until it is prepared)
+                    "max_steps": steps_where_known(self.cfg, under_root(self.cfg.data.dir))[0].schedule.max_steps,
                 },
             )
         )
@@ -179,7 +181,7 @@ class DevMachine(Platform):
         else:
             print(f"  process: not running (launcher pid {pid} has exited)")
         train, val = last_metrics(output_dir)
-        max_steps = job.extra.get("max_steps") or self.cfg.schedule.max_steps
+        max_steps = job.extra.get("max_steps") or self.cfg.schedule.max_steps or "?"
         print(
             f"  latest: {format_step(train, max_steps)}"
             if train

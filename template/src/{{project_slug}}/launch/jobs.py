@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..settings.config import project_root
+from ..settings.stored_files import read_json_lines, warn
 
 FOLDER = ".jobs"
 
@@ -105,8 +106,12 @@ def record(job: Job) -> Path | None:
     path = records_path(job.platform)
     try:
         path.parent.mkdir(exist_ok=True)
-        with open(path, "a") as f:
-            f.write(json.dumps(asdict(job)) + "\n")
+        with open(path, "a+b") as f:  # appends at the end wherever it reads
+            end = f.seek(0, os.SEEK_END)
+            f.seek(max(end - 1, 0))
+            # After a line cut short (no newline at its end), the record starts a line of its own.
+            lead = b"\n" if end and f.read(1) != b"\n" else b""
+            f.write(lead + json.dumps(asdict(job)).encode() + b"\n")
             f.flush()
             os.fsync(f.fileno())
     except OSError as exc:
@@ -115,21 +120,21 @@ def record(job: Job) -> Path | None:
     return path
 
 
+# What a record holds, checked on reading: a record edited by hand or written by a newer version
+# with a field of another type is skipped (said), not acted on.
+RECORD_KEYS = {"platform": str, "id": str}
+RECORD_OPTIONAL = {name: str for name in ("name", "submitted", "by", "where", "image", "commit", "code_copy")}
+RECORD_OPTIONAL.update(command=list, extra=dict)
+
+
 def read_records(platform: str) -> list[Job]:
-    """Every record of the platform, oldest first; a line that is not a job (a torn write) is skipped."""
-    jobs = []
-    try:
-        lines = records_path(platform).read_text().splitlines()
-    except OSError:
-        return []
+    """Every record of the platform, oldest first; a line that is not a job (a torn write, bytes
+    that are not text, JSON of another shape) is skipped with a warning naming file:line."""
+    records, warnings = read_json_lines(records_path(platform), RECORD_KEYS, RECORD_OPTIONAL)
+    for warning in warnings:
+        warn(warning)
     known = set(Job.__dataclass_fields__)
-    for line in lines:
-        try:
-            data = json.loads(line)
-            jobs.append(Job(**{k: v for k, v in data.items() if k in known}))
-        except (ValueError, TypeError):
-            continue
-    return jobs
+    return [Job(**{k: v for k, v in data.items() if k in known}) for data in records]
 
 
 def find(platform: str, job_id: str | None = None, name: str | None = None) -> Job | None:

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sys
 from argparse import Namespace
+
+import yaml
 
 from ..settings.config import ConfigError
 
@@ -40,6 +43,13 @@ def kube_client(args: Namespace):
     configuration = client.Configuration()
     try:
         config.load_kube_config(config_file=args.kubeconfig, context=args.context, client_configuration=configuration)
+    except (yaml.YAMLError, AttributeError, TypeError) as exc:  # not YAML, or YAML that is no kubeconfig
+        where = args.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        reason = " ".join(str(exc).split())[:200]
+        raise ConfigError(
+            f"kubeconfig {where} is not a kubeconfig ({type(exc).__name__}: {reason}); point --kubeconfig or "
+            "KUBECONFIG at the file your cluster's admin gave you (`kubectl config view` reads it)"
+        ) from None
     except (ConfigException, OSError) as exc:
         if args.kubeconfig or args.context:
             raise ConfigError(

@@ -41,6 +41,7 @@ from argparse import ArgumentParser, Namespace
 from pathlib import Path
 
 from ..planning.slurm_partition import partition_problem, requested
+from ..settings.bounds import slurm_name, slurm_time
 from ..settings.config import Config, ConfigError, project_root, under_root
 from . import code_copy, jobs
 from .base import Platform, print_file, tail_lines
@@ -67,9 +68,15 @@ def add_arguments(p: ArgumentParser) -> None:
         action="store_true",
         help="wait for the job to end for good (sbatch --wait; requeues included) and exit with its exit status",
     )
-    p.add_argument("--partition", help="Slurm partition (default: the script's, else the cluster's default)")
-    p.add_argument("--account", help="account to charge (default: the script's, else yours)")
-    p.add_argument("--time", help="time limit, HH:MM:SS or D-HH:MM:SS (default: the script's)")
+    p.add_argument(
+        "--partition", type=slurm_name, help="Slurm partition (default: the script's, else the cluster's default)"
+    )
+    p.add_argument("--account", type=slurm_name, help="account to charge (default: the script's, else yours)")
+    p.add_argument(
+        "--time",
+        type=slurm_time,
+        help="time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (default: the script's)",
+    )
     p.add_argument(
         "--sbatch-arg",
         dest="sbatch_args",
@@ -335,6 +342,7 @@ class Slurm(Platform):
         if job_id:
             return Job(self.name, job_id)
         if name:  # the newest of this user's jobs with that name
+            require_slurm("squeue")
             out = subprocess.run(
                 ["squeue", "--me", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True, timeout=30
             ).stdout.split()
@@ -385,6 +393,7 @@ class Slurm(Platform):
         return 0
 
     def logs(self, job: Job) -> int:
+        require_slurm("scontrol")
         state = self._state(job)
         out = state.get("StdOut") or job.extra.get("stdout")
         err = state.get("StdErr") or job.extra.get("stderr")

@@ -77,8 +77,18 @@ def add_arguments(p: ArgumentParser) -> None:
 # --- The API ------------------------------------------------------------------------------------------
 
 
+CREDENTIAL_VARIABLES = ("TENCENTCLOUD_SECRET_ID", "TENCENTCLOUD_SECRET_KEY", "TENCENTCLOUD_SESSION_TOKEN")
+
+
 def credentials():
-    """The SDK's credentials from the environment, else from the profile file; ConfigError naming both."""
+    """The SDK's credentials from the environment, else from the profile file; ConfigError naming both.
+    A variable set to blanks is refused: the SDK would sign with it and the API answer AuthFailure."""
+    blank = [name for name in CREDENTIAL_VARIABLES if name in os.environ and not os.environ[name].strip()]
+    if blank:
+        raise ConfigError(
+            f"{blank[0]} is set but blank: export the key of an API key (CAM console) there, or unset it to use "
+            "~/.tencentcloud/credentials"
+        )
     try:
         from tencentcloud.common import credential
     except ImportError:
@@ -96,6 +106,10 @@ def credentials():
                 "[default] section with secret_id = ... and secret_key = ..., or export "
                 "TENCENTCLOUD_SECRET_ID and TENCENTCLOUD_SECRET_KEY"
             ) from None
+        if found is not None and not (str(found.secret_id).strip() and str(found.secret_key).strip()):
+            raise ConfigError(
+                "~/.tencentcloud/credentials: secret_id or secret_key is blank; write the API key's values there"
+            )
         if found is not None:
             token = os.environ.get("TENCENTCLOUD_SESSION_TOKEN")
             return credential.Credential(found.secret_id, found.secret_key, token) if token else found
@@ -107,6 +121,7 @@ def credentials():
 
 
 def api_client(region: str, endpoint: str | None):
+    found = credentials()  # first: it names the SDK's install command when the SDK is missing
     from tencentcloud.common.profile.client_profile import ClientProfile
     from tencentcloud.common.profile.http_profile import HttpProfile
     from tencentcloud.tione.v20211111 import tione_client
@@ -115,7 +130,7 @@ def api_client(region: str, endpoint: str | None):
     if endpoint:
         scheme, sep, host = endpoint.partition("://")
         http.scheme, http.endpoint = (scheme, host) if sep else ("https", endpoint)
-    return tione_client.TioneClient(credentials(), region, ClientProfile(httpProfile=http))
+    return tione_client.TioneClient(found, region, ClientProfile(httpProfile=http))
 
 
 class Api:

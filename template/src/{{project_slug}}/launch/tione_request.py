@@ -9,7 +9,9 @@ unique Name and the start command (launch/tione/start-<mode>.sh in the image, wi
     mistakes, missing = request_problems(request)        # refused always / refused when submitting
 
 Every field is checked against the SDK's request models (tencentcloud-sdk-python-tione), which would
-drop an unknown one silently.
+drop an unknown one silently, and every value against FIELDS, its type and range, when the file is
+read: the SDK sends `InstanceNum: two` as it stands, and YAML 1.1 reads an unquoted `on`, `yes` or
+`0755` as a boolean or a number, which the API would get in place of the text.
 """
 
 from __future__ import annotations
@@ -23,10 +25,83 @@ from pathlib import Path
 
 import yaml
 
+from ..settings.bounds import MAX_NODES, Range
 from ..settings.config import ConfigError, project_root
 
 TASK_FILE = Path("launch") / "tione" / "task.yaml"
 NAME_PATTERN = re.compile(r"[\w\u4e00-\u9fff][\w\u4e00-\u9fff-]{0,59}")  # the API's rule: 60 characters at most
+
+
+# The type of every value task.yaml may hold (field names as the API spells them): str, bool, a Range
+# for a whole number, a dict for a nested structure, a one-item list for a list of them.
+_TEXT_PAIR = {"Name": str, "Value": str}
+FIELDS = {
+    "region": str,
+    "endpoint": str,
+    "code_dir": str,
+    "request": {
+        "Name": str,
+        "TiProjectId": str,
+        "TrainingMode": str,
+        "ChargeType": str,
+        "ResourceGroupId": str,
+        "ImageInfo": {"ImageType": str, "ImageUrl": str, "RegistryRegion": str, "RegistryId": str, "ImageSecret": dict},
+        "ResourceConfigInfos": [
+            {
+                "Role": str,
+                "InstanceNum": Range(1, MAX_NODES),
+                "Cpu": Range(1, 10**7),  # 1/1000 cores
+                "Memory": Range(1, 10**8),  # MB
+                "Gpu": Range(0, 10**5),  # 1/100 GPUs
+                "GpuType": str,
+                "InstanceType": str,
+                "RDMAConfig": {"Enable": bool},
+            }
+        ],
+        "DataSource": str,
+        "DataConfigs": [
+            {
+                "MappingPath": str,
+                "DataSourceType": str,
+                "CFSSource": {"Id": str, "Path": str},
+                "GooseFSSource": {"Id": str, "Type": str, "Path": str},
+            }
+        ],
+        "VpcId": str,
+        "SubnetId": str,
+        "LogEnable": bool,
+        "LogConfig": {"LogsetId": str, "TopicId": str},
+        "Envs": [_TEXT_PAIR],
+        "Tags": [{"TagKey": str, "TagValue": str}],
+        "Remark": str,
+    },
+}
+_KIND = {str: "text (quote it: YAML reads on/yes/off as booleans and 0755 as a number)", bool: "true or false"}
+
+
+def value_problem(field: str, value, kind) -> str:
+    """Why `value` cannot be task.yaml's `field` ("" when it can); a field FIELDS does not list is left
+    to unknown_fields, which names it against the SDK's models."""
+    if isinstance(kind, dict):
+        if not isinstance(value, dict):
+            return f"{field} must be a mapping of fields, got {value!r}"
+        named = (
+            (f"{field}.{name}" if field else name, item, kind[name]) for name, item in value.items() if name in kind
+        )
+        return next((p for args in named for p in [value_problem(*args)] if p), "")
+    if isinstance(kind, list):
+        if not isinstance(value, list):
+            return f"{field} must be a list, got {value!r}"
+        return next(
+            (p for i, item in enumerate(value) for p in [value_problem(f"{field}[{i}]", item, kind[0])] if p), ""
+        )
+    if isinstance(kind, Range):
+        if isinstance(value, bool) or not isinstance(value, int) or not kind.holds(value):
+            return f"{field} must be a whole number {kind.words()}, got {str(value)[:40]!r}"
+        return ""
+    if kind is dict or type(value) is kind:  # an empty text is request_problems' (a value to fill in)
+        return ""
+    return f"{field} must be {_KIND[kind]}, got {value!r}"
 
 
 def load_task(path: Path) -> dict:
@@ -46,6 +121,9 @@ def load_task(path: Path) -> dict:
         raise ConfigError(
             f"{path}: `region` is empty: set it (e.g. ap-guangzhou), or `copier update --data tione_region=ap-shanghai`"
         )
+    problem = value_problem("", task, FIELDS)
+    if problem:
+        raise ConfigError(f"{path}: {problem} (field names as in TI-ONE's CreateTrainingTask)")
     return task
 
 

@@ -19,6 +19,7 @@ scaler's state and the count of skipped steps (strategies/ddp.py); DeepSpeed sav
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import sys
 from pathlib import Path
@@ -112,10 +113,12 @@ def run_state(
     }
 
 
-def check_compatible(state: dict, cfg: Config, world_size: int, where) -> list[str]:
+def check_compatible(state: dict, cfg: Config, world_size: int, where, layout_changed: bool = False) -> list[str]:
     """Refuse a checkpoint this run cannot continue exactly; returns notes on what changed. Another
     number of processes continues only under checkpoint.reshard=true (DDP loads its replicas on any
-    data-parallel size, DeepSpeed through its universal format: strategies/universal_checkpoint.py)."""
+    data-parallel size, DeepSpeed through its universal format: strategies/universal_checkpoint.py).
+    layout_changed: the strategy re-splits this checkpoint for other tensor and pipeline degrees
+    (also under checkpoint.reshard=true); the rest of the fingerprint must still match."""
     saved_world, trained_batch = state.get("world_size", world_size), state.get("config", {}).get("batch", {})
     saved_global = trained_batch.get("global_batch_size", cfg.batch.global_batch_size)
     if cfg.batch.scaling == "weak" and saved_world != world_size and saved_global != cfg.batch.global_batch_size:
@@ -125,7 +128,12 @@ def check_compatible(state: dict, cfg: Config, world_size: int, where) -> list[s
             f"recipe on {world_size} with batch.scaling=strong batch.global_batch_size={saved_global} checkpoint.reshard=true",
             key="batch.scaling",
         )
-    if state.get("fingerprint") != cfg.model_fingerprint():
+    saved_parallel = state.get("config", {}).get("parallel", {})
+    as_saved = cfg
+    if layout_changed:
+        kept = {k: saved_parallel.get(k, getattr(cfg.parallel, k)) for k in ("tensor", "pipeline")}
+        as_saved = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, **kept))
+    if state.get("fingerprint") != as_saved.model_fingerprint():
         raise ConfigError(
             f"{where} was written with a different model, global batch or parallel layout (model section, "
             "batch.global_batch_size, parallel.*); restore those settings, or start a new run in a folder "
@@ -133,6 +141,19 @@ def check_compatible(state: dict, cfg: Config, world_size: int, where) -> list[s
         )
     check_data(state, Path(cfg.data.dir), where, "to train on the new data, use a new run.output_dir")
     notes = []
+    if layout_changed and not cfg.checkpoint.reshard:
+        raise ConfigError(
+            f"{where} was written with parallel.tensor={saved_parallel.get('tensor', 1)} "
+            f"parallel.pipeline={saved_parallel.get('pipeline', 1)}; this run has parallel.tensor={cfg.parallel.tensor} "
+            f"parallel.pipeline={cfg.parallel.pipeline}. Set checkpoint.reshard=true to continue on the new layout "
+            "(results equal up to the order of reductions), or restore those degrees",
+            key="checkpoint.reshard",
+        )
+    if layout_changed:
+        notes.append(
+            f"layout changed from tensor {saved_parallel.get('tensor', 1)} x pipeline {saved_parallel.get('pipeline', 1)} "
+            f"to tensor {cfg.parallel.tensor} x pipeline {cfg.parallel.pipeline} (checkpoint.reshard=true)"
+        )
     if saved_world != world_size:
         if not cfg.checkpoint.reshard:
             raise ConfigError(

@@ -29,6 +29,7 @@ import zipfile
 from pathlib import Path
 
 from ..settings.config import ConfigError
+from ..settings.stored_files import DamagedFile, read_json, read_text, shape_problem
 from . import faults
 
 LATEST = "latest"
@@ -78,10 +79,14 @@ def fsync_tree(folder: Path) -> None:
         fsync_dir(Path(root))
 
 
+def temporary_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
 def atomic_write(path: Path, write, commit_hook: bool = True, before_rename=None) -> None:
     """write(f) into a temporary file, fsync it, call before_rename(), rename it to path: a crash at
     any moment leaves path as it was. The temporary file is gone afterwards, whatever happened."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temporary_name(path)
     try:
         with open(tmp, "wb") as f:
             write(f)
@@ -160,10 +165,13 @@ def list_folders(folder: Path) -> list[Path]:
 
 def named_by_latest(folder: Path) -> Path | None:
     pointer = folder / LATEST
-    try:
-        return folder / pointer.read_text().strip() if pointer.is_file() else None
-    except (OSError, UnicodeDecodeError):
+    if not pointer.is_file():
         return None
+    try:  # a damaged pointer names nothing: the newest checkpoint on disk is used
+        name = read_text(pointer, fix="the newest checkpoint on disk is used").strip()
+    except DamagedFile:
+        return None
+    return folder / name if name and "\0" not in name else None
 
 
 def candidates(folder: Path, listing=list_files) -> list[Path]:
@@ -176,18 +184,22 @@ def candidates(folder: Path, listing=list_files) -> list[Path]:
     return list(reversed(found))
 
 
+MANIFEST_KEYS = {"files": dict}
+MANIFEST_OPTIONAL = {"run_id": (str, None), "step": int}
+FILE_ENTRY = {"size": int, "sha256": str}
+
+
 def read_manifest(checkpoint: Path) -> dict | None:
     """The checkpoint's manifest; None for a checkpoint written before manifests existed."""
     path = manifest_path(checkpoint)
     if not path.exists():
         return None
     try:
-        record = json.loads(path.read_text())
-        if isinstance(record.get("files"), dict):
-            return record
-    except (OSError, ValueError, AttributeError):
-        pass
-    return {"unreadable": path.name}
+        record = read_json(path, fix="the checkpoint is not used", keys=MANIFEST_KEYS, optional=MANIFEST_OPTIONAL)
+    except DamagedFile:
+        return {"unreadable": path.name}
+    entries = (shape_problem(entry, FILE_ENTRY) for entry in record["files"].values())
+    return {"unreadable": path.name} if any(entries) else record
 
 
 def run_id_of(checkpoint: Path) -> str | None:
@@ -279,9 +291,12 @@ def save_failed(reason: str, folder: Path, name: str, needed: int) -> SaveFailed
 def room_reason(exc: BaseException, folder: Path, needed: int, write_error: OSError | None = None) -> str | None:
     """Why a write failed if it was for lack of room: an errno that says so, or (torch reports
     its writer's failures without one) less room left than the checkpoint needs."""
-    for error in (exc, exc.__cause__, exc.__context__, write_error):
-        if isinstance(error, OSError) and error.errno in FULL:
+    named = [e for e in (exc, exc.__cause__, exc.__context__, write_error) if isinstance(e, OSError) and e.errno]
+    for error in named:
+        if error.errno in FULL:
             return FULL[error.errno]
+    if named:  # the system named another reason (permission denied, read-only): not room
+        return None
     if isinstance(exc, (OSError, RuntimeError)) and free_bytes(folder) < needed:
         return FULL[errno.ENOSPC]
     return None
@@ -295,11 +310,37 @@ def unused_sibling(output_dir: Path) -> Path:
     return candidate
 
 
+# What a write killed before its rename leaves (temporary_name, and the markers' and the run lock's
+# job record beside them): matched by name, so that no file of the user's is ever taken for one.
+_LEFTOVER = re.compile(
+    r"\.(step_\d{8}(\.pt(\.json)?)?|latest|manifest\.json|preempted\.json)\.tmp-\d+|\.job\.json\.\d+"
+)
+
+
+def remove_interrupted_writes(output_dir: Path) -> list[Path]:
+    """Delete the temporaries of writes that never finished in output_dir, its checkpoints/ and the
+    checkpoint folders there; the paths removed. Called by the run that holds the folder's lock."""
+    ckpt_dir = Path(output_dir) / "checkpoints"
+    removed = []
+    for folder in (Path(output_dir), ckpt_dir, *list_folders(ckpt_dir)):
+        if folder.is_dir():
+            for path in sorted(folder.iterdir()):
+                if _LEFTOVER.fullmatch(path.name) and path.is_file() and not path.is_symlink():
+                    path.unlink(missing_ok=True)
+                    removed.append(path)
+    return removed
+
+
 def refuse_to_start(output_dir: Path, resume: bool) -> None:
     """Before a run writes anything: a new run (checkpoint.resume=false) refuses a folder that holds
-    an earlier run, and any run refuses a disk without room for its next checkpoint."""
+    an earlier run, and any run refuses a disk without room for its next checkpoint. The leftovers of
+    writes an earlier run was killed in go first (said): they take room the next checkpoint needs."""
     output_dir = Path(output_dir)
     ckpt_dir = output_dir / "checkpoints"
+    removed = remove_interrupted_writes(output_dir)
+    if removed:
+        names = ", ".join(str(p.relative_to(output_dir)) for p in removed)
+        print(f"removed {len(removed)} unfinished temporary file(s) of an interrupted write in {output_dir}: {names}")
     found = sorted(list_files(ckpt_dir) + list_folders(ckpt_dir), key=step_of)
     if not resume:
         held = [f"checkpoints up to {found[-1].name}"] if found else []

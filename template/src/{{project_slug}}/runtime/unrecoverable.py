@@ -12,10 +12,16 @@ message and exits 1 as usual.
 
     raise ConfigError("...")                     # on every rank that finds the mistake
     raise_on_every_rank(message, info.is_main)   # a failure rank 0 found and shared: it alone prints
+
+A ConfigError (SaveFailed among them) is such a failure by definition. So is an OSError that says our
+own folder cannot be written (`unwritable`: permission, a read-only or full disk, a file where a folder
+should be): a restart would retrain to the same write and fail again. Any other error is left to
+torchrun's restarts, as a crash it may outlive.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import sys
@@ -27,6 +33,18 @@ from pathlib import Path
 from ..settings.config import ConfigError
 
 FAILURE_FILE = "TRAIN_FAILURE_FILE"
+
+# EEXIST: mkdir(exist_ok=True) met a file where a folder should be.
+UNWRITABLE = {
+    errno.EACCES,
+    errno.EPERM,
+    errno.EROFS,
+    errno.ENOSPC,
+    errno.EDQUOT,
+    errno.ENOTDIR,
+    errno.EISDIR,
+    errno.EEXIST,
+}
 
 
 class SharedFailure(ConfigError):
@@ -61,6 +79,31 @@ def hand_over(message: str) -> bool:
     except OSError:  # no such folder: a rank on another machine than its supervisor
         return False
     return True
+
+
+def unwritable(exc: OSError, folders: list[Path]) -> ConfigError | None:
+    """The one-line failure for an OSError writing inside one of `folders` (run.output_dir,
+    data.dir), which no restart fixes; None for any other OSError."""
+    if exc.errno not in UNWRITABLE or not exc.filename:
+        return None
+    where = Path(os.fsdecode(exc.filename)).absolute()
+    folder = next((f for f in folders if where == f or f in where.parents), None)
+    if folder is None:
+        return None
+    if exc.errno in (errno.EEXIST, errno.ENOTDIR):
+        fix = "a file stands where a folder should be on that path: move it away"
+    else:
+        fix = f"make {where.parent} a folder you can write, with room"
+    return ConfigError(
+        f"cannot write {where}: {exc.strerror} (inside {folder}); a restart would fail the same way: "
+        f"{fix} (or choose another folder), then run the same command to resume"
+    )
+
+
+def recorded_by_a_rank() -> bool:
+    """In a rank: whether a rank already handed a failure to the supervisor (which ends the job)."""
+    path = os.environ.get(FAILURE_FILE)
+    return bool(path) and recorded(path) is not None
 
 
 def report(exc: ConfigError) -> int:

@@ -7,6 +7,11 @@ zero in `plan` or fall back to a default in `launch`.
     require_in_bounds(cfg)  # cli.py, right after loading the config: ConfigError naming every bad value
     p.add_argument("--nnodes", type=count)  # "argument --nnodes: must be a whole number of at least 1, got '0'"
 
+Every range is finite: a count of 400 digits or a size of 1e305 would overflow the float arithmetic
+of `plan` or a scheduler's field, so the largest values are bounds too (MAX_NODES, MAX_COUNT). Text
+the command line passes on to a scheduler has a pattern here as well (slurm_time, slurm_name),
+matched with fullmatch: `$` would let a trailing newline through.
+
 Platform variables (PET_NNODES, WORLD_SIZE, SLURM_*, GPU_NUM_PER_NODE, ...) are checked where they
 are read, in topology.py. No torch here.
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,18 +48,29 @@ class Range:
 
 
 def _number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else str(value)
+    """The value as the user would write it; a 400-digit one named by its length, not printed whole."""
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer() and abs(value) < 1e16):
+        return str(value)
+    text = str(int(value))
+    return text if len(text) <= 24 else f"{text[:12]}... ({len(text)} digits)"
 
 
-COUNT = Range(1)
-NON_NEGATIVE = Range(0)
-POSITIVE = Range(0, low_open=True)
+MAX_NODES = 4096
+"""Nodes of one job: more than the largest training clusters give one job."""
+MAX_GPUS_PER_NODE = 16
+"""GPUs of one node (8 on HGX/DGX machines; 16 on the largest)."""
+MAX_COUNT = 10**12
+"""Steps, tokens, batch sizes: far beyond any run, far below where float arithmetic loses whole numbers."""
+
+COUNT = Range(1, MAX_COUNT)
+NON_NEGATIVE = Range(0, MAX_COUNT)
+POSITIVE = Range(0, MAX_COUNT, low_open=True)
 FRACTION = Range(0, 1)
 BETA = Range(0, 1, high_open=True)
 
 BOUNDS: dict[str, Range] = {
-    "cluster.nodes": COUNT,
-    "cluster.gpus_per_node": COUNT,
+    "cluster.nodes": Range(1, MAX_NODES),
+    "cluster.gpus_per_node": Range(1, MAX_GPUS_PER_NODE),
     "cluster.max_restarts": NON_NEGATIVE,
     "cluster.stop_grace_seconds": NON_NEGATIVE,
     "model.n_kv_head": COUNT,
@@ -120,42 +137,52 @@ def require_in_bounds(cfg: Config) -> None:
 # --- argparse types: the command line's numbers ---------------------------------------------------
 
 
-def whole_number(least: int) -> Callable[[str], int]:
-    """An argparse type for a whole number of at least `least`."""
+WHOLE = re.compile(r"\s*[+-]?[0-9]+\s*")
+"""ASCII digits: int() would also read Arabic-Indic or fullwidth digits, which no scheduler takes."""
+
+
+def whole_number(least: int, most: int = MAX_COUNT) -> Callable[[str], int]:
+    """An argparse type for a whole number from `least` to `most`."""
 
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < least:
-            raise argparse.ArgumentTypeError(f"must be a whole number of at least {least}, got {text!r}")
+        value = int(text) if WHOLE.fullmatch(text) and len(text) < 40 else None
+        if value is None or not least <= value <= most:
+            raise argparse.ArgumentTypeError(
+                f"must be a whole number of at least {least} and at most {most}, got {_shown(text)}"
+            )
         return value
 
-    parse.__name__ = f"whole number >= {least}"
+    parse.__name__ = f"whole number {least}..{most}"
     return parse
 
 
+def _shown(text: str) -> str:
+    """The value as given, shortened: a 400-digit value is named, not printed whole."""
+    return repr(text) if len(text) <= 40 else f"{text[:20]!r}... ({len(text)} characters)"
+
+
 count = whole_number(1)
-"""Nodes, processes, tokens, iterations."""
+"""Processes, tokens, iterations."""
+node_count = whole_number(1, MAX_NODES)
+"""Nodes of a job."""
 non_negative_int = whole_number(0)
 """A rank, or a count where 0 means 'all' or 'none'."""
 
 
 def tcp_port(text: str) -> int:
-    if not text.strip().isdigit() or not 0 < int(text) < 65536:
-        raise argparse.ArgumentTypeError(f"must be a TCP port (1-65535), got {text!r}")
+    if not (WHOLE.fullmatch(text) and len(text) < 8 and 0 < int(text) < 65536):
+        raise argparse.ArgumentTypeError(f"must be a TCP port (1-65535), got {_shown(text)}")
     return int(text)
 
 
 def _real(allowed: Range) -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
-            value = float(text)
+            value = float(text) if text.isascii() else math.nan
         except ValueError:
             value = math.nan
         if not allowed.holds(value) or math.isinf(value):
-            raise argparse.ArgumentTypeError(f"must be a number {allowed.words()}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"must be a number {allowed.words()}, got {_shown(text)}")
         return value
 
     parse.__name__ = f"number {allowed.words()}"
@@ -166,5 +193,27 @@ non_negative_float = _real(NON_NEGATIVE)
 """A temperature (0 = greedy)."""
 positive_float = _real(POSITIVE)
 """Seconds to wait, a token count, a size."""
-mebibytes = _real(Range(0.01))
-"""A size of work in MiB: 10 KiB at least, so a slip of the decimal point is not a task per byte."""
+mebibytes = _real(Range(0.01, 1024 * 1024))
+"""A size of work in MiB: 10 KiB at least, so a slip of the decimal point is not a task per byte; 1 TiB at most."""
+
+
+# --- text passed on to a scheduler -----------------------------------------------------------------
+
+SLURM_TIME = re.compile(r"[0-9]{1,6}(:[0-5][0-9]){0,2}|[0-9]{1,4}-[0-9]{1,2}(:[0-5][0-9]){0,2}")
+"""Slurm's --time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (minutes and seconds below 60)."""
+SLURM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+"""A Slurm partition or account."""
+
+
+def _text(pattern: re.Pattern, words: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if not pattern.fullmatch(text):
+            raise argparse.ArgumentTypeError(f"must be {words}, got {_shown(text)}")
+        return text
+
+    parse.__name__ = words
+    return parse
+
+
+slurm_time = _text(SLURM_TIME, "a Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, e.g. 24:00:00")
+slurm_name = _text(SLURM_NAME, "letters, digits, '_', '.' and '-' (a Slurm partition or account name), e.g. gpu")

@@ -25,14 +25,7 @@ from typing import Any
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """A mistake the user can fix, printed in a line or two without traceback. `key`: the config
-    key ("section.name") whose value is wrong; callers relate errors to settings by it, not by wording."""
-
-    def __init__(self, message: str, key: str | None = None):
-        super().__init__(message)
-        self.key = key
+from .stored_files import ConfigError, DamagedFile, one_line, read_text
 
 
 class Problem(str):
@@ -301,7 +294,7 @@ def read_env_file(path: Path) -> dict[str, str]:
     """KEY=VALUE lines; '#' starts a comment; blank lines are skipped; a missing file is empty."""
     values = {}
     if path.is_file():
-        for line in path.read_text().splitlines():
+        for line in read_text(path, fix="save it as UTF-8 text (KEY=VALUE lines)").splitlines():
             line = line.split("#", 1)[0].strip()
             if line:
                 key, sep, value = line.partition("=")
@@ -348,7 +341,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
     path = Path(path) if path else default_config_path()
     if not path.is_file():
         raise ConfigError(f"config file {path} not found; pass --config PATH or run from the project folder")
-    text = path.read_text()
+    text = read_text(path, fix="save it as UTF-8 text")
     # A conflicting `copier update` (or git merge) leaves markers that may still parse as YAML.
     markers = [
         n
@@ -363,7 +356,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
     try:
         raw = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+        mark = getattr(exc, "problem_mark", None)
+        what = one_line(getattr(exc, "problem", None) or exc)
+        raise DamagedFile(
+            path,
+            f"not valid YAML ({what})",
+            "correct that line: `key: value` under each section",
+            mark and mark.line + 1,
+        ) from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path} must hold a mapping of sections (model:, data:, ...)")
     cfg = Config()
@@ -392,7 +392,7 @@ def _section(cfg: Config, name: str, source: str):
     names = [f.name for f in dataclasses.fields(cfg)]
     if name not in names:
         raise ConfigError(
-            f"unknown section '{name}' in {source}{_did_you_mean(name, names)}; sections are {', '.join(names)}"
+            f"unknown section '{name}' in {source}{_did_you_mean(str(name), names)}; sections are {', '.join(names)}"
         )
     return getattr(cfg, name)
 
@@ -401,7 +401,7 @@ def _assign(section, section_name: str, key: str, value: Any, source: str, from_
     fields = {f.name: f for f in dataclasses.fields(section)}
     if key not in fields:
         raise ConfigError(
-            f"unknown key '{section_name}.{key}' in {source}{_did_you_mean(key, list(fields), section_name + '.')}; "
+            f"unknown key '{section_name}.{key}' in {source}{_did_you_mean(str(key), list(fields), section_name + '.')}; "
             f"keys of {section_name}: {', '.join(fields)}"
         )
     hint = typing.get_type_hints(type(section))[key]
@@ -430,7 +430,7 @@ def _coerce(value: Any, hint: Any, name: str, source: str, from_text: bool) -> A
     if base is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        if isinstance(value, str):
+        if isinstance(value, str) and value.isascii():  # float() also reads other scripts' digits
             try:
                 return float(value)
             except ValueError:

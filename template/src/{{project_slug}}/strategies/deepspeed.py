@@ -224,7 +224,6 @@ def current_loss_scale(optimizer) -> float:
 class DeepSpeedStrategy:
     name = "deepspeed"
     consumes_batches = False  # train.py runs the micro steps (see PipelineStrategy for the other case)
-    converts_to_universal = True  # a sharded checkpoint continues on another data-parallel size
 
     def __init__(self, cfg: Config, info: DistInfo, model: torch.nn.Module, accum: int, resume: bool = False):
         deepspeed = import_deepspeed()
@@ -271,22 +270,37 @@ class DeepSpeedStrategy:
             )
         saved = torch.load(states[0], map_location="cpu", weights_only=False, mmap=True)
         parallel = self.cfg.parallel
-        refusal = universal_checkpoint.layout_change_refusal(
-            saved, parallel.tensor, parallel.pipeline, self.info.world_size, latest
-        )
+        layout_changed = universal_checkpoint.saved_degrees(saved) != (parallel.tensor, parallel.pipeline)
+        refusal = self.layout_refusal(latest, saved) if layout_changed else None
         if refusal:
             raise ConfigError(refusal, key="parallel.tensor")
-        self.resume_notes = checkpoint.check_compatible(saved, self.cfg, self.info.world_size, latest)
+        self.resume_notes = checkpoint.check_compatible(saved, self.cfg, self.info.world_size, latest, layout_changed)
         self.resume_point, self.load_dir = latest, ckpt_dir
         saved_dp = saved.get("data_parallel_size", saved.get("world_size"))
-        if saved_dp != data_parallel_size and universal_checkpoint.is_partitioned(latest):
-            if not self.converts_to_universal:
-                raise ConfigError(universal_checkpoint.pipeline_refusal(latest, saved, self.info.world_size))
+        if (saved_dp != data_parallel_size or layout_changed) and universal_checkpoint.is_partitioned(latest):
+            refusal = self.universal_refusal(latest, saved)
+            if refusal:
+                raise ConfigError(refusal, key="checkpoint.reshard")
             self.load_dir = universal_checkpoint.convert_once(latest, self.info.is_main).parent
             self.ds_config["checkpoint"] = {"load_universal": True}
             self.resume_notes.append(
                 f"optimizer state re-partitioned from {saved_dp} to {data_parallel_size} data-parallel ranks"
+                if saved_dp != data_parallel_size
+                else "weights and optimizer state re-split for the new tensor and pipeline degrees"
             )
+
+    def layout_refusal(self, folder: Path, saved: dict) -> str | None:
+        """Why checkpoint `folder`, written with other tensor or pipeline degrees, cannot continue on
+        this run's; None: it can. This strategy runs neither, so it never can."""
+        parallel = self.cfg.parallel
+        return universal_checkpoint.layout_change_refusal(
+            saved, parallel.tensor, parallel.pipeline, self.info.world_size, folder
+        )
+
+    def universal_refusal(self, folder: Path, saved: dict) -> str | None:
+        """Why the sharded checkpoint `folder` cannot be converted to continue on another data-parallel
+        size; None: it can (every checkpoint of this strategy)."""
+        return None
 
     def _init_process_group(self, deepspeed) -> None:
         for key, value in {

@@ -29,6 +29,7 @@ from ..models.gpt3 import GPT3, Block, Embedding, FinalNorm, gpt3_config, head_l
 from ..models.sample_dropout import samples
 from ..runtime.distributed import DistInfo
 from ..settings.config import Config
+from . import universal_checkpoint
 from .common import compiled, param_groups
 from .deepspeed import (
     DeepSpeedStrategy,
@@ -119,10 +120,6 @@ def layer_specs(cfg: Config, vocab_size: int, tp_group):
 class PipelineStrategy(DeepSpeedStrategy):
     name = "pipeline"
     consumes_batches = True
-    # DeepSpeed's universal format loads a ZeRO-1 pipeline checkpoint on another data-parallel size
-    # with weights that differ from the saved ones (measured: the first loss after the load off by
-    # 7e-3 on the 2-stage test model), so the engine's sharded checkpoints keep their shape.
-    converts_to_universal = False
 
     def __init__(self, cfg: Config, info: DistInfo, vocab_size: int, accum: int, resume: bool = False):
         deepspeed = import_deepspeed()
@@ -161,6 +158,8 @@ class PipelineStrategy(DeepSpeedStrategy):
                 checkpointable_layers=["KeyedBlock"],
                 activation_checkpoint_func=functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False),
             )
+        # Saved in every checkpoint: what DeepSpeed's universal conversion must know of these layers.
+        module.universal_checkpoint_info = universal_checkpoint.pipeline_layout_info()
         self._write_config()
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=module, model_parameters=param_groups(module, cfg.optim.weight_decay), config=self.ds_config
@@ -170,6 +169,21 @@ class PipelineStrategy(DeepSpeedStrategy):
             self.compile_note = "compiled per layer (the pipeline schedule between them eager)"
             self.engine.compile()  # DeepSpeed compiles each layer of this stage in place
         self.runnable = self.module = None  # no single-process forward: the stages hold parts
+
+    def layout_refusal(self, folder: Path, saved: dict) -> str | None:
+        """Another tensor or pipeline degree: DeepSpeed's universal format re-splits the engine's own
+        ZeRO-1 checkpoints when they record how (see universal_checkpoint.pipeline_layout_info)."""
+        tensor, pipeline = universal_checkpoint.saved_degrees(saved)
+        if tensor * pipeline > 1 and universal_checkpoint.is_partitioned(folder):
+            if universal_checkpoint.records_pipeline_layout(saved):
+                return None
+            return universal_checkpoint.pipeline_refusal(folder, saved, self.info.world_size)
+        return super().layout_refusal(folder, saved)
+
+    def universal_refusal(self, folder: Path, saved: dict) -> str | None:
+        if universal_checkpoint.records_pipeline_layout(saved):
+            return None
+        return universal_checkpoint.pipeline_refusal(folder, saved, self.info.world_size)
 
     def resume(self, ckpt_dir: Path, allowed: bool) -> int:
         with torch.no_grad():  # loading broadcasts the tied embedding again (see __init__)

@@ -14,11 +14,13 @@ A later resume on the same new shape finds the conversion done; the save that ro
 original out removes its conversion too. ZeRO 0 needs none of this: every rank holds the whole
 optimizer state, and DeepSpeed loads it on any data-parallel size.
 
-Only the data-parallel degree may change: the tensor and pipeline degrees split each layer's
-weights over files that our layers' names alone do not tell DeepSpeed how to join (see
-layout_change_refusal). Under the pipeline engine (gpt3 with parallel.pipeline or .tensor > 1) a
-ZeRO-1 checkpoint keeps its data-parallel size too: DeepSpeed's conversion of it does not load back
-to the saved weights (pipeline_refusal).
+Under the pipeline engine (gpt3 with parallel.pipeline or .tensor > 1, ZeRO-1) the tensor and
+pipeline degrees may change too: the conversion joins every weight's tensor-parallel shards and the
+load splits them for the new degrees, given what pipeline_layout_info records in every checkpoint
+(which weights the stages share, which are split along which dimension); checkpoints written before
+it was recorded keep their shape. ZeRO 0 there keeps a file per layer and tensor rank, which only
+the same degrees read (layout_change_refusal); so does a change between the pipeline engine and
+the plain strategy (tensor x pipeline = 1), whose weights are named otherwise.
 """
 
 from __future__ import annotations
@@ -114,30 +116,68 @@ def _saved_processes(folder: Path) -> str:
     return str(ranks) if ranks else "same number of"
 
 
-def layout_change_refusal(saved: dict, tensor: int, pipeline: int, world_size: int, where) -> str | None:
-    """The one line refusing a checkpoint written with other tensor or pipeline degrees, naming the
-    shapes that can continue it; None when those degrees are the same."""
+def saved_degrees(saved: dict) -> tuple[int, int]:
+    """(tensor, pipeline) degrees a checkpoint was written with."""
     parallel = saved.get("config", {}).get("parallel", {})
-    was = (int(parallel.get("tensor", 1)), int(parallel.get("pipeline", 1)))
-    if was == (tensor, pipeline):
-        return None
+    return int(parallel.get("tensor", 1)), int(parallel.get("pipeline", 1))
+
+
+def layout_change_refusal(saved: dict, tensor: int, pipeline: int, world_size: int, where) -> str:
+    """The one line refusing a checkpoint written with other tensor or pipeline degrees than a run
+    that cannot re-split it, naming the shapes that can continue it."""
+    was = saved_degrees(saved)
     per_replica = was[0] * was[1]
     saved_world = saved.get("world_size", per_replica)
     return (
         f"{where} was written with parallel.tensor={was[0]} parallel.pipeline={was[1]} ({saved_world} processes); "
-        f"this run has parallel.tensor={tensor} parallel.pipeline={pipeline} ({world_size} processes). A checkpoint "
-        f"continues with the tensor and pipeline degrees it was written with: run with parallel.tensor={was[0]} "
-        f"parallel.pipeline={was[1]} on any multiple of {per_replica} processes (checkpoint.reshard=true when the "
-        "number changes), or start a new run in a folder of its own"
+        f"this run has parallel.tensor={tensor} parallel.pipeline={pipeline} ({world_size} processes). Only the "
+        "pipeline engine's ZeRO-1 checkpoints (tensor x pipeline > 1 before and after) change those degrees: "
+        f"run with parallel.tensor={was[0]} parallel.pipeline={was[1]} on any multiple of {per_replica} processes "
+        "(checkpoint.reshard=true when the number changes), or start a new run in a folder of its own"
     )
 
 
+def pipeline_layout_info() -> dict:
+    """What DeepSpeed's conversion reads of the pipeline engine's layers (the module's
+    universal_checkpoint_info, which DeepSpeed saves in every checkpoint)."""
+    from deepspeed.checkpoint import constants
+
+    return {
+        constants.UNIVERSAL_CHECKPOINT_VERSION_KEY: constants.UNIVERSAL_CHECKPOINT_VERSION_VALUE,
+        # The tied embedding sits on the first stage and again on the last, for the head. Only its
+        # `wte` is kept equal between the two (DeepSpeed all-reduces the tied weight's gradient); the
+        # last stage's unused `wpe` drifts under weight decay. The first stage's copy is the model's,
+        # and without this the conversion keeps whichever stage it reads last.
+        constants.PIPELINE_REPLICATED_PARAMETER_PATTERNS: [r"tied_modules\."],
+        # Tensor parallelism (strategies/tensor_parallel.py): the conversion joins each weight's shards
+        # and the load splits them again for the new degree. Whole on every tensor rank: embeddings,
+        # layer norms, the final norm (the last layer's index), the row-parallel layers' biases.
+        # Split by input features (row parallel): proj and fc2. Everything else (qkv, fc) by output
+        # features, DeepSpeed's default, along dimension 0: contiguous rows of qkv are whole heads.
+        constants.TP_REPLICATED_PARAMETER_PATTERNS: [
+            r"tied_modules\.",
+            r"\d+\.ln[12]\.",
+            r"\d+\.(proj|fc2)\.bias$",
+            r"\d+\.(weight|bias)$",
+        ],
+        constants.PARAMETER_WITH_ROW_PARALLELISM_PATTERNS: [r"\d+\.(proj|fc2)\.weight$"],
+    }
+
+
+def records_pipeline_layout(saved: dict) -> bool:
+    from deepspeed.checkpoint import constants
+
+    info = saved.get(constants.UNIVERSAL_CHECKPOINT_INFO) or {}
+    return bool(info.get(constants.PIPELINE_REPLICATED_PARAMETER_PATTERNS))
+
+
 def pipeline_refusal(folder: Path, saved: dict, world_size: int) -> str:
-    """Why a pipeline-engine checkpoint with sharded optimizer state cannot change its data-parallel size."""
+    """Why a pipeline-engine checkpoint that does not record its shared weights keeps its data-parallel size."""
     saved_world = saved.get("world_size", "its")
     return (
         f"{folder} holds ZeRO-1 optimizer shards of the DeepSpeed pipeline engine, written by {saved_world} "
-        f"processes; this run has {world_size}, and DeepSpeed's universal conversion does not restore such a "
-        f"checkpoint exactly. Continue it on {saved_world} processes, or start a new run in a folder of its own "
+        f"processes, without the record of the weights its stages share (checkpoints of this project's "
+        f"earlier template versions); this run has {world_size}. Continue it on {saved_world} processes; its "
+        "next checkpoint records them and can then change size. Or start a new run in a folder of its own "
         f"(run.output_dir={checkpoint_files.unused_sibling(folder.parent.parent)})"
     )

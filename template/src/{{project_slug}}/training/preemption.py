@@ -33,6 +33,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..settings.stored_files import DamagedFile, read_json, warn
+
 EXIT_PREEMPTED = 143
 """128 + SIGTERM: what Kubernetes and Slurm show for a job stopped by a signal, and a code
 training-operator's `restartPolicy: ExitCode` retries. preempted.json says a checkpoint was saved."""
@@ -151,11 +153,17 @@ def write_marker(output_dir: str | Path, step: int, signal_name: str | None, che
     os.replace(tmp, path)
 
 
+MARKER_KEYS = {"step": int, "signal": str, "checkpoint": str, "time": float}
+
+
 def read_marker(output_dir: str | Path, since: float) -> dict | None:
     """The record of a preemption save that happened after `since` (a time.time() value)."""
     path = marker_path(output_dir)
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
+    if not path.is_file():
         return None
-    return record if record.get("time", 0) >= since else None
+    try:
+        record = read_json(path, fix="the stop is reported as a failure", keys=MARKER_KEYS)
+    except DamagedFile as exc:
+        warn(str(exc))
+        return None
+    return record if record["time"] >= since else None

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..settings.config import ConfigError
+from ..settings.stored_files import DamagedFile, read_json
 
 LOCK_NAME = "run.lock"
 IDENTITY = "TRAIN_JOB_IDENTITY"  # the supervisor's job identity, exported to the ranks it starts
@@ -95,14 +96,18 @@ def _record(identity: str | None) -> dict:
     }
 
 
+# The fields a lock (and job.json) may hold; one of another type makes the record damaged.
+RECORD_FIELDS = {"job": str, "host": str, "pid": int, "pid_start": (str, None), "machine": str, "started": float}
+RECORD_FIELDS.update(command=str)
+
+
 def _read(path: Path) -> dict | None:
-    try:
-        record = json.loads(path.read_text())
-        return record if isinstance(record, dict) else {}
-    except FileNotFoundError:
+    if not path.exists():
         return None
-    except (OSError, ValueError):
-        return {}  # damaged: treated as a holder that is gone
+    try:
+        return read_json(path, fix="it is taken as released", optional=RECORD_FIELDS)
+    except DamagedFile:
+        return None if not path.exists() else {}  # damaged: treated as a holder that is gone
 
 
 def gone(record: dict, path: Path) -> str | None:

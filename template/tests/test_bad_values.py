@@ -1,0 +1,107 @@
+"""Generated bad values for every config key and every validated command-line option: each ends in
+exit 1 or 2 with one `error:` line naming the input, no traceback, and nothing written.
+
+    python -m pytest -q tests/test_bad_values.py     # a few seconds: the cases run in one process
+
+The cases run in-process (cli.main) in one child process, so hundreds of them cost one start-up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import typing
+
+WRONG_NUMBERS = ["abc", "", "1" + "0" * 400, "1e305", "inf", "nan", "\uff11\uff12", "1\n2"]
+DRIVER = """
+import contextlib, io, json, sys, traceback
+from {package} import cli
+results = []
+for argv in json.load(open(sys.argv[1])):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(argv)
+        except SystemExit as exc:
+            code = exc.code
+        except BaseException:
+            code, _ = None, traceback.print_exc()
+    results.append([argv, code, out.getvalue() + err.getvalue()])
+json.dump(results, sys.stdout)
+"""
+
+
+def run_cases(cli, tmp_path, cases: list[list[str]]) -> list:
+    before = sorted(p for p in cli.root.rglob("*") if "__pycache__" not in p.parts)
+    cases_file = tmp_path / "cases.json"
+    cases_file.write_text(json.dumps(cases))
+    driver = DRIVER.format(package=cli.package)
+    results = json.loads(cli.run([sys.executable, "-c", driver, cases_file], timeout=600).stdout)
+    assert sorted(p for p in cli.root.rglob("*") if "__pycache__" not in p.parts) == before, "a case wrote a file"
+    return results
+
+
+def refused_cleanly(result, named: str) -> str:
+    """'' when the case ended as it should; else what went wrong."""
+    argv, code, output = result
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    if code not in (1, 2) or "Traceback" in output or len(errors) != 1 or named not in errors[0]:
+        return f"{argv!r}: exit {code}\n{output[-1500:]}"
+    return ""
+
+
+def config_cases(pkg) -> list[tuple[list[str], str]]:
+    config = pkg.module("settings.config")
+    bounds = pkg.module("settings.bounds")
+    cases = []
+    for section in dataclasses.fields(config.Config):
+        kind = type(getattr(config.Config(), section.name))
+        hints = typing.get_type_hints(kind)
+        for field in dataclasses.fields(kind):
+            key, hint = f"{section.name}.{field.name}", hints[field.name]
+            base = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
+            values = []
+            if base is int:
+                values = ["abc", "1.5", "\uff11\uff12", "1e305"]
+            elif base is float:
+                values = ["abc", "\uff11\uff12"]  # float() alone would read full-width digits
+            elif base is bool:
+                values = ["maybe", "2"]
+            if key in bounds.BOUNDS:
+                allowed = bounds.BOUNDS[key]
+                values += ["1" + "0" * 400, "-1" if allowed.low >= 0 else "abc"]
+                values += ["0"] if not allowed.holds(0) else []
+                values += ["inf", "nan", "1e305"] if base is float else []
+            cases += [(["check", f"{key}={value}"], key) for value in dict.fromkeys(values)]
+    return cases
+
+
+def option_cases(pkg) -> list[tuple[list[str], str]]:
+    """Every option of every command (launch's platforms included) whose argparse type checks a number
+    or a pattern, with values no such type may accept."""
+    cli, bounds = pkg.module("cli"), pkg.module("settings.bounds")
+    checked = {getattr(bounds, name) for name in dir(bounds) if callable(getattr(bounds, name))}
+    texts = {bounds.slurm_time, bounds.slurm_name}
+    cases = []
+
+    def walk(parser, prefix):
+        for action in parser._actions:
+            if action.choices and isinstance(action.choices, dict):  # subcommands
+                for name, sub in action.choices.items():
+                    walk(sub, [*prefix, name])
+            elif action.option_strings and action.type in checked:
+                values = ["", "x\n", "\u00e9", "a b", "9" * 400] if action.type in texts else WRONG_NUMBERS + ["-1"]
+                option = action.option_strings[-1]
+                cases.extend(([*prefix, f"{option}={value}"], option) for value in values)
+
+    walk(cli.build_parser(), [])
+    return cases
+
+
+def test_every_config_key_and_option_refuses_bad_values_in_one_line(cli, pkg, tmp_path):
+    cases = config_cases(pkg) + option_cases(pkg)
+    assert len(cases) > 300  # every key and option took part
+    results = run_cases(cli, tmp_path, [argv for argv, _ in cases])
+    failures = [f for result, (_, named) in zip(results, cases) if (f := refused_cleanly(result, named))]
+    assert not failures, f"{len(failures)} of {len(cases)} cases:\n" + "\n".join(failures[:10])
