@@ -179,3 +179,110 @@ def test_a_damaged_meta_json_is_one_line_from_launch(tmp_path, damage):
     assert len(lines) == 1 and lines[0].startswith(f"error: {data / 'meta.json'} is damaged"), lines
     assert words in lines[0] and "prepare-data --force" in lines[0], lines[0]
     assert tree_hashes(tmp_path) == before
+
+
+# A run's own files beside its checkpoints, damaged: the checkpoint manifest and the `latest` pointer
+# (eval passes over the damaged checkpoint to the one before, or finds the newest on disk), and what
+# an interrupted save and a killed run leave (the next start removes our temporaries, never a user's
+# file, and treats a damaged run lock as released).
+CKPT = Path("checkpoints")
+MANIFEST_DAMAGE = ["cut short", "random bytes", "a JSON array", "a mapping without its keys", "a key of another type"]
+
+
+def copy_of_run(run_2proc, tmp_path) -> Path:
+    """run_2proc's checkpoints (10, 20, 30 with their manifests and `latest`) and metrics."""
+    out = tmp_path / "run"
+    shutil.copytree(run_2proc[0] / CKPT, out / CKPT)
+    shutil.copy(run_2proc[0] / "metrics.jsonl", out / "metrics.jsonl")
+    return out
+
+
+def evaluated_step(cli, demo_data, out, tmp_path) -> tuple[int, str]:
+    proc = cli("eval", f"data.dir={demo_data}", f"run.output_dir={out}", "run.device=cpu", "logging.eval_batches=1")
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    return json.loads((out / "eval.json").read_text())["step"], proc.stderr
+
+
+@pytest.mark.parametrize("damage", MANIFEST_DAMAGE)
+def test_a_damaged_checkpoint_manifest_is_passed_over(cli, run_2proc, demo_data, tmp_path, damage):
+    out = copy_of_run(run_2proc, tmp_path)
+    manifest = out / CKPT / "step_00000030.pt.json"
+    manifest.write_bytes(DAMAGED[damage])
+    step, stderr = evaluated_step(cli, demo_data, out, tmp_path)
+    assert step == 20, stderr
+    assert f"skipping damaged checkpoint {out / CKPT / 'step_00000030.pt'}" in stderr, stderr
+    assert manifest.read_bytes() == DAMAGED[damage]  # reported, never rewritten
+
+
+@pytest.mark.parametrize("pointer", [GARBAGE, b"step_00000099.pt", b"../../etc/passwd", b""], ids=str)
+def test_a_damaged_latest_pointer_falls_back_to_the_newest_checkpoint_on_disk(
+    cli, run_2proc, demo_data, tmp_path, pointer
+):
+    out = copy_of_run(run_2proc, tmp_path)
+    (out / CKPT / "latest").write_bytes(pointer)
+    step, _ = evaluated_step(cli, demo_data, out, tmp_path)
+    assert step == 30
+
+
+def test_the_next_start_removes_what_interrupted_writes_left_and_reads_a_damaged_lock_as_released(
+    cli, run_2proc, demo_data, train_overrides, tmp_path
+):
+    out = copy_of_run(run_2proc, tmp_path)
+    leftovers = [out / CKPT / ".step_00000040.pt.tmp-4242", out / CKPT / ".latest.tmp-4242", out / ".job.json.4242"]
+    for path in leftovers:
+        path.write_bytes(b"half a write")
+    kept = [out / CKPT / ".notes.tmp-1", out / CKPT / "step_00000040.pt.tmp-4242"]  # not names we write
+    for path in kept:
+        path.write_bytes(b"the user's")
+    (out / "run.lock").write_bytes(GARBAGE)
+    proc = cli("train", *train_overrides, f"data.dir={demo_data}", f"run.output_dir={out}", "checkpoint.reshard=true")
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert "removed 3 unfinished temporary file(s) of an interrupted write" in proc.stdout, proc.stdout
+    assert "already trained to step 30" in proc.stdout and "its lock file is unreadable" in proc.stderr
+    assert not any(path.exists() for path in leftovers)
+    assert all(path.read_bytes() == b"the user's" for path in kept)
+
+
+@pytest.mark.parametrize("damage", ["random bytes", "a JSON array", "a key of another type"])
+def test_a_damaged_preemption_marker_or_metrics_line_is_passed_over_in_status(run_2proc, tmp_path, damage):
+    out = copy_of_run(run_2proc, tmp_path)
+    (out / "preempted.json").write_bytes(DAMAGED[damage])
+    with open(out / "metrics.jsonl", "ab") as metrics:  # lines that are no metrics record: passed over
+        metrics.write(DAMAGED[damage] + b"\n" + b'{"step": "x", "loss": []}\n' + DAMAGED["cut short"])
+    records = tmp_path / ".jobs" / "devmachine.jsonl"
+    records.parent.mkdir()
+    record = {"platform": "devmachine", "id": "elsewhere:1", "name": "kept", "extra": {"output_dir": str(out)}}
+    records.write_text(json.dumps(record) + "\n")
+    proc = run_in(tmp_path, "launch", "devmachine", "--action", "status")
+    lines = stderr_lines(proc)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "latest: step     30/" in proc.stdout, proc.stdout
+    assert all(line.startswith("warning: ") for line in lines) and str(out / "preempted.json") in proc.stderr
+
+
+# Launch files the user edits, damaged: read by the same reader (one line naming the file and line).
+LAUNCH_FILES = {
+    platform: path
+    for platform, path in (("kubeflow", "launch/kubeflow/pytorchjob.yaml"), ("tione", "launch/tione/task.yaml"))
+    if (ROOT / path).is_file()
+}
+YAML_DAMAGE = {
+    "latin-1 text": ("name: caf\u00e9\n".encode("latin-1"), ":1: byte 0xe9 is not UTF-8"),
+    "unparsable": (b"spec:\n  replicas: [1\n", "not valid YAML"),
+    "binary": (GARBAGE, "is not UTF-8"),
+}
+
+
+@pytest.mark.parametrize("platform", LAUNCH_FILES)
+@pytest.mark.parametrize("damage", YAML_DAMAGE)
+def test_a_damaged_launch_file_is_one_line_from_its_dry_run(tmp_path, platform, damage):
+    content, words = YAML_DAMAGE[damage]
+    run_in(tmp_path, "--help")
+    path = tmp_path / LAUNCH_FILES[platform]
+    path.write_bytes(content)
+    before = tree_hashes(tmp_path)
+    proc = run_in(tmp_path, "launch", platform, "--dry-run")
+    lines = stderr_lines(proc)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"error: {path}") and words in lines[0], lines
+    assert tree_hashes(tmp_path) == before

@@ -82,7 +82,7 @@ def option_cases(pkg) -> list[tuple[list[str], str]]:
     or a pattern, with values no such type may accept."""
     cli, bounds = pkg.module("cli"), pkg.module("settings.bounds")
     checked = {getattr(bounds, name) for name in dir(bounds) if callable(getattr(bounds, name))}
-    texts = {bounds.slurm_time, bounds.slurm_name}
+    texts = {bounds.slurm_time, bounds.slurm_name, bounds.job_name, bounds.kubernetes_name}
     cases = []
 
     def walk(parser, prefix):

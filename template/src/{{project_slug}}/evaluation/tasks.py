@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from ..runtime.distributed import all_reduce_sum
 from ..settings.config import ConfigError
+from ..settings.stored_files import read_yaml
 
 TASK_TYPES = ("multiple_choice", "schema", "language_modeling")
 FIELDS = {
@@ -104,18 +105,14 @@ def _baselines(path: Path) -> dict[str, float]:
 
 def load_bundle(bundle: Path, wanted: list[str] | None = None) -> list[Task]:
     """The bundle's tasks (those named in `wanted`, default all), every file checked first."""
-    import yaml
-
     spec_path = bundle / "core.yaml"
     if not spec_path.is_file():
         raise ConfigError(
             f"no task bundle at {bundle} (core.yaml missing): put the CORE bundle there (core.yaml, "
             "eval_meta_data.csv, eval_data/; README: Task evaluation) or pass --bundle"
         )
-    try:
-        specs = (yaml.safe_load(spec_path.read_text()) or {}).get("icl_tasks")
-    except (yaml.YAMLError, AttributeError):
-        specs = None
+    spec = read_yaml(spec_path, "needs a non-empty list icl_tasks")
+    specs = spec.get("icl_tasks") if isinstance(spec, dict) else None
     if not isinstance(specs, list) or not specs:
         raise ConfigError(f"{spec_path}: needs a non-empty list icl_tasks")
     labels = [str(spec.get("label")) for spec in specs if isinstance(spec, dict)]

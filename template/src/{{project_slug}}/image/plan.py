@@ -18,9 +18,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from ..settings.config import ConfigError
+from ..settings.stored_files import read_yaml
 
 ANSWERS_FILE = ".copier-answers.yml"
 
@@ -56,10 +55,7 @@ def read_answers(root: Path) -> dict:
     path = root / ANSWERS_FILE
     if not path.is_file():
         return {}
-    try:
-        answers = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    answers = read_yaml(path, "re-render it with `copier update`") or {}
     return answers if isinstance(answers, dict) else {}
 
 

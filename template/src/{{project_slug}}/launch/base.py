@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
+from ..settings.bounds import job_name
 from ..settings.config import Config, ConfigError
 from . import jobs
 from .jobs import Job
@@ -39,7 +40,7 @@ def add_common_arguments(p: ArgumentParser) -> None:
         metavar="ID",
         help="status/logs/cancel: the job to act on (default: the last one this project submitted)",
     )
-    p.add_argument("--name", help="submit: the new job's name; status/logs/cancel: pick the job by name")
+    p.add_argument("--name", type=job_name, help="submit: the new job's name; status/logs/cancel: pick the job by name")
     p.add_argument(
         "--follow",
         action=BooleanOptionalAction,

@@ -26,9 +26,8 @@ import time
 from argparse import ArgumentParser, BooleanOptionalAction, Namespace
 from pathlib import Path
 
-import yaml
-
 from ..settings.config import Config, ConfigError, project_root, under_root
+from ..settings.stored_files import read_yaml
 from . import jobs
 
 SETTINGS = Path("launch") / "code-from-storage.yaml"
@@ -56,10 +55,7 @@ def add_arguments(p: ArgumentParser) -> None:
 def ready_image(args: Namespace) -> tuple[bool, str | None]:
     """(run from the shared storage?, the image to run or None for the launch file's)."""
     path = project_root() / SETTINGS
-    try:
-        settings = yaml.safe_load(path.read_text()) if path.is_file() else {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path} cannot be read ({exc}): re-render it with `copier update`") from None
+    settings = read_yaml(path, "re-render it with `copier update`") if path.is_file() else {}
     enabled = path.is_file() if args.code_from_storage is None else args.code_from_storage
     if args.image and not enabled:
         raise ConfigError(

@@ -15,7 +15,6 @@ as well as to the terminal (lines there start with [default<local rank>]:).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -27,6 +26,7 @@ from ..cluster.torchrun import run_torchrun, train_entry
 from ..data.epochs import steps_where_known
 from ..settings.bounds import count, node_count, non_negative_int, positive_float, tcp_port
 from ..settings.config import Config, ConfigError, under_root
+from ..settings.stored_files import read_json_lines
 from ..settings.topology import Topology, default_nproc
 from . import deepspeed, jobs
 from .base import Platform, print_file
@@ -67,22 +67,20 @@ def process_alive(pid: int) -> bool:
     return True
 
 
+# What status shows of a metrics line; a line without them (or torn, while the run writes) is passed over.
+METRICS_KEYS = {"step": int}
+METRICS_SHOWN = {
+    **dict.fromkeys(("loss", "lr", "tokens_per_sec", "step_time", "val_loss", "loss_scale"), float),
+    "mfu": (float, None),
+    "skipped": int,
+}
+
+
 def last_metrics(output_dir: Path) -> tuple[dict | None, dict | None]:
-    """(latest training record, latest validation record) of metrics.jsonl; a torn last line is skipped."""
-    train = val = None
-    try:
-        lines = (output_dir / "metrics.jsonl").read_text().splitlines()
-    except OSError:
-        return None, None
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if "loss" in record:
-            train = record
-        if "val_loss" in record:
-            val = record
+    """(latest training record, latest validation record) of metrics.jsonl."""
+    records, _ = read_json_lines(output_dir / "metrics.jsonl", METRICS_KEYS, METRICS_SHOWN)
+    train = next((r for r in reversed(records) if {"loss", "lr", "tokens_per_sec", "step_time"} <= r.keys()), None)
+    val = next((r for r in reversed(records) if "val_loss" in r), None)
     return train, val
 
 
@@ -168,7 +166,9 @@ class DevMachine(Platform):
 
     def status(self, job: Job) -> int:
         from ..cluster.local_ranks import descends_from, find_ranks
+        from ..runtime.checkpoint_files import named_by_latest
         from ..training.metrics import format_step
+        from ..training.preemption import read_marker
 
         output_dir = Path(job.extra.get("output_dir") or under_root(self.cfg.run.output_dir))
         print(job.describe())
@@ -189,16 +189,12 @@ class DevMachine(Platform):
         )
         if val:
             print(f"  validation: step {val['step']}, loss {val['val_loss']:.4f}")
-        latest = output_dir / "checkpoints" / "latest"
-        if latest.is_file():
-            print(f"  checkpoint: {output_dir / 'checkpoints' / latest.read_text().strip()}")
-        marker = output_dir / "preempted.json"
-        if marker.is_file():
-            try:
-                stop = json.loads(marker.read_text())
-                print(f"  stopped by {stop.get('signal')} at step {stop.get('step')} (saved; run again to resume)")
-            except ValueError:
-                pass
+        latest = named_by_latest(output_dir / "checkpoints")  # None when damaged
+        if latest is not None:
+            print(f"  checkpoint: {latest}")
+        stop = read_marker(output_dir, since=0.0)  # a damaged marker is a warning
+        if stop:
+            print(f"  stopped by {stop['signal']} at step {stop['step']} (saved; run again to resume)")
         return 0
 
     def logs(self, job: Job) -> int:

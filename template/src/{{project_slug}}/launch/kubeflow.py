@@ -28,8 +28,9 @@ from pathlib import Path
 
 import yaml
 
-from ..settings.bounds import non_negative_int
+from ..settings.bounds import kubernetes_name, non_negative_int
 from ..settings.config import ConfigError, project_root
+from ..settings.stored_files import read_yaml
 from . import code_copy, jobs
 from .base import Platform
 from .jobs import Job
@@ -55,7 +56,7 @@ def add_arguments(p: ArgumentParser) -> None:
         "(Kubeflow Trainer v2), launch/kubeflow/mpijob.yaml (MPI Operator v2, DeepSpeed's launcher; "
         "projects generated with strategy deepspeed), or a manifest file of your own",
     )
-    p.add_argument("--namespace", help="namespace to use instead of the manifest's")
+    p.add_argument("--namespace", type=kubernetes_name, help="namespace to use instead of the manifest's")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then in-cluster)")
     p.add_argument("--context", help="kubeconfig context (default: the current context)")
     p.add_argument(
@@ -91,10 +92,7 @@ def manifest_path(choice: str) -> Path:
 
 
 def load_manifest(path: Path) -> dict:
-    try:
-        manifest = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    manifest = read_yaml(path, "correct that line, or re-render the manifest with `copier update`")
     if not isinstance(manifest, dict) or not all(k in manifest for k in ("apiVersion", "kind", "metadata", "spec")):
         raise ConfigError(f"{path} must hold one Kubernetes object with apiVersion, kind, metadata and spec")
     if manifest["kind"] not in KINDS:

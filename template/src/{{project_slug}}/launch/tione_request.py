@@ -23,10 +23,9 @@ import warnings
 from copy import deepcopy
 from pathlib import Path
 
-import yaml
-
 from ..settings.bounds import MAX_NODES, Range
 from ..settings.config import ConfigError, project_root
+from ..settings.stored_files import read_yaml
 
 TASK_FILE = Path("launch") / "tione" / "task.yaml"
 NAME_PATTERN = re.compile(r"[\w\u4e00-\u9fff][\w\u4e00-\u9fff-]{0,59}")  # the API's rule: 60 characters at most
@@ -106,12 +105,7 @@ def value_problem(field: str, value, kind) -> str:
 
 def load_task(path: Path) -> dict:
     """task.yaml: {region, request, [endpoint, code_dir]}; ConfigError naming the file and the fix."""
-    try:
-        task = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path} cannot be read ({exc.strerror}); re-render it with `copier update`") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    task = read_yaml(path, "correct that line, or re-render it with `copier update`")
     if not isinstance(task, dict) or not isinstance(task.get("request"), dict):
         raise ConfigError(
             f"{path} must hold `region:` and a `request:` mapping (the CreateTrainingTask fields); "

@@ -203,6 +203,10 @@ SLURM_TIME = re.compile(r"[0-9]{1,6}(:[0-5][0-9]){0,2}|[0-9]{1,4}-[0-9]{1,2}(:[0
 """Slurm's --time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (minutes and seconds below 60)."""
 SLURM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 """A Slurm partition or account."""
+JOB_NAME = re.compile(r"[!-~]{1,128}")
+"""A job's name on any platform: printable ASCII, no spaces (platforms add their own rules on top)."""
+KUBERNETES_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+"""A Kubernetes namespace (an RFC 1123 label)."""
 
 
 def _text(pattern: re.Pattern, words: str) -> Callable[[str], str]:
@@ -217,3 +221,7 @@ def _text(pattern: re.Pattern, words: str) -> Callable[[str], str]:
 
 slurm_time = _text(SLURM_TIME, "a Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, e.g. 24:00:00")
 slurm_name = _text(SLURM_NAME, "letters, digits, '_', '.' and '-' (a Slurm partition or account name), e.g. gpu")
+job_name = _text(JOB_NAME, "1 to 128 printable ASCII characters without spaces, e.g. run-2")
+kubernetes_name = _text(
+    KUBERNETES_NAME, "at most 63 lowercase letters, digits and '-', starting and ending alphanumeric, e.g. team-a"
+)

@@ -93,6 +93,19 @@ def read_text(path: Path, fix: str, key: str | None = None) -> str:
         raise
 
 
+def read_yaml(path: Path, fix: str, key: str | None = None) -> Any:
+    """The YAML value of a file read by read_text; DamagedFile naming the line that does not parse."""
+    import yaml  # only the YAML files' readers pay for it
+
+    text = read_text(path, fix, key)
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        what = one_line(getattr(exc, "problem", None) or exc)
+        raise DamagedFile(Path(path), f"not valid YAML ({what})", fix, mark and mark.line + 1, key) from None
+
+
 def kind_of(value: Any) -> str:
     if value is None:
         return "null"

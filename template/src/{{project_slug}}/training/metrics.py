@@ -95,5 +95,5 @@ def format_step(record: dict, max_steps: int) -> str:
         parts.append(f"mfu {100 * record['mfu']:.1f}%")
     parts.append(f"{1000 * record['step_time']:.0f} ms/step")
     if "loss_scale" in record:
-        parts.append(f"loss scale {record['loss_scale']:g}, {record['skipped']} skipped")
+        parts.append(f"loss scale {record['loss_scale']:g}, {record.get('skipped', 0)} skipped")
     return " | ".join(parts)
