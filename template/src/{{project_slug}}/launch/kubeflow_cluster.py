@@ -43,7 +43,8 @@ def kube_client(args: Namespace):
     configuration = client.Configuration()
     try:
         config.load_kube_config(config_file=args.kubeconfig, context=args.context, client_configuration=configuration)
-    except (yaml.YAMLError, AttributeError, TypeError) as exc:  # not YAML, or YAML that is no kubeconfig
+    # Not text, not YAML, or YAML that is no kubeconfig (the client reads it as UTF-8 itself).
+    except (UnicodeDecodeError, yaml.YAMLError, AttributeError, TypeError) as exc:
         where = args.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
         reason = " ".join(str(exc).split())[:200]
         raise ConfigError(
