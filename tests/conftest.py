@@ -107,10 +107,10 @@ GROUPS = {
 LONG_WORK = [
     "tests/test_generated_project.py::test_generated_project_own_tests_pass",  # two halves, ~9 min each
     "slurm",  # ~8 min, mostly waiting on the cluster
-    "tests/test_generated_project.py::test_deepspeed_project_own_tests_pass",  # ~3 min
+    "tests/test_generated_project.py::test_deepspeed_project_own_tests_pass",  # ~15 min
     "tests/test_lm_eval.py",  # ~4 min with lm-eval's own environment made on a fresh machine
     "tests/test_bert_project.py::test_bert_deepspeed_zero3_project_own_tests_pass",  # ~2.5 min
-    "tests/test_generated_project.py::test_gpt3_project_layouts_match_one_process",  # ~2 min
+    "tests/test_generated_project.py::test_gpt3_project_layouts_match_one_process",  # ~6 min
     "ray",
     "mpi",
     "registry",

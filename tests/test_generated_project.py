@@ -75,6 +75,7 @@ def test_generated_project_quick_slice(default_project):
     run_project_suite(default_project, *QUICK_SLICE, name="default-project-quick")
 
 
+@pytest.mark.timeout(2400)  # resizing the ZeRO runs to 1 and to 4 processes: ~10 minutes more
 def test_deepspeed_project_own_tests_pass(tmp_path):
     """strategy=deepspeed renders its DeepSpeed tests (ZeRO 0-3 against DDP on CPU, host syncs); they pass."""
     project = render(
