@@ -95,7 +95,9 @@ def planned_copy(cfg: Config) -> tuple[Path, list[Path]]:
     made = sorted(folder.glob(f"*-{content}")) if folder.is_dir() else []
     if made:  # these files were copied before (under another commit or time, maybe)
         return made[0], files
-    version = jobs.code_version(root) or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    # Outside git: the time of the newest file copied, so a dry run names the copy the submission makes.
+    newest = max(((root / relative).stat().st_mtime for relative in files), default=0.0)
+    version = jobs.code_version(root) or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(newest))
     return folder / f"{version}-{content}", files
 
 
