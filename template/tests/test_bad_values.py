@@ -105,3 +105,22 @@ def test_every_config_key_and_option_refuses_bad_values_in_one_line(cli, pkg, tm
     results = run_cases(cli, tmp_path, [argv for argv, _ in cases])
     failures = [f for result, (_, named) in zip(results, cases) if (f := refused_cleanly(result, named))]
     assert not failures, f"{len(failures)} of {len(cases)} cases:\n" + "\n".join(failures[:10])
+
+
+def test_a_path_the_system_cannot_look_up_and_a_ray_address_of_another_form_are_one_line(cli, tmp_path):
+    """Free-text options: a path too long for the system or through a loop of links, in any command
+    that takes one, and a Ray address that is no address."""
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    too_long = "9" * 400
+    cases = [
+        (["check", f"--config={too_long}"], "cannot use the path"),
+        (["plan", f"--config={loop / 'train.yaml'}"], str(loop)),  # named as not found
+        (["eval", f"--checkpoint={too_long}"], "cannot use the path"),
+        (["sample", f"--checkpoint={loop / 'step_00000010.pt'}"], str(loop)),
+        (["doctor", f"--nccl-log={too_long}"], "cannot use the path"),
+        (["ray-train", "--address=not an address"], "ray"),
+    ]
+    results = run_cases(cli, tmp_path, [argv for argv, _ in cases])
+    failures = [f for result, (_, named) in zip(results, cases) if (f := refused_cleanly(result, named))]
+    assert not failures, "\n".join(failures)

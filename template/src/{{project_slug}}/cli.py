@@ -108,7 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         # One line; in a rank under the node supervisor, handed to it instead (unrecoverable.py)
         return unrecoverable.report(exc)
     except Exception as exc:
-        failure = unrecoverable.unwritable(exc, own_paths(cfg)) if cfg and isinstance(exc, OSError) else None
+        failure = None
+        if isinstance(exc, OSError):
+            failure = unrecoverable.path_mistake(exc) or (
+                unrecoverable.unwritable(exc, own_paths(cfg)) if cfg else None
+            )
         if failure is not None:
             return unrecoverable.report(failure)
         if unrecoverable.recorded_by_a_rank():

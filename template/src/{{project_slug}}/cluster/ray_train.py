@@ -128,7 +128,14 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
     except ImportError:
         raise ConfigError("ray is not installed: pip install 'ray[train]' (or pip install -e '.[ray]')") from None
 
-    ray.init(address=args.address, runtime_env=runtime_env() or None, log_to_driver=True)
+    try:
+        ray.init(address=args.address, runtime_env=runtime_env() or None, log_to_driver=True)
+    except (ValueError, ConnectionError) as exc:  # an address of another form, or no cluster there
+        where = f"--address {args.address}" if args.address else "RAY_ADDRESS (or a local cluster)"
+        raise ConfigError(
+            f"cannot join the Ray cluster at {where}: {str(exc).splitlines()[0][:160]}; start one with "
+            "`ray start --head` or give --address HOST:6379 of its head"
+        ) from None
     try:
         alive = wait_for_nodes(ray, num_nodes, args.wait_timeout)
         gpus = ray.cluster_resources().get("GPU", 0)

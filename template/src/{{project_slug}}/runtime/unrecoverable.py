@@ -100,6 +100,16 @@ def unwritable(exc: OSError, folders: list[Path]) -> ConfigError | None:
     )
 
 
+def path_mistake(exc: OSError) -> ConfigError | None:
+    """The one line for a path the system cannot even look up (too long, a loop of links): a
+    mistake in what was typed, which no retry fixes; None for any other OSError."""
+    if exc.errno not in (errno.ENAMETOOLONG, errno.ELOOP) or not exc.filename:
+        return None
+    name = os.fsdecode(exc.filename)
+    shown = name if len(name) <= 80 else f"{name[:60]}... ({len(name)} characters)"
+    return ConfigError(f"cannot use the path {shown}: {exc.strerror}; give a shorter path without a loop of links")
+
+
 def recorded_by_a_rank() -> bool:
     """In a rank: whether a rank already handed a failure to the supervisor (which ends the job)."""
     path = os.environ.get(FAILURE_FILE)
