@@ -625,7 +625,10 @@ def test_missing_kubernetes_package_names_the_install(solo):
 
 
 def test_generated_project_own_kubeflow_tests_pass(solo):
-    run_project_suite(solo.path, "tests/test_launch_kubeflow.py", name="kubeflow-project", timeout=600)
+    # With the check of its damaged launch files (test_bad_files.py's, ids naming the platform).
+    suite = ["tests/test_launch_kubeflow.py", "tests/test_bad_files.py", "-k", "kubeflow"]
+    log = run_project_suite(solo.path, *suite, name="kubeflow-project", timeout=600)
+    assert "test_a_damaged_launch_file_is_one_line_from_its_dry_run" in log and " SKIPPED" not in log
 
 
 # --- MPIJob (MPI Operator v2, DeepSpeed's own launcher) --------------------------------------------
