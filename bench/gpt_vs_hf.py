@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
         "--size",
-        help="size name resolved by the project's rules.model_shape: 'tiny' or 'd<depth>' "
+        help="size name resolved by the project's models.family.model_shape: 'tiny' or 'd<depth>' "
         "(overrides --layers/--width/--heads; kv heads are set equal to heads, GPT-2 has no GQA)",
     )
     p.add_argument("--layers", type=int, default=4)
@@ -146,7 +146,7 @@ def render_project(dst: Path, vcs_ref: str) -> None:
 
 
 def import_project(project: Path):
-    """The generated package's models.gpt, rules and metrics modules."""
+    """The generated package's models.gpt, models.family and training.metrics modules."""
     found = sorted((project / "src").glob("*/models/gpt.py"))
     if len(found) != 1:
         raise RuntimeError(f"expected exactly one src/<package>/models/gpt.py under {project}, found {len(found)}")
@@ -157,7 +157,7 @@ def import_project(project: Path):
             "generate the project under another name"
         )
     sys.path.insert(0, str(src))
-    mods = [importlib.import_module(f"{slug}.{name}") for name in ("models.gpt", "settings.rules", "training.metrics")]
+    mods = [importlib.import_module(f"{slug}.{name}") for name in ("models.gpt", "models.family", "training.metrics")]
     origin = Path(sys.modules[slug].__file__).resolve().parent
     if origin != (src / slug).resolve():
         raise RuntimeError(f"import {slug} found {origin}, not {src / slug}: a name clash on sys.path")
@@ -277,14 +277,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
         try:
-            slug, gpt_mod, rules, metrics = import_project(project.resolve())
+            slug, gpt_mod, family, metrics = import_project(project.resolve())
         except (RuntimeError, ImportError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        return run(args, slug, gpt_mod, rules, metrics)
+        return run(args, slug, gpt_mod, family, metrics)
 
 
-def run(args, slug, gpt_mod, rules, metrics) -> int:
+def run(args, slug, gpt_mod, family, metrics) -> int:
     import torch
     import transformers
 
@@ -302,7 +302,7 @@ def run(args, slug, gpt_mod, rules, metrics) -> int:
 
     if args.size:
         try:
-            shape = rules.model_shape(args.size, None)
+            shape = family.model_shape(args.size, None)
         except AttributeError:  # re.fullmatch found nothing
             print(f"error: --size {args.size!r} is neither 'tiny' nor 'd<depth>'", file=sys.stderr)
             return 2

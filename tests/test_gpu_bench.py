@@ -64,3 +64,14 @@ def test_compiled_column_reads_the_dynamo_log(tmp_path):
     )
     assert gpu_throughput.compiled_frames(eager) == []
     assert gpu_throughput.last_message(eager + "ValueError: the real reason\n") == "ValueError: the real reason"
+
+
+def test_model_comparison_imports_the_generated_package(default_project):
+    """bench/gpt_vs_hf.py (the d12 row's model-only comparison) imports the project's modules by name:
+    a module moved in the template must fail here, not on the GPU machine."""
+    cmd = [str(BIN / "python"), str(BENCH / "gpt_vs_hf.py"), "--project", str(default_project)]
+    cmd += ["--size", "tiny", "--vocab", "512", "--seq", "32", "--batch", "2", "--steps", "2", "--rounds", "1"]
+    done = run(cmd + ["--warmup", "1"], cwd=BENCH, timeout=300)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    ratio = re.search(r"ratio ours/HF tokens/s: ([0-9.]+)x", done.stdout)
+    assert ratio and float(ratio.group(1)) > 0, done.stdout
