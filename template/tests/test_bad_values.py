@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import shutil
 import sys
 import typing
 
@@ -32,13 +34,14 @@ json.dump(results, sys.stdout)
 """
 
 
-def run_cases(cli, tmp_path, cases: list[list[str]]) -> list:
+def run_cases(cli, tmp_path, cases: list[list[str]], check_written: bool = True) -> list:
     before = sorted(p for p in cli.root.rglob("*") if "__pycache__" not in p.parts)
     cases_file = tmp_path / "cases.json"
     cases_file.write_text(json.dumps(cases))
     driver = DRIVER.format(package=cli.package)
     results = json.loads(cli.run([sys.executable, "-c", driver, cases_file], timeout=600).stdout)
-    assert sorted(p for p in cli.root.rglob("*") if "__pycache__" not in p.parts) == before, "a case wrote a file"
+    if check_written:
+        assert sorted(p for p in cli.root.rglob("*") if "__pycache__" not in p.parts) == before, "a case wrote a file"
     return results
 
 
@@ -77,25 +80,38 @@ def config_cases(pkg) -> list[tuple[list[str], str]]:
     return cases
 
 
-def option_cases(pkg) -> list[tuple[list[str], str]]:
-    """Every option of every command (launch's platforms included) whose argparse type checks a number
-    or a pattern, with values no such type may accept."""
+def every_option(pkg):
+    """(command words, argparse action, whether a bounds.py type checks it) for every option of every
+    command, launch's platforms included."""
     cli, bounds = pkg.module("cli"), pkg.module("settings.bounds")
     checked = {getattr(bounds, name) for name in dir(bounds) if callable(getattr(bounds, name))}
-    texts = {bounds.slurm_time, bounds.slurm_name, bounds.job_name, bounds.kubernetes_name}
-    cases = []
 
     def walk(parser, prefix):
         for action in parser._actions:
             if action.choices and isinstance(action.choices, dict):  # subcommands
                 for name, sub in action.choices.items():
-                    walk(sub, [*prefix, name])
-            elif action.option_strings and action.type in checked:
-                values = ["", "x\n", "\u00e9", "a b", "9" * 400] if action.type in texts else WRONG_NUMBERS + ["-1"]
-                option = action.option_strings[-1]
-                cases.extend(([*prefix, f"{option}={value}"], option) for value in values)
+                    yield from walk(sub, [*prefix, name])
+            elif action.option_strings and action.nargs != 0:
+                yield prefix, action, action.type in checked
 
-    walk(cli.build_parser(), [])
+    return walk(cli.build_parser(), [])
+
+
+FREE_TEXT = ["", "x\n", "\u00e9", "a b", "9" * 400]
+
+
+def option_cases(pkg) -> list[tuple[list[str], str]]:
+    """Every option whose argparse type checks a number or a pattern, with values no such type may
+    accept."""
+    bounds = pkg.module("settings.bounds")
+    texts = {bounds.slurm_time, bounds.slurm_name, bounds.job_name, bounds.kubernetes_name, bounds.host}
+    texts |= {bounds.endpoint, bounds.signal_name, bounds.scheduler_option}
+    cases = []
+    for prefix, action, checked in every_option(pkg):
+        if checked:
+            values = FREE_TEXT if action.type in texts else WRONG_NUMBERS + ["-1"]
+            option = action.option_strings[-1]
+            cases.extend(([*prefix, f"{option}={value}"], option) for value in values)
     return cases
 
 
@@ -124,3 +140,50 @@ def test_a_path_the_system_cannot_look_up_and_a_ray_address_of_another_form_are_
     results = run_cases(cli, tmp_path, [argv for argv, _ in cases])
     failures = [f for result, (_, named) in zip(results, cases) if (f := refused_cleanly(result, named))]
     assert not failures, "\n".join(failures)
+
+
+VERDICT = re.compile(r"^doctor: (ok|warn|FAIL) - ", re.M)  # doctor ran and judged this machine
+
+
+def free_text_cases(pkg) -> list[list[str]]:
+    """Every option that takes text of any form (a path, a prompt, an address, a kubeconfig context:
+    no checking type) with text no user means. Launches are dry runs."""
+    cases = []
+    for prefix, action, checked in every_option(pkg):
+        if not checked and not action.choices:
+            dry = ["--dry-run"] if prefix[0] == "launch" else []
+            cases.extend([*prefix, f"{action.option_strings[-1]}={value}", *dry] for value in FREE_TEXT)
+    return cases
+
+
+def test_every_free_text_option_ends_in_one_line_or_is_used(cli, pkg, tmp_path):
+    """Text of any form in an option without a type ends as a refusal (exit 1 or 2, one `error:` line,
+    no traceback) or is used as given (exit 0, or doctor's verdict on this machine). Empty text and
+    control characters are refused everywhere but in a prompt; nothing is written in the project but
+    a folder the case named (doctor --log-dir=a b)."""
+    cases = free_text_cases(pkg)
+    assert len(cases) > 300  # every command's options took part
+    before = set(cli.root.rglob("*"))
+    results = run_cases(cli, tmp_path, cases, check_written=False)
+    failures, named_folders = [], set()
+    for argv, code, output in results:
+        value = argv[-2 if argv[-1] == "--dry-run" else -1].partition("=")[2]
+        errors = [line for line in output.splitlines() if line.startswith("error:")]
+        refused = code in (1, 2) and len(errors) == 1
+        used = code == 0 or (argv[0] == "doctor" and code == 1 and VERDICT.search(output) and not errors)
+        prompt = argv[:2] == ["sample", f"--prompt={value}"]
+        if (
+            "Traceback" in output
+            or not (refused or used)
+            or (used and not prompt and (not value.strip() or "\n" in value))
+        ):
+            failures.append(f"{argv!r}: exit {code}\n{output[-1500:]}")
+        elif used:
+            named_folders.add(cli.root / value)
+    written = {p for p in set(cli.root.rglob("*")) - before if "__pycache__" not in p.parts}
+    for path in sorted(written, reverse=True):
+        if not any(path == folder or folder in path.parents for folder in named_folders):
+            failures.append(f"a case wrote {path}")
+    for folder in named_folders & written:
+        shutil.rmtree(folder)
+    assert not failures, f"{len(failures)} of {len(cases)} cases:\n" + "\n".join(failures[:10])

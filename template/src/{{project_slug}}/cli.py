@@ -18,11 +18,12 @@ import difflib
 import importlib
 import os
 import sys
+from collections.abc import Iterator
 from types import ModuleType
 
 from .runtime import unrecoverable
 from .runtime.output_paths import own_paths, require_writable_outputs
-from .settings.bounds import require_in_bounds
+from .settings.bounds import ANY_TEXT, require_in_bounds, text_option_problem
 from .settings.config import ConfigError, add_config_arguments, load_config
 from .training.preemption import follow_launcher
 
@@ -84,7 +85,30 @@ def parse_with_overrides(parser: argparse.ArgumentParser, argv: list[str]) -> ar
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (config overrides look like section.key=value)")
     args.overrides += extra
+    problem = next(text_problems(parser, args), None)
+    if problem:
+        command_parser, message = problem
+        command_parser.error(message)
     return args
+
+
+def text_problems(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Iterator[tuple]:
+    """Options without a type of their own (paths, names, addresses) given as empty text or with a
+    control character, in the parsers `args` went through: one check for every command."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(args, action.dest, None))
+            if chosen is not None:
+                yield from text_problems(chosen, args)
+        elif action.option_strings and action.type is None and action.nargs != 0 and not action.choices:
+            if getattr(action, ANY_TEXT, False) or action.dest == "overrides":  # overrides: the config checks them
+                continue
+            value = getattr(args, action.dest, None)
+            for text in value if isinstance(value, list) else [value]:
+                if isinstance(text, str) and text is not action.default:
+                    problem = text_option_problem(action.option_strings[-1], text)
+                    if problem:
+                        yield parser, problem
 
 
 def main(argv: list[str] | None = None) -> int:

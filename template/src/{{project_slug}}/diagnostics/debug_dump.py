@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 
 from ..cluster.local_ranks import RankProcess, find_ranks, read_process
+from ..settings.bounds import process_id
 from .rank_stacks import render_threads, where
 
 PACKAGE = __name__.partition(".")[0]
@@ -144,7 +145,7 @@ def default_out(cfg, ranks: list[RankProcess], overrides: list[str]) -> Path:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--pid",
-        type=int,
+        type=process_id,
         action="append",
         default=[],
         help=f"dump this process (repeatable) instead of every `-m {PACKAGE} train` process here",

@@ -124,7 +124,15 @@ def final_verdict(checks: list[Check]) -> int:
 
 
 def nccl_env_path(args: argparse.Namespace) -> Path:
-    return Path(args.nccl_env) if args.nccl_env else project_root() / "config" / "nccl.env"
+    """The fabric settings to judge by: a file given with --nccl-env must exist (a missing project's
+    config/nccl.env means NCCL's defaults)."""
+    if not args.nccl_env:
+        return project_root() / "config" / "nccl.env"
+    path = Path(args.nccl_env)
+    if not path.is_file():
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise ConfigError(f"--nccl-env {args.nccl_env} {what}; give a KEY=VALUE file such as config/nccl.env")
+    return path
 
 
 def analyse_logs(args: argparse.Namespace, settings: Settings, expect: Expectation) -> int:

@@ -24,7 +24,7 @@ import torch
 from ..data.tokens import bos_id, data_tokenizer
 from ..models.family import families, family
 from ..runtime.distributed import autocast_context, pick_device
-from ..settings.bounds import count, non_negative_float, non_negative_int
+from ..settings.bounds import ANY_TEXT, count, non_negative_float, non_negative_int
 from ..settings.config import Config, ConfigError
 from .trained_model import load_trained_model
 
@@ -139,7 +139,8 @@ def fill_mask(model, tok, prompt: str, top_k: int, device: torch.device, dtype: 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompt", action="append", help='prompt text (repeatable; default: "The")')
+    prompt = p.add_argument("--prompt", action="append", help='prompt text (repeatable; default: "The")')
+    setattr(prompt, ANY_TEXT, True)  # a prompt may be empty or span lines
     p.add_argument("--max-new-tokens", type=count, default=64, help="causal models: tokens to generate (default 64)")
     p.add_argument("--temperature", type=non_negative_float, default=0.8, help="0 = greedy")
     p.add_argument(

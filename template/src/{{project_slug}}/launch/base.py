@@ -58,6 +58,9 @@ class Platform:
     """One platform's verbs. Subclasses set `name` and override what they support."""
 
     name: ClassVar[str]
+    action_options: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {}
+    """{dest: (option, the actions it serves)} of the platform's own options that only some actions
+    read; given with another action it is refused, not ignored."""
     needs_launch_files: ClassVar[bool] = True
     """Whether the project must hold launch/<name>/ (generated only for the chosen platforms)."""
 
@@ -124,8 +127,23 @@ class Platform:
         )
 
 
+COMMON_ACTION_OPTIONS = {"job_id": ("--id", ("status", "logs", "cancel")), "follow": ("--follow", ("logs",))}
+
+
+def require_options_for(platform: Platform) -> None:
+    """An option the action does not read (`--id` with a submit, `--follow` with status) is a
+    mistake to name, not a value to drop without a word."""
+    action = platform.args.action
+    for dest, (option, actions) in {**COMMON_ACTION_OPTIONS, **platform.action_options}.items():
+        if action not in actions and getattr(platform.args, dest, None) not in (None, False):
+            raise ConfigError(
+                f"{option} is for --action {'/'.join(actions)}, not {action}; leave it out or add --action {actions[0]}"
+            )
+
+
 def run(platform: Platform) -> int:
     """Carry out args.action on the platform."""
+    require_options_for(platform)
     action = platform.args.action
     if action == "submit":
         return platform.dry_run() if platform.args.dry_run else platform.submit()

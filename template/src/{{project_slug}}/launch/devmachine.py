@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..cluster.torchrun import run_torchrun, train_entry
 from ..data.epochs import steps_where_known
-from ..settings.bounds import count, node_count, non_negative_int, positive_float, tcp_port
+from ..settings.bounds import count, host, node_count, non_negative_int, positive_float, tcp_port
 from ..settings.config import Config, ConfigError, under_root
 from ..settings.stored_files import read_json_lines
 from ..settings.topology import Topology, default_nproc
@@ -92,7 +92,7 @@ class DevMachine(Platform):
     def add_arguments(p: ArgumentParser) -> None:
         p.add_argument("--nnodes", type=node_count, help="nodes in the job (default: 1)")
         p.add_argument("--node-rank", type=non_negative_int, help="this node's rank, 0 on the master")
-        p.add_argument("--master-addr", help="address of node 0 (multi-node only)")
+        p.add_argument("--master-addr", type=host, help="address of node 0 (multi-node only)")
         p.add_argument("--master-port", type=tcp_port, default=29500)
         p.add_argument("--nproc-per-node", type=count, help="processes on this node (default: GPUs, or CPU cores)")
         p.add_argument(

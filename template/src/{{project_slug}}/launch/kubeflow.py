@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from ..settings.bounds import kubernetes_name, non_negative_int
+from ..settings.bounds import kubernetes_name, non_negative_float, non_negative_int
 from ..settings.config import ConfigError, project_root
 from ..settings.stored_files import read_yaml
 from . import code_copy, jobs
@@ -40,6 +40,7 @@ from .kubeflow_restarts import check_grace, read_restarts
 MANIFESTS = ("pytorchjob", "trainjob", "mpijob")
 KINDS = ("PyTorchJob", "TrainJob", "MPIJob")
 POLL_SECONDS = 5
+LOGS_WAIT_SECONDS = 600  # logs: how long a pod may take to be scheduled and pull its image
 
 # RFC 1035 label: both kinds name Services and pod hostnames after the job.
 NAME_PATTERN = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
@@ -60,10 +61,12 @@ def add_arguments(p: ArgumentParser) -> None:
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then in-cluster)")
     p.add_argument("--context", help="kubeconfig context (default: the current context)")
     p.add_argument(
-        "--node-rank", type=non_negative_int, default=0, help="logs: the node whose pod to read (0 = master)"
+        "--node-rank", type=non_negative_int, help="logs: the node whose pod to read (default 0, the master)"
     )
     p.add_argument(
-        "--wait", type=float, default=600, help="logs: seconds to wait for the pod to exist and start (default 600)"
+        "--wait",
+        type=non_negative_float,
+        help=f"logs: seconds to wait for the pod to exist and start (default {LOGS_WAIT_SECONDS})",
     )
     code_copy.add_arguments(p)
 
@@ -194,16 +197,18 @@ def status(cluster: Cluster) -> int:
 
 def logs(cluster: Cluster, args: Namespace) -> int:
     nodes, _ = node_count(cluster.manifest)
-    if cluster.kind == "MPIJob" and args.node_rank:
+    node_rank = args.node_rank or 0
+    wait = LOGS_WAIT_SECONDS if args.wait is None else args.wait
+    if cluster.kind == "MPIJob" and node_rank:
         raise ConfigError(
             "an MPIJob's output, every rank's, arrives in the Launcher's log: drop --node-rank "
             "(the Workers' own logs are sshd's)"
         )
-    if not 0 <= args.node_rank < nodes:
-        raise ConfigError(f"--node-rank {args.node_rank} must be between 0 and {nodes - 1} for this {nodes}-node job")
+    if not 0 <= node_rank < nodes:
+        raise ConfigError(f"--node-rank {node_rank} must be between 0 and {nodes - 1} for this {nodes}-node job")
     cluster.get()  # a clear "not found" before waiting for pods
-    selector, container = cluster.node_selector(args.node_rank)
-    deadline = time.monotonic() + args.wait
+    selector, container = cluster.node_selector(node_rank)
+    deadline = time.monotonic() + wait
     said = None
     while True:
         pod = cluster.node_pod(selector)
@@ -212,14 +217,14 @@ def logs(cluster: Cluster, args: Namespace) -> int:
             break
         if time.monotonic() > deadline:
             raise ConfigError(
-                f"node {args.node_rank}'s pod is {'not created' if pod is None else phase} after "
-                f"{args.wait:.0f} s: `launch kubeflow --action status --id {cluster.namespace}/"
+                f"node {node_rank}'s pod is {'not created' if pod is None else phase} after "
+                f"{wait:.0f} s: `launch kubeflow --action status --id {cluster.namespace}/"
                 f"{cluster.name}`, and `kubectl describe pod -l {selector} -n {cluster.namespace}` "
                 "for scheduling events"
             )
         if phase != said:
             where = f"{pod.metadata.name} {phase}" if pod else "not created yet"
-            print(f"waiting for node {args.node_rank}'s pod ({where})", file=sys.stderr, flush=True)
+            print(f"waiting for node {node_rank}'s pod ({where})", file=sys.stderr, flush=True)
             said = phase
         time.sleep(POLL_SECONDS)
     print(f"--- {pod.metadata.name} ({phase})", file=sys.stderr, flush=True)
@@ -256,6 +261,7 @@ def run_from_copy(manifest: dict, copy: Path, image: str | None, package: str) -
 
 class Kubeflow(Platform):
     name = "kubeflow"
+    action_options = {"node_rank": ("--node-rank", ("logs",)), "wait": ("--wait", ("logs",))}
     add_arguments = staticmethod(add_arguments)
 
     def _manifest(self) -> tuple[dict, Path | None]:
@@ -271,6 +277,8 @@ class Kubeflow(Platform):
 
     def dry_run(self) -> int:
         manifest, copy = self._manifest()
+        if self.args.kubeconfig and not Path(self.args.kubeconfig).is_file():  # the submit would stop there
+            raise ConfigError(f"--kubeconfig {self.args.kubeconfig} is no file; give your cluster's kubeconfig")
         if copy is not None:
             print(f"note: submitting copies the project to {copy}", file=sys.stderr)
         sys.stdout.write(yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False))

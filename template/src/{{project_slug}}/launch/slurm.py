@@ -41,7 +41,7 @@ from argparse import ArgumentParser, Namespace
 from pathlib import Path
 
 from ..planning.slurm_partition import partition_problem, requested
-from ..settings.bounds import slurm_name, slurm_time
+from ..settings.bounds import scheduler_option, signal_name, slurm_name, slurm_time
 from ..settings.config import Config, ConfigError, project_root, under_root
 from . import code_copy, jobs
 from .base import Platform, print_file, tail_lines
@@ -82,11 +82,13 @@ def add_arguments(p: ArgumentParser) -> None:
         dest="sbatch_args",
         action="append",
         default=[],
+        type=scheduler_option,
         metavar="OPTION",
         help="one more sbatch option, written with '=': --sbatch-arg=--nodes=4 (repeatable)",
     )
     p.add_argument(
         "--signal",
+        type=signal_name,
         metavar="SIGNAL",
         help="cancel: send this signal instead of ending the job: USR1 saves, requeues and continues "
         "later (the scripts' preemption path); TERM saves and stops",
@@ -235,6 +237,7 @@ def cluster_name() -> str:
 
 class Slurm(Platform):
     name = "slurm"
+    action_options = {"signal": ("--signal", ("cancel",)), "wait": ("--wait", ("submit",))}
     add_arguments = staticmethod(add_arguments)
 
     def _command(self) -> tuple[Path, list[str]]:

@@ -33,6 +33,7 @@ from argparse import ArgumentParser
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from ..settings.bounds import endpoint as api_endpoint
 from ..settings.config import ConfigError, project_root
 from ..settings.topology import tione_variables
 from . import code_copy, jobs
@@ -66,6 +67,7 @@ def add_arguments(p: ArgumentParser) -> None:
     )
     p.add_argument(
         "--endpoint",
+        type=api_endpoint,
         default=os.environ.get("TENCENTCLOUD_TIONE_ENDPOINT"),
         help="API endpoint, e.g. tione.internal.tencentcloudapi.com inside a VPC (default: the task "
         "file's, else the public one; http://HOST:PORT for a local test endpoint)",
@@ -197,6 +199,7 @@ def image_type(image: str) -> str:
 
 class Tione(Platform):
     name = "tione"
+    action_options = {"pod": ("--pod", ("logs",))}
     add_arguments = staticmethod(add_arguments)
 
     @property

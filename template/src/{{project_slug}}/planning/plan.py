@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..data.epochs import steps_where_known
 from ..models.family import model_shape
-from ..settings.bounds import positive_float
+from ..settings.bounds import fraction, positive_float
 from ..settings.config import Config, ConfigError, changed
 from ..settings.precision import on_gpu_type
 from ..strategies.memory import at_stage, describe, zero_stage
@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=positive_float,
         help="training tokens (default: max_steps, or the steps schedule.epochs gives, x global batch x sequence_len)",
     )
-    p.add_argument("--mfu", type=float, default=0.4, help="assumed model FLOPs utilisation (default 0.4)")
+    p.add_argument("--mfu", type=fraction, default=0.4, help="assumed model FLOPs utilisation (default 0.4)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 

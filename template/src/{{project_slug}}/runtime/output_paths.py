@@ -3,6 +3,7 @@ every command), so a bad folder is one line naming its key, not a traceback half
 
     require_writable_outputs(cfg, "train", args)    # run.output_dir
     require_writable_outputs(cfg, "prepare-data", args)    # data.dir
+    require_writable_outputs(cfg, "doctor", args)          # --log-dir, when given
 
 Each folder must exist or be makeable, be a folder (no file on its path), be writable (tried with a
 file created and removed: root passes os.access on read-only mounts and /sys), have room, and be
@@ -18,6 +19,7 @@ import tempfile
 from argparse import Namespace
 from pathlib import Path
 
+from ..settings.bounds import CONTROL
 from ..settings.config import Config, ConfigError, project_root
 
 MIN_FREE_BYTES = 2**20
@@ -26,7 +28,8 @@ a checkpoint fits is the save's own question (checkpoint_files.room_reason): it 
 
 
 def outputs(cfg: Config, command: str, args: Namespace) -> dict[str, str]:
-    """{key: folder} that `command` writes to (export: its out_dir argument)."""
+    """{key: folder} that `command` writes to (export: its out_dir argument; doctor and debug-dump:
+    the folder given for their logs and dumps, their own default being fresh)."""
     if command in ("train", "node", "eval"):
         return {"run.output_dir": cfg.run.output_dir}
     if command == "launch" and getattr(args, "platform", None) == "devmachine" and args.action == "submit":
@@ -35,6 +38,10 @@ def outputs(cfg: Config, command: str, args: Namespace) -> dict[str, str]:
         return {"data.dir": cfg.data.dir}
     if command == "export":
         return {"out_dir": args.out_dir}
+    if command == "doctor" and args.log_dir:
+        return {"--log-dir": args.log_dir}
+    if command == "debug-dump" and args.out:
+        return {"--out": args.out}
     return {}
 
 
@@ -50,9 +57,14 @@ def _refusal(key: str, folder: str, cfg: Config) -> str | None:
         "run.output_dir": "run.output_dir=runs/<name>",
         "data.dir": "data.dir=data",
         "out_dir": "another folder for `export`",
+        "--log-dir": "another --log-dir, or none for a temporary folder",
+        "--out": "another --out, or none for the run's debug-dump folder",
     }[key]
     if not folder.strip():
         return f"{key} is empty, so the command would write into the project folder; set {fix}"
+    control = CONTROL.search(folder)
+    if control:
+        return f"{key}={folder!r} holds the control character {control.group()!r} (a pasted newline?); set {fix}"
     path = Path(folder).absolute()
     if path.resolve() == project_root().resolve():
         return f"{key}={folder} is the project folder; its files would be mixed with the project's: set {fix}"

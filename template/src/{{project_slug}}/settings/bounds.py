@@ -167,6 +167,8 @@ node_count = whole_number(1, MAX_NODES)
 """Nodes of a job."""
 non_negative_int = whole_number(0)
 """A rank, or a count where 0 means 'all' or 'none'."""
+process_id = whole_number(1, 2**22)
+"""A Linux process id (pid_max is at most 2^22)."""
 
 
 def tcp_port(text: str) -> int:
@@ -193,6 +195,8 @@ non_negative_float = _real(NON_NEGATIVE)
 """A temperature (0 = greedy)."""
 positive_float = _real(POSITIVE)
 """Seconds to wait, a token count, a size."""
+fraction = _real(Range(0, 1, low_open=True))
+"""A share of something, above 0 and at most 1 (an assumed MFU)."""
 mebibytes = _real(Range(0.01, 1024 * 1024))
 """A size of work in MiB: 10 KiB at least, so a slip of the decimal point is not a task per byte; 1 TiB at most."""
 
@@ -207,6 +211,14 @@ JOB_NAME = re.compile(r"[!-~]{1,128}")
 """A job's name on any platform: printable ASCII, no spaces (platforms add their own rules on top)."""
 KUBERNETES_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 """A Kubernetes namespace (an RFC 1123 label)."""
+HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252}[A-Za-z0-9])?|\[?[0-9A-Fa-f:.]{2,45}\]?")
+"""A host name, an IPv4 address or an IPv6 address (bracketed or not)."""
+ENDPOINT = re.compile(r"(https?://)?(" + HOST.pattern + r")(:[0-9]{1,5})?/?")
+"""An API endpoint: a host, with a scheme and a port for a local test endpoint."""
+SIGNAL = re.compile(r"(SIG)?[A-Za-z][A-Za-z0-9+]{1,9}|[0-9]{1,2}")
+"""A signal as scancel takes it: USR1, SIGTERM, RTMIN+1 or its number."""
+SCHEDULER_OPTION = re.compile(r"--?[A-Za-z][A-Za-z0-9_-]*(=[^\x00-\x1f\x7f]*)?")
+"""One option for a scheduler's command line, written with '=' (--nodes=4, --exclusive)."""
 
 
 def _text(pattern: re.Pattern, words: str) -> Callable[[str], str]:
@@ -225,3 +237,26 @@ job_name = _text(JOB_NAME, "1 to 128 printable ASCII characters without spaces, 
 kubernetes_name = _text(
     KUBERNETES_NAME, "at most 63 lowercase letters, digits and '-', starting and ending alphanumeric, e.g. team-a"
 )
+host = _text(HOST, "a host name or IP address, e.g. node-0 or 10.0.0.1")
+endpoint = _text(ENDPOINT, "a host name, or http://HOST:PORT for a local endpoint, e.g. tione.tencentcloudapi.com")
+signal_name = _text(SIGNAL, "a signal name or number, e.g. USR1 or TERM")
+scheduler_option = _text(SCHEDULER_OPTION, "one option written with '=', e.g. --nodes=4 or --exclusive")
+
+
+# --- text of any other form ------------------------------------------------------------------------
+
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+ANY_TEXT = "any_text"
+"""Set on an argparse action (`action.any_text = True`) whose value may be empty or hold newlines
+(a prompt); every other option's text is refused empty or with a control character."""
+
+
+def text_option_problem(option: str, value: str) -> str | None:
+    """Why a value of an option without a type of its own cannot be what the user meant, or None: an
+    empty value (`--config=` used to mean the default) or a control character (a pasted newline)."""
+    if not value.strip():
+        return f"{option} is empty; give a value or leave {option} out"
+    bad = CONTROL.search(value)
+    if bad:
+        return f"{option} {_shown(value)} holds the control character {bad.group()!r}; retype it"
+    return None
