@@ -35,6 +35,9 @@ DAMAGED = {
     "null": b"null",
     "a mapping without its keys": b'{"unrelated": 1}',
     "a key of another type": b'{"platform": "devmachine", "id": 7, "command": "not a list"}',
+    # what a platform keeps to find its job again (log paths, the run's folder), of another type
+    "an extra field of another type": b'{"platform": "devmachine", "id": "h:5", "extra": {"output_dir": [1], '
+    b'"stdout": 5, "max_steps": "ten"}}',
 }
 PLATFORMS = [p for p in ("devmachine", "slurm") if (ROOT / "launch" / p).is_dir()]
 
@@ -235,6 +238,7 @@ def test_the_next_start_removes_what_interrupted_writes_left_and_reads_a_damaged
     for path in kept:
         path.write_bytes(b"the user's")
     (out / "run.lock").write_bytes(GARBAGE)
+    (out / "job.json").write_bytes(GARBAGE[:40])  # the job that last trained here: unreadable = another job
     proc = cli("train", *train_overrides, f"data.dir={demo_data}", f"run.output_dir={out}", "checkpoint.reshard=true")
     assert "Traceback" not in proc.stdout + proc.stderr
     assert "removed 3 unfinished temporary file(s) of an interrupted write" in proc.stdout, proc.stdout

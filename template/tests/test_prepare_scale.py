@@ -153,6 +153,39 @@ def test_an_interrupted_run_continues_from_its_finished_parts(cli, reference, tm
     assert not (tmp_path / ".prepare-data").exists()
 
 
+def test_a_damaged_part_record_is_encoded_again_and_a_damaged_plan_starts_over(cli, reference, tmp_path):
+    """What a crash or a hand leaves in an interrupted run's staging folder: a finished part whose
+    done.json is cut short or of another shape is encoded again, a plan.json that is not JSON starts
+    the run over; each said in one warning line naming the file, and the data equals a clean run's."""
+    copy_inputs(reference, tmp_path)
+    proc = start_and_wait_for_parts(cli, tmp_path, workers=1, parts=3)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    parts = tmp_path / ".prepare-data" / "parts"
+    done_files = sorted(parts.glob("*/done.json"))
+    assert len(done_files) >= 3
+    done_files[0].write_bytes(done_files[0].read_bytes()[:20])  # a write cut short
+    done_files[1].write_text(json.dumps({"train": [{"file": 7}], "val": [], "files": {}}))  # a shard of another shape
+    proc = cli("prepare-data", f"data.dir={tmp_path}", *PREPARE, "--workers", "2")
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert all("the part is encoded again" in line for line in warnings), warnings
+    assert str(done_files[0]) in warnings[0] and str(done_files[1]) in warnings[1], warnings
+    told = f"{len(done_files) - 2} of {REFERENCE_PARTS} parts were finished before"
+    assert told in proc.stdout, proc.stdout
+    assert outputs(tmp_path) == outputs(reference)
+
+    again = tmp_path / "again"
+    again.mkdir()
+    copy_inputs(reference, again)
+    (again / ".prepare-data").mkdir()
+    (again / ".prepare-data" / "plan.json").write_bytes(b"\xff\xfe not json")
+    proc = cli("prepare-data", f"data.dir={again}", *PREPARE)
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "plan.json" in warnings[0] and "starting over" in warnings[0], proc.stderr
+    assert outputs(again) == outputs(reference)
+
+
 def test_changed_inputs_start_over(cli, reference, tmp_path):
     copy_inputs(reference, tmp_path)
     # An interrupted run's leftovers, made from other files or settings: a finished part among them.

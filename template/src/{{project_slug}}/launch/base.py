@@ -61,6 +61,8 @@ class Platform:
     action_options: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {}
     """{dest: (option, the actions it serves)} of the platform's own options that only some actions
     read; given with another action it is refused, not ignored."""
+    extra_fields: ClassVar[dict] = {}
+    """The types of what the platform keeps in a job record's `extra`: a record with another is skipped."""
     needs_launch_files: ClassVar[bool] = True
     """Whether the project must hold launch/<name>/ (generated only for the chosen platforms)."""
 
@@ -98,7 +100,7 @@ class Platform:
 
     def pick_job(self) -> Job:
         job_id, name = self.args.job_id, self.args.name
-        job = jobs.find(self.name, job_id, name)
+        job = jobs.find(self.name, job_id, name, self.extra_fields)
         if job is None and (job_id or name):
             job = self.job_named(job_id, name)
         if job is None and not (job_id or name):
@@ -119,7 +121,7 @@ class Platform:
 
     def hint(self, job: Job) -> str:
         """The three follow-up commands, printed after a submission."""
-        pick = f" --id {job.id}" if jobs.find(self.name) != job else ""
+        pick = f" --id {job.id}" if jobs.find(self.name, extra=self.extra_fields) != job else ""
         return "\n".join(
             f"  {action + ':':<8} {self.package} launch {self.name} --action {action}{pick}"
             + (" --follow" if action == "logs" else "")

@@ -86,6 +86,7 @@ def last_metrics(output_dir: Path) -> tuple[dict | None, dict | None]:
 
 class DevMachine(Platform):
     name = "devmachine"
+    extra_fields = {"output_dir": str, "how": str, "max_steps": (int, None)}
     needs_launch_files = False  # torchrun needs nothing generated; launch/devmachine/ only holds scripts
 
     @staticmethod

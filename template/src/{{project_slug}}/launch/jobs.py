@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..settings.config import project_root
-from ..settings.stored_files import read_json_lines, warn
+from ..settings.stored_files import read_json_lines, shape_problem, warn
 
 FOLDER = ".jobs"
 
@@ -127,19 +127,26 @@ RECORD_OPTIONAL = {name: str for name in ("name", "submitted", "by", "where", "i
 RECORD_OPTIONAL.update(command=list, extra=dict)
 
 
-def read_records(platform: str) -> list[Job]:
+def read_records(platform: str, extra: dict | None = None) -> list[Job]:
     """Every record of the platform, oldest first; a line that is not a job (a torn write, bytes
-    that are not text, JSON of another shape) is skipped with a warning naming file:line."""
-    records, warnings = read_json_lines(records_path(platform), RECORD_KEYS, RECORD_OPTIONAL)
+    that are not text, JSON of another shape, an `extra` field of another type than the platform's
+    `extra` names) is skipped with a warning naming file:line."""
+
+    def extra_problem(data: dict) -> str | None:
+        problem = shape_problem(data.get("extra", {}), None, extra)
+        return problem and f"in 'extra', {problem}"
+
+    records, warnings = read_json_lines(records_path(platform), RECORD_KEYS, RECORD_OPTIONAL, extra_problem)
     for warning in warnings:
         warn(warning)
     known = set(Job.__dataclass_fields__)
     return [Job(**{k: v for k, v in data.items() if k in known}) for data in records]
 
 
-def find(platform: str, job_id: str | None = None, name: str | None = None) -> Job | None:
-    """The newest record with this id and/or name (both None: the newest of all)."""
-    for job in reversed(read_records(platform)):
+def find(platform: str, job_id: str | None = None, name: str | None = None, extra: dict | None = None) -> Job | None:
+    """The newest record with this id and/or name (both None: the newest of all); extra: the types
+    of the platform's `extra` fields."""
+    for job in reversed(read_records(platform, extra)):
         if (job_id is None or job.id == job_id) and (name is None or job.name == name):
             return job
     return None

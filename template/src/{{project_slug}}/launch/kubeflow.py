@@ -262,6 +262,7 @@ def run_from_copy(manifest: dict, copy: Path, image: str | None, package: str) -
 class Kubeflow(Platform):
     name = "kubeflow"
     action_options = {"node_rank": ("--node-rank", ("logs",)), "wait": ("--wait", ("logs",))}
+    extra_fields = {"manifest": str, "kind": str, "namespace": str}
     add_arguments = staticmethod(add_arguments)
 
     def _manifest(self) -> tuple[dict, Path | None]:

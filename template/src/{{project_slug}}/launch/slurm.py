@@ -238,6 +238,7 @@ def cluster_name() -> str:
 class Slurm(Platform):
     name = "slurm"
     action_options = {"signal": ("--signal", ("cancel",)), "wait": ("--wait", ("submit",))}
+    extra_fields = {"script": str, "stdout": str, "stderr": str}
     add_arguments = staticmethod(add_arguments)
 
     def _command(self) -> tuple[Path, list[str]]:

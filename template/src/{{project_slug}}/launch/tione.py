@@ -200,6 +200,7 @@ def image_type(image: str) -> str:
 class Tione(Platform):
     name = "tione"
     action_options = {"pod": ("--pod", ("logs",))}
+    extra_fields = {"region": str, "endpoint": str, "project": str, "mode": (str, None)}
     add_arguments = staticmethod(add_arguments)
 
     @property

@@ -17,6 +17,7 @@ from __future__ import annotations
 import codecs
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -159,9 +160,12 @@ def read_json(
     return value
 
 
-def read_json_lines(path: Path, keys: dict, optional: dict | None = None) -> tuple[list[dict], list[str]]:
-    """The JSON objects of a file of records, one a line, that fit the shape; and one warning per
-    other non-blank line ("file:line: what; skipped"). A missing file holds no records."""
+def read_json_lines(
+    path: Path, keys: dict, optional: dict | None = None, check: Callable[[dict], str | None] | None = None
+) -> tuple[list[dict], list[str]]:
+    """The JSON objects of a file of records, one a line, that fit the shape (and pass `check`, which
+    says what else is wrong with a record); and one warning per other non-blank line ("file:line:
+    what; skipped"). A missing file holds no records."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -175,7 +179,7 @@ def read_json_lines(path: Path, keys: dict, optional: dict | None = None) -> tup
             continue
         try:
             record = parse_json(decode(raw, path, "", number, marks=False), path, "", number)
-            problem = shape_problem(record, keys, optional)
+            problem = shape_problem(record, keys, optional) or (check(record) if check else None)
         except DamagedFile as exc:
             problem = exc.problem
         if problem:
