@@ -10,17 +10,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shutil
 import sys
 import typing
 
+from test_bad_input import PLATFORM_NAMES, PLATFORM_PREFIXES
+
 WRONG_NUMBERS = ["abc", "", "1" + "0" * 400, "1e305", "inf", "nan", "\uff11\uff12", "1\n2"]
 DRIVER = """
-import contextlib, io, json, sys, traceback
+import contextlib, io, json, os, sys, traceback
 from {package} import cli
+base = dict(os.environ)
 results = []
-for argv in json.load(open(sys.argv[1])):
+for argv, env in json.load(open(sys.argv[1])):
+    os.environ.clear()
+    os.environ.update({{**base, **env}})
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
@@ -34,12 +40,14 @@ json.dump(results, sys.stdout)
 """
 
 
-def run_cases(cli, tmp_path, cases: list[list[str]], check_written: bool = True) -> list:
+def run_cases(cli, tmp_path, cases: list, check_written: bool = True, env: dict | None = None) -> list:
+    """[argv, exit code, output] of each case, run in one process; a case is argv, or (argv, the
+    variables it adds to the environment). env: the variables to add (None removes one) for all."""
     before = sorted(p for p in cli.root.rglob("*") if "__pycache__" not in p.parts)
     cases_file = tmp_path / "cases.json"
-    cases_file.write_text(json.dumps(cases))
+    cases_file.write_text(json.dumps([case if isinstance(case, tuple) else (case, {}) for case in cases]))
     driver = DRIVER.format(package=cli.package)
-    results = json.loads(cli.run([sys.executable, "-c", driver, cases_file], timeout=600).stdout)
+    results = json.loads(cli.run([sys.executable, "-c", driver, cases_file], timeout=600, env=env).stdout)
     if check_written:
         assert sorted(p for p in cli.root.rglob("*") if "__pycache__" not in p.parts) == before, "a case wrote a file"
     return results
@@ -186,4 +194,44 @@ def test_every_free_text_option_ends_in_one_line_or_is_used(cli, pkg, tmp_path):
             failures.append(f"a case wrote {path}")
     for folder in named_folders & written:
         shutil.rmtree(folder)
+    assert not failures, f"{len(failures)} of {len(cases)} cases:\n" + "\n".join(failures[:10])
+
+
+# Each platform's variables as `node` reads them (a job of 2 nodes, this one node 0); the addresses
+# and the node list are text, every other one a number.
+PLATFORM_VARIABLES = {
+    "tione-ddp": {"WORLD_SIZE": "2", "RANK": "0", "INDEX": "0", "GPU_NUM_PER_NODE": "1", "GPU_NUM": "2"}
+    | {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"},
+    "kubeflow": {"PET_NNODES": "2", "PET_NODE_RANK": "0", "PET_NPROC_PER_NODE": "1", "PET_MAX_RESTARTS": "3"}
+    | {"PET_MASTER_ADDR": "job-master-0", "PET_MASTER_PORT": "23456"},
+    "openmpi": {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}
+    | {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"},
+    "slurm": {"SLURM_JOB_ID": "42", "SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_GPUS_ON_NODE": "1"}
+    | {"SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_NODELIST": "node1,node2"},
+    "tione-ray": {"HEAD_ADDR": "10.0.0.1", "HEAD_PORT": "6379", "RANK": "0", "WORLD_SIZE": "2"},
+}
+TEXT_VARIABLES = {"MASTER_ADDR", "PET_MASTER_ADDR", "HEAD_ADDR", "SLURM_JOB_NODELIST"}
+WRONG_COUNTS = ["abc", "-1", "1.5", "1" + "0" * 400, "\uff11\uff12", "1\n2", "10000000000000"]
+
+
+def test_every_platform_variable_refuses_bad_values_in_one_line(cli, tmp_path):
+    """Each number a platform injects, of each platform `node` reads, given text, a negative, a
+    fraction, 400 digits, other scripts' digits, a newline or a count no cluster has: `node --dry-run`
+    ends with exit 1 and one `error:` line naming the variable, before any torchrun command."""
+    runner = {k: None for k in os.environ if k.startswith(PLATFORM_PREFIXES) or k in PLATFORM_NAMES}
+    runner["OMPI_MCA_orte_default_hostfile"] = None
+    cases = [(["node", "--dry-run"], variables) for variables in PLATFORM_VARIABLES.values()]  # as given: they pass
+    named = [None] * len(cases)
+    for variables in PLATFORM_VARIABLES.values():
+        for name in set(variables) - TEXT_VARIABLES:
+            cases += [(["node", "--dry-run"], {**variables, name: value}) for value in WRONG_COUNTS]
+            named += [name] * len(WRONG_COUNTS)
+    failures = []
+    for (argv, code, output), name, (_, env) in zip(run_cases(cli, tmp_path, cases, env=runner), named, cases):
+        if name is None:
+            if code != 0 or "Traceback" in output:
+                failures.append(f"{env}: exit {code} though every variable is good\n{output[-1500:]}")
+        elif refused_cleanly([argv, code, output], name) or "$ " in output:
+            failures.append(f"{name}={env[name]!r}: exit {code}\n{output[-1500:]}")
+    assert len(cases) > 150
     assert not failures, f"{len(failures)} of {len(cases)} cases:\n" + "\n".join(failures[:10])

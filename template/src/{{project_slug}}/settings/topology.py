@@ -29,6 +29,7 @@ import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from .bounds import MAX_COUNT, MAX_NODES
 from .config import ConfigError
 
 DEFAULT_PORT = 29500
@@ -86,21 +87,29 @@ def default_nproc(gpus_per_node: int) -> int:
 SET_BY_JOB = "the platform sets it: fix the job's settings (or the value exported by hand)"
 
 
-def _int(env: Mapping[str, str], name: str, least: int = 0) -> int:
-    """A whole-number variable of at least `least` (1 for a count of nodes or GPUs)."""
+def _int(env: Mapping[str, str], name: str, least: int = 0, most: int = MAX_COUNT) -> int:
+    """A whole-number variable from `least` (1 for a count of nodes or GPUs) to `most` (MAX_NODES
+    for a count of nodes), in ASCII digits (int() would also read other scripts' digits)."""
     value = env.get(name, "")
-    if not re.fullmatch(r"[0-9]+", value.strip()) or int(value) < least:
-        raise TopologyError(f"{name}={value!r} must be a whole number of at least {least}; {SET_BY_JOB}")
+    if not _digits(value) or not least <= int(value) <= most:
+        shown = repr(value) if len(value) <= 40 else f"{value[:20]!r}... ({len(value)} characters)"
+        raise TopologyError(
+            f"{name}={shown} must be a whole number of at least {least} and at most {most}; {SET_BY_JOB}"
+        )
     return int(value)
+
+
+def _digits(text: str) -> bool:
+    return re.fullmatch(r"[0-9]{1,40}", text.strip()) is not None
 
 
 def _port(env: Mapping[str, str], name: str) -> int:
     if name not in env:
         return DEFAULT_PORT
     port = env[name].strip()
-    if port.isdigit() and 0 < int(port) < 65536:
+    if _digits(port) and 0 < int(port) < 65536:
         return int(port)
-    raise TopologyError(f"{name}={port if port.isdigit() else repr(env[name])} is not a port (1-65535); {SET_BY_JOB}")
+    raise TopologyError(f"{name}={port if _digits(port) else repr(env[name])} is not a port (1-65535); {SET_BY_JOB}")
 
 
 def _require(env: Mapping[str, str], platform: str, *names: str) -> None:
@@ -125,19 +134,21 @@ def read_kubeflow(env: Mapping[str, str], nproc: int, nnodes_default: int) -> To
     if not match:
         raise TopologyError(f"PET_NNODES={spec!r} must be a node count or min:max; {SET_BY_JOB}")
     low, high = int(match.group(1)), int(match.group(2) or match.group(1))
-    if not 1 <= low <= high:
-        raise TopologyError(f"PET_NNODES={spec!r}: the minimum must be between 1 and the maximum; {SET_BY_JOB}")
+    if not 1 <= low <= high <= MAX_NODES:
+        raise TopologyError(
+            f"PET_NNODES={spec!r}: the minimum must be between 1 and the maximum, at most {MAX_NODES}; {SET_BY_JOB}"
+        )
     node_rank = _int(env, "PET_NODE_RANK") if "PET_NODE_RANK" in env else _int(env, "RANK") if "RANK" in env else 0
     _check_rank("kubeflow", "PET_NODE_RANK", node_rank, "PET_NNODES", high)
     per_node = env.get("PET_NPROC_PER_NODE", "auto").strip()
-    if per_node not in ("auto", "gpu", "cpu") and not (per_node.isdigit() and int(per_node) > 0):
+    if per_node not in ("auto", "gpu", "cpu") and not (_digits(per_node) and 0 < int(per_node) <= MAX_COUNT):
         raise TopologyError(f"PET_NPROC_PER_NODE={per_node!r} must be auto or at least 1; {SET_BY_JOB}")
     if env.get("PET_RDZV_ENDPOINT"):
         # elasticPolicy: the operator names the c10d store (worker-0's Service unless rdzvHost is
         # set) and, for Worker-only jobs, injects no PET_MASTER_ADDR and no PET_NODE_RANK.
         endpoint = env["PET_RDZV_ENDPOINT"].strip()
         host, _, port = endpoint.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not host or not _digits(port) or not 0 < int(port) < 65536:
             raise TopologyError(f"PET_RDZV_ENDPOINT={endpoint!r} must be host:port")
         master_addr, master_port, elastic = host, int(port), True
     else:
@@ -147,7 +158,7 @@ def read_kubeflow(env: Mapping[str, str], nproc: int, nnodes_default: int) -> To
         platform="kubeflow",
         nnodes=high,
         node_rank=node_rank,
-        nproc_per_node=int(per_node) if per_node.isdigit() else nproc,
+        nproc_per_node=int(per_node) if _digits(per_node) else nproc,
         master_addr=master_addr,
         master_port=master_port,
         # Elastic jobs rendezvous with c10d even at a fixed size (ranks are not given per pod).
@@ -157,7 +168,7 @@ def read_kubeflow(env: Mapping[str, str], nproc: int, nnodes_default: int) -> To
 
 def read_tione_ddp(env: Mapping[str, str], nproc: int, nnodes_default: int) -> Topology:
     _require(env, "tione-ddp", "WORLD_SIZE", "RANK", "MASTER_ADDR")
-    nnodes, node_rank = _int(env, "WORLD_SIZE", 1), _int(env, "RANK")  # both count nodes on TI-ONE
+    nnodes, node_rank = _int(env, "WORLD_SIZE", 1, MAX_NODES), _int(env, "RANK")  # both count nodes on TI-ONE
     _check_rank("tione-ddp", "RANK", node_rank, "WORLD_SIZE", nnodes)
     if "INDEX" in env and _int(env, "INDEX") != node_rank:
         raise TopologyError(f"tione-ddp: INDEX={env['INDEX']} and RANK={node_rank} disagree about this node's rank")
@@ -179,7 +190,7 @@ def mpi_hosts(env: Mapping[str, str]) -> list[tuple[str, int]]:
         hosts = []
         for item in env["NODE_IP_SLOT_LIST"].split(","):
             host, _, slots = item.strip().rpartition(":")
-            if not host or not slots.isdigit() or int(slots) < 1:
+            if not host or not _digits(slots) or not 1 <= int(slots) <= MAX_COUNT:
                 raise TopologyError(f"NODE_IP_SLOT_LIST item {item!r} must be ip:slots, slots at least 1; {SET_BY_JOB}")
             hosts.append((host, int(slots)))
         return hosts
@@ -252,7 +263,7 @@ def read_openmpi(env: Mapping[str, str], nproc: int, nnodes_default: int) -> Top
 def read_tione_ray(env: Mapping[str, str], nproc: int, nnodes_default: int) -> Topology:
     _require(env, "tione-ray", "HEAD_ADDR", "HEAD_PORT")
     node_rank = _int(env, "RANK") if env.get("RANK") else 0
-    nnodes = _int(env, "WORLD_SIZE", 1) if env.get("WORLD_SIZE") else nnodes_default
+    nnodes = _int(env, "WORLD_SIZE", 1, MAX_NODES) if env.get("WORLD_SIZE") else nnodes_default
     _check_rank("tione-ray", "RANK", node_rank, "the node count (WORLD_SIZE or cluster.nodes)", nnodes)
     return Topology("tione-ray", nnodes, node_rank, nproc, env["HEAD_ADDR"], _port(env, "HEAD_PORT"))
 
@@ -278,12 +289,21 @@ def read_tione_ps(env: Mapping[str, str], nproc: int, nnodes_default: int) -> To
     per_node = _int(env, "GPU_NUM_PER_NODE", 1) if env.get("GPU_NUM_PER_NODE") else nproc
     # The platform opened worker 0's TF port and no TF server uses it in a PyTorch job: torch's
     # store takes it unless MASTER_PORT says otherwise.
-    master_port = _port(env, "MASTER_PORT") if "MASTER_PORT" in env else int(port) if port.isdigit() else DEFAULT_PORT
+    master_port = (
+        _port(env, "MASTER_PORT")
+        if "MASTER_PORT" in env
+        else int(port)
+        if _digits(port) and 0 < int(port) < 65536
+        else DEFAULT_PORT
+    )
     return Topology("tione-ps", len(world), node_rank, per_node, host or world[0], master_port)
 
 
 def slurm_hostnames(nodelist: str) -> list[str]:
-    """Expand a compressed Slurm node list (node[01-03]) with `scontrol show hostnames`."""
+    """Expand a compressed Slurm node list (node[01-03]) with `scontrol show hostnames`; a plain
+    comma-separated list has nothing to expand."""
+    if not re.search(r"[\[\]\s]", nodelist):
+        return [host for host in nodelist.split(",") if host]
     try:
         out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
     except OSError:
@@ -297,7 +317,7 @@ def slurm_hostnames(nodelist: str) -> list[str]:
 
 def read_slurm(env: Mapping[str, str], nproc: int, nnodes_default: int) -> Topology:
     _require(env, "slurm", "SLURM_NNODES", "SLURM_JOB_NODELIST")
-    nnodes = _int(env, "SLURM_NNODES", 1)
+    nnodes = _int(env, "SLURM_NNODES", 1, MAX_NODES)
     node_rank = _int(env, "SLURM_NODEID") if env.get("SLURM_NODEID") else 0
     _check_rank("slurm", "SLURM_NODEID", node_rank, "SLURM_NNODES", nnodes)
     hosts = slurm_hostnames(env["SLURM_JOB_NODELIST"])
