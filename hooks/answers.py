@@ -262,6 +262,8 @@ def _line(a: dict, field: str, message: str) -> str:
     value = str(",".join(value) if isinstance(value, list) else value)
     if len(value) > 40:  # a 400-digit answer is named by its length, not printed whole
         value = f"{value[:20]}... ({len(value)} characters)"
+    if re.search(r"[\x00-\x1f\x7f]", value):  # a newline in an answer is shown, not printed
+        value = value.encode("unicode_escape").decode("ascii")
     return f"{field}={value}: {' '.join(message.split())}"
 
 
@@ -343,6 +345,36 @@ def platform_problems(a: dict) -> list[tuple[str, str]]:
     return found
 
 
+# The longest text an answer may be: paths as the system allows them; a network interface as Linux
+# names one (IFNAMSIZ less its NUL); everything else names a thing on a platform (an image, a PVC, a
+# label, a partition, an id), which none allows beyond a DNS subdomain's 253 characters.
+PATH_ANSWERS = ("shared_mount", "data_dir", "output_dir", "pretrained_dir")
+LONGEST_TEXT = 253
+LONGEST_PATH = 4096
+LONGEST_INTERFACE = 15
+
+
+def text_problems(a: dict) -> list[tuple[str, str]]:
+    """Text answers longer than anything they could name (a 400-character partition or image)."""
+    found = []
+    for name, question in questions().items():
+        value = a.get(name)
+        if question.get("type") != "str" or not isinstance(value, str) or name in computed_names():
+            continue
+        if name == "nccl_socket_ifname":
+            items = value.lstrip("^=").split(",")
+            longest = max(items, key=len)
+            if len(longest) > LONGEST_INTERFACE:
+                found.append(
+                    (name, f"interface '{longest[:20]}' is longer than Linux's {LONGEST_INTERFACE} characters")
+                )
+            continue
+        most = LONGEST_PATH if name in PATH_ANSWERS else LONGEST_TEXT
+        if len(value) > most:
+            found.append((name, f"no {name} is {len(value)} characters long (at most {most}); shorten it"))
+    return found
+
+
 def notes(answers: dict) -> list[str]:
     """Things worth knowing that are not errors."""
     a = complete(answers)
@@ -358,7 +390,7 @@ def notes(answers: dict) -> list[str]:
 def field_problems(answers: dict, fit: bool = True) -> list[tuple[str, str]]:
     """(answer blamed, message), platform rules first, then the config rules."""
     a = complete(answers)
-    return platform_problems(a) + config_problems(a, fit)
+    return text_problems(a) + platform_problems(a) + config_problems(a, fit)
 
 
 def line(answers: dict, field: str, message: str) -> str:

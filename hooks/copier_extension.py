@@ -54,6 +54,11 @@ Globals it adds:
     quantity_problem('k8s_cpu_limit', value, 'cpu', request)
                                              "" or why the value is not a Kubernetes quantity (or is a
                                              limit below its request)
+
+Filter it adds:
+    {{ slurm_partition | shown }}            an answer quoted in a message: a newline escaped (the
+                                             message stays one line), a long answer cut to its length
+
 The cross-field rules come from hooks/answers.py, which runs the generated package's rules.py/plan.py.
 """
 
@@ -140,6 +145,17 @@ def answer_problems(context, *fields: str, upto: str | None = None) -> str:
     return ""
 
 
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def shown(value) -> str:
+    """An answer quoted inside a one-line message: a newline or other control character escaped (a
+    message must stay one line), a long answer cut to its first characters and its length."""
+    text = str(value)
+    cut = f"{text[:30]}... ({len(text)} characters)" if len(text) > 40 else text
+    return repr(cut) if CONTROL.search(cut) else f"'{cut}'"
+
+
 def _refuse(field: str, message: str):
     """Stop copier with one line naming the answer; an answer that is no question is named as given."""
     rules = _answers_module()
@@ -188,7 +204,7 @@ def path_characters_problem(field: str, value: str) -> str:
     if not SHELL_SPECIAL.search(str(value)):
         return ""
     return (
-        f"{field} '{value}' holds a character that shell, sbatch or env files would read specially (quotes, "
+        f"{field} {shown(value)} holds a character that shell, sbatch or env files would read specially (quotes, "
         "backslash, $, `, %, # or a control character); choose a path without them."
     )
 
@@ -212,10 +228,10 @@ def path_placement_problem(field: str, value: str, example: str, mount: str = ""
     path = _normalised(value)
     meant = f" (that is {path})" if path != str(value) else ""
     if path == "/":
-        return f"{field} '{value}' is the root folder{meant}; give a folder of its own, e.g. {example}."
+        return f"{field} {shown(value)} is the root folder{meant}; give a folder of its own, e.g. {example}."
     if mount and "kubeflow" in platforms and not path.startswith(_normalised(mount).rstrip("/") + "/"):
         return (
-            f"{field} '{value}'{meant} must lie under shared_mount {mount}, where the pods mount the shared "
+            f"{field} {shown(value)}{meant} must lie under shared_mount {mount}, where the pods mount the shared "
             f"volume; e.g. {example}."
         )
     return ""
@@ -249,7 +265,7 @@ def image_reference_problem(field: str, value: str, example: str) -> str:
     """Why the answer `field` is not an image reference, "" when it is one."""
     if IMAGE_REFERENCE.fullmatch(str(value)):
         return ""
-    return f"{field} '{value}' is not a valid image reference; use registry/name:tag, e.g. {example}."
+    return f"{field} {shown(value)} is not a valid image reference; use registry/name:tag, e.g. {example}."
 
 
 # Kubernetes label keys and values (apimachinery's validation): an optional DNS-subdomain prefix
@@ -300,7 +316,7 @@ def node_labels_problem(field: str, text: str) -> str:
         bad = [v for v in term.get("values", []) if not LABEL_NAME.fullmatch(v)]
         if why or bad:
             why = why or f"'{bad[0]}' is not a label value (letters, digits, '-', '_', '.'; at most 63)"
-            return f"{field} '{text}': label {term['key']}: {why}; write key=value, key=v1|v2 or key, {example}."
+            return f"{field} {shown(text)}: label {term['key']}: {why}; write key=value, key=v1|v2 or key, {example}."
     return ""
 
 
@@ -329,7 +345,7 @@ def tolerations_problem(field: str, text: str) -> str:
         if not why and effect and effect not in TAINT_EFFECTS:
             why = f"effect '{effect}' is not one of {', '.join(TAINT_EFFECTS)}"
         if why:
-            return f"{field} '{text}': {why}; write key[=value][:effect], e.g. nvidia.com/gpu:NoSchedule."
+            return f"{field} {shown(text)}: {why}; write key[=value][:effect], e.g. nvidia.com/gpu:NoSchedule."
     return ""
 
 
@@ -351,10 +367,10 @@ def quantity_problem(field: str, value: str, resource: str, request: str = "") -
     example = "64 or 500m" if resource == "cpu" else "512Gi or 64000Mi"
     amount = quantity_value(value)
     if amount is None or amount <= 0:
-        return f"{field} '{value}' is not a {resource} quantity Kubernetes reads; use e.g. {example} (or empty)."
+        return f"{field} {shown(value)} is not a {resource} quantity Kubernetes reads; use e.g. {example} (or empty)."
     wanted = quantity_value(request) if str(request).strip() else None
     if wanted is not None and amount < wanted:
-        return f"{field} '{value}' is below the request {request}: a limit must be at least the request; raise it."
+        return f"{field} {shown(value)} is below the request {request}: a limit must be at least the request; raise it."
     return ""
 
 
@@ -407,6 +423,7 @@ class RulesExtension(Extension):
         super().__init__(environment)
         environment.from_string = _compiled_once(environment.from_string)
         environment.globals["answer_problems"] = answer_problems
+        environment.filters["shown"] = shown
         environment.globals["refuse_bad_answers"] = refuse_bad_answers
         environment.globals["path_characters_problem"] = path_characters_problem
         environment.globals["image_reference_problem"] = image_reference_problem

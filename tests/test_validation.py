@@ -661,7 +661,8 @@ PATH_ANSWERS = [
 )
 def test_every_path_answer_refuses_characters_shells_read(field, others, path):
     message = _validator(field, {**others, field: path})
-    assert message.startswith(f"{field} '{path}' holds a character"), message
+    shown = repr(path) if "\x01" in path else f"'{path}'"  # a control character is shown escaped
+    assert message.startswith(f"{field} {shown} holds a character"), message
 
 
 @pytest.mark.quick
@@ -883,3 +884,50 @@ def test_every_pattern_answer_refuses_a_trailing_newline(field):
     assert _validator(field, {**others, field: value}) == ""
     refused = _validator(field, {**others, field: value + "\n"})
     assert refused.startswith(field), refused
+
+
+# Answers that make every question of the template asked: each platform, the GPT-3 family with a custom
+# layout under DeepSpeed.
+EVERY_QUESTION = {
+    "platforms": ["devmachine", "kubeflow", "tione", "slurm"],
+    "model": "gpt3",
+    "gpt3_layout": "custom",
+    "strategy": "deepspeed",
+    "tione_resource_group": "trsg-1",
+}
+
+
+@pytest.mark.quick
+def test_every_answer_given_generated_bad_values_is_refused_in_one_line_or_taken():
+    """Every number and text question, asked, given a negative, zero, 10^13, 400 digits (numbers) or
+    empty text, a newline, non-ASCII, a space, 400 characters (text): the validators and the last
+    check end in lines naming the answer, never an exception; a negative count, 400 digits and
+    400 characters are refused."""
+    import jinja2
+
+    answers = _answers_module()
+    when = jinja2.Environment()
+    refused_for_sure = {-1, 10**400, "9" * 400}
+    failures, tried = [], 0
+    for field, question in answers.questions().items():
+        kind = question.get("type", "str")
+        if field in answers.computed_names() or question.get("choices") or kind not in ("int", "str"):
+            continue
+        values = [-1, 0, 10**13, 10**400] if kind == "int" else ["", "x\n", "\u00e9", "a b", "9" * 400]
+        for value in values:
+            given = answers.complete({**EVERY_QUESTION, field: value})
+            if when.from_string(str(question.get("when", True))).render(given).strip().lower() == "false":
+                break  # not asked with these answers
+            tried += 1
+            try:
+                # the question's own validator speaks first; the check of all answers after it
+                lines = list(filter(None, [_validator(field, given)])) or answers.problems(given)
+            except Exception as exc:  # noqa: BLE001 - any exception is the failure reported
+                failures.append(f"{field}={value!r:.30}: {type(exc).__name__}: {exc}")
+                continue
+            if any("\n" in line for line in lines):
+                failures.append(f"{field}={value!r:.30}: a message of several lines: {lines}")
+            if value in refused_for_sure and not any(line.startswith(f"{field}") for line in lines):
+                failures.append(f"{field}={value!r:.30} was taken: {lines}")
+    assert tried > 150
+    assert not failures, "\n".join(failures)

@@ -21,12 +21,12 @@ from test_bad_input import PLATFORM_NAMES, PLATFORM_PREFIXES
 WRONG_NUMBERS = ["abc", "", "1" + "0" * 400, "1e305", "inf", "nan", "\uff11\uff12", "1\n2"]
 DRIVER = """
 import contextlib, io, json, os, sys, traceback
-from {package} import cli
+from PACKAGE import cli
 base = dict(os.environ)
 results = []
 for argv, env in json.load(open(sys.argv[1])):
     os.environ.clear()
-    os.environ.update({{**base, **env}})
+    os.environ.update(dict(base, **env))
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
@@ -46,7 +46,7 @@ def run_cases(cli, tmp_path, cases: list, check_written: bool = True, env: dict 
     before = sorted(p for p in cli.root.rglob("*") if "__pycache__" not in p.parts)
     cases_file = tmp_path / "cases.json"
     cases_file.write_text(json.dumps([case if isinstance(case, tuple) else (case, {}) for case in cases]))
-    driver = DRIVER.format(package=cli.package)
+    driver = DRIVER.replace("PACKAGE", cli.package)
     results = json.loads(cli.run([sys.executable, "-c", driver, cases_file], timeout=600, env=env).stdout)
     if check_written:
         assert sorted(p for p in cli.root.rglob("*") if "__pycache__" not in p.parts) == before, "a case wrote a file"

@@ -10,9 +10,10 @@ those, never the wording. No torch here: the rules must run where only copier an
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from ..models.family import families, family, model_shape
-from ..settings.bounds import bound_problems
+from ..settings.bounds import MAX_COUNT, bound_problems
 from ..settings.config import Config, ConfigError, Problem
 from ..settings.gpus import find_answer
 from ..settings.precision import bf16_refusal
@@ -60,8 +61,8 @@ def micro_batch_at(global_batch: int, data_parallel_size: int, largest: int) -> 
     --data nodes=N` and plan's scaling table pick the same one."""
     if data_parallel_size < 1 or global_batch % data_parallel_size:
         return largest
-    fitting = [m for m in _divisors(global_batch // data_parallel_size) if m <= largest]
-    return fitting[-1] if fitting else largest
+    share = global_batch // data_parallel_size  # any size: only the divisors up to `largest` are tried
+    return next((m for m in range(largest, 0, -1) if share % m == 0), largest)
 
 
 def at_world_size(cfg: Config, world_size: int) -> Config:
@@ -129,8 +130,11 @@ def _split(b, global_batch: int, data_parallel_size: int, where: str = "") -> in
 
 
 def _divisors(n: int) -> list[int]:
-    """The divisors of n in increasing order (n >= 0; none for 0)."""
-    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    """The divisors of n in increasing order (n >= 0; none for 0, and none for a count past
+    MAX_COUNT, which bounds.py refuses: a million trials at most)."""
+    if n > MAX_COUNT:
+        return []
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
 
 
