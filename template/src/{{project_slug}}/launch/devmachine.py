@@ -26,7 +26,6 @@ from ..cluster.torchrun import run_torchrun, train_entry
 from ..data.epochs import steps_where_known
 from ..settings.bounds import count, host, node_count, non_negative_int, positive_float, tcp_port
 from ..settings.config import Config, ConfigError, under_root
-from ..settings.stored_files import read_json_lines
 from ..settings.topology import Topology, default_nproc
 from . import deepspeed, jobs
 from .base import Platform, print_file
@@ -65,23 +64,6 @@ def process_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-# What status shows of a metrics line; a line without them (or torn, while the run writes) is passed over.
-METRICS_KEYS = {"step": int}
-METRICS_SHOWN = {
-    **dict.fromkeys(("loss", "lr", "tokens_per_sec", "step_time", "val_loss", "loss_scale"), float),
-    "mfu": (float, None),
-    "skipped": int,
-}
-
-
-def last_metrics(output_dir: Path) -> tuple[dict | None, dict | None]:
-    """(latest training record, latest validation record) of metrics.jsonl."""
-    records, _ = read_json_lines(output_dir / "metrics.jsonl", METRICS_KEYS, METRICS_SHOWN)
-    train = next((r for r in reversed(records) if {"loss", "lr", "tokens_per_sec", "step_time"} <= r.keys()), None)
-    val = next((r for r in reversed(records) if "val_loss" in r), None)
-    return train, val
 
 
 class DevMachine(Platform):
@@ -168,7 +150,7 @@ class DevMachine(Platform):
     def status(self, job: Job) -> int:
         from ..cluster.local_ranks import descends_from, find_ranks
         from ..runtime.checkpoint_files import named_by_latest
-        from ..training.metrics import format_step
+        from ..training.metrics import format_step, latest_records
         from ..training.preemption import read_marker
 
         output_dir = Path(job.extra.get("output_dir") or under_root(self.cfg.run.output_dir))
@@ -181,7 +163,7 @@ class DevMachine(Platform):
             print(f"  process: running (launcher pid {pid}; {len(ranks)} training process(es) on this machine)")
         else:
             print(f"  process: not running (launcher pid {pid} has exited)")
-        train, val = last_metrics(output_dir)
+        train, val = latest_records(output_dir)
         max_steps = job.extra.get("max_steps") or self.cfg.schedule.max_steps or "?"
         print(
             f"  latest: {format_step(train, max_steps)}"

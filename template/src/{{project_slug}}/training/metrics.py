@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ..settings.gpus import peak_for_device_name
+from ..settings.stored_files import read_json_lines
 
 
 def peak_flops(device: torch.device, precision: str | None = None) -> float | None:
@@ -86,6 +87,26 @@ def _record_step(line: str) -> int | None:
         return int(json.loads(line)["step"])
     except (ValueError, KeyError, TypeError):
         return None
+
+
+# The shape of a metrics.jsonl record as read back: `step` always; a training step's loss, lr,
+# tokens_per_sec and step_time; an evaluation's val_loss. A line of another shape (or torn while the
+# run writes) is passed over.
+RECORD_KEYS = {"step": int}
+RECORD_FIELDS = {
+    **dict.fromkeys(("loss", "lr", "tokens_per_sec", "step_time", "val_loss", "loss_scale"), float),
+    "mfu": (float, None),
+    "skipped": int,
+}
+TRAINING_FIELDS = {"loss", "lr", "tokens_per_sec", "step_time"}  # what format_step shows
+
+
+def latest_records(output_dir: Path) -> tuple[dict | None, dict | None]:
+    """(latest training record, latest validation record) of the run's metrics.jsonl."""
+    records, _ = read_json_lines(output_dir / "metrics.jsonl", RECORD_KEYS, RECORD_FIELDS)
+    train = next((r for r in reversed(records) if TRAINING_FIELDS <= r.keys()), None)
+    val = next((r for r in reversed(records) if "val_loss" in r), None)
+    return train, val
 
 
 def format_step(record: dict, max_steps: int) -> str:
