@@ -80,6 +80,23 @@ def test_every_command_refuses_a_folder_it_cannot_write(command, cli, demo_data,
     assert tried == (4 if key == "out_dir" else 6)
 
 
+def test_a_disk_without_room_is_one_line_before_any_work(cli, demo_data, train_overrides, tmp_path):
+    """A run folder on a disk with less than the 1 MiB the first writes need (a real 512 KiB tmpfs,
+    mounted in a mount namespace of its own): `train` names the key and the room in one line and
+    writes nothing there."""
+    disk = tmp_path / "small-disk"
+    disk.mkdir()
+    train = cli.command("train", *train_overrides, f"data.dir={demo_data}", f"run.output_dir={disk / 'run'}")
+    mount_then_run = 'mount -t tmpfs -o size=512k tmpfs "$0" && exec "$@"'
+    proc = cli.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", mount_then_run, disk, *train], expect=None
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    line = assert_one_line(proc, [f"run.output_dir={disk / 'run'} has 0 MiB free", "make room there"])
+    assert line.startswith("error: run.output_dir"), line
+    assert not any(disk.iterdir())  # the tmpfs went with its namespace; nothing was written beneath it
+
+
 def test_a_link_loop_under_data_raw_reads_each_file_once(cli, tmp_path):
     """raw/**/*.txt with raw/sub/loop -> .. would name every file again at every depth of the loop
     (each text in train and in validation): each real file is read once, the rest counted."""
