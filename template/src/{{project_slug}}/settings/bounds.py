@@ -9,8 +9,10 @@ zero in `plan` or fall back to a default in `launch`.
 
 Every range is finite: a count of 400 digits or a size of 1e305 would overflow the float arithmetic
 of `plan` or a scheduler's field, so the largest values are bounds too (MAX_NODES, MAX_COUNT). Text
-the command line passes on to a scheduler has a pattern here as well (slurm_time, slurm_name),
-matched with fullmatch: `$` would let a trailing newline through.
+the command line passes on to a scheduler or a network has a pattern here as well (slurm_time,
+slurm_name, host, endpoint, signal_name, scheduler_option), matched with fullmatch: `$` would let a
+trailing newline through. Any other option's text (a path, a context) may not be empty or hold a
+control character (text_option_problem, which cli.py applies to every command).
 
 Platform variables (PET_NNODES, WORLD_SIZE, SLURM_*, GPU_NUM_PER_NODE, ...) are checked where they
 are read, in topology.py. No torch here.
