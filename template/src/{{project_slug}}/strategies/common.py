@@ -36,11 +36,14 @@ def global_grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack(norms)).float()
 
 
-def clip_gradients(parameters: Iterable[torch.nn.Parameter], max_norm: float | None) -> torch.Tensor:
+def clip_gradients(
+    parameters: Iterable[torch.nn.Parameter], max_norm: float | None, norm: torch.Tensor | None = None
+) -> torch.Tensor:
     """Scale the gradients so that their global norm is at most max_norm (0 or None: leave them);
-    returns the norm before clipping. The factor is torch's: max_norm / (norm + 1e-6), at most 1."""
+    returns the norm before clipping (given: a norm taken over more than these parameters, as the
+    pipeline's over every stage). The factor is torch's: max_norm / (norm + 1e-6), at most 1."""
     params = [p for p in parameters if p.grad is not None]
-    norm = global_grad_norm([p.grad for p in params])
+    norm = global_grad_norm([p.grad for p in params]) if norm is None else norm
     if max_norm:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
     return norm

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from pathlib import Path
 
 import torch
@@ -27,12 +28,13 @@ import torch.utils.checkpoint
 from ..models.family import family
 from ..models.gpt3 import GPT3, Block, Embedding, FinalNorm, gpt3_config, head_logits, lm_loss
 from ..models.sample_dropout import samples
-from ..runtime.distributed import DistInfo
+from ..runtime.distributed import DistInfo, resolve_precision
 from ..settings.config import Config
 from . import universal_checkpoint
-from .common import compiled, param_groups
+from .common import clip_gradients, compiled, global_grad_norm, param_groups
 from .deepspeed import (
     DeepSpeedStrategy,
+    clipped_by_strategy,
     deepspeed_config,
     import_deepspeed,
     load_model_states,
@@ -169,6 +171,36 @@ class PipelineStrategy(DeepSpeedStrategy):
             self.compile_note = "compiled per layer (the pipeline schedule between them eager)"
             self.engine.compile()  # DeepSpeed compiles each layer of this stage in place
         self.runnable = self.module = None  # no single-process forward: the stages hold parts
+        self.grid, self._grad_norm = grid, None
+        self.clips_itself = clipped_by_strategy(cfg.deepspeed.zero_stage, resolve_precision(info.device, cfg.run.dtype))
+        if self.clips_itself:
+            # ZeRO 0 in fp32: the engine steps the optimizer itself, with no clipping and no norm
+            # (DeepSpeed's own clip would count each stage's gradients as the whole model's): clip the
+            # whole model's norm just before it steps, after the gradients are all-reduced.
+            self.engine.optimizer.register_step_pre_hook(lambda *_: self._clip_whole_model())
+
+    def _clip_whole_model(self) -> None:
+        """Clip this rank's gradients by the norm of the whole model: every stage's and tensor shard's
+        gradients counted once (a weight kept whole on every tensor rank on rank 0 only, the embedding
+        tied into the last stage on the first only), summed over this data-parallel replica's ranks."""
+        from deepspeed.checkpoint import constants
+
+        info = universal_checkpoint.pipeline_layout_info()
+        tied = [re.compile(p) for p in info[constants.PIPELINE_REPLICATED_PARAMETER_PATTERNS]]
+        whole = [re.compile(p) for p in info[constants.TP_REPLICATED_PARAMETER_PATTERNS]]
+        first_stage, tensor_rank = self.engine.stage_id == 0, self.grid.get_slice_parallel_rank()
+        counted = [
+            p.grad
+            for name, p in self.engine.module.named_parameters()
+            if p.grad is not None
+            and (first_stage or not any(t.match(name) for t in tied))
+            and (tensor_rank == 0 or not any(w.match(name) for w in whole))
+        ]
+        square = global_grad_norm(counted).double() ** 2
+        for group in (self.grid.get_slice_parallel_group(), self.grid.get_pipe_parallel_group()):
+            torch.distributed.all_reduce(square, group=group)
+        self._grad_norm = square.sqrt().float()
+        clip_gradients(self.engine.module.parameters(), self.cfg.optim.grad_clip, self._grad_norm)
 
     def layout_refusal(self, folder: Path, saved: dict) -> str | None:
         """Another tensor or pipeline degree: DeepSpeed's universal format re-splits the engine's own
@@ -199,7 +231,8 @@ class PipelineStrategy(DeepSpeedStrategy):
     def train_batch(self, batches) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over the step's micro batches: (mean loss, gradient norm before clipping)."""
         loss = self.engine.train_batch(data_iter=iter(((x, keys), y) for x, y, keys in batches))
-        return loss.detach().float(), norm_tensor(self.engine.get_global_grad_norm())
+        norm = self._grad_norm if self.clips_itself else self.engine.get_global_grad_norm()
+        return loss.detach().float(), norm_tensor(norm)
 
     @torch.no_grad()
     def evaluate(self, data, micro_batch: int, num_batches: int) -> dict:
