@@ -37,8 +37,13 @@ def test_training_in_epochs_takes_the_derived_steps_and_resumes_to_them(
     train_records, _ = metrics(out)
     assert train_records[-1]["step"] == steps
     assert train_records[-1]["tokens"] == steps * 16 * 64
-    saved = yaml.safe_load((out / "config.yaml").read_text())["schedule"]
-    assert (saved["max_steps"], saved["epochs"]) == (steps, EPOCHS)
+    # The config as written (a config with both is refused), the derived steps in its first line; it
+    # passes back as --config.
+    text = (out / "config.yaml").read_text()
+    saved = yaml.safe_load(text)["schedule"]
+    assert (saved["max_steps"], saved["epochs"]) == (None, EPOCHS)
+    assert text.startswith(f"# schedule.epochs={EPOCHS:g} gave {steps} steps on {demo_data}\n"), text[:200]
+    cli("check", f"--config={out / 'config.yaml'}", "cluster.nodes=1", "cluster.gpus_per_node=1")  # as it ran
     assert (out / "checkpoints" / f"step_{steps:08d}.pt").is_file()  # the last step saves
 
     # The same data: the same steps, so the run is complete. Launched, so that its record and `status`

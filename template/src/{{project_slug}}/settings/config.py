@@ -384,8 +384,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
     return cfg
 
 
-def save_config(cfg: Config, path: Path) -> None:
-    path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+def save_config(cfg: Config, path: Path, comment: str = "") -> None:
+    """The config as YAML that --config reads back; comment: a first line starting with '#'."""
+    path.write_text((f"# {comment}\n" if comment else "") + yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
 
 def _section(cfg: Config, name: str, source: str):

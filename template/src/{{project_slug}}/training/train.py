@@ -58,7 +58,7 @@ from ..runtime.distributed import (
     shutdown,
 )
 from ..runtime.unrecoverable import SharedFailure, raise_on_every_rank
-from ..settings.config import Config, ConfigError, save_config
+from ..settings.config import Config, ConfigError, changed, save_config
 from ..strategies import build_strategy
 from . import preemption, prefetch, run_lock
 from .metrics import MetricsLogger, format_step, mfu, peak_flops
@@ -132,6 +132,16 @@ def claim_output_dir(cfg: Config, info: DistInfo) -> tuple[run_lock.RunLock | No
     return lock, resume
 
 
+def saved_config(cfg: Config, path: Path) -> None:
+    """The run's config.yaml, which --config reads back: under schedule.epochs as written (max_steps
+    null; the steps the data gave, in its first line), since a config setting both is refused."""
+    if cfg.schedule.epochs is None:
+        save_config(cfg, path)
+        return
+    gave = f"schedule.epochs={cfg.schedule.epochs:g} gave {cfg.schedule.max_steps} steps on {cfg.data.dir}"
+    save_config(changed(cfg, **{"schedule.max_steps": None}), path, comment=gave)
+
+
 def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | None) -> int:
     accum = resolve_grad_accum(cfg, cfg.data_parallel_size(info.world_size))
     device, T = info.device, cfg.model.sequence_len
@@ -159,7 +169,7 @@ def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | N
     if info.is_main:  # the first writes of this run to the folder, after every refusal
         out.mkdir(parents=True, exist_ok=True)
         run_lock.record_job(out, lock.job)
-        save_config(cfg, out / "config.yaml")
+        saved_config(cfg, out / "config.yaml")
         preemption.clear_marker(out)
     autocast = autocast_context(device, precision)
 
