@@ -207,12 +207,11 @@ class PipelineStrategy(DeepSpeedStrategy):
         ZeRO-1 checkpoints when they record how (see universal_checkpoint.pipeline_layout_info)."""
         tensor, pipeline = universal_checkpoint.saved_degrees(saved)
         if tensor * pipeline > 1 and universal_checkpoint.is_partitioned(folder):
-            if universal_checkpoint.records_pipeline_layout(saved):
-                return None
-            return universal_checkpoint.pipeline_refusal(folder, saved, self.info.world_size)
+            return self.universal_refusal(folder, saved)
         return super().layout_refusal(folder, saved)
 
     def universal_refusal(self, folder: Path, saved: dict) -> str | None:
+        """The engine's sharded checkpoints convert when they record which weights its stages share."""
         if universal_checkpoint.records_pipeline_layout(saved):
             return None
         return universal_checkpoint.pipeline_refusal(folder, saved, self.info.world_size)
