@@ -87,11 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     os.chdir(COPY)
     problem = image_problem(argv)
     if problem:
-        print(
+        # One write, newline included: print() writes the newline apart when stderr is unbuffered, and
+        # Slurm's own lines, in the same file, can land between the two.
+        sys.stderr.write(
             f"error: the image's Python ({sys.executable}) {problem}: use an image that has them, or the "
-            f"project's own image (code_from=image); code from {COPY}",
-            file=sys.stderr,
+            f"project's own image (code_from=image); code from {COPY}\n"
         )
+        sys.stderr.flush()
         return 1
     if check_only:
         print(f"image OK for {COPY}")

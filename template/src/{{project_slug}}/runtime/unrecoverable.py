@@ -121,7 +121,8 @@ def report(exc: ConfigError) -> int:
     if hand_over(str(exc)):
         return 0  # torchrun sees a finished rank and does not restart the group
     if not isinstance(exc, ReportedByRankZero):
-        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.stderr.write(f"error: {exc}\n")  # one write: another process's line cannot split it
+        sys.stderr.flush()
     return 1
 
 
