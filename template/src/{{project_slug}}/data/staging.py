@@ -87,6 +87,8 @@ class Staging:
             earlier = None
         note = None
         if earlier == plan:
+            for leftover in self.parts.glob("*.tmp"):  # a writer killed before its rename (encode_parts.py)
+                shutil.rmtree(leftover, ignore_errors=True)
             return f"continuing the prepare-data interrupted in {self.folder} (same input files and settings)"
         if earlier is not None:
             note = f"the unfinished prepare-data in {self.folder} was for other input files or settings: starting over"
@@ -132,7 +134,10 @@ class Staging:
             self._lock = None
 
     def finished_parts(self) -> int:
-        return len(list(self.parts.glob(f"*/{DONE}"))) if self.parts.is_dir() else 0
+        """Parts whose folder is in place: a writer's temporary folder holds its done.json before the rename."""
+        if not self.parts.is_dir():
+            return 0
+        return sum(path.parent.name.isdigit() for path in self.parts.glob(f"*/{DONE}"))
 
 
 def stat_of(path: str | None) -> list | None:
