@@ -80,7 +80,7 @@ COPIER_EXTENSIONS = ["jinja2_ansible_filters.AnsibleCoreFiltersExtension"]
 
 
 def package():
-    """The generated package's pure-Python modules (config, rules, fit, the model families), loaded by path."""
+    """The generated package's pure-Python modules (config, bounds, rules, fit, the model families), loaded by path."""
     if PACKAGE not in sys.modules:
         spec = importlib.util.spec_from_file_location(
             PACKAGE, PACKAGE_DIR / "__init__.py", submodule_search_locations=[str(PACKAGE_DIR)]
@@ -88,7 +88,13 @@ def package():
         module = importlib.util.module_from_spec(spec)
         sys.modules[PACKAGE] = module
         spec.loader.exec_module(module)
-    modules = {"config": "settings.config", "rules": "planning.rules", "fit": "planning.fit", "family": "models.family"}
+    modules = {
+        "config": "settings.config",
+        "bounds": "settings.bounds",
+        "rules": "planning.rules",
+        "fit": "planning.fit",
+        "family": "models.family",
+    }
     return {name: importlib.import_module(f"{PACKAGE}.{module}") for name, module in modules.items()}
 
 
@@ -262,7 +268,7 @@ def _line(a: dict, field: str, message: str) -> str:
     value = str(",".join(value) if isinstance(value, list) else value)
     if len(value) > 40:  # a 400-digit answer is named by its length, not printed whole
         value = f"{value[:20]}... ({len(value)} characters)"
-    if re.search(r"[\x00-\x1f\x7f]", value):  # a newline in an answer is shown, not printed
+    if package()["bounds"].CONTROL.search(value):  # a newline in an answer is shown, not printed
         value = value.encode("unicode_escape").decode("ascii")
     return f"{field}={value}: {' '.join(message.split())}"
 

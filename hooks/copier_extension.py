@@ -145,15 +145,10 @@ def answer_problems(context, *fields: str, upto: str | None = None) -> str:
     return ""
 
 
-CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
 def shown(value) -> str:
-    """An answer quoted inside a one-line message: a newline or other control character escaped (a
-    message must stay one line), a long answer cut to its first characters and its length."""
-    text = str(value)
-    cut = f"{text[:30]}... ({len(text)} characters)" if len(text) > 40 else text
-    return repr(cut) if CONTROL.search(cut) else f"'{cut}'"
+    """An answer quoted inside a one-line message (the package's bounds.shown: a newline escaped, a
+    long answer cut to its first characters and its length)."""
+    return _answers_module().package()["bounds"].shown(str(value))
 
 
 def _refuse(field: str, message: str):

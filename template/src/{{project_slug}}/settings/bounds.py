@@ -150,7 +150,7 @@ def whole_number(least: int, most: int = MAX_COUNT) -> Callable[[str], int]:
         value = int(text) if WHOLE.fullmatch(text) and len(text) < 40 else None
         if value is None or not least <= value <= most:
             raise argparse.ArgumentTypeError(
-                f"must be a whole number of at least {least} and at most {most}, got {_shown(text)}"
+                f"must be a whole number of at least {least} and at most {most}, got {shown(text)}"
             )
         return value
 
@@ -158,8 +158,9 @@ def whole_number(least: int, most: int = MAX_COUNT) -> Callable[[str], int]:
     return parse
 
 
-def _shown(text: str) -> str:
-    """The value as given, shortened: a 400-digit value is named, not printed whole."""
+def shown(text: str) -> str:
+    """The value as given inside a one-line message, quoted: a control character escaped (a pasted
+    newline must not break the line), a 400-digit value named by its length, not printed whole."""
     return repr(text) if len(text) <= 40 else f"{text[:20]!r}... ({len(text)} characters)"
 
 
@@ -175,7 +176,7 @@ process_id = whole_number(1, 2**22)
 
 def tcp_port(text: str) -> int:
     if not (WHOLE.fullmatch(text) and len(text) < 8 and 0 < int(text) < 65536):
-        raise argparse.ArgumentTypeError(f"must be a TCP port (1-65535), got {_shown(text)}")
+        raise argparse.ArgumentTypeError(f"must be a TCP port (1-65535), got {shown(text)}")
     return int(text)
 
 
@@ -186,7 +187,7 @@ def _real(allowed: Range) -> Callable[[str], float]:
         except ValueError:
             value = math.nan
         if not allowed.holds(value) or math.isinf(value):
-            raise argparse.ArgumentTypeError(f"must be a number {allowed.words()}, got {_shown(text)}")
+            raise argparse.ArgumentTypeError(f"must be a number {allowed.words()}, got {shown(text)}")
         return value
 
     parse.__name__ = f"number {allowed.words()}"
@@ -226,7 +227,7 @@ SCHEDULER_OPTION = re.compile(r"--?[A-Za-z][A-Za-z0-9_-]*(=[^\x00-\x1f\x7f]*)?")
 def _text(pattern: re.Pattern, words: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if not pattern.fullmatch(text):
-            raise argparse.ArgumentTypeError(f"must be {words}, got {_shown(text)}")
+            raise argparse.ArgumentTypeError(f"must be {words}, got {shown(text)}")
         return text
 
     parse.__name__ = words
@@ -260,5 +261,5 @@ def text_option_problem(option: str, value: str) -> str | None:
         return f"{option} is empty; give a value or leave {option} out"
     bad = CONTROL.search(value)
     if bad:
-        return f"{option} {_shown(value)} holds the control character {bad.group()!r}; retype it"
+        return f"{option} {shown(value)} holds the control character {bad.group()!r}; retype it"
     return None
