@@ -177,26 +177,29 @@ class PipelineStrategy(DeepSpeedStrategy):
             # ZeRO 0 in fp32: the engine steps the optimizer itself, with no clipping and no norm
             # (DeepSpeed's own clip would count each stage's gradients as the whole model's): clip the
             # whole model's norm just before it steps, after the gradients are all-reduced.
+            self._counted_in_norm = self._parameters_counted_once()
             self.engine.optimizer.register_step_pre_hook(lambda *_: self._clip_whole_model())
 
-    def _clip_whole_model(self) -> None:
-        """Clip this rank's gradients by the norm of the whole model: every stage's and tensor shard's
-        gradients counted once (a weight kept whole on every tensor rank on rank 0 only, the embedding
-        tied into the last stage on the first only), summed over this data-parallel replica's ranks."""
+    def _parameters_counted_once(self) -> list[torch.nn.Parameter]:
+        """This rank's parameters that count toward the whole model's norm: a weight kept whole on every
+        tensor rank on rank 0 only, the embedding tied into the last stage on the first stage only."""
         from deepspeed.checkpoint import constants
 
         info = universal_checkpoint.pipeline_layout_info()
         tied = [re.compile(p) for p in info[constants.PIPELINE_REPLICATED_PARAMETER_PATTERNS]]
         whole = [re.compile(p) for p in info[constants.TP_REPLICATED_PARAMETER_PATTERNS]]
         first_stage, tensor_rank = self.engine.stage_id == 0, self.grid.get_slice_parallel_rank()
-        counted = [
-            p.grad
+        return [
+            p
             for name, p in self.engine.module.named_parameters()
-            if p.grad is not None
-            and (first_stage or not any(t.match(name) for t in tied))
+            if (first_stage or not any(t.match(name) for t in tied))
             and (tensor_rank == 0 or not any(w.match(name) for w in whole))
         ]
-        square = global_grad_norm(counted).double() ** 2
+
+    def _clip_whole_model(self) -> None:
+        """Clip this rank's gradients by the norm of the whole model (every stage's and tensor shard's
+        gradients counted once), summed over this data-parallel replica's ranks."""
+        square = global_grad_norm([p.grad for p in self._counted_in_norm if p.grad is not None]).double() ** 2
         for group in (self.grid.get_slice_parallel_group(), self.grid.get_pipe_parallel_group()):
             torch.distributed.all_reduce(square, group=group)
         self._grad_norm = square.sqrt().float()
