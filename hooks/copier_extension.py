@@ -355,14 +355,29 @@ def quantity_value(text: str) -> float | None:
     return float(match["number"]) * QUANTITY_FACTORS[suffix]
 
 
+# What one training pod can hold: no machine has more than 1,024 cores or 64 TiB of memory (the
+# largest have a few hundred and 32 TiB), and no training process runs in under 1 GiB; a bare
+# number of memory is bytes to Kubernetes, so "512" meant 512Gi.
+POD_QUANTITY_RANGE = {"cpu": (0.0, 1024.0, "1024 cores"), "memory": (2.0**30, 2.0**46, "64Ti")}
+
+
 def quantity_problem(field: str, value: str, resource: str, request: str = "") -> str:
-    """Why a cpu or memory answer is not a positive quantity, or is a limit below its `request`."""
+    """Why a cpu or memory answer is not a positive quantity one pod can have, or is a limit below its
+    `request`."""
     if not str(value).strip():
         return ""
     example = "64 or 500m" if resource == "cpu" else "512Gi or 64000Mi"
     amount = quantity_value(value)
     if amount is None or amount <= 0:
         return f"{field} {shown(value)} is not a {resource} quantity Kubernetes reads; use e.g. {example} (or empty)."
+    least, most, most_text = POD_QUANTITY_RANGE[resource]
+    if amount > most:
+        return f"{field} {shown(value)} is more than one machine has (at most {most_text} a pod); use e.g. {example}."
+    if amount < least:
+        return (
+            f"{field} {shown(value)} is {amount:.0f} bytes, less than a training process needs (1Gi); write the "
+            f"unit, e.g. {str(value).strip()}Gi."
+        )
     wanted = quantity_value(request) if str(request).strip() else None
     if wanted is not None and amount < wanted:
         return f"{field} {shown(value)} is below the request {request}: a limit must be at least the request; raise it."

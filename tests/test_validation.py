@@ -167,6 +167,10 @@ BAD_ANSWERS = [
     ({"platforms": "[kubeflow]", "k8s_cpu_request": "64 cores"}, "k8s_cpu_request", "cpu quantity"),
     ({"platforms": "[kubeflow]", "k8s_cpu_request": "64", "k8s_cpu_limit": "32"}, "k8s_cpu_limit", "below the request"),
     ({"platforms": "[kubeflow]", "k8s_memory_request": "16GB"}, "k8s_memory_request", "512Gi"),
+    ({"platforms": "[kubeflow]", "k8s_memory_request": "512"}, "k8s_memory_request", "512Gi"),
+    ({"platforms": "[kubeflow]", "k8s_memory_limit": "9" * 30}, "k8s_memory_limit", "more than one machine has"),
+    ({"platforms": "[kubeflow]", "k8s_cpu_request": "1e6"}, "k8s_cpu_request", "more than one machine has"),
+    ({"platforms": "[kubeflow]", "k8s_cpu_limit": "2000"}, "k8s_cpu_limit", "1024 cores"),
     (
         {"platforms": "[kubeflow]", "k8s_memory_request": "64Gi", "k8s_memory_limit": "60000Mi"},
         "k8s_memory_limit",
