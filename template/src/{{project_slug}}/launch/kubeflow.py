@@ -34,7 +34,7 @@ from ..settings.stored_files import read_yaml
 from . import code_copy, jobs
 from .base import Platform
 from .jobs import Job
-from .kubeflow_cluster import Cluster
+from .kubeflow_cluster import Cluster, context_problem
 from .kubeflow_restarts import check_grace, read_restarts
 
 MANIFESTS = ("pytorchjob", "trainjob", "mpijob")
@@ -280,6 +280,9 @@ class Kubeflow(Platform):
         manifest, copy = self._manifest()
         if self.args.kubeconfig and not Path(self.args.kubeconfig).is_file():  # the submit would stop there
             raise ConfigError(f"--kubeconfig {self.args.kubeconfig} is no file; give your cluster's kubeconfig")
+        wrong_context = context_problem(self.args)
+        if wrong_context:
+            raise ConfigError(wrong_context)
         if copy is not None:
             print(f"note: submitting copies the project to {copy}", file=sys.stderr)
         sys.stdout.write(yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False))

@@ -30,6 +30,50 @@ def resource(manifest: dict) -> tuple[str, str, str]:
     return group, version, manifest["kind"].lower() + "s"  # pytorchjobs, trainjobs, mpijobs
 
 
+# Not text, not YAML, or YAML that is no kubeconfig (the client reads it as UTF-8 itself).
+NOT_A_KUBECONFIG = (UnicodeDecodeError, yaml.YAMLError, AttributeError, TypeError, KeyError)
+
+
+def kubeconfig_named(args: Namespace) -> str:
+    return args.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+
+
+def not_a_kubeconfig(args: Namespace, exc: Exception) -> ConfigError:
+    reason = " ".join(str(exc).split())[:200]
+    return ConfigError(
+        f"kubeconfig {kubeconfig_named(args)} is not a kubeconfig ({type(exc).__name__}: {reason}); point "
+        "--kubeconfig or KUBECONFIG at the file your cluster's admin gave you (`kubectl config view` reads it)"
+    )
+
+
+def context_problem(args: Namespace) -> str | None:
+    """Why --context names no context of the kubeconfig a submit would read, or None. Only the file is
+    read: no cluster is contacted and no login helper (a kubeconfig's exec plugin) is run. Without the
+    kubernetes package nothing is checked (a dry run does not need it)."""
+    if not args.context:
+        return None
+    try:
+        from kubernetes import config
+        from kubernetes.config.config_exception import ConfigException
+    except ImportError:
+        return None
+    try:
+        contexts, _ = config.list_kube_config_contexts(config_file=args.kubeconfig)
+        names = [str(context["name"]) for context in contexts or []]
+    except NOT_A_KUBECONFIG as exc:
+        raise not_a_kubeconfig(args, exc) from None
+    except (ConfigException, OSError) as exc:
+        reason = " ".join(str(exc).split())[:200]
+        return f"--context {args.context}: no kubeconfig to choose it from ({reason}); give --kubeconfig or KUBECONFIG"
+    if args.context in names:
+        return None
+    have = ", ".join(names[:10]) or "none"
+    return (
+        f"--context {args.context} is not a context of kubeconfig {kubeconfig_named(args)} (it has: {have}); "
+        "choose one of them (`kubectl config get-contexts`) or leave --context out for the current one"
+    )
+
+
 def kube_client(args: Namespace):
     """An ApiClient for the kubeconfig (or the in-cluster service account); ConfigError naming the fix."""
     try:
@@ -43,14 +87,8 @@ def kube_client(args: Namespace):
     configuration = client.Configuration()
     try:
         config.load_kube_config(config_file=args.kubeconfig, context=args.context, client_configuration=configuration)
-    # Not text, not YAML, or YAML that is no kubeconfig (the client reads it as UTF-8 itself).
-    except (UnicodeDecodeError, yaml.YAMLError, AttributeError, TypeError) as exc:
-        where = args.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
-        reason = " ".join(str(exc).split())[:200]
-        raise ConfigError(
-            f"kubeconfig {where} is not a kubeconfig ({type(exc).__name__}: {reason}); point --kubeconfig or "
-            "KUBECONFIG at the file your cluster's admin gave you (`kubectl config view` reads it)"
-        ) from None
+    except NOT_A_KUBECONFIG as exc:
+        raise not_a_kubeconfig(args, exc) from None
     except (ConfigException, OSError) as exc:
         if args.kubeconfig or args.context:
             raise ConfigError(
