@@ -111,6 +111,9 @@ def deepspeed_config(
                 "eps": o.eps,
                 "weight_decay": o.weight_decay,
                 "torch_adam": True,
+                # One kernel for the whole step, as DDP's optimizer on a GPU (ddp.build_optimizer);
+                # DeepSpeed passes it on to torch's AdamW. Offloaded, the step is on the host.
+                "fused": device.type == "cuda" and not ds.offload_optimizer,
             },
         },
         "zero_force_ds_cpu_optimizer": False,
