@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -82,12 +83,13 @@ def _agree_worker(rank: int, port: int, calls: int, src: str, slug: str, result_
     preemption = importlib.import_module(f"{slug}.training.preemption")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     stop = preemption.StopRequest()
-    for _ in range(20):
-        stop.agreed()
+    stop.start(0)
+    for step in range(1, 21):
+        stop.agreed(step)
     times = []
-    for _ in range(calls):
+    for step in range(21, 21 + calls):
         start = time.perf_counter()
-        stop.agreed()
+        stop.agreed(step)
         times.append(time.perf_counter() - start)
     if rank == 0:
         Path(result_file).write_text(str(statistics.median(times)))
@@ -182,7 +184,7 @@ def recovery_seconds(project: Path, slug: str, data: Path, out: Path, size: str)
                     killed, mark = now, len(text)
             if killed and resumed is None and "resumed from" in text[mark:]:
                 after = text[mark:].split("resumed from", 1)[1]
-                if "\nstep " in after:
+                if re.search(r"step +\d+/", after):  # a step line, whatever prefix torchrun gives it
                     resumed = now
             time.sleep(0.02)
     finally:

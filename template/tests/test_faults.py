@@ -250,6 +250,32 @@ def test_sigterm_to_the_launcher_saves_at_the_next_logging_step_and_exits_preemp
     assert_same_run(metrics, out, run_2proc[0])
 
 
+def test_where_steps_are_slow_a_stop_is_agreed_on_within_the_grace_not_at_the_next_logging_step(
+    cli, demo_data, tmp_path, pkg
+):
+    """With steps that make logging.every_steps outlast a quarter of cluster.stop_grace_seconds, the
+    ranks agree on a stop after fewer steps (0.3 s steps against 1 s of a 4 s grace: every third): a
+    SIGTERM after step 10's checkpoint stops within a step or two, where it waited for step 30 (the
+    next logging step) and torchrun killed the ranks unsaved after the grace."""
+    out = tmp_path / "run"
+    log = tmp_path / "log"
+    slow = launch_args(demo_data, out, 2, "logging.every_steps=30", "cluster.stop_grace_seconds=4")
+    proc = cli.start(*slow, log=log, env=SLOW)
+    checkpoint = out / "checkpoints" / "step_00000010.pt"
+    try:
+        wait_for(checkpoint.is_file, "the checkpoint of step 10", proc, log)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=120)
+    finally:
+        cli.stop(proc)
+    text = log.read_text()
+    assert code == pkg.preemption.EXIT_PREEMPTED, text[-4000:]
+    step = pkg.preemption.read_marker(out, since=0)["step"]
+    assert 10 <= step <= 14, f"stopped at step {step}:\n{text[-4000:]}"
+    again = cli(*slow)
+    assert f"resumed from {out / 'checkpoints' / f'step_{step:08d}.pt'} at step {step}" in again.stdout
+
+
 def test_sigusr1_stops_a_single_process_run_with_a_checkpoint(cli, demo_data, run_1proc, metrics, tmp_path, pkg):
     """No torchrun (mpirun, srun and TI-ONE's MPI mode start ranks this way): `train` itself exits 143."""
     out = tmp_path / "run"

@@ -498,16 +498,37 @@ def test_time_scales_with_nodes(pkg, cli):
     assert r["time"][3]["gpu_hours"] == pytest.approx(r["time"][0]["gpu_hours"])
 
 
-def test_plan_bounds_the_wait_of_a_stop_signal(cli, empty_config):
-    """The ranks agree to stop at logging steps only (preemption.py): a signal waits up to
-    logging.every_steps steps, flagged when they take over half of cluster.stop_grace_seconds."""
-    plan = lambda *extra: cli("plan", "--config", empty_config, "--mfu", "0.5", *extra).stdout  # noqa: E731
+def test_plan_bounds_the_wait_of_a_stop_signal(cli, empty_config, pkg):
+    """The ranks agree on a stop at logging steps, and after fewer steps where those would take over a
+    quarter of cluster.stop_grace_seconds (estimates.stop_wait_steps, which preemption.py follows with
+    measured step times): plan shows the wait, flagged only where one step takes over half the grace,
+    and `check` warns of that with the grace to set."""
+    big = "batch.global_batch_size=4096"  # steps of seconds
+    plan = lambda *extra: cli("plan", "--config", empty_config, "--mfu", "0.5", big, *extra).stdout  # noqa: E731
     one = json.loads(plan("--json", "logging.every_steps=1"))["stop"]
-    ten = json.loads(plan("--json", "logging.every_steps=10"))["stop"]
-    assert ten["seconds"] == pytest.approx(10 * one["seconds"]) and not ten["tight"]
-    assert "after a stop signal: up to logging.every_steps=10 steps" in plan("logging.every_steps=10")
-    tight = plan("logging.every_steps=10", f"cluster.stop_grace_seconds={max(1, int(ten['seconds']))}")
-    assert "<- tight: lower logging.every_steps or raise the grace" in tight
+    ten = json.loads(plan("--json", "logging.every_steps=10", "cluster.stop_grace_seconds=1000"))["stop"]
+    assert ten["seconds"] == pytest.approx(10 * one["seconds"]) and ten["steps"] == 10 and not ten["tight"]
+    assert "after a stop signal: up to 10 step(s)" in plan("logging.every_steps=10", "cluster.stop_grace_seconds=1000")
+    step = one["step_seconds"]
+    # A grace whose quarter holds 3 steps: the ranks agree every 3rd step, not every 10th.
+    grace = max(1, int(3.5 * step / pkg.estimates.STOP_WAIT_SHARE))
+    fewer = json.loads(plan("--json", "logging.every_steps=10", f"cluster.stop_grace_seconds={grace}"))["stop"]
+    assert fewer["steps"] == 3 and fewer["seconds"] == pytest.approx(3 * step) and not fewer["tight"], fewer
+    assert [pkg.estimates.stop_wait_steps(s, 10, 120) for s in (0.0, 1.0, 3.0, 7.0, 31.0, 500.0)] == [
+        10,
+        10,
+        10,
+        4,
+        1,
+        1,
+    ]
+    short = max(1, int(step * 1.5))  # one step is over half of it: only a longer grace helps
+    tight = plan("logging.every_steps=10", f"cluster.stop_grace_seconds={short}")
+    assert "<- tight: one step takes over half of it; raise the grace" in tight
+    checked = cli("check", "--config", empty_config, big, f"cluster.stop_grace_seconds={short}")
+    warning = [line for line in checked.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warning) == 1 and "raise cluster.stop_grace_seconds to" in warning[0], checked.stderr
+    assert "warning:" not in cli("check", "--config", empty_config).stderr
 
 
 def test_nanochat_seed_6_6_hours_on_8_gpus(pkg, cli, empty_config):

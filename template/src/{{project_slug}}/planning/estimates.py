@@ -228,6 +228,8 @@ def memory(cfg: Config) -> dict:
 
 # --- time ------------------------------------------------------------------------------------------
 
+ASSUMED_MFU = 0.4  # plan's default: DDP measured 39-46% on one H100 (GPT, GPT-3 125M, BERT-large)
+
 
 def timing(cfg: Config, tokens: float, mfu: float) -> list[dict]:
     shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
@@ -242,3 +244,37 @@ def timing(cfg: Config, tokens: float, mfu: float) -> list[dict]:
             {"nodes": nodes, "gpus": gpus, "hours": hours, "gpu_hours": hours * gpus, "layout_fits": gpus % grid == 0}
         )  # the tensor x pipeline grid must tile the GPUs
     return rows
+
+
+STOP_WAIT_SHARE = 0.25
+"""The share of cluster.stop_grace_seconds a stop may wait for the ranks' next agreement on it; the
+rest is the save's."""
+
+
+def stop_wait_steps(step_seconds: float, every_steps: int, grace_seconds: float) -> int:
+    """Steps between the ranks' agreements on a stop (training/preemption.py): logging.every_steps,
+    fewer when that many steps would take over STOP_WAIT_SHARE of the grace; at least one."""
+    if step_seconds <= 0:
+        return every_steps
+    return max(1, min(every_steps, int(grace_seconds * STOP_WAIT_SHARE / step_seconds)))
+
+
+def stop_reaction(cfg: Config, mfu: float) -> dict:
+    """How long a stop signal may wait for the ranks' agreement (stop_wait_steps at this MFU on
+    cluster.nodes x cluster.gpus_per_node GPUs), against cluster.stop_grace_seconds, which has to cover
+    that and the save: tight when over half of it, which only a step longer than that makes."""
+    shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
+    _, peak = gpu_spec(cfg.cluster.gpu_type, on_gpu_type(cfg))
+    step_tokens = cfg.batch.global_batch_size * cfg.model.sequence_len
+    step_flops = step_tokens * flops_per_token(shape, cfg.data.vocab_size, cfg.model.sequence_len, cfg.model.arch)
+    step_seconds = step_flops / (cfg.cluster.nodes * cfg.cluster.gpus_per_node * peak * mfu)
+    grace = cfg.cluster.stop_grace_seconds
+    steps = stop_wait_steps(step_seconds, cfg.logging.every_steps, grace)
+    return {
+        "every_steps": cfg.logging.every_steps,
+        "steps": steps,
+        "step_seconds": step_seconds,
+        "seconds": steps * step_seconds,
+        "grace_seconds": grace,
+        "tight": steps * step_seconds > grace / 2,
+    }

@@ -21,12 +21,11 @@ import sys
 from pathlib import Path
 
 from ..data.epochs import steps_where_known
-from ..models.family import model_shape
 from ..settings.bounds import fraction, positive_float
 from ..settings.config import Config, ConfigError, changed
 from ..settings.precision import on_gpu_type
 from ..strategies.memory import at_stage, describe, zero_stage
-from .estimates import GIB, RESERVE, flops_per_token, gpu_spec, memory, timing
+from .estimates import ASSUMED_MFU, GIB, RESERVE, gpu_spec, memory, stop_reaction, timing
 from .fit import suggest
 from .scaling import render_rows, scaling_rows
 
@@ -54,7 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=positive_float,
         help="training tokens (default: max_steps, or the steps schedule.epochs gives, x global batch x sequence_len)",
     )
-    p.add_argument("--mfu", type=fraction, default=0.4, help="assumed model FLOPs utilisation (default 0.4)")
+    p.add_argument(
+        "--mfu", type=fraction, default=ASSUMED_MFU, help=f"assumed model FLOPs utilisation (default {ASSUMED_MFU})"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
@@ -119,24 +120,6 @@ def build(cfg: Config, args: argparse.Namespace) -> dict:
     }
 
 
-def stop_reaction(cfg: Config, mfu: float) -> dict:
-    """How long a stop signal may wait for the ranks' agreement, held at logging steps only
-    (preemption.py): logging.every_steps steps on cluster.nodes x cluster.gpus_per_node GPUs at this
-    MFU, against cluster.stop_grace_seconds, which has to cover that and the save."""
-    shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
-    _, peak = gpu_spec(cfg.cluster.gpu_type, on_gpu_type(cfg))
-    step_tokens = cfg.batch.global_batch_size * cfg.model.sequence_len
-    step_flops = step_tokens * flops_per_token(shape, cfg.data.vocab_size, cfg.model.sequence_len, cfg.model.arch)
-    seconds = cfg.logging.every_steps * step_flops / (cfg.cluster.nodes * cfg.cluster.gpus_per_node * peak * mfu)
-    grace = cfg.cluster.stop_grace_seconds
-    return {
-        "every_steps": cfg.logging.every_steps,
-        "seconds": seconds,
-        "grace_seconds": grace,
-        "tight": seconds > grace / 2,
-    }
-
-
 def render(r: dict) -> str:
     m = r["memory"]
     g = lambda b: f"{b / GIB:8.2f} GiB"  # noqa: E731
@@ -192,9 +175,10 @@ def render(r: dict) -> str:
     stop = r["stop"]
     lines += [
         "",
-        f"after a stop signal: up to logging.every_steps={stop['every_steps']} steps (about {stop['seconds']:.0f} s), "
-        f"then the save, within cluster.stop_grace_seconds={stop['grace_seconds']}"
-        + ("   <- tight: lower logging.every_steps or raise the grace" if stop["tight"] else ""),
+        f"after a stop signal: up to {stop['steps']} step(s) (about {stop['seconds']:.0f} s; logging.every_steps="
+        f"{stop['every_steps']}, fewer where steps are slow), then the save, within cluster.stop_grace_seconds="
+        f"{stop['grace_seconds']}"
+        + ("   <- tight: one step takes over half of it; raise the grace" if stop["tight"] else ""),
     ]
     return "\n".join(lines + [""] + render_rows(**r["scaling"]))
 

@@ -6,11 +6,14 @@ when a task is stopped, torchrun when it is told to stop (it forwards the signal
 kills them `cluster.stop_grace_seconds` later).
 
 A signal may reach only some ranks, so every rank sets a local flag and the ranks agree (one
-all-reduce of one number on a CPU group) at each logging or checkpoint step (train.py): all of them
+all-reduce of two numbers on a CPU group) at each logging or checkpoint step (train.py): all of them
 save the same step and leave together. Only those steps, which wait for the device anyway, hold the
 agreement, so the steps between them keep the host queueing work ahead; the price is the reaction
-time: a stop is acted on at most logging.every_steps steps after the signal, and
-cluster.stop_grace_seconds has to cover those steps and the save.
+time, at most logging.every_steps steps. Where steps are slow (a 13B model: a minute each) that
+would outlast cluster.stop_grace_seconds, so each agreement also carries the slowest rank's seconds
+per step, and all ranks agree again after stop_wait_steps steps (planning/estimates.py): fewer than
+logging.every_steps when those would take over a quarter of the grace. Every rank derives the same
+next step from the same reduced numbers.
 Rank 0 then records output_dir/preempted.json, which the node supervisor reads to exit with
 EXIT_PREEMPTED instead of torchrun's generic failure.
 
@@ -33,6 +36,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..planning.estimates import stop_wait_steps
 from ..settings.stored_files import DamagedFile, read_json, warn
 
 EXIT_PREEMPTED = 143
@@ -98,13 +102,17 @@ def launcher_gone() -> bool:
 class StopRequest:
     """Catches STOP_SIGNALS in this process; `agreed()` tells every rank whether any rank got one."""
 
-    def __init__(self, grace_seconds: float = 0):
+    def __init__(self, grace_seconds: float = 0, every_steps: int = 1):
         """Collective when a process group exists (every rank constructs it at the same point).
-        grace_seconds: once the launcher is gone, how long the save may take before SIGALRM ends the rank."""
+        grace_seconds: once the launcher is gone, how long the save may take before SIGALRM ends the
+        rank; with every_steps (logging.every_steps), how often the ranks agree (stop_wait_steps)."""
         import torch.distributed as dist
 
         self.signal_name: str | None = None
         self.grace_seconds = grace_seconds
+        self.every_steps = every_steps
+        self.next_agreement = math.inf  # set by the first agreement: steps are timed between agreements
+        self._since: tuple[float, int] | None = None
         self.alarm_set = False
         # The flag travels over a CPU (Gloo) group: reading it waits for the other ranks, never for the GPU.
         self.group = None
@@ -121,16 +129,30 @@ class StopRequest:
             signal.alarm(max(1, math.ceil(self.grace_seconds)))
             self.alarm_set = True
 
-    def agreed(self) -> bool:
+    def start(self, step: int) -> None:
+        """The loop begins at `step`: the first agreement times the steps from here."""
+        self._since = (time.monotonic(), step)
+
+    def due(self, step: int) -> bool:
+        """Whether `step` is one the ranks agree at besides logging and checkpoint steps (slow steps)."""
+        return step >= self.next_agreement
+
+    def agreed(self, step: int) -> bool:
         """Collective: True on every rank when any rank caught a stop signal. Every rank has to call
-        it at the same steps: train.py calls it at logging and checkpoint steps."""
+        it at the same steps: train.py calls it at logging and checkpoint steps, and where due()."""
         import torch  # here, not at the top: the launchers read the marker without torch
         import torch.distributed as dist
 
-        flag = torch.tensor([1.0 if self.signal_name else 0.0])
+        now = time.monotonic()
+        since, first = self._since or (now, step)
+        seconds_per_step = (now - since) / (step - first) if step > first else 0.0
+        flags = torch.tensor([1.0 if self.signal_name else 0.0, seconds_per_step], dtype=torch.float64)
         if dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-        return bool(flag.item())
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+        stopped, slowest = flags.tolist()
+        self._since = (now, step)
+        self.next_agreement = step + stop_wait_steps(slowest, self.every_steps, self.grace_seconds)
+        return bool(stopped)
 
 
 def marker_path(output_dir: str | Path) -> Path:

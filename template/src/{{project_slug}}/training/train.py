@@ -165,7 +165,7 @@ def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | N
     precision = resolve_precision(device, cfg.run.dtype)
     num_params, flops_per_token, peak = strategy.num_params, strategy.flops_per_token, peak_flops(device, precision)
     start_step = strategy.resume(ckpt_dir, resume)
-    stop = preemption.StopRequest(cfg.cluster.stop_grace_seconds)
+    stop = preemption.StopRequest(cfg.cluster.stop_grace_seconds, cfg.logging.every_steps)
     if info.is_main:  # the first writes of this run to the folder, after every refusal
         out.mkdir(parents=True, exist_ok=True)
         run_lock.record_job(out, lock.job)
@@ -204,6 +204,7 @@ def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | N
     load = functools.partial(
         micro_batches, train_data, accum=accum, data_rank=strategy.data_rank, b=b, seed=cfg.run.seed
     )
+    stop.start(start_step)
     for step, batches in prefetch.steps(load, range(start_step, s.max_steps), device):
         faults.before_step(info.rank, step)
         lr = lr_at(step, cfg)
@@ -271,8 +272,9 @@ def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | N
             window_start, window_steps = time.perf_counter(), 0
 
         # A collective that waits for every rank: held at the logging steps, which wait for the device
-        # anyway (every rank knows which they are), and at checkpoints, which would save again otherwise.
-        if not last and (logged or saved) and stop.agreed():
+        # anyway (every rank knows which they are), at checkpoints, which would save again otherwise,
+        # and where slow steps would make logging.every_steps outlast the grace (preemption.py).
+        if not last and (logged or saved or stop.due(done)) and stop.agreed(done):
             if not saved:
                 save(done)
             if info.is_main:
