@@ -1,7 +1,9 @@
 """No host sync between logging steps (DESIGN.md section 7): on a step that neither logs, evaluates
 nor saves, the package reads nothing back from the device (.item(), .tolist(), .cpu(), .numpy(),
 float(), int(), bool(), formatting), so the host keeps queueing the next steps' kernels ahead of
-the GPU; losses, norms and the stop agreement (preemption.py) wait for the logging steps.
+the GPU; losses, norms and the stop agreement (preemption.py) wait for the logging steps. The one
+read allowed is the stop agreement's after the run's first step, which times the steps so that slow
+ones are agreed on sooner: its numbers are a CPU tensor over Gloo, never the device's.
 
     python -m pytest -q tests/test_host_syncs.py     # about 30 s on two cores
 
@@ -84,9 +86,15 @@ def calls_from(folder: Path, sites: dict) -> dict:
 
 def assert_no_syncs_between_logging_steps(counts: dict, nproc: int) -> None:
     assert sorted(counts) == list(range(nproc)), counts.keys()
+    agreement = PACKAGE_DIR / "training" / "preemption.py"
     for rank, steps in counts.items():
+        first = {site: n for site, n in steps.get(1, {}).items() if site.split(" ", 1)[1].startswith(f"{agreement}:")}
+        assert len(first) == 1 and next(iter(first)).startswith("tolist "), (rank, steps.get(1))
         for step in PLAIN_STEPS:
-            assert calls_from(PACKAGE_DIR, steps.get(step, {})) == {}, (rank, step, steps.get(step))
+            found = calls_from(PACKAGE_DIR, steps.get(step, {}))
+            if step == 1:
+                found = {site: n for site, n in found.items() if site not in first}
+            assert found == {}, (rank, step, steps.get(step))
         # The counter works: the logging step reads the loss and the norm.
         assert calls_from(PACKAGE_DIR, steps[5]), (rank, steps[5])
 

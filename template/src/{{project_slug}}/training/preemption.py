@@ -111,7 +111,7 @@ class StopRequest:
         self.signal_name: str | None = None
         self.grace_seconds = grace_seconds
         self.every_steps = every_steps
-        self.next_agreement = math.inf  # set by the first agreement: steps are timed between agreements
+        self.next_agreement = math.inf  # start() and then each agreement set it
         self._since: tuple[float, int] | None = None
         self.alarm_set = False
         # The flag travels over a CPU (Gloo) group: reading it waits for the other ranks, never for the GPU.
@@ -130,8 +130,10 @@ class StopRequest:
             self.alarm_set = True
 
     def start(self, step: int) -> None:
-        """The loop begins at `step`: the first agreement times the steps from here."""
+        """The loop begins at `step`. The ranks first agree after its first step, which times it: a
+        first logging step ten minute-long steps away would leave a stop unheard until then."""
         self._since = (time.monotonic(), step)
+        self.next_agreement = step + 1
 
     def due(self, step: int) -> bool:
         """Whether `step` is one the ranks agree at besides logging and checkpoint steps (slow steps)."""
