@@ -1022,12 +1022,14 @@ def test_status_logs_follow_and_cancel_a_running_job(slurm_cluster, slurm_projec
         ]
 
         # COMPLETING while the ranks save (no exit line yet), then the final state, which scontrol keeps
-        # MinJobAge (5 s in tests/infra/slurm.sh) and this cluster has no accounting: poll closely.
+        # MinJobAge (5 s in tests/infra/slurm.sh) and this cluster has no accounting: poll scontrol
+        # itself closely (a status call starts Python, seconds under load), then ask status at once.
         def ended():
-            result = action("status")
-            return result if result.returncode != 0 or "  exit:" in result.stdout else None
+            shown = run(["scontrol", "-o", "show", "job", job_id], env=slurm_cluster)
+            return "JobState=CANCELLED" in shown.stdout or "Invalid job id" in shown.stderr
 
-        final = wait_until(ended, 60, f"job {job_id} to end")
+        wait_until(ended, 60, f"job {job_id} to end")
+        final = action("status")
         assert final.returncode == 0, final.stdout + final.stderr
         lines = final.stdout.splitlines()
         assert "  state:    CANCELLED" in lines, lines

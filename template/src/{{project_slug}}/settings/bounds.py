@@ -159,9 +159,12 @@ def whole_number(least: int, most: int = MAX_COUNT) -> Callable[[str], int]:
 
 
 def shown(text: str) -> str:
-    """The value as given inside a one-line message, quoted: a control character escaped (a pasted
-    newline must not break the line), a 400-digit value named by its length, not printed whole."""
-    return repr(text) if len(text) <= 40 else f"{text[:20]!r}... ({len(text)} characters)"
+    """The value as given inside a one-line message, quoted as typed (a path's backslash or quote is
+    not doubled), but a control character escaped (a pasted newline must not break the line); a
+    400-digit value is named by its length, not printed whole."""
+    cut = text if len(text) <= 40 else text[:20]
+    quoted = repr(cut) if CONTROL.search(cut) else f"'{cut}'"
+    return quoted if cut == text else f"{quoted}... ({len(text)} characters)"
 
 
 count = whole_number(1)
