@@ -265,11 +265,7 @@ def blamed_answer(fix_key: str | None, keys: tuple[str, ...] = ()) -> str:
 
 def _line(a: dict, field: str, message: str) -> str:
     value = a.get(field)
-    value = str(",".join(value) if isinstance(value, list) else value)
-    if len(value) > 40:  # a 400-digit answer is named by its length, not printed whole
-        value = f"{value[:20]}... ({len(value)} characters)"
-    if package()["bounds"].CONTROL.search(value):  # a newline in an answer is shown, not printed
-        value = value.encode("unicode_escape").decode("ascii")
+    value = package()["bounds"].shown(str(",".join(value) if isinstance(value, list) else value), quoted=False)
     return f"{field}={value}: {' '.join(message.split())}"
 
 

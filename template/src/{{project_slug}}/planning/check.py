@@ -20,7 +20,7 @@ from ..models.family import model_shape
 from ..settings.bounds import count
 from ..settings.config import Config, project_root
 from ..settings.precision import on_gpu_type
-from .estimates import ASSUMED_MFU, GIB, memory, stop_reaction
+from .estimates import ASSUMED_MFU, GIB, STOP_WAIT_SHARE, memory, stop_reaction
 from .fit import fit_problem
 from .rules import at_world_size, check_config, resolve_grad_accum
 from .slurm_partition import partition_problem, requested
@@ -78,7 +78,7 @@ def run_check(cfg: Config, world_size: int | None = None, quiet: bool = False) -
                 print(
                     f"warning: a step takes about {stop['step_seconds']:.0f} s at {ASSUMED_MFU:.0%} MFU, over half of "
                     f"cluster.stop_grace_seconds={stop['grace_seconds']}: a stop signal waits for the step, and the "
-                    f"save may not fit in the rest; raise cluster.stop_grace_seconds to {4 * stop['step_seconds']:.0f} "
+                    f"save may not fit in the rest; raise cluster.stop_grace_seconds to {stop['step_seconds'] / STOP_WAIT_SHARE:.0f} "
                     "or more",
                     file=sys.stderr,
                 )

@@ -158,13 +158,15 @@ def whole_number(least: int, most: int = MAX_COUNT) -> Callable[[str], int]:
     return parse
 
 
-def shown(text: str) -> str:
-    """The value as given inside a one-line message, quoted as typed (a path's backslash or quote is
-    not doubled), but a control character escaped (a pasted newline must not break the line); a
-    400-digit value is named by its length, not printed whole."""
+def shown(text: str, quoted: bool = True) -> str:
+    """The value as given inside a one-line message, as typed (a path's backslash or quote is not
+    doubled), but a control character escaped (a pasted newline must not break the line); a 400-digit
+    value is named by its length, not printed whole. Quoted unless `quoted` is false."""
     cut = text if len(text) <= 40 else text[:20]
-    quoted = repr(cut) if CONTROL.search(cut) else f"'{cut}'"
-    return quoted if cut == text else f"{quoted}... ({len(text)} characters)"
+    if CONTROL.search(cut):
+        cut = repr(cut)[1:-1]
+    cut = f"'{cut}'" if quoted else cut
+    return cut if len(text) <= 40 else f"{cut}... ({len(text)} characters)"
 
 
 count = whole_number(1)

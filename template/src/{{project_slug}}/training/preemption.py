@@ -12,8 +12,9 @@ agreement, so the steps between them keep the host queueing work ahead; the pric
 time, at most logging.every_steps steps. Where steps are slow (a 13B model: a minute each) that
 would outlast cluster.stop_grace_seconds, so each agreement also carries the slowest rank's seconds
 per step, and all ranks agree again after stop_wait_steps steps (planning/estimates.py): fewer than
-logging.every_steps when those would take over a quarter of the grace. Every rank derives the same
-next step from the same reduced numbers.
+logging.every_steps when those would take over a quarter of the grace; the first agreement comes
+after the run's first step, which times it. Every rank derives the same next step from the same
+reduced numbers.
 Rank 0 then records output_dir/preempted.json, which the node supervisor reads to exit with
 EXIT_PREEMPTED instead of torchrun's generic failure.
 
