@@ -10,6 +10,9 @@ and takes its arguments as a list (no shell, so no quoting issues).
         record ANSWER from config/train.yaml's SECTION.KEY when the answers file lacks it
         (an answer that used to live only in the config file), optionally only when another
         answer has a given value
+    python migrations/answers.py keep ANSWER VALUE [--if NAME=VALUE]
+        record ANSWER=VALUE when the answers file lacks it: a new question whose default would change
+        what an existing project does keeps the project where it was
 """
 
 from __future__ import annotations
@@ -52,14 +55,30 @@ def rename(old: str, new: str) -> str:
     return f"answer {old!r} renamed to {new!r} (value {value!r})"
 
 
-def adopt(answer: str, dotted: str, condition: str | None) -> str:
-    answers = _load(ANSWERS)
+def _not_applying(answers: dict, answer: str, condition: str | None) -> str | None:
+    """Why ANSWER is left alone: already recorded, or the condition NAME=VALUE does not hold."""
     if answer in answers:
         return f"answer {answer!r} already recorded"
     if condition:
         name, _, value = condition.partition("=")
         if str(answers.get(name)) != value:
             return f"answer {answer!r} does not apply ({name} is {answers.get(name)!r})"
+    return None
+
+
+def keep(answer: str, value: str, condition: str | None) -> str:
+    answers = _load(ANSWERS)
+    if why := _not_applying(answers, answer, condition):
+        return why
+    answers[answer] = value
+    _save(answers)
+    return f"answer {answer!r} = {value!r}: the project keeps what it had before the question was asked"
+
+
+def adopt(answer: str, dotted: str, condition: str | None) -> str:
+    answers = _load(ANSWERS)
+    if why := _not_applying(answers, answer, condition):
+        return why
     node = _load(CONFIG)
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
@@ -80,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     p_adopt.add_argument("answer")
     p_adopt.add_argument("dotted")
     p_adopt.add_argument("--if", dest="condition")
+    p_keep = sub.add_parser("keep")
+    p_keep.add_argument("answer")
+    p_keep.add_argument("value")
+    p_keep.add_argument("--if", dest="condition")
     args = parser.parse_args(argv)
     if not ANSWERS.is_file():
         print(
@@ -88,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.command == "rename":
         message = rename(args.old, args.new)
+    elif args.command == "keep":
+        message = keep(args.answer, args.value, args.condition)
     else:
         message = adopt(args.answer, args.dotted, args.condition)
     print(f"migration: {message}", file=sys.stderr)

@@ -625,3 +625,37 @@ def test_weak_scaling_update_grows_the_global_batch_with_the_nodes(tmp_path):
     checked = check(project)
     assert "global batch 512 = micro 16 x accum 8 x data-parallel 4" in checked.stdout, checked.stdout + checked.stderr
     assert "weak scaling" in checked.stdout
+
+
+def test_a_gpt_project_made_before_gpt_recipe_keeps_its_recipe_until_it_opts_in(tmp_path):
+    """0.4.0 asks gpt_recipe (nanochat's by default); the migration records the earlier recipe for a
+    project made before, so the update changes none of its training settings; --data opts in."""
+    tpl = snapshot_template(tmp_path / "template")
+    questions = (tpl / "copier.yml").read_text()
+    old = re.sub(r"\ngpt_recipe:\n.*?\n(?=zero_stage:\n)", "\n", questions, flags=re.S)
+    assert old != questions and "\ngpt_recipe:" not in old
+    (tpl / "copier.yml").write_text(old)
+    yaml_jinja = tpl / "template/config/train.yaml.jinja"
+    recipe_jinja = yaml_jinja.read_text()
+    yaml_jinja.write_text(recipe_jinja.replace("gpt_recipe == 'nanochat'", "false"))
+    commit_all(tpl, "template before gpt_recipe was asked", tag="v0.3.0")
+    project = generate(tmp_path, tpl, platforms="[devmachine]")
+    before = yaml.safe_load((project / "config/train.yaml").read_text())
+    assert before["optim"]["optimizer"] == "adamw" and before["schedule"]["decay"] == "cosine"
+    (tpl / "copier.yml").write_text(questions)
+    yaml_jinja.write_text(recipe_jinja)
+    commit_all(tpl, "gpt_recipe asked", tag="v0.4.0")
+
+    update = copier(project, "update", "--defaults", "--trust", "--conflict", "inline")
+    assert update.returncode == 0, update.stdout + update.stderr
+    assert "answer 'gpt_recipe' = 'adamw'" in update.stderr
+    after = yaml.safe_load((project / "config/train.yaml").read_text())
+    for section in ("model", "optim", "schedule"):
+        assert after[section] == before[section], section
+    commit_all(project, "update to v0.4.0")
+
+    opt_in = copier(project, "update", "--defaults", "--trust", "--data", "gpt_recipe=nanochat", "--conflict", "inline")
+    assert opt_in.returncode == 0, opt_in.stdout + opt_in.stderr
+    now = yaml.safe_load((project / "config/train.yaml").read_text())
+    assert now["optim"]["optimizer"] == "muon" and now["schedule"]["decay"] == "warmdown"
+    assert now["model"]["rotary_base"] == 100000.0 and now["batch"] == before["batch"]

@@ -220,7 +220,11 @@ def test_learning_rate_schedule(pkg, tmp_path):
     cfg = pkg.config.load_config(
         empty, ["optim.lr=0.01", "schedule.warmup_steps=10", "schedule.max_steps=110", "schedule.min_lr_ratio=0.1"]
     )
-    lr_at = pkg.train.lr_at
+    schedule = pkg.module("training.schedule")
+
+    def lr_at(step, cfg):
+        return 0.01 * schedule.at(step, cfg).lr_factor
+
     assert lr_at(0, cfg) == pytest.approx(0.001)  # linear warmup
     assert lr_at(4, cfg) == pytest.approx(0.005)
     assert lr_at(9, cfg) == pytest.approx(0.01)  # peak at the end of warmup
@@ -230,17 +234,84 @@ def test_learning_rate_schedule(pkg, tmp_path):
     decay = [lr_at(s, cfg) for s in range(10, 111)]
     assert all(a >= b for a, b in zip(decay, decay[1:]))
 
+    # nanochat's: constant until the last warmdown_ratio of the steps, then linear to min_lr_ratio;
+    # Muon's momentum warms up from 0.85 to 0.97 and falls to 0.90 during the warmdown.
+    cfg = pkg.config.changed(
+        cfg, **{"schedule.decay": "warmdown", "schedule.warmdown_ratio": 0.5, "schedule.max_steps": 1000}
+    )
+    assert lr_at(500, cfg) == pytest.approx(0.01)
+    assert lr_at(750, cfg) == pytest.approx(0.01 * (0.5 + 0.5 * 0.1))
+    assert lr_at(1000, cfg) == pytest.approx(0.001)
+    points = [schedule.at(s, cfg) for s in (0, 200, 400, 499, 1000)]
+    assert [round(p.muon_momentum, 3) for p in points] == [0.85, 0.91, 0.97, 0.97, 0.9]
+    assert points[0].weight_decay_factor == 1.0 and points[-1].weight_decay_factor == pytest.approx(0.0)
+
 
 def test_optimizer_skips_weight_decay_on_the_embedding(pkg, gpt, tmp_path):
     empty = tmp_path / "empty.yaml"
     empty.write_text("")
     cfg = pkg.config.load_config(empty, ["optim.weight_decay=0.25"])
     model = make(gpt)
-    opt = pkg.module("strategies.ddp").build_optimizer(model, cfg, torch.device("cpu"))
+    opt = pkg.module("strategies.optimizer").build_optimizer(model, cfg, torch.device("cpu"))
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] == 0.25 for p in g["params"]}
     assert id(model.wte.weight) not in decayed
     assert id(model.lm_head.weight) in decayed and id(model.blocks[0].attn.c_q.weight) in decayed
     assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
+
+
+PIECES_ON = [
+    "model.value_embeddings=true",
+    "model.residual_scalars=true",
+    "model.smear=true",
+    "model.backout=true",
+    "model.qk_scale=1.2",
+    "model.rotary_base=100000",
+    "model.init=scaled",
+]
+
+
+def test_muon_steps_the_blocks_matrices_and_adamw_the_rest_at_the_derived_rates(pkg, tmp_path):
+    """optim.optimizer=muon: every parameter in one group; the blocks' matrices in Muon groups of one
+    shape each; the tables, head and scalars with AdamW; the lrs scaled from nanochat's reference
+    (2^19 tokens, width 768) to this batch and width; the update orthogonalised; and the loss falls."""
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    cfg = pkg.config.load_config(
+        empty,
+        ["model.size=tiny", "model.sequence_len=64", f"data.vocab_size={VOCAB}", "batch.global_batch_size=2048",
+         "optim.optimizer=muon", *PIECES_ON],
+    )  # fmt: skip
+    model = pkg.module("models").build_model(cfg, VOCAB)
+    optimizer = pkg.module("strategies.optimizer")
+    opt = optimizer.build_optimizer(model, cfg, torch.device("cpu"))
+    names = {id(p): n for n, p in model.named_parameters()}
+    grouped = [names[id(p)] for g in opt.param_groups for p in g["params"]]
+    assert sorted(grouped) == sorted(names.values())
+    for g in opt.param_groups:
+        members = [names[id(p)] for p in g["params"]]
+        if g["kind"] == "muon":
+            assert all(n.startswith("blocks.") for n in members) and len({p.shape for p in g["params"]}) == 1
+        else:
+            assert not any(n.startswith("blocks.") for n in members)
+    batch = (2048 * 64 / 2**19) ** 0.5
+    peaks = {g["role"]: lr for g, (lr, _) in zip(opt.param_groups, opt.peaks)}
+    assert peaks["matrix"] == pytest.approx(0.02 * batch)
+    assert peaks["embedding"] == pytest.approx(0.3 * batch * (64 / 768) ** -0.5)
+    assert peaks["value_embedding"] == pytest.approx(peaks["embedding"] / 2)
+    assert peaks["unembedding"] == pytest.approx(0.008 * batch * (64 / 768) ** -0.5)
+
+    g = torch.randn(3, 96, 40, generator=torch.Generator().manual_seed(0))
+    singular = torch.linalg.svdvals(optimizer.orthogonalize(g))
+    assert singular.min() > 0.6 and singular.max() < 1.25  # near-orthogonal, whatever g's spectrum
+
+    x = torch.randint(0, VOCAB, (4, 64), generator=torch.Generator().manual_seed(1))
+    first = model(x, x).item()
+    for step in range(20):
+        optimizer.set_schedule(opt, pkg.module("training.schedule").at(step + 100, cfg))
+        opt.zero_grad()
+        model(x, x).backward()
+        opt.step()
+    assert model(x, x).item() < first - 1.0
 
 
 def test_gradient_norm_is_accumulated_in_fp64_and_clips_to_the_limit(pkg):

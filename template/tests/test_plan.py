@@ -649,6 +649,7 @@ def test_check_project_refuses_a_layout_that_does_not_fit(cli, tmp_path):
     cfg["data"]["vocab_size"] = 50304
     cfg["batch"] = {"global_batch_size": 1024, "micro_batch_size": 1, "grad_accum_steps": None}
     cfg["run"]["strategy"] = "deepspeed"
+    cfg["optim"]["optimizer"] = "adamw"  # a gpt project's Muon applies to gpt under ddp only
     cfg["deepspeed"] = {"zero_stage": 1, "offload_optimizer": False, "offload_params": False}
     path = tmp_path / "train.yaml"
     path.write_text(yaml.safe_dump(cfg))

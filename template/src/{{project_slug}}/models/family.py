@@ -68,6 +68,7 @@ class Family:
     pretrained: bool = False  # model.pretrained (local weights) applies
     layouts: bool = False  # tensor and pipeline parallelism (DeepSpeed's pipeline engine)
     rotary: bool = False  # heads of even size (rotary embeddings pair dimensions)
+    muon: bool = False  # its model names each parameter's role (param_roles): optim.optimizer=muon applies
     presets: dict[str, dict[str, Any]] = field(default_factory=dict)  # named sizes with a cluster layout
     # The starting recipe copier writes into train.yaml (global and micro batch in sequences, peak lr,
     # sequence length, nominal parameters for the step budget), and what a size changes of it.
@@ -86,8 +87,9 @@ class Family:
         """The sizes a user may write in model.size, as the copier question's help lists them."""
         return ", ".join(self.sizes)
 
-    def shape(self, size: str, n_kv_head: int | None = None) -> dict:
-        """Layers, width, heads (and the published batch and lr where the table has them) of a size."""
+    def shape(self, size: str, n_kv_head: int | None = None, model=None) -> dict:
+        """Layers, width, heads (and the published batch and lr where the table has them) of a size;
+        `model` (cfg.model) adds the family's switches that change its formulas, where it has any."""
         if size not in self.sizes:
             raise ConfigError(f"model.size={size!r} is not a {self.name} size; use one of {', '.join(self.sizes)}")
         shape = dict(self.sizes[size])
@@ -122,11 +124,26 @@ class Family:
         """Bytes per position per vocabulary entry of the logits and the loss."""
         return 12
 
+    def scaling_params(self, shape: dict, vocab_size: int) -> int:
+        """The parameters whose multiple is the compute-optimal number of tokens (muon families)."""
+        raise NotImplementedError(f"{self.name}: scaling_params")
+
+    def optimizer_groups(self, cfg, shape: dict) -> dict[str, dict]:
+        """optim.optimizer=muon: each parameter role's hyper-parameters for this run (muon families)."""
+        raise NotImplementedError(f"{self.name}: optimizer_groups")
+
     # --- rules ---------------------------------------------------------------------------------------
 
     def problems(self, cfg, shape: dict) -> list[Problem]:
         """What this family refuses in a config, each naming the key and the fix."""
         m, name, found = cfg.model, self.name, []
+        if cfg.optim.optimizer == "muon" and not self.muon:
+            found.append(Problem(f"optim.optimizer=muon needs a model that names its matrices (model.arch=gpt), not "
+                                 f"model.arch={name}; use optim.optimizer=adamw", "optim.optimizer", "model.arch"))  # fmt: skip
+        elif cfg.optim.optimizer == "muon" and cfg.run.strategy != "ddp":
+            found.append(Problem("optim.optimizer=muon runs under run.strategy=ddp: DeepSpeed's ZeRO steps flat shards "
+                                 "of the parameters and Muon needs each matrix whole; use optim.optimizer=adamw with "
+                                 "DeepSpeed, or run.strategy=ddp", "optim.optimizer", "run.strategy"))  # fmt: skip
         if not self.grouped_query and m.n_kv_head is not None:
             found.append(Problem(f"model.n_kv_head={m.n_kv_head} does not apply to model.arch={name}; set it to null",
                                  "model.n_kv_head", "model.arch"))  # fmt: skip
@@ -232,6 +249,6 @@ def family(name: str) -> Family:
     )
 
 
-def model_shape(size: str, n_kv_head: int | None = None, arch: str = "gpt") -> dict:
-    """The shape of a size of a family: family(arch).shape(size, n_kv_head)."""
-    return family(arch).shape(size, n_kv_head)
+def model_shape(size: str, n_kv_head: int | None = None, arch: str = "gpt", model=None) -> dict:
+    """The shape of a size of a family: family(arch).shape(size, n_kv_head, model)."""
+    return family(arch).shape(size, n_kv_head, model)

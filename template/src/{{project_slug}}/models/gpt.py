@@ -2,8 +2,9 @@
 
 Rotary position embeddings, QK-norm, RMSNorm without learnable parameters, no biases, ReLU^2 MLP,
 untied input embedding and output head, grouped-query attention (n_kv_head < n_head) and
-F.scaled_dot_product_attention. The file knows nothing of distribution: strategies/ wraps it for
-DDP or DeepSpeed.
+F.scaled_dot_product_attention. nanochat's later pieces are switches of model.* (config.py): value
+embeddings, residual and input-embedding scalars, smear, backout, the q/k scale, the rotary base and
+its initialisation. The file knows nothing of distribution: strategies/ wraps it for DDP or DeepSpeed.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-from .gpt_family import FAMILY
+from ..settings.config import ConfigError
+from .gpt_family import FAMILY, PIECES, SMEAR_GATE_CHANNELS, VALUE_GATE_CHANNELS, has_backout
 from .sample_dropout import keyed_dropout
 
 
@@ -30,6 +32,13 @@ class GPTConfig:
     softcap: float = 15.0
     dropout: float = 0.0
     """On the embedding and each residual branch, masks keyed per sample (sample_dropout.py)."""
+    value_embeddings: bool = False
+    residual_scalars: bool = False
+    smear: bool = False
+    backout: bool = False
+    qk_scale: float = 1.0
+    rotary_base: float = 10000.0
+    init: str = "unit"
 
     @property
     def head_dim(self) -> int:
@@ -54,13 +63,20 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], dim=-1).type_as(x)
 
 
+def has_value_embedding(layer: int, n_layer: int) -> bool:
+    """Alternating layers, the last one always among them."""
+    return layer % 2 == (n_layer - 1) % 2
+
+
 class KVCache:
-    """Keys and values of every layer for incremental decoding; `length` tokens are stored."""
+    """Keys and values of every layer for incremental decoding; `length` tokens are stored, and the
+    last token's embedding (smear mixes it into the next one)."""
 
     def __init__(self, n_layer: int):
         self.keys: list[torch.Tensor | None] = [None] * n_layer
         self.values: list[torch.Tensor | None] = [None] * n_layer
         self.length = 0
+        self.last_embedding: torch.Tensor | None = None
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.keys[layer] is not None:
@@ -78,14 +94,32 @@ class CausalSelfAttention(nn.Module):
         self.c_k = nn.Linear(cfg.n_embd, cfg.n_kv_head * cfg.head_dim, bias=False)
         self.c_v = nn.Linear(cfg.n_embd, cfg.n_kv_head * cfg.head_dim, bias=False)
         self.c_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.n_embd, bias=False)
+        self.qk_scale = cfg.qk_scale
+        self.ve_gate = (
+            nn.Linear(VALUE_GATE_CHANNELS, cfg.n_kv_head, bias=False)
+            if cfg.value_embeddings and has_value_embedding(layer, cfg.n_layer)
+            else None
+        )
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache | None,
+        ve: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.c_q(x).view(B, T, self.n_head, self.head_dim)
         k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim)
         v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim)
+        if ve is not None:  # the value embedding, let in per head by a gate in (0, 3)
+            gate = 3 * torch.sigmoid(self.ve_gate(x[..., :VALUE_GATE_CHANNELS]))
+            v = v + gate.unsqueeze(-1) * ve.view(B, T, self.n_kv_head, self.head_dim)
         # QK-norm after rotary keeps attention logits bounded without a learned scale.
         q, k = rms_norm(apply_rotary(q, cos, sin)), rms_norm(apply_rotary(k, cos, sin))
+        if self.qk_scale != 1.0:  # sharper attention than unit-norm queries and keys give
+            q, k = q * self.qk_scale, k * self.qk_scale
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         past = 0
         if cache is not None:
@@ -118,9 +152,11 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(cfg, layer)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, cache):
+    def forward(self, x, cos, sin, cache, ve=None):
         # Dropout keys: 0 is the embedding, 2*layer+1 and 2*layer+2 this block's two branches.
-        x = x + keyed_dropout(self.attn(rms_norm(x), cos, sin, cache), self.dropout, 2 * self.layer + 1, self.training)
+        x = x + keyed_dropout(
+            self.attn(rms_norm(x), cos, sin, cache, ve), self.dropout, 2 * self.layer + 1, self.training
+        )
         return x + keyed_dropout(self.mlp(rms_norm(x)), self.dropout, 2 * self.layer + 2, self.training)
 
 
@@ -132,26 +168,79 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        kv_dim = cfg.n_kv_head * cfg.head_dim
+        self.value_embeds = nn.ModuleDict(
+            {str(i): nn.Embedding(cfg.vocab_size, kv_dim) for i in range(cfg.n_layer) if self.ve_gate(i) is not None}
+        )
+        if cfg.residual_scalars:
+            self.resid_lambdas = nn.Parameter(torch.ones(cfg.n_layer))
+            self.x0_lambdas = nn.Parameter(torch.zeros(cfg.n_layer))
+        if cfg.smear:
+            self.smear_gate = nn.Linear(SMEAR_GATE_CHANNELS, 1, bias=False)
+            self.smear_lambda = nn.Parameter(torch.zeros(1))
+        if has_backout(cfg.backout, cfg.n_layer):
+            self.backout_lambda = nn.Parameter(torch.zeros(1))
         # Rotary tables cover 10x the training context so sampling can run past it.
-        cos, sin = rotary_tables(cfg.sequence_len * 10, cfg.head_dim)
+        cos, sin = rotary_tables(cfg.sequence_len * 10, cfg.head_dim, cfg.rotary_base)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
+    def ve_gate(self, layer: int):
+        return self.blocks[layer].attn.ve_gate
+
     @torch.no_grad()
     def init_weights(self) -> None:
-        """Embedding ~ N(0, 1); matrices uniform with std 1/sqrt(width); output projections and a
-        near-zero head start every residual branch and the logits small, so early steps are stable."""
-        nn.init.normal_(self.wte.weight, std=1.0)
+        """Embedding ~ N(0, 1) (init=scaled: 0.8); matrices uniform with std 1/sqrt(width) (the MLP's
+        input at 0.4x under init=scaled); output projections and a near-zero head start every
+        residual branch and the logits small, so early steps are stable. Value embeddings as the
+        value matrices; gates slightly open; the residual scale from 1.15 down to 1.05 and the input
+        embedding's share from 0.2 down to 0.05 with depth; no smear; backout at 0.2."""
+        c = self.config
+        scaled = c.init == "scaled"
+        nn.init.normal_(self.wte.weight, std=0.8 if scaled else 1.0)
         nn.init.normal_(self.lm_head.weight, std=0.001)
-        bound = 3**0.5 * self.config.n_embd**-0.5
+        bound = 3**0.5 * c.n_embd**-0.5
         for block in self.blocks:
-            for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.mlp.c_fc):
+            for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v):
                 nn.init.uniform_(lin.weight, -bound, bound)
+            fc = 0.4 * bound if scaled else bound
+            nn.init.uniform_(block.mlp.c_fc.weight, -fc, fc)
             nn.init.zeros_(block.attn.c_proj.weight)
             nn.init.zeros_(block.mlp.c_proj.weight)
-        cos, sin = rotary_tables(self.cos.size(1), self.config.head_dim, device=self.cos.device)
+            if block.attn.ve_gate is not None:
+                nn.init.uniform_(block.attn.ve_gate.weight, 0.0, 0.02)
+        for table in self.value_embeds.values():
+            nn.init.uniform_(table.weight, -bound, bound)
+        if c.residual_scalars:
+            depth = torch.arange(c.n_layer, dtype=torch.float32) / max(c.n_layer - 1, 1)
+            self.resid_lambdas.copy_(1.15 - 0.10 * depth)
+            self.x0_lambdas.copy_(0.20 - 0.15 * depth)
+        if c.smear:
+            nn.init.uniform_(self.smear_gate.weight, 0.0, 0.02)
+            nn.init.zeros_(self.smear_lambda)
+        if has_backout(c.backout, c.n_layer):
+            nn.init.constant_(self.backout_lambda, 0.2)
+        cos, sin = rotary_tables(self.cos.size(1), c.head_dim, c.rotary_base, device=self.cos.device)
         self.cos.copy_(cos)
         self.sin.copy_(sin)
+
+    def param_roles(self) -> dict[str, str]:
+        """Each parameter's role for the optimizer (strategies/optimizer.py): "matrix" (Muon),
+        "embedding", "value_embedding", "unembedding", "residual_scalar", "x0_scalar", "gate_scalar"."""
+        roles = {}
+        for name, _ in self.named_parameters():
+            if name.startswith("blocks."):
+                roles[name] = "matrix"
+            elif name.startswith("value_embeds."):
+                roles[name] = "value_embedding"
+            else:
+                roles[name] = {
+                    "wte.weight": "embedding",
+                    "lm_head.weight": "unembedding",
+                    "resid_lambdas": "residual_scalar",
+                    "x0_lambdas": "x0_scalar",
+                }.get(name, "gate_scalar")  # smear and backout
+        return roles
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -161,6 +250,7 @@ class GPT(nn.Module):
         (12 x layers x heads x head_dim x sequence length). The embedding lookup is no matmul."""
         c = self.config
         shape = {"n_layer": c.n_layer, "n_embd": c.n_embd, "n_head": c.n_head, "n_kv_head": c.n_kv_head}
+        shape |= {piece: getattr(c, piece) for piece in PIECES}
         return FAMILY.flops_per_token(shape, c.vocab_size, c.sequence_len)
 
     def forward(
@@ -175,13 +265,25 @@ class GPT(nn.Module):
         T = idx.size(1)
         start = cache.length if cache is not None else 0
         cos, sin = self.cos[:, start : start + T], self.sin[:, start : start + T]
-        x = keyed_dropout(rms_norm(self.wte(idx)), self.config.dropout, 0, self.training)
-        for block in self.blocks:
+        c = self.config
+        x = rms_norm(self.wte(idx))
+        if c.smear:
+            x = self._smear(x, cache)
+        x = keyed_dropout(x, c.dropout, 0, self.training)
+        x0, middle = x, None
+        for i, block in enumerate(self.blocks):
+            if c.residual_scalars:
+                x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
+            ve = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
             if self.checkpointing and self.training and cache is None:
                 # Keep only the block's input; its activations are recomputed during backward.
-                x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, None, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, None, ve, use_reentrant=False)
             else:
-                x = block(x, cos, sin, cache)
+                x = block(x, cos, sin, cache, ve)
+            if i == c.n_layer // 2:
+                middle = x
+        if has_backout(c.backout, c.n_layer):  # the middle layer's features, partly taken back out before the head
+            x = x - self.backout_lambda * middle
         if cache is not None:
             cache.length += T
         logits = self.lm_head(rms_norm(x)).float()
@@ -192,6 +294,17 @@ class GPT(nn.Module):
         return F.cross_entropy(
             logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1, reduction=loss_reduction
         )
+
+    def _smear(self, x: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+        """Each position takes in a gated share of the previous token's embedding (the first token
+        of a decode step takes the cached one)."""
+        gate = lambda part: self.smear_lambda * torch.sigmoid(self.smear_gate(part[..., :SMEAR_GATE_CHANNELS]))  # noqa: E731
+        previous = cache.last_embedding if cache is not None else None
+        if cache is not None:
+            cache.last_embedding = x[:, -1:]
+        smeared = x[:, 1:] + gate(x[:, 1:]) * x[:, :-1]
+        first = x[:, :1] if previous is None else x[:, :1] + gate(x[:, :1]) * previous
+        return torch.cat([first, smeared], dim=1)
 
     @torch.no_grad()
     def generate(
@@ -232,12 +345,20 @@ class GPT(nn.Module):
 
 def build(cfg, vocab_size: int, load_weights: bool = True) -> GPT:
     """The GPT of cfg.model (its size through the family's shapes), initialised on the CPU."""
-    shape = FAMILY.shape(cfg.model.size, cfg.model.n_kv_head)
+    m = cfg.model
+    shape = FAMILY.shape(m.size, m.n_kv_head)
     config = GPTConfig(
         vocab_size=vocab_size,
-        sequence_len=cfg.model.sequence_len,
-        softcap=cfg.model.softcap,
-        dropout=cfg.model.dropout or 0.0,
+        sequence_len=m.sequence_len,
+        softcap=m.softcap,
+        dropout=m.dropout or 0.0,
+        value_embeddings=m.value_embeddings,
+        residual_scalars=m.residual_scalars,
+        smear=m.smear,
+        backout=m.backout,
+        qk_scale=m.qk_scale,
+        rotary_base=m.rotary_base,
+        init=m.init,
         **shape,
     )
     model = GPT(config)
@@ -253,6 +374,13 @@ def to_transformers(model: GPT):
     from transformers import NanoChatConfig, NanoChatForCausalLM
 
     c = model.config
+    held = {"value_embeddings": False, "residual_scalars": False, "smear": False, "backout": False, "qk_scale": 1.0}
+    extra = [f"model.{k}={getattr(c, k)}" for k, off in held.items() if getattr(c, k) != off]
+    if extra:
+        raise ConfigError(
+            f"transformers' NanoChatForCausalLM has no place for {', '.join(extra)}: export a model trained "
+            f"without {'them' if len(extra) > 1 else 'it'}; eval and sample read this checkpoint as it is"
+        )
     config = NanoChatConfig(
         vocab_size=c.vocab_size,
         hidden_size=c.n_embd,
@@ -262,7 +390,7 @@ def to_transformers(model: GPT):
         num_key_value_heads=c.n_kv_head,
         max_position_embeddings=c.sequence_len,
         rms_norm_eps=torch.finfo(torch.float32).eps,  # F.rms_norm's default for fp32
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        rope_parameters={"rope_type": "default", "rope_theta": c.rotary_base},
         final_logit_softcapping=c.softcap if c.softcap > 0 else None,
         hidden_act="relu2",
         attention_bias=False,

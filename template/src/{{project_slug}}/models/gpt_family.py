@@ -10,6 +10,23 @@ from dataclasses import dataclass
 from ..settings.config import ConfigError
 from .family import Family
 
+# Switches of model.* that add parameters (models/gpt.py), carried in a shape for the formulas.
+PIECES = ("value_embeddings", "residual_scalars", "smear", "backout")
+VALUE_GATE_CHANNELS = 12  # the leading channels of a layer's input that gate its value embedding
+SMEAR_GATE_CHANNELS = 24  # those of a token's embedding that gate how much of the previous one it takes
+
+
+def has_backout(backout: bool, n_layer: int) -> bool:
+    """model.backout where the middle layer is not the last: taken from the last layer's output, the
+    share would vanish in the final norm (a parameter without effect)."""
+    return backout and n_layer // 2 < n_layer - 1
+
+
+# nanochat's reference run, where its learning rates were tuned: d12, 2^19 tokens a step.
+REFERENCE_BATCH_TOKENS = 2**19
+REFERENCE_WIDTH = 768
+REFERENCE_DEPTH = 12
+
 # Bytes per token per unit of width one block keeps for backward (measured under autocast: the
 # bf16 inputs of its matmuls, the fp32 norms' and ReLU^2's, and SDPA's output and log-sum-exp).
 ACTIVATION_BYTES_PER_LAYER = 63
@@ -20,7 +37,7 @@ class GPTFamily(Family):
     def size_names(self) -> str:
         return "'tiny', or 'd<depth>' such as d20 (width 64 x depth in heads of 128)"
 
-    def shape(self, size: str, n_kv_head: int | None = None) -> dict:
+    def dims(self, size: str, n_kv_head: int | None = None) -> dict:
         """'tiny', or nanochat's depth dial 'd<depth>': width 64 x depth rounded up to heads of 128."""
         if size == "tiny":
             shape = {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_kv_head": 2}
@@ -35,16 +52,96 @@ class GPTFamily(Family):
             shape["n_kv_head"] = n_kv_head
         return shape
 
+    def shape(self, size: str, n_kv_head: int | None = None, model=None) -> dict:
+        """The dims of a size; with the model section (cfg.model) also which pieces it has, which
+        the formulas count."""
+        shape = self.dims(size, n_kv_head)
+        if model is not None:
+            shape |= {piece: getattr(model, piece) for piece in PIECES}
+        return shape
+
     def num_params(self, shape: dict, vocab_size: int, sequence_len: int) -> int:
         h, L, V = shape["n_embd"], shape["n_layer"], vocab_size
         kv = shape["n_kv_head"] * (h // shape["n_head"])
-        return 2 * V * h + L * (2 * h * h + 2 * h * kv + 8 * h * h)  # untied embedding and head; GQA's k, v
+        base = 2 * V * h + L * (2 * h * h + 2 * h * kv + 8 * h * h)  # untied embedding and head; GQA's k, v
+        return base + self._tables(shape, V) + self._gates(shape) + self._scalars(shape)
 
     def flops_per_token(self, shape: dict, vocab_size: int, sequence_len: int) -> int:
-        """6 x matmul parameters (all but the embedding lookup) + attention's scores and values."""
-        matmul = self.num_params(shape, vocab_size, sequence_len) - vocab_size * shape["n_embd"]
+        """6 x matmul parameters (all but the lookups and the scalars) + attention's scores and values."""
+        lookups = vocab_size * shape["n_embd"] + self._tables(shape, vocab_size)
+        matmul = self.num_params(shape, vocab_size, sequence_len) - lookups - self._scalars(shape)
         head_dim = shape["n_embd"] // shape["n_head"]
         return 6 * matmul + 12 * shape["n_layer"] * shape["n_head"] * head_dim * sequence_len
+
+    def scaling_params(self, shape: dict, vocab_size: int) -> int:
+        """The blocks' matrices and the head: the count whose multiple is the compute-optimal number
+        of tokens (nanochat's measure; embeddings and scalars left out)."""
+        h = shape["n_embd"]
+        kv = shape["n_kv_head"] * (h // shape["n_head"])
+        return (
+            shape["n_layer"] * (10 * h * h + 2 * h * kv) + vocab_size * h + self._gates(shape) - self._smear_gate(shape)
+        )
+
+    def optimizer_groups(self, cfg, shape: dict) -> dict[str, dict]:
+        """Each parameter role's hyper-parameters under optim.optimizer=muon (nanochat's recipe): the
+        optim.*_lr are for the reference run (REFERENCE_BATCH_TOKENS per step, width
+        REFERENCE_WIDTH); every lr but the gates' scales with sqrt(batch tokens / reference), AdamW's
+        table lrs also with 1/sqrt(width / reference), and Muon's weight decay with
+        sqrt(batch / reference) x (reference horizon / this model's horizon), a compute-optimal
+        horizon being a fixed multiple of scaling_params (Wang & Aitchison 2024: keep
+        lr x wd x horizon / batch)."""
+        o, V, h = cfg.optim, cfg.data.vocab_size, shape["n_embd"]
+        batch_tokens = cfg.batch.global_batch_size * cfg.model.sequence_len
+        batch = math.sqrt(batch_tokens / REFERENCE_BATCH_TOKENS)
+        width = (h / REFERENCE_WIDTH) ** -0.5
+        reference = self.scaling_params(self.dims(f"d{REFERENCE_DEPTH}"), V)
+        decay = o.weight_decay * batch * reference / self.scaling_params(shape, V)
+        adam = {"kind": "adamw", "eps": 1e-10}
+        return {
+            "matrix": {
+                "kind": "muon",
+                "lr": o.matrix_lr * batch,
+                "weight_decay": decay,
+                "momentum": 0.95,
+                "beta2": 0.9,
+            },
+            "embedding": {**adam, "lr": o.embedding_lr * batch * width, "betas": (0.8, 0.995), "weight_decay": 0.001},
+            "value_embedding": {
+                **adam,
+                "lr": o.embedding_lr * batch * width / 2,
+                "betas": (0.8, 0.995),
+                "weight_decay": 0.01,
+            },
+            "unembedding": {**adam, "lr": o.unembedding_lr * batch * width, "betas": (0.8, 0.96), "weight_decay": 0.01},
+            "residual_scalar": {**adam, "lr": o.scalar_lr * batch * 0.01, "betas": (0.8, 0.95), "weight_decay": 0.05},
+            "x0_scalar": {**adam, "lr": o.scalar_lr * batch, "betas": (0.96, 0.95), "weight_decay": 0.0},
+            "gate_scalar": {**adam, "lr": 0.2, "betas": (0.8, 0.95), "weight_decay": 0.0},
+        }
+
+    @staticmethod
+    def _value_layers(shape: dict) -> int:
+        L = shape["n_layer"]
+        return sum(1 for i in range(L) if i % 2 == (L - 1) % 2) if shape.get("value_embeddings") else 0
+
+    def _tables(self, shape: dict, vocab_size: int) -> int:
+        """The value embeddings' tables."""
+        return self._value_layers(shape) * vocab_size * shape["n_kv_head"] * (shape["n_embd"] // shape["n_head"])
+
+    @staticmethod
+    def _smear_gate(shape: dict) -> int:
+        return SMEAR_GATE_CHANNELS if shape.get("smear") else 0
+
+    def _gates(self, shape: dict) -> int:
+        """The value embeddings' gates (a small matrix per layer that has one) and smear's gate."""
+        return self._value_layers(shape) * VALUE_GATE_CHANNELS * shape["n_kv_head"] + self._smear_gate(shape)
+
+    @staticmethod
+    def _scalars(shape: dict) -> int:
+        return (
+            2 * shape["n_layer"] * bool(shape.get("residual_scalars"))
+            + bool(shape.get("smear"))
+            + has_backout(bool(shape.get("backout")), shape["n_layer"])
+        )
 
     def layer_activations(self, shape: dict, seq: int, micro: int, tp: int, mode: str, scores_stored: bool) -> float:
         return ACTIVATION_BYTES_PER_LAYER * seq * micro * shape["n_embd"]
@@ -62,6 +159,7 @@ FAMILY = GPTFamily(
     builder="gpt:build",
     exporter="gpt:to_transformers",
     grouped_query=True,
+    muon=True,
     attention_dropout=False,
     rotary=True,
 )

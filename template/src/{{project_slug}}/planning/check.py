@@ -27,7 +27,7 @@ from .slurm_partition import partition_problem, requested
 
 
 def summary(cfg: Config, world: int) -> str:
-    shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
+    shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch, cfg.model)
     cfg = at_world_size(cfg, world)  # weak scaling: the global batch of this world
     dp = cfg.data_parallel_size(world)
     accum = resolve_grad_accum(cfg, dp)

@@ -169,9 +169,16 @@ def activations(
     return kept + (micro * seq * vocab_size * fam.logits_bytes(softcap) if logits else 0)
 
 
+def muon_params(cfg: Config, shape: dict) -> int:
+    """The blocks' matrices that Muon steps under optim.optimizer=muon (the rest stays with AdamW)."""
+    if cfg.optim.optimizer != "muon" or not family(cfg.model.arch).muon:
+        return 0
+    return family(cfg.model.arch).scaling_params(shape, cfg.data.vocab_size) - cfg.data.vocab_size * shape["n_embd"]
+
+
 def layout_problems(cfg: Config) -> list[str]:
     """What the rules refuse about this layout, strategy and precision on this GPU (empty when allowed)."""
-    shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
+    shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch, cfg.model)
     world = cfg.cluster.nodes * cfg.cluster.gpus_per_node
     return parallel_problems(cfg, shape, world) + precision_problems(cfg, on_gpu_type(cfg))
 
@@ -179,7 +186,7 @@ def layout_problems(cfg: Config) -> list[str]:
 def memory(cfg: Config) -> dict:
     """Per-GPU memory of the config's model, strategy and layout, for its most loaded GPU."""
     arch, seq, vocab, micro = cfg.model.arch, cfg.model.sequence_len, cfg.data.vocab_size, cfg.batch.micro_batch_size
-    shape = model_shape(cfg.model.size, cfg.model.n_kv_head, arch)
+    shape = model_shape(cfg.model.size, cfg.model.n_kv_head, arch, cfg.model)
     tp, pp = cfg.parallel.tensor, cfg.parallel.pipeline
     world = cfg.cluster.nodes * cfg.cluster.gpus_per_node
     nd = cfg.data_parallel_size(world)
@@ -200,7 +207,7 @@ def memory(cfg: Config) -> dict:
             scores_stored=bool(cfg.model.attention_dropout),
         )
         act = {c: activations(shape, vocab, seq, micro, cfg.model.softcap, c, **kw) for c in (False, True)}
-        states = model_states(psi, stage, nd, offload_opt, offload_params)
+        states = model_states(psi, stage, nd, offload_opt, offload_params, muon_params(cfg, shape))
         total = states["weights"] + states["grads"] + states["optimizer"] + act[cfg.model.activation_checkpointing]
         if worst is None or total > worst["total"]:
             worst = {
@@ -232,7 +239,7 @@ ASSUMED_MFU = 0.4  # plan's default: DDP measured 39-46% on one H100 (GPT, GPT-3
 
 
 def timing(cfg: Config, tokens: float, mfu: float) -> list[dict]:
-    shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
+    shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch, cfg.model)
     _, peak = gpu_spec(cfg.cluster.gpu_type, on_gpu_type(cfg))
     flops = tokens * flops_per_token(shape, cfg.data.vocab_size, cfg.model.sequence_len, cfg.model.arch)
     rows = []
@@ -263,7 +270,7 @@ def stop_reaction(cfg: Config, mfu: float) -> dict:
     """How long a stop signal may wait for the ranks' agreement (stop_wait_steps at this MFU on
     cluster.nodes x cluster.gpus_per_node GPUs), against cluster.stop_grace_seconds, which has to cover
     that and the save: tight when over half of it, which only a step longer than that makes."""
-    shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
+    shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch, cfg.model)
     _, peak = gpu_spec(cfg.cluster.gpu_type, on_gpu_type(cfg))
     step_tokens = cfg.batch.global_batch_size * cfg.model.sequence_len
     step_flops = step_tokens * flops_per_token(shape, cfg.data.vocab_size, cfg.model.sequence_len, cfg.model.arch)

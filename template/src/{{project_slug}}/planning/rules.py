@@ -171,7 +171,7 @@ def check_config(cfg: Config, world_size: int | None = None) -> list[Problem]:
             )
         )
     try:
-        shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
+        shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch, cfg.model)
     except ConfigError as exc:  # an unknown family (exc.key model.arch), or a size it does not have
         return problems + [Problem(str(exc), exc.key or "model.size", "model.arch")]
     problems += parallel_problems(cfg, shape, world)

@@ -27,7 +27,7 @@ NODE_FACTORS = (1, 2, 4)
 
 def step_seconds(cfg: Config, global_batch: int, gpus: int, mfu: float) -> float:
     """Estimated seconds of one optimizer step of global_batch sequences on gpus GPUs."""
-    shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
+    shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch, cfg.model)
     _, peak = gpu_spec(cfg.cluster.gpu_type)
     per_token = flops_per_token(shape, cfg.data.vocab_size, cfg.model.sequence_len, cfg.model.arch)
     return global_batch * cfg.model.sequence_len * per_token / (gpus * peak * mfu)

@@ -96,6 +96,21 @@ class ModelConfig:
     T x T probabilities are materialised (BERT's and Megatron's 0.1, at the cost plan shows)."""
     activation_checkpointing: bool = False
     """Recompute activations in backward instead of keeping them: ~1/3 more compute, far less memory."""
+    # gpt: nanochat's pieces (models/gpt.py); off by default, a new project's train.yaml turns them on.
+    value_embeddings: bool = False
+    """gpt: value embeddings on alternating layers (the last included), gated per key/value head."""
+    residual_scalars: bool = False
+    """gpt: learned per-layer scales of the residual stream and of the input embedding mixed back in."""
+    smear: bool = False
+    """gpt: each position takes in a gated share of the previous token's embedding."""
+    backout: bool = False
+    """gpt: a learned share of the middle layer's residual stream is taken out before the head."""
+    qk_scale: float = 1.0
+    """gpt: queries and keys are multiplied by this after QK-norm."""
+    rotary_base: float = 10000.0
+    """gpt: base of the rotary frequencies."""
+    init: str = "unit"
+    """gpt: 'unit' (embedding std 1) or 'scaled' (embedding std 0.8, MLP input matrix 0.4x)."""
 
 
 @dataclass
@@ -120,10 +135,18 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
+    optimizer: str = "adamw"
+    """'adamw' (every parameter at optim.lr) or 'muon' (gpt under ddp: Muon for the blocks' matrices,
+    AdamW for the rest, at the *_lr below: nanochat's for 2^19 tokens a step and width 768, scaled to
+    this run's batch and width; `plan` prints them)."""
     lr: float = 3e-4
-    """Peak learning rate of AdamW."""
+    """Peak learning rate of AdamW (optim.optimizer=adamw)."""
     weight_decay: float = 0.1
-    """Decoupled weight decay for matrices; embeddings get none."""
+    """adamw: decoupled, on matrices. muon: Muon's cautious decay at the reference, scaled, to 0 at the end."""
+    matrix_lr: float = 0.02
+    embedding_lr: float = 0.3
+    unembedding_lr: float = 0.008
+    scalar_lr: float = 0.5
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
@@ -142,7 +165,10 @@ class ScheduleConfig:
     warmup_steps: int = 500
     """Steps of linear warmup from 0 to the peak learning rate."""
     min_lr_ratio: float = 0.1
-    """Cosine decay ends at lr * min_lr_ratio."""
+    """The decay ends at lr * min_lr_ratio."""
+    decay: str = "cosine"
+    """'cosine' after warmup, or 'warmdown': constant, then linear over the last warmdown_ratio of the steps."""
+    warmdown_ratio: float = 0.65
 
     def length_problem(self) -> str | None:
         """One line when the run's length is given twice (max_steps and epochs) or not at all."""
@@ -251,6 +277,11 @@ class DeepSpeedConfig:
     """Keep parameters in CPU memory (ZeRO 3 only)."""
 
 
+# Model settings added after checkpoints were first fingerprinted: at their defaults (the model
+# without them) they stay out of the fingerprint, so earlier checkpoints resume.
+LATER_MODEL_FIELDS = ("value_embeddings", "residual_scalars", "smear", "backout", "qk_scale", "rotary_base", "init")
+
+
 @dataclass
 class Config:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -277,10 +308,11 @@ class Config:
         """Hash of the settings a checkpoint cannot outlive (shape of model and data stream)."""
         # Settings that do not change the weights stay out; so do new fields at their defaults,
         # which keeps checkpoints of earlier template versions resumable.
+        unchanged = {("arch", "gpt"), ("pretrained", "")} | {(k, getattr(ModelConfig, k)) for k in LATER_MODEL_FIELDS}
         model = {
             k: v
             for k, v in dataclasses.asdict(self.model).items()
-            if k != "activation_checkpointing" and (k, v) not in (("arch", "gpt"), ("pretrained", ""))
+            if k != "activation_checkpointing" and (k, v) not in unchanged
         }
         key = {"model": model, "global_batch_size": self.batch.global_batch_size}
         if (self.parallel.tensor, self.parallel.pipeline) != (1, 1):
@@ -459,6 +491,9 @@ def _check_choices(cfg: Config) -> None:
         "run.device": ("auto", "cuda", "cpu"),
         "run.dtype": ("auto", "bf16", "fp16", "fp32"),
         "run.strategy": ("ddp", "deepspeed"),
+        "optim.optimizer": ("adamw", "muon"),
+        "schedule.decay": ("cosine", "warmdown"),
+        "model.init": ("unit", "scaled"),
         "batch.scaling": ("strong", "weak"),
         "deepspeed.zero_stage": (0, 1, 2, 3),
     }

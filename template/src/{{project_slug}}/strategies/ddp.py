@@ -1,5 +1,5 @@
 """DDP strategy: torch DistributedDataParallel, manual gradient accumulation with no_sync,
-AdamW, global-norm clipping (common.py: the norm as DeepSpeed's ZeRO computes it), one
+AdamW or Muon (optimizer.py), global-norm clipping (common.py: the norm as DeepSpeed's ZeRO computes it), one
 checkpoint file per step written by rank 0 (checkpoint.py).
 
     <package> train run.strategy=ddp        # the default
@@ -22,14 +22,8 @@ from ..runtime.distributed import DistInfo, print0, resolve_precision, share_fro
 from ..runtime.unrecoverable import raise_on_every_rank
 from ..settings.config import Config, ConfigError
 from ..settings.precision import INITIAL_SCALE_POWER, SCALE_WINDOW
-from .common import clip_gradients, compiled, param_groups
-
-
-def build_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.optim.Optimizer:
-    o = cfg.optim
-    return torch.optim.AdamW(
-        param_groups(model, o.weight_decay), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=device.type == "cuda"
-    )
+from .common import clip_gradients, compiled
+from .optimizer import build_optimizer, groups_line, peak_lrs, set_schedule
 
 
 def read_checkpoint(path: Path) -> dict:
@@ -47,7 +41,7 @@ class DDPStrategy:
         self.data_rank = info.rank  # every rank is a data-parallel rank
         self.module = model  # unwrapped: evaluation, state_dict
         self.run_id = None  # set by resume: the resumed checkpoint's run, or a new one
-        self.optimizer = build_optimizer(model, cfg, info.device)
+        self.optimizer = build_optimizer(model, cfg, info.device, info.world_size, info.rank)
         # Disabled (every call a pass-through) unless the run computes in fp16.
         self.scaler = torch.amp.GradScaler(
             info.device.type,
@@ -69,11 +63,18 @@ class DDPStrategy:
         self.runnable = runnable
 
     def describe(self) -> str:
-        return f"strategy ddp, {self.compile_note}"
+        return f"strategy ddp, {self.compile_note}" + (
+            f", {groups_line(self.optimizer)}" if self.cfg.optim.optimizer == "muon" else ""
+        )
 
-    def set_lr(self, lr: float) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+    @property
+    def peak_lr(self) -> float:
+        """The peak learning rate the metrics report: Muon's under optim.optimizer=muon, else AdamW's."""
+        peaks = peak_lrs(self.optimizer)
+        return peaks.get("muon", peaks.get("adamw"))
+
+    def set_schedule(self, point) -> None:
+        set_schedule(self.optimizer, point)
 
     def micro_context(self, micro: int):
         """Gradients are all-reduced only on the last micro step of the accumulation."""

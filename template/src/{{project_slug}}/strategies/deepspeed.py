@@ -329,9 +329,14 @@ class DeepSpeedStrategy:
         offloaded = f", offload {'+'.join(offload)} to cpu" if offload else ""
         return f"strategy deepspeed ZeRO {ds.zero_stage}{offloaded}, {self.compile_note}"
 
-    def set_lr(self, lr: float) -> None:
+    @property
+    def peak_lr(self) -> float:
+        return self.cfg.optim.lr
+
+    def set_schedule(self, point) -> None:
+        """This step's learning rate: optim.lr x the schedule's factor (training/schedule.py)."""
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = self.cfg.optim.lr * point.lr_factor
 
     def micro_context(self, micro: int):
         return nullcontext()  # DeepSpeed skips the all-reduce off the accumulation boundary itself

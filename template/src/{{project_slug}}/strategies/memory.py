@@ -44,13 +44,14 @@ def precision_mode(cfg: Config) -> str:
 
 
 def model_states(
-    psi: int, stage: int, nd: int, offload_optimizer: bool = False, offload_params: bool = False
+    psi: int, stage: int, nd: int, offload_optimizer: bool = False, offload_params: bool = False, muon_params: int = 0
 ) -> dict[str, float]:
     """Bytes per GPU of weights, grads and optimizer (ZeRO paper, mixed-precision Adam: 2 + 2 + 12
-    bytes a parameter, the stage's part divided over nd ranks), and bytes on the host."""
+    bytes a parameter, the stage's part divided over nd ranks), and bytes on the host. Muon keeps
+    one buffer a matrix where Adam keeps two: 8 bytes for each of its `muon_params` (DDP only)."""
     weights = 2 * psi / nd if stage == 3 else 2 * psi
     grads = 2 * psi / nd if stage >= 2 else 2 * psi
-    optimizer = 12 * psi / nd if stage >= 1 else 12 * psi
+    optimizer = (12 * psi - 4 * muon_params) / nd if stage >= 1 else 12 * psi - 4 * muon_params
     host = 0.0
     if offload_optimizer:
         host += optimizer

@@ -1,6 +1,7 @@
 """The training loop: data parallel over torchrun ranks (DDP or DeepSpeed ZeRO, see strategies/),
 gradient accumulation, mixed precision (bf16, or fp16 with loss scaling: precision.py), optional
-torch.compile, AdamW with warmup + cosine, clipping, metrics, evaluation and checkpoints.
+torch.compile, AdamW or Muon (strategies/optimizer.py) on a warmup + decay schedule (schedule.py),
+clipping, metrics, evaluation and checkpoints.
 
     torchrun --standalone --nproc-per-node 8 -m <package> train [key=value ...]
     torchrun --standalone --nproc-per-node 8 -m <package> train run.strategy=deepspeed deepspeed.zero_stage=2
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 import os
 import time
 from pathlib import Path
@@ -60,17 +60,8 @@ from ..runtime.distributed import (
 from ..runtime.unrecoverable import SharedFailure, raise_on_every_rank
 from ..settings.config import Config, ConfigError, changed, save_config
 from ..strategies import build_strategy
-from . import preemption, prefetch, run_lock
+from . import preemption, prefetch, run_lock, schedule
 from .metrics import MetricsLogger, format_step, mfu, peak_flops
-
-
-def lr_at(step: int, cfg: Config) -> float:
-    """Linear warmup to optim.lr, then cosine decay to lr * min_lr_ratio at max_steps."""
-    s, peak = cfg.schedule, cfg.optim.lr
-    if step < s.warmup_steps:
-        return peak * (step + 1) / s.warmup_steps
-    progress = min(1.0, (step - s.warmup_steps) / max(1, s.max_steps - s.warmup_steps))
-    return peak * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def micro_batches(data: TokenData, step: int, accum: int, data_rank: int, b, seed: int) -> list[tuple]:
@@ -207,8 +198,9 @@ def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | N
     stop.start(start_step)
     for step, batches in prefetch.steps(load, range(start_step, s.max_steps), device):
         faults.before_step(info.rank, step)
-        lr = lr_at(step, cfg)
-        strategy.set_lr(lr)
+        point = schedule.at(step, cfg)
+        strategy.set_schedule(point)
+        lr = strategy.peak_lr * point.lr_factor
         if strategy.consumes_batches:  # a pipeline engine schedules the micro batches over its stages itself
             loss_sum, grad_norm = strategy.train_batch(batches)
             loss_sum = loss_sum * accum
