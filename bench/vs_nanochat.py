@@ -84,14 +84,13 @@ def nanochat_score(base_dir: str, val_path: str, seq: int) -> None:
 
 
 def run_nanochat(args, work: Path, train_docs, val_path: Path, depth: int, steps: int) -> tuple[float, float]:
-    import pyarrow  # noqa: F401  (only to fail early here if missing)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
     base = work / f"nanochat-d{depth}-{steps}"
     shutil.rmtree(base, ignore_errors=True)
     data = base / "base_data_climbmix"
     data.mkdir(parents=True)
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"text": train_docs}), data / "shard_00000.parquet")
     val_docs = json.loads(val_path.read_text())

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from conftest import NANOCHAT_PIECES
 
 VOCAB = 512
 
@@ -259,17 +260,6 @@ def test_optimizer_skips_weight_decay_on_the_embedding(pkg, gpt, tmp_path):
     assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
 
 
-PIECES_ON = [
-    "model.value_embeddings=true",
-    "model.residual_scalars=true",
-    "model.smear=true",
-    "model.backout=true",
-    "model.qk_scale=1.2",
-    "model.rotary_base=100000",
-    "model.init=scaled",
-]
-
-
 def test_muon_steps_the_blocks_matrices_and_adamw_the_rest_at_the_derived_rates(pkg, tmp_path):
     """optim.optimizer=muon: every parameter in one group; the blocks' matrices in Muon groups of one
     shape each; the tables, head and scalars with AdamW; the lrs scaled from nanochat's reference
@@ -279,7 +269,7 @@ def test_muon_steps_the_blocks_matrices_and_adamw_the_rest_at_the_derived_rates(
     cfg = pkg.config.load_config(
         empty,
         ["model.size=tiny", "model.sequence_len=64", f"data.vocab_size={VOCAB}", "batch.global_batch_size=2048",
-         "optim.optimizer=muon", *PIECES_ON],
+         "optim.optimizer=muon", *NANOCHAT_PIECES],
     )  # fmt: skip
     model = pkg.module("models").build_model(cfg, VOCAB)
     optimizer = pkg.module("strategies.optimizer")

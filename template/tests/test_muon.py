@@ -7,8 +7,11 @@ and a run stopped at a checkpoint continues exactly, Muon's state and schedules 
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
+from conftest import NANOCHAT_PIECES
 
 MUON = [
     "optim.optimizer=muon",
@@ -16,13 +19,7 @@ MUON = [
     "schedule.min_lr_ratio=0.05",
     "optim.weight_decay=0.28",
     "optim.grad_clip=0",
-    "model.value_embeddings=true",
-    "model.residual_scalars=true",
-    "model.smear=true",
-    "model.backout=true",
-    "model.qk_scale=1.2",
-    "model.rotary_base=100000",
-    "model.init=scaled",
+    *NANOCHAT_PIECES,
     "schedule.max_steps=20",
     "checkpoint.every_steps=10",
     # a batch at which the derived rates move the tiny model (the reference is 2^19 tokens a step)
@@ -61,8 +58,6 @@ def test_one_process_and_two_learn_alike_under_muon(muon_runs, metrics):
 def test_a_muon_run_resumes_exactly(muon_runs, cli, demo_data, train, metrics, tmp_path):
     """The 2-process run's checkpoint of step 10, continued: Muon's momentum and second moment, and the
     step's schedules, are restored, so the losses are the uninterrupted run's, bit for bit."""
-    import shutil
-
     out = tmp_path / "run"
     (out / "checkpoints").mkdir(parents=True)
     source = muon_runs[2][0] / "checkpoints"

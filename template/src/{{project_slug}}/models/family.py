@@ -128,6 +128,10 @@ class Family:
         """The parameters whose multiple is the compute-optimal number of tokens (muon families)."""
         raise NotImplementedError(f"{self.name}: scaling_params")
 
+    def muon_params(self, shape: dict, vocab_size: int) -> int:
+        """Parameters Muon steps under optim.optimizer=muon (none where the family has no roles)."""
+        return 0
+
     def optimizer_groups(self, cfg, shape: dict) -> dict[str, dict]:
         """optim.optimizer=muon: each parameter role's hyper-parameters for this run (muon families)."""
         raise NotImplementedError(f"{self.name}: optimizer_groups")

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from ..settings.config import ConfigError
-from .gpt_family import FAMILY, PIECES, SMEAR_GATE_CHANNELS, VALUE_GATE_CHANNELS, has_backout
+from .gpt_family import FAMILY, PIECES, SMEAR_GATE_CHANNELS, SWITCHES, VALUE_GATE_CHANNELS, has_backout
 from .sample_dropout import keyed_dropout
 
 
@@ -352,13 +352,7 @@ def build(cfg, vocab_size: int, load_weights: bool = True) -> GPT:
         sequence_len=m.sequence_len,
         softcap=m.softcap,
         dropout=m.dropout or 0.0,
-        value_embeddings=m.value_embeddings,
-        residual_scalars=m.residual_scalars,
-        smear=m.smear,
-        backout=m.backout,
-        qk_scale=m.qk_scale,
-        rotary_base=m.rotary_base,
-        init=m.init,
+        **{switch: getattr(m, switch) for switch in SWITCHES},
         **shape,
     )
     model = GPT(config)
@@ -374,8 +368,8 @@ def to_transformers(model: GPT):
     from transformers import NanoChatConfig, NanoChatForCausalLM
 
     c = model.config
-    held = {"value_embeddings": False, "residual_scalars": False, "smear": False, "backout": False, "qk_scale": 1.0}
-    extra = [f"model.{k}={getattr(c, k)}" for k, off in held.items() if getattr(c, k) != off]
+    unheld = [*PIECES, "qk_scale"]  # NanoChatConfig holds the rotary base; the initialisation does not matter
+    extra = [f"model.{k}={getattr(c, k)}" for k in unheld if getattr(c, k) != GPTConfig.__dataclass_fields__[k].default]
     if extra:
         raise ConfigError(
             f"transformers' NanoChatForCausalLM has no place for {', '.join(extra)}: export a model trained "

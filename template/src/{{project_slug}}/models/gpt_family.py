@@ -12,6 +12,7 @@ from .family import Family
 
 # Switches of model.* that add parameters (models/gpt.py), carried in a shape for the formulas.
 PIECES = ("value_embeddings", "residual_scalars", "smear", "backout")
+SWITCHES = (*PIECES, "qk_scale", "rotary_base", "init")  # every model.* switch the module takes
 VALUE_GATE_CHANNELS = 12  # the leading channels of a layer's input that gate its value embedding
 SMEAR_GATE_CHANNELS = 24  # those of a token's embedding that gate how much of the previous one it takes
 
@@ -81,6 +82,10 @@ class GPTFamily(Family):
         return (
             shape["n_layer"] * (10 * h * h + 2 * h * kv) + vocab_size * h + self._gates(shape) - self._smear_gate(shape)
         )
+
+    def muon_params(self, shape: dict, vocab_size: int) -> int:
+        """The blocks' matrices: the scaling parameters without the head."""
+        return self.scaling_params(shape, vocab_size) - vocab_size * shape["n_embd"]
 
     def optimizer_groups(self, cfg, shape: dict) -> dict[str, dict]:
         """Each parameter role's hyper-parameters under optim.optimizer=muon (nanochat's recipe): the

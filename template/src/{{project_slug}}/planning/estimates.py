@@ -169,13 +169,6 @@ def activations(
     return kept + (micro * seq * vocab_size * fam.logits_bytes(softcap) if logits else 0)
 
 
-def muon_params(cfg: Config, shape: dict) -> int:
-    """The blocks' matrices that Muon steps under optim.optimizer=muon (the rest stays with AdamW)."""
-    if cfg.optim.optimizer != "muon" or not family(cfg.model.arch).muon:
-        return 0
-    return family(cfg.model.arch).scaling_params(shape, cfg.data.vocab_size) - cfg.data.vocab_size * shape["n_embd"]
-
-
 def layout_problems(cfg: Config) -> list[str]:
     """What the rules refuse about this layout, strategy and precision on this GPU (empty when allowed)."""
     shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch, cfg.model)
@@ -195,6 +188,7 @@ def memory(cfg: Config) -> dict:
     offload_opt, offload_params = stage > 0 and ds.offload_optimizer, stage == 3 and ds.offload_params
     layers = stage_layers(shape["n_layer"], pp)
     usable = gpu_memory(cfg.cluster.gpu_type) * (1 - RESERVE)
+    muon = family(arch).muon_params(shape, vocab) if cfg.optim.optimizer == "muon" else 0
     worst = None
     for i, psi in enumerate(stage_params(shape, vocab, arch, seq, tp, pp)):
         kw = dict(
@@ -207,7 +201,7 @@ def memory(cfg: Config) -> dict:
             scores_stored=bool(cfg.model.attention_dropout),
         )
         act = {c: activations(shape, vocab, seq, micro, cfg.model.softcap, c, **kw) for c in (False, True)}
-        states = model_states(psi, stage, nd, offload_opt, offload_params, muon_params(cfg, shape))
+        states = model_states(psi, stage, nd, offload_opt, offload_params, muon)
         total = states["weights"] + states["grads"] + states["optimizer"] + act[cfg.model.activation_checkpointing]
         if worst is None or total > worst["total"]:
             worst = {

@@ -10,7 +10,7 @@ rank's random state. A save that finds no room raises SaveFailed: one line, the 
 checkpoint kept.
 
 Besides model and optimizer, `run_state` records what continuing exactly needs: the step (the
-learning rate and the data position follow from it: lr_at(step), micro_batch_start(step, ...)),
+learning rate and the data position follow from it: schedule.at(step), micro_batch_start(step, ...)),
 the data position of every rank, every rank's RNG states, the config and its fingerprint, the
 fingerprint of the prepared data (a resume, eval or sample on other data is refused: check_data),
 and the layout (world size, data-parallel size). Under fp16 the DDP file also holds the loss

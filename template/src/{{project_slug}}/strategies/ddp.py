@@ -42,6 +42,8 @@ class DDPStrategy:
         self.module = model  # unwrapped: evaluation, state_dict
         self.run_id = None  # set by resume: the resumed checkpoint's run, or a new one
         self.optimizer = build_optimizer(model, cfg, info.device, info.world_size, info.rank)
+        peaks = peak_lrs(self.optimizer)  # the metrics' lr: Muon's peak under optim.optimizer=muon, else AdamW's
+        self.peak_lr = peaks.get("muon", peaks.get("adamw"))
         # Disabled (every call a pass-through) unless the run computes in fp16.
         self.scaler = torch.amp.GradScaler(
             info.device.type,
@@ -66,12 +68,6 @@ class DDPStrategy:
         return f"strategy ddp, {self.compile_note}" + (
             f", {groups_line(self.optimizer)}" if self.cfg.optim.optimizer == "muon" else ""
         )
-
-    @property
-    def peak_lr(self) -> float:
-        """The peak learning rate the metrics report: Muon's under optim.optimizer=muon, else AdamW's."""
-        peaks = peak_lrs(self.optimizer)
-        return peaks.get("muon", peaks.get("adamw"))
 
     def set_schedule(self, point) -> None:
         set_schedule(self.optimizer, point)
