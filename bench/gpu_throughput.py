@@ -539,6 +539,8 @@ def main() -> None:
             show(reference, None)
         out = work / name.replace(" ", "-")
         overrides = [*overrides, *common]
+        if option(overrides, "model.arch") != "gpt" or option(overrides, "run.strategy") == "deepspeed":
+            overrides.append("optim.optimizer=adamw")  # Muon (the gpt recipe's) steps only gpt's matrices, under DDP
         results[name] = train_row(project, package, data, overrides, args.steps, args.log_every, out)
         show(name, reference)
 

@@ -84,7 +84,7 @@ def test_update_keeps_user_edits_then_nodes_rerenders_every_launch_file(tmp_path
 
     # The user: hyper-parameters, a line in the model code, a new file.
     edit(cfg_path, "lr: 0.0003", "lr: 0.0006")
-    edit(cfg_path, "warmup_steps: 500", "warmup_steps: 250")
+    edit(cfg_path, "warmup_steps: 40", "warmup_steps: 25")
     gpt_py = project / f"src/{SLUG}/models/gpt.py"
     gpt_py.write_text(gpt_py.read_text() + "\nUSER_MARK = 'added by the user'\n")
     (project / "notes").mkdir()
@@ -106,7 +106,7 @@ def test_update_keeps_user_edits_then_nodes_rerenders_every_launch_file(tmp_path
     assert update.returncode == 0, update.stdout + update.stderr
     text = cfg_path.read_text()
     cfg = yaml.safe_load(text)
-    assert cfg["optim"]["lr"] == 0.0006 and cfg["schedule"]["warmup_steps"] == 250, "a user edit was lost"
+    assert cfg["optim"]["lr"] == 0.0006 and cfg["schedule"]["warmup_steps"] == 25, "a user edit was lost"
     assert "USER_MARK = 'added by the user'" in gpt_py.read_text()
     assert (project / "notes/experiments.md").read_text() == "# lr sweep\n0.0006 looked best\n"
     assert "# Template comment added in v0.2.0." in text
@@ -135,7 +135,7 @@ def test_update_keeps_user_edits_then_nodes_rerenders_every_launch_file(tmp_path
     assert (
         "grad_accum_steps: null # null = global / (micro x data-parallel size): 1 on 4 x 8 GPUs" in cfg_path.read_text()
     )
-    assert cfg["optim"]["lr"] == 0.0006 and cfg["schedule"]["warmup_steps"] == 250
+    assert cfg["optim"]["lr"] == 0.0006 and cfg["schedule"]["warmup_steps"] == 25
     sbatch = (project / "launch/slurm/train.sbatch").read_text()
     assert re.findall(r"^#SBATCH --nodes=(\S+)$", sbatch, re.M) == ["4"]
     specs = yaml.safe_load((project / "launch/kubeflow/pytorchjob.yaml").read_text())["spec"]["pytorchReplicaSpecs"]
@@ -387,7 +387,7 @@ def test_update_across_the_package_regrouping_keeps_user_edits(tmp_path):
     package = project / "src" / SLUG
     assert (package / "plan.py").read_text().count("\n") > 500 and not (package / "fit.py").exists()
     train = package / "train.py"
-    edit(train, "def lr_at(", "USER_MARK = 'kept across the regrouping'\n\n\ndef lr_at(")
+    edit(train, "def run_training(", "USER_MARK = 'kept across the regrouping'\n\n\ndef run_training(")
     (package / "my_callbacks.py").write_text('"""A module of the user\'s own."""\n')
     commit_all(project, "user edits")
 

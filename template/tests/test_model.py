@@ -247,6 +247,16 @@ def test_learning_rate_schedule(pkg, tmp_path):
     assert [round(p.muon_momentum, 3) for p in points] == [0.85, 0.91, 0.97, 0.97, 0.9]
     assert points[0].weight_decay_factor == 1.0 and points[-1].weight_decay_factor == pytest.approx(0.0)
 
+    # Without decay (min_lr_ratio=1) nothing reads max_steps: a run extended by a larger max_steps and
+    # resumed takes the steps of one given that max_steps from the start.
+    for decay in ("warmdown", "cosine"):
+        short, long = (
+            pkg.config.changed(cfg, **{"schedule.decay": decay, "schedule.min_lr_ratio": 1.0, "schedule.max_steps": n})
+            for n in (500, 1000)
+        )
+        assert [schedule.at(s, short) for s in range(0, 501, 50)] == [schedule.at(s, long) for s in range(0, 501, 50)]
+        assert schedule.at(450, long).weight_decay_factor == 1.0 and schedule.at(450, long).muon_momentum == 0.97
+
 
 def test_optimizer_skips_weight_decay_on_the_embedding(pkg, gpt, tmp_path):
     empty = tmp_path / "empty.yaml"

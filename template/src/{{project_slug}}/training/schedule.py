@@ -9,6 +9,10 @@ of its peak at max_steps: along a cosine (schedule.decay=cosine), or held until 
 warmdown_ratio of the steps and then linearly (warmdown, nanochat's). Muon's momentum rises from
 0.85 to 0.97 over its first 400 steps (a young momentum buffer is noise) and falls to 0.90 during
 the warmdown; its weight decay follows a half cosine from its peak to 0 at max_steps.
+
+schedule.min_lr_ratio=1 is a run without decay, one that may go on by raising max_steps and resuming:
+then nothing depends on max_steps (no warmdown, Muon's weight decay held at its peak), so the longer
+run's steps equal those of a run given the larger max_steps from the start.
 """
 
 from __future__ import annotations
@@ -29,8 +33,16 @@ class Point:
     weight_decay_factor: float
 
 
+def decays(s: ScheduleConfig) -> bool:
+    return s.min_lr_ratio < 1.0
+
+
 def warmdown_steps(s: ScheduleConfig) -> int:
-    return round(s.warmdown_ratio * s.max_steps) if s.decay == "warmdown" else 0
+    return round(s.warmdown_ratio * s.max_steps) if s.decay == "warmdown" and decays(s) else 0
+
+
+def weight_decay_factor(step: int, s: ScheduleConfig) -> float:
+    return 0.5 * (1 + math.cos(math.pi * step / s.max_steps)) if decays(s) else 1.0
 
 
 def lr_factor(step: int, s: ScheduleConfig) -> float:
@@ -62,5 +74,5 @@ def at(step: int, cfg: Config) -> Point:
     return Point(
         lr_factor=lr_factor(step, s),
         muon_momentum=muon_momentum(step, s),
-        weight_decay_factor=0.5 * (1 + math.cos(math.pi * step / s.max_steps)),
+        weight_decay_factor=weight_decay_factor(step, s),
     )
