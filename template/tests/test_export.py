@@ -15,15 +15,16 @@ import torch
 PROMPT = "The module"
 
 
-def ours_and_theirs(pkg, cfg_with, overrides, folder, checkpoint=None):
-    """Our model from the checkpoint, and transformers' from the export (both fp32, eval mode)."""
+def ours_and_theirs(pkg, cfg_with, overrides, folder, checkpoint=None, **load):
+    """Our model from the checkpoint, and transformers' from the export (both fp32, eval mode);
+    load: from_pretrained's options."""
     import transformers
 
     cfg = cfg_with(*overrides)
     model, _, _, cfg = pkg.trained_model.load_trained_model(cfg, checkpoint, torch.device("cpu"))
     causal = pkg.family.family(cfg.model.arch).causal
     auto = transformers.AutoModelForCausalLM if causal else transformers.AutoModelForMaskedLM
-    return model.float().eval(), auto.from_pretrained(str(folder)).eval(), cfg
+    return model.float().eval(), auto.from_pretrained(str(folder), **load).eval(), cfg
 
 
 def assert_same_logits(model, hf, vocab_size: int, length: int, atol: float = 1e-4) -> None:

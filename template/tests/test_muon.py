@@ -1,6 +1,7 @@
 """nanochat's recipe (optim.optimizer=muon with every model piece on) keeps the family's guarantees:
 one process and two give the same losses and weights (the orthogonalisation is spread over the two),
-and a run stopped at a checkpoint continues exactly, Muon's state and schedules included.
+a run stopped at a checkpoint continues exactly, Muon's state and schedules included, and the
+trained model exports with its own modeling code (transformers has no class for the pieces).
 
     python -m pytest -q tests/test_muon.py
 """
@@ -12,6 +13,7 @@ import shutil
 import pytest
 import torch
 from conftest import NANOCHAT_PIECES
+from test_export import assert_greedy_like_sample, assert_same_logits, ours_and_theirs
 
 MUON = [
     "optim.optimizer=muon",
@@ -72,3 +74,19 @@ def test_a_muon_run_resumes_exactly(muon_runs, cli, demo_data, train, metrics, t
     assert [r["step"] for r in continued] == [r["step"] for r in after]
     for got, want in zip(continued, after):
         assert got["loss"] == want["loss"], (got["step"], got["loss"], want["loss"])
+
+
+def test_a_model_with_every_piece_exports_with_its_modeling_code(
+    muon_runs, demo_data, export, cli, pkg, cfg_with, train_overrides, monkeypatch
+):
+    """The folder carries the network's code: transformers loads it offline with trust_remote_code,
+    its logits equal ours and its greedy tokens are those `sample` prints."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    run = muon_runs[1][0]
+    overrides = [*train_overrides, *MUON, f"data.dir={demo_data}", f"run.output_dir={run}", "run.device=cpu"]
+    folder = export(demo_data, run, *train_overrides, *MUON)
+    assert {"gpt.py", "gpt_pieces.py", "sample_dropout.py", "gpt_transformers.py"} <= {p.name for p in folder.iterdir()}
+    model, hf, cfg = ours_and_theirs(pkg, cfg_with, [*overrides, "run.dtype=fp32"], folder, trust_remote_code=True)
+    assert type(hf).__name__ == "GPTForCausalLM" and hf.num_parameters() == model.num_params()
+    assert_same_logits(model, hf, model.config.vocab_size, cfg.model.sequence_len)
+    assert_greedy_like_sample(cli, hf, folder, overrides)

@@ -5,7 +5,8 @@ size, its parameter, FLOP and activation formulas (the nn.Module and `plan` use 
 tokenizer and objective, what sample does with it, which parallel layouts it runs and its own
 rules. A family is a module of models/ that defines `FAMILY = Family(...)` (or a subclass):
 
-    models/gpt_family.py + models/gpt.py     a descriptor beside its nn.Module (torch-free to import)
+    models/gpt_family.py + models/gpt.py     a descriptor (torch-free to import) beside its nn.Module
+                                             (and gpt_build.py: builder and exporter, named by the descriptor)
     models/llama.py                          or one file holding both: it is imported when asked for
 
     family("gpt3").shape("1.3B")            # {"n_layer": 24, "n_embd": 2048, ...}

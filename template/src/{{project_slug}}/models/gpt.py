@@ -5,6 +5,9 @@ untied input embedding and output head, grouped-query attention (n_kv_head < n_h
 F.scaled_dot_product_attention. nanochat's later pieces are switches of model.* (config.py): value
 embeddings, residual and input-embedding scalars, smear, backout, the q/k scale, the rotary base and
 its initialisation. The file knows nothing of distribution: strategies/ wraps it for DDP or DeepSpeed.
+It imports torch and its two siblings only (gpt_pieces.py, sample_dropout.py): an export of a model
+with pieces transformers has no class for carries these three files as its modeling code
+(gpt_transformers.py); gpt_build.py builds the network of a project's config.
 """
 
 from __future__ import annotations
@@ -16,8 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-from ..settings.config import ConfigError
-from .gpt_family import FAMILY, PIECES, SMEAR_GATE_CHANNELS, SWITCHES, VALUE_GATE_CHANNELS, has_backout
+from .gpt_pieces import SMEAR_GATE_CHANNELS, VALUE_GATE_CHANNELS, has_backout, has_value_embedding
 from .sample_dropout import keyed_dropout
 
 
@@ -61,11 +63,6 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     half = x.size(-1) // 2
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], dim=-1).type_as(x)
-
-
-def has_value_embedding(layer: int, n_layer: int) -> bool:
-    """Alternating layers, the last one always among them."""
-    return layer % 2 == (n_layer - 1) % 2
 
 
 class KVCache:
@@ -220,6 +217,12 @@ class GPT(nn.Module):
             nn.init.zeros_(self.smear_lambda)
         if has_backout(c.backout, c.n_layer):
             nn.init.constant_(self.backout_lambda, 0.2)
+        self.init_rotary()
+
+    @torch.no_grad()
+    def init_rotary(self) -> None:
+        """The rotary tables (buffers kept out of checkpoints), for wherever the module was made."""
+        c = self.config
         cos, sin = rotary_tables(self.cos.size(1), c.head_dim, c.rotary_base, device=self.cos.device)
         self.cos.copy_(cos)
         self.sin.copy_(sin)
@@ -246,12 +249,12 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def flops_per_token(self) -> int:
-        """Training FLOPs per token: 6 x matmul parameters + attention scores and values
-        (12 x layers x heads x head_dim x sequence length). The embedding lookup is no matmul."""
+        """Training FLOPs per token, counted on the module: 6 x the weights of its matmuls (every
+        nn.Linear; the tables are lookups, the scalars element-wise) + attention's scores and values
+        (12 x layers x heads x head_dim x sequence length). planning/ derives the same from the shape."""
         c = self.config
-        shape = {"n_layer": c.n_layer, "n_embd": c.n_embd, "n_head": c.n_head, "n_kv_head": c.n_kv_head}
-        shape |= {piece: getattr(c, piece) for piece in PIECES}
-        return FAMILY.flops_per_token(shape, c.vocab_size, c.sequence_len)
+        matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+        return 6 * matmul + 12 * c.n_layer * c.n_head * c.head_dim * c.sequence_len
 
     def forward(
         self,
@@ -341,61 +344,3 @@ class GPT(nn.Module):
             tokens.append(int(nxt))
             ids = nxt
         return out
-
-
-def build(cfg, vocab_size: int, load_weights: bool = True) -> GPT:
-    """The GPT of cfg.model (its size through the family's shapes), initialised on the CPU."""
-    m = cfg.model
-    shape = FAMILY.shape(m.size, m.n_kv_head)
-    config = GPTConfig(
-        vocab_size=vocab_size,
-        sequence_len=m.sequence_len,
-        softcap=m.softcap,
-        dropout=m.dropout or 0.0,
-        **{switch: getattr(m, switch) for switch in SWITCHES},
-        **shape,
-    )
-    model = GPT(config)
-    model.init_weights()
-    model.checkpointing = cfg.model.activation_checkpointing
-    return model
-
-
-def to_transformers(model: GPT):
-    """transformers' NanoChatForCausalLM with these weights: the same computation (rotary pairs of
-    halves, QK-norm after rotary, parameter-free RMSNorm on the embedding, blocks and output, ReLU^2,
-    softcapped logits, untied head), so its logits equal ours."""
-    from transformers import NanoChatConfig, NanoChatForCausalLM
-
-    c = model.config
-    unheld = [*PIECES, "qk_scale"]  # NanoChatConfig holds the rotary base; the initialisation does not matter
-    extra = [f"model.{k}={getattr(c, k)}" for k in unheld if getattr(c, k) != GPTConfig.__dataclass_fields__[k].default]
-    if extra:
-        raise ConfigError(
-            f"transformers' NanoChatForCausalLM has no place for {', '.join(extra)}: export a model trained "
-            f"without {'them' if len(extra) > 1 else 'it'}; eval and sample read this checkpoint as it is"
-        )
-    config = NanoChatConfig(
-        vocab_size=c.vocab_size,
-        hidden_size=c.n_embd,
-        intermediate_size=4 * c.n_embd,
-        num_hidden_layers=c.n_layer,
-        num_attention_heads=c.n_head,
-        num_key_value_heads=c.n_kv_head,
-        max_position_embeddings=c.sequence_len,
-        rms_norm_eps=torch.finfo(torch.float32).eps,  # F.rms_norm's default for fp32
-        rope_parameters={"rope_type": "default", "rope_theta": c.rotary_base},
-        final_logit_softcapping=c.softcap if c.softcap > 0 else None,
-        hidden_act="relu2",
-        attention_bias=False,
-        attention_dropout=0.0,
-        tie_word_embeddings=False,
-    )
-    names = {"wte.weight": "model.embed_tokens.weight", "lm_head.weight": "lm_head.weight"}
-    ours = {"attn.c_q": "self_attn.q_proj", "attn.c_k": "self_attn.k_proj", "attn.c_v": "self_attn.v_proj"}
-    ours |= {"attn.c_proj": "self_attn.o_proj", "mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2"}
-    for i in range(c.n_layer):
-        names |= {f"blocks.{i}.{a}.weight": f"model.layers.{i}.{b}.weight" for a, b in ours.items()}
-    hf = NanoChatForCausalLM(config)
-    hf.load_state_dict({names[k]: v for k, v in model.state_dict().items() if k in names}, strict=True)
-    return hf.eval()

@@ -9,19 +9,7 @@ from dataclasses import dataclass
 
 from ..settings.config import ConfigError
 from .family import Family
-
-# Switches of model.* that add parameters (models/gpt.py), carried in a shape for the formulas.
-PIECES = ("value_embeddings", "residual_scalars", "smear", "backout")
-SWITCHES = (*PIECES, "qk_scale", "rotary_base", "init")  # every model.* switch the module takes
-VALUE_GATE_CHANNELS = 12  # the leading channels of a layer's input that gate its value embedding
-SMEAR_GATE_CHANNELS = 24  # those of a token's embedding that gate how much of the previous one it takes
-
-
-def has_backout(backout: bool, n_layer: int) -> bool:
-    """model.backout where the middle layer is not the last: taken from the last layer's output, the
-    share would vanish in the final norm (a parameter without effect)."""
-    return backout and n_layer // 2 < n_layer - 1
-
+from .gpt_pieces import PIECES, gates, scalars, smear_gate, value_tables
 
 # nanochat's reference run, where its learning rates were tuned: d12, 2^19 tokens a step.
 REFERENCE_BATCH_TOKENS = 2**19
@@ -65,12 +53,12 @@ class GPTFamily(Family):
         h, L, V = shape["n_embd"], shape["n_layer"], vocab_size
         kv = shape["n_kv_head"] * (h // shape["n_head"])
         base = 2 * V * h + L * (2 * h * h + 2 * h * kv + 8 * h * h)  # untied embedding and head; GQA's k, v
-        return base + self._tables(shape, V) + self._gates(shape) + self._scalars(shape)
+        return base + value_tables(shape, V) + gates(shape) + scalars(shape)
 
     def flops_per_token(self, shape: dict, vocab_size: int, sequence_len: int) -> int:
         """6 x matmul parameters (all but the lookups and the scalars) + attention's scores and values."""
-        lookups = vocab_size * shape["n_embd"] + self._tables(shape, vocab_size)
-        matmul = self.num_params(shape, vocab_size, sequence_len) - lookups - self._scalars(shape)
+        lookups = vocab_size * shape["n_embd"] + value_tables(shape, vocab_size)
+        matmul = self.num_params(shape, vocab_size, sequence_len) - lookups - scalars(shape)
         head_dim = shape["n_embd"] // shape["n_head"]
         return 6 * matmul + 12 * shape["n_layer"] * shape["n_head"] * head_dim * sequence_len
 
@@ -79,9 +67,7 @@ class GPTFamily(Family):
         of tokens (nanochat's measure; embeddings and scalars left out)."""
         h = shape["n_embd"]
         kv = shape["n_kv_head"] * (h // shape["n_head"])
-        return (
-            shape["n_layer"] * (10 * h * h + 2 * h * kv) + vocab_size * h + self._gates(shape) - self._smear_gate(shape)
-        )
+        return shape["n_layer"] * (10 * h * h + 2 * h * kv) + vocab_size * h + gates(shape) - smear_gate(shape)
 
     def muon_params(self, shape: dict, vocab_size: int) -> int:
         """The blocks' matrices: the scaling parameters without the head."""
@@ -123,31 +109,6 @@ class GPTFamily(Family):
             "gate_scalar": {**adam, "lr": 0.2, "betas": (0.8, 0.95), "weight_decay": 0.0},
         }
 
-    @staticmethod
-    def _value_layers(shape: dict) -> int:
-        L = shape["n_layer"]
-        return sum(1 for i in range(L) if i % 2 == (L - 1) % 2) if shape.get("value_embeddings") else 0
-
-    def _tables(self, shape: dict, vocab_size: int) -> int:
-        """The value embeddings' tables."""
-        return self._value_layers(shape) * vocab_size * shape["n_kv_head"] * (shape["n_embd"] // shape["n_head"])
-
-    @staticmethod
-    def _smear_gate(shape: dict) -> int:
-        return SMEAR_GATE_CHANNELS if shape.get("smear") else 0
-
-    def _gates(self, shape: dict) -> int:
-        """The value embeddings' gates (a small matrix per layer that has one) and smear's gate."""
-        return self._value_layers(shape) * VALUE_GATE_CHANNELS * shape["n_kv_head"] + self._smear_gate(shape)
-
-    @staticmethod
-    def _scalars(shape: dict) -> int:
-        return (
-            2 * shape["n_layer"] * bool(shape.get("residual_scalars"))
-            + bool(shape.get("smear"))
-            + has_backout(bool(shape.get("backout")), shape["n_layer"])
-        )
-
     def layer_activations(self, shape: dict, seq: int, micro: int, tp: int, mode: str, scores_stored: bool) -> float:
         return ACTIVATION_BYTES_PER_LAYER * seq * micro * shape["n_embd"]
 
@@ -161,8 +122,8 @@ class GPTFamily(Family):
 FAMILY = GPTFamily(
     name="gpt",
     summary="nanochat-style GPT trained from scratch (rotary, QK-norm, GQA, ReLU^2, untied head)",
-    builder="gpt:build",
-    exporter="gpt:to_transformers",
+    builder="gpt_build:build",
+    exporter="gpt_build:to_transformers",
     grouped_query=True,
     muon=True,
     attention_dropout=False,

@@ -18,7 +18,7 @@ Megatron's RNG tracker arranges.
 
 The hash is a 32-bit integer mix on int64 tensors (constants below 2^27, so no product overflows).
 On a GPU it runs as one kernel per site, like torch's dropout: the mask is an op of its own
-(`<package>::keyed_dropout`, torch.library) whose CUDA implementation is the hash compiled into one
+(`<module>::keyed_dropout`, torch.library) whose CUDA implementation is the hash compiled into one
 fused kernel that reads x and writes the result (torch's also writes a byte mask); its backward is
 the same op on the gradient (the mask is drawn again, not stored). Inside a compiled model the
 plain tensor expression is traced instead, and Inductor fuses it with its neighbours. On the CPU
@@ -30,6 +30,7 @@ checkpointed blocks, on another thread.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -103,7 +104,12 @@ def _fused():
     return torch.compile(_dropped, dynamic=True, fullgraph=True)
 
 
-@torch.library.custom_op(f"{__name__.split('.')[0]}::keyed_dropout", mutates_args=())
+# Named after this module's full name: an exported model's copy of this file (gpt_transformers.py)
+# registers its own op beside the package's, one per export folder loaded.
+_OP_NAMESPACE = re.sub(r"\W", "_", __name__)
+
+
+@torch.library.custom_op(f"{_OP_NAMESPACE}::keyed_dropout", mutates_args=())
 def _keyed_dropout_op(
     x: torch.Tensor, keys: torch.Tensor, layer_key: int, threshold: int, scale: float, split: list[int]
 ) -> torch.Tensor:

@@ -1,0 +1,53 @@
+"""Which of nanochat's pieces a GPT has and what they add: the network (gpt.py) builds them, the
+family's formulas (gpt_family.py) count them. Plain Python, no package imports: gpt.py and this file travel into an
+export's folder as its modeling code (gpt_transformers.py)."""
+
+from __future__ import annotations
+
+# Switches of model.* that add parameters, carried in a shape for the formulas.
+PIECES = ("value_embeddings", "residual_scalars", "smear", "backout")
+SWITCHES = (*PIECES, "qk_scale", "rotary_base", "init")  # every model.* switch the network takes
+VALUE_GATE_CHANNELS = 12  # the leading channels of a layer's input that gate its value embedding
+SMEAR_GATE_CHANNELS = 24  # those of a token's embedding that gate how much of the previous one it takes
+
+
+def has_value_embedding(layer: int, n_layer: int) -> bool:
+    """Alternating layers, the last one always among them."""
+    return layer % 2 == (n_layer - 1) % 2
+
+
+def has_backout(backout: bool, n_layer: int) -> bool:
+    """model.backout where the middle layer is not the last: taken from the last layer's output, the
+    share would vanish in the final norm (a parameter without effect)."""
+    return backout and n_layer // 2 < n_layer - 1
+
+
+# What the pieces add to a shape ({"n_layer", "n_embd", "n_head", "n_kv_head"} and the PIECES switches).
+
+
+def value_layers(shape: dict) -> int:
+    L = shape["n_layer"]
+    return sum(has_value_embedding(i, L) for i in range(L)) if shape.get("value_embeddings") else 0
+
+
+def value_tables(shape: dict, vocab_size: int) -> int:
+    """The value embeddings' tables (lookups, like the token embedding)."""
+    return value_layers(shape) * vocab_size * shape["n_kv_head"] * (shape["n_embd"] // shape["n_head"])
+
+
+def smear_gate(shape: dict) -> int:
+    return SMEAR_GATE_CHANNELS if shape.get("smear") else 0
+
+
+def gates(shape: dict) -> int:
+    """The value embeddings' gates (a small matrix per layer that has one) and smear's gate: matmuls."""
+    return value_layers(shape) * VALUE_GATE_CHANNELS * shape["n_kv_head"] + smear_gate(shape)
+
+
+def scalars(shape: dict) -> int:
+    """The residual and input-embedding scales per layer, smear's and backout's shares."""
+    return (
+        2 * shape["n_layer"] * bool(shape.get("residual_scalars"))
+        + bool(shape.get("smear"))
+        + has_backout(bool(shape.get("backout")), shape["n_layer"])
+    )

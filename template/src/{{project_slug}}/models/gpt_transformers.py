@@ -1,0 +1,88 @@
+"""A GPT with nanochat's later pieces as a transformers model: the modeling code an export carries.
+
+transformers' NanoChatForCausalLM holds the plain GPT (gpt_build.to_transformers converts to it);
+value embeddings, residual scalars, smear, backout and a q/k scale have no place there. Such a model
+is exported as GPTForCausalLM below: save_pretrained copies this file and the ones it imports
+(gpt.py, gpt_pieces.py, sample_dropout.py: torch only) into the folder and names them in
+config.json's auto_map, so any tool loads the folder offline with
+
+    AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+
+and computes with the very network that trained. No KV cache here: generate() re-reads the whole
+context each token (our `sample` keeps one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutput
+
+from .gpt import GPT, GPTConfig
+
+
+class GPTPiecesConfig(PretrainedConfig):
+    model_type = "nanochat_pieces_gpt"
+
+    def __init__(self, gpt: dict | None = None, **kwargs):
+        self.gpt = dict(gpt or {})  # GPTConfig's fields
+        kwargs.setdefault("tie_word_embeddings", False)
+        super().__init__(**kwargs)
+
+
+class GPTForCausalLM(PreTrainedModel, GenerationMixin):
+    config_class = GPTPiecesConfig
+    base_model_prefix = "gpt"
+    main_input_name = "input_ids"
+    _supports_cache_class = False
+
+    def __init__(self, config: GPTPiecesConfig):
+        super().__init__(config)
+        self.gpt = GPT(GPTConfig(**config.gpt))
+        self.post_init()
+
+    def _init_weights(self, module):
+        """The weights come from the folder; the rotary tables are not in it (made again here)."""
+        if isinstance(module, GPT):
+            module.init_rotary()
+
+    def get_input_embeddings(self):
+        return self.gpt.wte
+
+    def get_output_embeddings(self):
+        return self.gpt.lm_head
+
+    def forward(self, input_ids: torch.Tensor, attention_mask=None, labels=None, **unused) -> CausalLMOutput:
+        if attention_mask is not None and not bool(attention_mask.all()):
+            raise ValueError("this model reads unpadded rows only: pass one sequence, or rows of equal length")
+        logits = self.gpt(input_ids)
+        loss = None
+        if labels is not None:  # transformers' convention: labels are the inputs, shifted here
+            loss = torch.nn.functional.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1), ignore_index=-100
+            )
+        return CausalLMOutput(loss=loss, logits=logits)
+
+    def prepare_inputs_for_generation(self, input_ids, **kwargs):
+        return {"input_ids": input_ids[:, -self.gpt.config.sequence_len :]}
+
+
+def from_gpt(model: GPT) -> GPTForCausalLM:
+    """Our trained GPT as GPTForCausalLM (same weights, fp32, eval), registered with the Auto classes
+    so save_pretrained writes the modeling files beside the weights."""
+    GPTPiecesConfig.register_for_auto_class()
+    GPTForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+    c = model.config
+    config = GPTPiecesConfig(
+        gpt={**dataclasses.asdict(c), "dropout": 0.0},
+        vocab_size=c.vocab_size,
+        hidden_size=c.n_embd,
+        num_hidden_layers=c.n_layer,
+        num_attention_heads=c.n_head,
+        max_position_embeddings=c.sequence_len,
+    )
+    hf = GPTForCausalLM(config)
+    hf.gpt.load_state_dict(model.state_dict(), strict=True)
+    return hf.eval()
