@@ -16,7 +16,9 @@ def gpt(pkg):
     return pkg.module("models.gpt")
 
 
-def make(gpt, *, n_kv_head=2, sequence_len=64, softcap=15.0, n_layer=2, n_embd=64, n_head=4, vocab=VOCAB, seed=0):
+def make(
+    gpt, *, n_kv_head=2, sequence_len=64, softcap=15.0, n_layer=2, n_embd=64, n_head=4, vocab=VOCAB, seed=0, **pieces
+):
     torch.manual_seed(seed)
     model = gpt.GPT(
         gpt.GPTConfig(
@@ -27,6 +29,7 @@ def make(gpt, *, n_kv_head=2, sequence_len=64, softcap=15.0, n_layer=2, n_embd=6
             n_head=n_head,
             n_kv_head=n_kv_head,
             softcap=softcap,
+            **pieces,
         )
     )
     model.init_weights()
@@ -137,9 +140,11 @@ def test_kv_cache_greedy_generation_equals_full_recompute(gpt, n_kv_head):
     assert len(set(cached)) > 3  # not a degenerate repetition that any bug would also produce
 
 
-def test_kv_cache_logits_match_full_forward_chunk_by_chunk(gpt):
-    """Prefill 5 tokens, then a chunk of 6 (the masked path), then single tokens."""
-    model = randomize(make(gpt, n_kv_head=2))
+@pytest.mark.parametrize("window_pattern", ["L", "SL"])
+def test_kv_cache_logits_match_full_forward_chunk_by_chunk(gpt, window_pattern):
+    """Prefill 5 tokens, then a chunk of 6 (the masked path), then single tokens; with a sliding window
+    of 4 on the first layer (sequence 16) too."""
+    model = randomize(make(gpt, n_kv_head=2, sequence_len=16, window_pattern=window_pattern))
     x = tokens(2, 14, seed=5)
     with torch.no_grad():
         full = model(x)
@@ -148,6 +153,25 @@ def test_kv_cache_logits_match_full_forward_chunk_by_chunk(gpt):
         parts += [model(x[:, t : t + 1], cache=cache) for t in range(11, 14)]
     assert cache.length == 14
     assert torch.allclose(torch.cat(parts, dim=1), full, atol=1e-4)
+
+
+def test_a_sliding_window_layer_sees_its_window_only(gpt):
+    """window_pattern SSL at sequence 32: layers 0 and 1 see 8 earlier positions, the last one all.
+    A change at position 0 reaches a windowed layer's output up to position 8 and no further."""
+    model = randomize(make(gpt, n_layer=3, sequence_len=32, window_pattern="SSL"))
+    assert [b.attn.window for b in model.blocks] == [8, 8, 32]
+    x = torch.randn(1, 32, 64, generator=torch.Generator().manual_seed(0))
+    changed = x.clone()
+    changed[:, 0] += 1.0
+    cos, sin = model.cos[:, :32], model.sin[:, :32]
+    for block in model.blocks:
+        with torch.no_grad():
+            moved = (block.attn(changed, cos, sin, None) - block.attn(x, cos, sin, None)).abs().amax(-1)[0]
+        reach = 32 if block.attn.window == 32 else 9
+        assert (moved[:reach] > 0).all() and (moved[reach:] == 0).all()
+    plain = make(gpt, n_layer=3, sequence_len=32)
+    c = model.config
+    assert plain.flops_per_token() - model.flops_per_token() == 2 * 12 * c.n_head * c.head_dim * (32 - 8)
 
 
 def test_sampling_is_reproducible_with_a_seeded_generator(gpt):

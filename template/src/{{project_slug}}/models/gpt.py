@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-from .gpt_pieces import SMEAR_GATE_CHANNELS, VALUE_GATE_CHANNELS, has_backout, has_value_embedding
+from .gpt_pieces import SMEAR_GATE_CHANNELS, VALUE_GATE_CHANNELS, attention_windows, has_backout, has_value_embedding
 from .sample_dropout import keyed_dropout
 
 
@@ -41,6 +41,7 @@ class GPTConfig:
     qk_scale: float = 1.0
     rotary_base: float = 10000.0
     init: str = "unit"
+    window_pattern: str = "L"
 
     @property
     def head_dim(self) -> int:
@@ -92,6 +93,9 @@ class CausalSelfAttention(nn.Module):
         self.c_v = nn.Linear(cfg.n_embd, cfg.n_kv_head * cfg.head_dim, bias=False)
         self.c_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.n_embd, bias=False)
         self.qk_scale = cfg.qk_scale
+        # Earlier positions a query sees besides its own (a sliding window where below the sequence).
+        self.window = attention_windows(cfg.window_pattern, cfg.n_layer, cfg.sequence_len)[layer]
+        self.sliding = self.window < cfg.sequence_len
         self.ve_gate = (
             nn.Linear(VALUE_GATE_CHANNELS, cfg.n_kv_head, bias=False)
             if cfg.value_embeddings and has_value_embedding(layer, cfg.n_layer)
@@ -123,11 +127,16 @@ class CausalSelfAttention(nn.Module):
             past = cache.length
             k, v = cache.append(self.layer, k, v)
         gqa = self.n_kv_head != self.n_head
-        if past == 0:
+        if past == 0 and not self.sliding:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:
-            # New queries see every cached position plus the causal part of their own chunk.
-            allowed = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
+            # New queries see the cached positions and the causal part of their own chunk, within the
+            # window (a mask: SDPA then runs its memory-efficient kernel, not flash).
+            query = torch.arange(past, past + T, device=x.device)[:, None]
+            key = torch.arange(past + T, device=x.device)[None, :]
+            allowed = key <= query
+            if self.sliding:
+                allowed &= query - key <= self.window
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=gqa)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, -1))
 
@@ -251,10 +260,10 @@ class GPT(nn.Module):
     def flops_per_token(self) -> int:
         """Training FLOPs per token, counted on the module: 6 x the weights of its matmuls (every
         nn.Linear; the tables are lookups, the scalars element-wise) + attention's scores and values
-        (12 x layers x heads x head_dim x sequence length). planning/ derives the same from the shape."""
-        c = self.config
+        (12 x heads x head_dim x the positions each layer sees). planning/ derives the same from the
+        shape."""
         matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
-        return 6 * matmul + 12 * c.n_layer * c.n_head * c.head_dim * c.sequence_len
+        return 6 * matmul + sum(12 * b.attn.n_head * b.attn.head_dim * b.attn.window for b in self.blocks)
 
     def forward(
         self,

@@ -38,7 +38,7 @@ def to_transformers(model: GPT):
     from transformers import NanoChatConfig, NanoChatForCausalLM
 
     c = model.config
-    if any(getattr(c, k) != GPTConfig.__dataclass_fields__[k].default for k in (*PIECES, "qk_scale")):
+    if any(getattr(c, k) != GPTConfig.__dataclass_fields__[k].default for k in (*PIECES, "qk_scale", "window_pattern")):
         from .gpt_transformers import from_gpt
 
         return from_gpt(model)

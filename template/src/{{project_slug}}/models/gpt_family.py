@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..settings.config import ConfigError
 from .family import Family
-from .gpt_pieces import PIECES, gates, scalars, smear_gate, value_tables
+from .gpt_pieces import PIECES, attention_windows, gates, scalars, smear_gate, value_tables
 
 # nanochat's reference run, where its learning rates were tuned: d12, 2^19 tokens a step.
 REFERENCE_BATCH_TOKENS = 2**19
@@ -46,7 +46,7 @@ class GPTFamily(Family):
         the formulas count."""
         shape = self.dims(size, n_kv_head)
         if model is not None:
-            shape |= {piece: getattr(model, piece) for piece in PIECES}
+            shape |= {piece: getattr(model, piece) for piece in PIECES} | {"window_pattern": model.window_pattern}
         return shape
 
     def num_params(self, shape: dict, vocab_size: int, sequence_len: int) -> int:
@@ -60,7 +60,8 @@ class GPTFamily(Family):
         lookups = vocab_size * shape["n_embd"] + value_tables(shape, vocab_size)
         matmul = self.num_params(shape, vocab_size, sequence_len) - lookups - scalars(shape)
         head_dim = shape["n_embd"] // shape["n_head"]
-        return 6 * matmul + 12 * shape["n_layer"] * shape["n_head"] * head_dim * sequence_len
+        seen = sum(attention_windows(shape.get("window_pattern", "L"), shape["n_layer"], sequence_len))
+        return 6 * matmul + 12 * shape["n_head"] * head_dim * seen
 
     def scaling_params(self, shape: dict, vocab_size: int) -> int:
         """The blocks' matrices and the head: the count whose multiple is the compute-optimal number

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 # Switches of model.* that add parameters, carried in a shape for the formulas.
 PIECES = ("value_embeddings", "residual_scalars", "smear", "backout")
-SWITCHES = (*PIECES, "qk_scale", "rotary_base", "init")  # every model.* switch the network takes
+SWITCHES = (*PIECES, "qk_scale", "rotary_base", "init", "window_pattern")  # every model.* switch the network takes
 VALUE_GATE_CHANNELS = 12  # the leading channels of a layer's input that gate its value embedding
 SMEAR_GATE_CHANNELS = 24  # those of a token's embedding that gate how much of the previous one it takes
 
@@ -14,6 +14,17 @@ SMEAR_GATE_CHANNELS = 24  # those of a token's embedding that gate how much of t
 def has_value_embedding(layer: int, n_layer: int) -> bool:
     """Alternating layers, the last one always among them."""
     return layer % 2 == (n_layer - 1) % 2
+
+
+def attention_windows(pattern: str, n_layer: int, sequence_len: int) -> list[int]:
+    """How many earlier positions each layer's queries see: the pattern's letters tiled over the
+    layers, S a short window (a quarter of the sequence; above 128, rounded up to a multiple of 128,
+    the kernels' tile), L the whole sequence; the last layer always sees the whole."""
+    quarter = max(1, sequence_len // 4)
+    short = quarter if quarter <= 128 else -(-quarter // 128) * 128
+    windows = [short if pattern[i % len(pattern)] == "S" else sequence_len for i in range(n_layer)]
+    windows[-1] = sequence_len
+    return windows
 
 
 def has_backout(backout: bool, n_layer: int) -> bool:

@@ -111,6 +111,9 @@ class ModelConfig:
     """gpt: base of the rotary frequencies."""
     init: str = "unit"
     """gpt: 'unit' (embedding std 1) or 'scaled' (embedding std 0.8, MLP input matrix 0.4x)."""
+    window_pattern: str = "L"
+    """gpt: attention per layer, tiled: S a sliding window of a quarter of the sequence, L the whole
+    (nanochat's SSSL); the last layer always sees the whole. A window is a mask to SDPA (no flash)."""
 
 
 @dataclass
@@ -279,7 +282,16 @@ class DeepSpeedConfig:
 
 # Model settings added after checkpoints were first fingerprinted: at their defaults (the model
 # without them) they stay out of the fingerprint, so earlier checkpoints resume.
-LATER_MODEL_FIELDS = ("value_embeddings", "residual_scalars", "smear", "backout", "qk_scale", "rotary_base", "init")
+LATER_MODEL_FIELDS = (
+    "value_embeddings",
+    "residual_scalars",
+    "smear",
+    "backout",
+    "qk_scale",
+    "rotary_base",
+    "init",
+    "window_pattern",
+)
 
 
 @dataclass
@@ -502,6 +514,13 @@ def _check_choices(cfg: Config) -> None:
         value = getattr(getattr(cfg, section), key)
         if value not in allowed:
             raise ConfigError(f"{name}={value!r} is not one of {', '.join(map(str, allowed))}", key=name)
+    pattern = cfg.model.window_pattern
+    if not pattern or set(pattern) - {"S", "L"}:
+        raise ConfigError(
+            f"model.window_pattern={pattern!r} is not a pattern of S (a sliding window) and L (the whole "
+            "sequence); use L, or nanochat's SSSL",
+            key="model.window_pattern",
+        )
     ds = cfg.deepspeed
     if ds.offload_params and ds.zero_stage != 3:
         raise ConfigError(
