@@ -1,6 +1,6 @@
 """schedule.epochs instead of schedule.max_steps: the steps follow from the prepared train split
 (rounded up), training takes exactly them, a resume derives the same number, and plan says what it
-can before prepare-data.
+can before prepare-data. schedule.tokens_per_param: the steps follow from the model's size.
 
     python -m pytest -q tests/test_epochs.py
 """
@@ -56,13 +56,16 @@ def test_training_in_epochs_takes_the_derived_steps_and_resumes_to_them(
 
 
 def test_max_steps_and_epochs_are_one_or_the_other(cli, demo_data, tmp_path):
-    both = "schedule.max_steps=20000 and schedule.epochs=3 are both set; keep one: schedule.max_steps=null to train 3 epochs"
+    both = (
+        "schedule.max_steps=20000 and schedule.epochs=3 are both set; keep one: schedule.max_steps=null to train by "
+        "schedule.epochs=3"
+    )
     proc = cli("check", "schedule.epochs=3", expect=1)
     assert both in proc.stderr
     for command in ("train", "plan"):
         proc = cli(command, "schedule.epochs=3", f"data.dir={demo_data}", f"run.output_dir={tmp_path}/out", expect=1)
         assert proc.stderr.startswith(f"error: {both}") and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    neither = "schedule.max_steps and schedule.epochs are both null; set one"
+    neither = "schedule.max_steps, schedule.epochs and schedule.tokens_per_param are all null; set one"
     assert neither in cli("check", "schedule.max_steps=null", expect=1).stderr
     assert not (tmp_path / "out").exists()
 
@@ -129,3 +132,24 @@ def test_the_shipped_config_documents_epochs(pkg, cli, tmp_path):
     cfg = pkg.config.load_config(edited, ["schedule.max_steps=null"])
     assert (cfg.schedule.max_steps, cfg.schedule.epochs) == (None, 3.0)
     assert pkg.config.ScheduleConfig(max_steps=None, epochs=3).length_problem() is None
+
+
+def test_tokens_per_param_gives_the_steps_of_that_many_tokens(pkg, cli, cfg_with, tmp_path):
+    """gpt counts nanochat's scaling parameters (the blocks' matrices and the head), counted here on
+    the built model; the steps are rounded up; two lengths at once are refused in one line."""
+    overrides = ["model.size=d4", "model.sequence_len=256", "data.vocab_size=8192", "batch.global_batch_size=32"]
+    budget = [*overrides, "schedule.max_steps=null", "schedule.tokens_per_param=10.5", "schedule.warmup_steps=10"]
+    model = pkg.models.build_model(cfg_with(*overrides), 8192)
+    scaling = sum(p.numel() for n, p in model.named_parameters() if n.startswith("blocks.") or n == "lm_head.weight")
+    steps = math.ceil(10.5 * scaling / (32 * 256))
+    line = f"schedule.tokens_per_param=10.5: {steps} steps = ceil(10.5 x {scaling:,} parameters / 8,192 tokens a step)"
+    assert line in cli("plan", *budget, f"data.dir={tmp_path}/unprepared").stdout
+    proc = cli("check", *budget, "schedule.max_steps=100", expect=1)
+    assert (
+        "schedule.max_steps=100 and schedule.tokens_per_param=10.5 are both set; keep one: schedule.max_steps=null "
+        "to train by schedule.tokens_per_param=10.5"
+    ) in proc.stderr
+    assert (
+        "schedule.tokens_per_param=0 must be above 0"
+        in cli("check", *budget[:-2], "schedule.tokens_per_param=0", expect=1).stderr
+    )

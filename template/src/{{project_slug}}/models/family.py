@@ -125,9 +125,10 @@ class Family:
         """Bytes per position per vocabulary entry of the logits and the loss."""
         return 12
 
-    def scaling_params(self, shape: dict, vocab_size: int) -> int:
-        """The parameters whose multiple is the compute-optimal number of tokens (muon families)."""
-        raise NotImplementedError(f"{self.name}: scaling_params")
+    def scaling_params(self, shape: dict, vocab_size: int, sequence_len: int) -> int:
+        """The parameters whose multiple is the compute-optimal number of tokens
+        (schedule.tokens_per_param): every parameter, as Chinchilla counted."""
+        return self.num_params(shape, vocab_size, sequence_len)
 
     def muon_params(self, shape: dict, vocab_size: int) -> int:
         """Parameters Muon steps under optim.optimizer=muon (none where the family has no roles)."""

@@ -63,7 +63,7 @@ class GPTFamily(Family):
         seen = sum(attention_windows(shape.get("window_pattern", "L"), shape["n_layer"], sequence_len))
         return 6 * matmul + 12 * shape["n_head"] * head_dim * seen
 
-    def scaling_params(self, shape: dict, vocab_size: int) -> int:
+    def scaling_params(self, shape: dict, vocab_size: int, sequence_len: int = 0) -> int:
         """The blocks' matrices and the head: the count whose multiple is the compute-optimal number
         of tokens (nanochat's measure; embeddings and scalars left out)."""
         h = shape["n_embd"]

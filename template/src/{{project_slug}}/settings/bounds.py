@@ -98,6 +98,7 @@ BOUNDS: dict[str, Range] = {
     "optim.scalar_lr": NON_NEGATIVE,
     "schedule.max_steps": COUNT,
     "schedule.epochs": POSITIVE,
+    "schedule.tokens_per_param": POSITIVE,
     "schedule.warmup_steps": NON_NEGATIVE,
     "schedule.min_lr_ratio": FRACTION,
     "schedule.warmdown_ratio": FRACTION,

@@ -165,6 +165,11 @@ class ScheduleConfig:
     """Passes over the prepared train split instead of max_steps (which must then be null); may be
     fractional (0.5). Train start derives max_steps = ceil(train sequences x epochs / global batch)
     from the prepared data (data/epochs.py) and prints it; null = max_steps gives the length."""
+    tokens_per_param: float | None = None
+    """Training tokens as a multiple of the model's scaling parameters instead of max_steps (which must
+    then be null): max_steps = ceil(ratio x parameters / (global batch x sequence_len)), printed at
+    the start and by plan. gpt counts nanochat's way (the blocks' matrices and the head; its default
+    ratio is 12), other families every parameter (Chinchilla's ratio is ~20)."""
     warmup_steps: int = 500
     """Steps of linear warmup from 0 to the peak learning rate."""
     min_lr_ratio: float = 0.1
@@ -174,14 +179,20 @@ class ScheduleConfig:
     warmdown_ratio: float = 0.65
 
     def length_problem(self) -> str | None:
-        """One line when the run's length is given twice (max_steps and epochs) or not at all."""
-        if self.max_steps is not None and self.epochs is not None:
+        """One line when the run's length is given more than once (max_steps, epochs, tokens_per_param)
+        or not at all."""
+        given = [n for n in ("max_steps", "epochs", "tokens_per_param") if getattr(self, n) is not None]
+        if len(given) > 1:
+            shown = " and ".join(f"schedule.{n}={getattr(self, n):g}" for n in given)
+            keep = next(n for n in given if n != "max_steps")  # max_steps is train.yaml's; the other was added
+            drop = ", ".join(f"schedule.{n}=null" for n in given if n != keep)
+            both = "both" if len(given) == 2 else "all"
+            return f"{shown} are {both} set; keep one: {drop} to train by schedule.{keep}={getattr(self, keep):g}"
+        if not given:
             return (
-                f"schedule.max_steps={self.max_steps} and schedule.epochs={self.epochs:g} are both set; keep one: "
-                f"schedule.max_steps=null to train {self.epochs:g} epochs, or remove schedule.epochs"
+                "schedule.max_steps, schedule.epochs and schedule.tokens_per_param are all null; set one, "
+                "e.g. schedule.max_steps=20000"
             )
-        if self.max_steps is None and self.epochs is None:
-            return "schedule.max_steps and schedule.epochs are both null; set one, e.g. schedule.max_steps=20000"
         return None
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from ..data.epochs import epochs_line, with_epoch_steps
+from ..data.epochs import derived_steps_line, with_derived_steps
 from ..data.masked import open_split
 from ..data.tokens import (
     TokenData,
@@ -82,7 +82,7 @@ def run_training(cfg: Config) -> int:
         require_valid(cfg, info.world_size)  # before the folder is claimed: a mistake leaves no trace there
         resolve_precision(info.device, cfg.run.dtype)  # bf16 on a GPU without it: one line from every rank
         cfg = at_world_size(cfg, info.world_size)  # batch.scaling=weak: this world's global batch
-        cfg = with_epoch_steps(cfg, Path(cfg.data.dir))  # schedule.epochs: max_steps from the train split
+        cfg = with_derived_steps(cfg, Path(cfg.data.dir))  # schedule.epochs or tokens_per_param: max_steps
         lock, resume = claim_output_dir(cfg, info)
         try:
             code = _train(cfg, info, resume, lock)
@@ -124,12 +124,16 @@ def claim_output_dir(cfg: Config, info: DistInfo) -> tuple[run_lock.RunLock | No
 
 
 def saved_config(cfg: Config, path: Path) -> None:
-    """The run's config.yaml, which --config reads back: under schedule.epochs as written (max_steps
-    null; the steps the data gave, in its first line), since a config setting both is refused."""
-    if cfg.schedule.epochs is None:
+    """The run's config.yaml, which --config reads back: under schedule.epochs or tokens_per_param as
+    written (max_steps null; the steps derived, in its first line), since a config setting two is refused."""
+    s = cfg.schedule
+    if s.epochs is None and s.tokens_per_param is None:
         save_config(cfg, path)
         return
-    gave = f"schedule.epochs={cfg.schedule.epochs:g} gave {cfg.schedule.max_steps} steps on {cfg.data.dir}"
+    how = (
+        f"schedule.epochs={s.epochs:g}" if s.epochs is not None else f"schedule.tokens_per_param={s.tokens_per_param:g}"
+    )
+    gave = f"{how} gave {s.max_steps} steps on {cfg.data.dir}"
     save_config(changed(cfg, **{"schedule.max_steps": None}), path, comment=gave)
 
 
@@ -173,8 +177,9 @@ def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | N
         f"{tokens_per_step:,} tokens/step | steps {start_step}->{s.max_steps} | {strategy.describe()} | "
         f"precision {precision} | {scaling_note(cfg, info.world_size)}"
     )
-    if s.epochs is not None:
-        print0(epochs_line(cfg, data_dir))
+    derived = derived_steps_line(cfg, data_dir)
+    if derived:
+        print0(derived)
     if start_step >= s.max_steps:
         print0(f"already trained to step {start_step} (schedule.max_steps={s.max_steps}); nothing to do")
         return 0
