@@ -70,6 +70,24 @@ def test_gpt_export_is_nanochat_with_our_logits_and_greedy_tokens(
     assert_greedy_like_sample(cli, hf, gpt_export, overrides)
 
 
+def test_a_padded_vocabulary_exports_its_rows_only(pkg, cfg_with, tmp_path):
+    """model.vocab_multiple pads the tables; NanoChatForCausalLM gets the vocabulary's rows, and its
+    logits (saved and loaded again) equal ours."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = cfg_with("model.size=tiny", "model.sequence_len=32", "model.vocab_multiple=64")
+    model = pkg.models.build_model(cfg, 300).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # the zero-initialised projections would hide a mistake
+            p.add_(torch.randn_like(p) * 0.05)
+    assert model.lm_head.weight.shape[0] == 320
+    pkg.module("models.gpt_build").to_transformers(model).save_pretrained(tmp_path / "padded")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "padded")).eval()
+    assert hf.config.vocab_size == 300
+    assert_same_logits(model, hf, 300, 32)
+
+
 def test_export_folder_names_its_source(gpt_export, run_2proc, demo_data, pkg):
     readme = (gpt_export / "README.md").read_text()
     assert "| step | 30 |" in readme

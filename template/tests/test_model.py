@@ -174,6 +174,22 @@ def test_a_sliding_window_layer_sees_its_window_only(gpt):
     assert plain.flops_per_token() - model.flops_per_token() == 2 * 12 * c.n_head * c.head_dim * (32 - 8)
 
 
+def test_a_padded_vocabulary_cuts_its_logits_and_counts_its_rows(gpt, pkg):
+    """vocab 300 in tables of 320 rows (model.vocab_multiple=64): logits of 300, the same loss as the
+    logits give, and plan's parameters and FLOPs are the module's."""
+    model = randomize(make(gpt, vocab=300, vocab_multiple=64, value_embeddings=True))
+    assert model.wte.weight.shape[0] == model.lm_head.weight.shape[0] == model.value_embeds["1"].weight.shape[0] == 320
+    x, y = tokens(2, 16, vocab=300), tokens(2, 16, seed=1, vocab=300)
+    logits = model(x)
+    assert logits.shape == (2, 16, 300)
+    assert torch.allclose(model(x, y), torch.nn.functional.cross_entropy(logits.view(-1, 300), y.view(-1)))
+    family = pkg.module("models.gpt_family").FAMILY
+    c = model.config
+    shape = {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_kv_head": 2, "value_embeddings": True, "vocab_multiple": 64}
+    assert family.num_params(shape, 300, c.sequence_len) == model.num_params()
+    assert family.flops_per_token(shape, 300, c.sequence_len) == model.flops_per_token()
+
+
 def test_sampling_is_reproducible_with_a_seeded_generator(gpt):
     model = randomize(make(gpt))
     prompt = [1, 2, 3]

@@ -19,7 +19,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-from .gpt_pieces import SMEAR_GATE_CHANNELS, VALUE_GATE_CHANNELS, attention_windows, has_backout, has_value_embedding
+from .gpt_pieces import (
+    SMEAR_GATE_CHANNELS,
+    VALUE_GATE_CHANNELS,
+    attention_windows,
+    has_backout,
+    has_value_embedding,
+    padded_vocab,
+)
 from .sample_dropout import keyed_dropout
 
 
@@ -42,6 +49,7 @@ class GPTConfig:
     rotary_base: float = 10000.0
     init: str = "unit"
     window_pattern: str = "L"
+    vocab_multiple: int = 1
 
     @property
     def head_dim(self) -> int:
@@ -171,12 +179,13 @@ class GPT(nn.Module):
         super().__init__()
         self.config = cfg
         self.checkpointing = False  # model.activation_checkpointing: recompute blocks in backward
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        rows = padded_vocab(cfg.vocab_size, cfg.vocab_multiple)
+        self.wte = nn.Embedding(rows, cfg.n_embd)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.n_embd, rows, bias=False)
         kv_dim = cfg.n_kv_head * cfg.head_dim
         self.value_embeds = nn.ModuleDict(
-            {str(i): nn.Embedding(cfg.vocab_size, kv_dim) for i in range(cfg.n_layer) if self.ve_gate(i) is not None}
+            {str(i): nn.Embedding(rows, kv_dim) for i in range(cfg.n_layer) if self.ve_gate(i) is not None}
         )
         if cfg.residual_scalars:
             self.resid_lambdas = nn.Parameter(torch.ones(cfg.n_layer))
@@ -298,7 +307,7 @@ class GPT(nn.Module):
             x = x - self.backout_lambda * middle
         if cache is not None:
             cache.length += T
-        logits = self.lm_head(rms_norm(x)).float()
+        logits = self.lm_head(rms_norm(x))[..., : c.vocab_size].float()  # the padding's rows cut off
         if self.config.softcap > 0:
             logits = self.config.softcap * torch.tanh(logits / self.config.softcap)
         if targets is None:

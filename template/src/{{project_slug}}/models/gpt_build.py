@@ -64,5 +64,11 @@ def to_transformers(model: GPT):
     for i in range(c.n_layer):
         names |= {f"blocks.{i}.{a}.weight": f"model.layers.{i}.{b}.weight" for a, b in ours.items()}
     hf = NanoChatForCausalLM(config)
-    hf.load_state_dict({names[k]: v for k, v in model.state_dict().items() if k in names}, strict=True)
+    # The tables' padding rows (model.vocab_multiple) are never read nor produce a logit: cut off.
+    weights = {
+        names[k]: v[: c.vocab_size] if k in ("wte.weight", "lm_head.weight") else v
+        for k, v in model.state_dict().items()
+        if k in names
+    }
+    hf.load_state_dict(weights, strict=True)
     return hf.eval()

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..settings.config import ConfigError
 from .family import Family
-from .gpt_pieces import PIECES, attention_windows, gates, scalars, smear_gate, value_tables
+from .gpt_pieces import SHAPED, attention_windows, gates, padded_vocab, scalars, smear_gate, value_tables
 
 # nanochat's reference run, where its learning rates were tuned: d12, 2^19 tokens a step.
 REFERENCE_BATCH_TOKENS = 2**19
@@ -46,18 +46,19 @@ class GPTFamily(Family):
         the formulas count."""
         shape = self.dims(size, n_kv_head)
         if model is not None:
-            shape |= {piece: getattr(model, piece) for piece in PIECES} | {"window_pattern": model.window_pattern}
+            shape |= {switch: getattr(model, switch) for switch in SHAPED}
         return shape
 
     def num_params(self, shape: dict, vocab_size: int, sequence_len: int) -> int:
-        h, L, V = shape["n_embd"], shape["n_layer"], vocab_size
+        h, L, V = shape["n_embd"], shape["n_layer"], padded_vocab(vocab_size, shape.get("vocab_multiple", 1))
         kv = shape["n_kv_head"] * (h // shape["n_head"])
         base = 2 * V * h + L * (2 * h * h + 2 * h * kv + 8 * h * h)  # untied embedding and head; GQA's k, v
         return base + value_tables(shape, V) + gates(shape) + scalars(shape)
 
     def flops_per_token(self, shape: dict, vocab_size: int, sequence_len: int) -> int:
         """6 x matmul parameters (all but the lookups and the scalars) + attention's scores and values."""
-        lookups = vocab_size * shape["n_embd"] + value_tables(shape, vocab_size)
+        rows = padded_vocab(vocab_size, shape.get("vocab_multiple", 1))
+        lookups = rows * shape["n_embd"] + value_tables(shape, rows)
         matmul = self.num_params(shape, vocab_size, sequence_len) - lookups - scalars(shape)
         head_dim = shape["n_embd"] // shape["n_head"]
         seen = sum(attention_windows(shape.get("window_pattern", "L"), shape["n_layer"], sequence_len))
@@ -68,11 +69,15 @@ class GPTFamily(Family):
         of tokens (nanochat's measure; embeddings and scalars left out)."""
         h = shape["n_embd"]
         kv = shape["n_kv_head"] * (h // shape["n_head"])
-        return shape["n_layer"] * (10 * h * h + 2 * h * kv) + vocab_size * h + gates(shape) - smear_gate(shape)
+        rows = padded_vocab(vocab_size, shape.get("vocab_multiple", 1))
+        return shape["n_layer"] * (10 * h * h + 2 * h * kv) + rows * h + gates(shape) - smear_gate(shape)
 
     def muon_params(self, shape: dict, vocab_size: int) -> int:
         """The blocks' matrices: the scaling parameters without the head."""
-        return self.scaling_params(shape, vocab_size) - vocab_size * shape["n_embd"]
+        return (
+            self.scaling_params(shape, vocab_size)
+            - padded_vocab(vocab_size, shape.get("vocab_multiple", 1)) * shape["n_embd"]
+        )
 
     def optimizer_groups(self, cfg, shape: dict) -> dict[str, dict]:
         """Each parameter role's hyper-parameters under optim.optimizer=muon (nanochat's recipe): the

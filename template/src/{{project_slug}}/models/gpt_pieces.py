@@ -6,7 +6,15 @@ from __future__ import annotations
 
 # Switches of model.* that add parameters, carried in a shape for the formulas.
 PIECES = ("value_embeddings", "residual_scalars", "smear", "backout")
-SWITCHES = (*PIECES, "qk_scale", "rotary_base", "init", "window_pattern")  # every model.* switch the network takes
+SWITCHES = (
+    *PIECES,
+    "qk_scale",
+    "rotary_base",
+    "init",
+    "window_pattern",
+    "vocab_multiple",
+)  # every model.* switch the network takes
+SHAPED = (*PIECES, "window_pattern", "vocab_multiple")  # the switches a shape carries for the formulas
 VALUE_GATE_CHANNELS = 12  # the leading channels of a layer's input that gate its value embedding
 SMEAR_GATE_CHANNELS = 24  # those of a token's embedding that gate how much of the previous one it takes
 
@@ -27,6 +35,12 @@ def attention_windows(pattern: str, n_layer: int, sequence_len: int) -> list[int
     return windows
 
 
+def padded_vocab(vocab_size: int, multiple: int) -> int:
+    """Rows of the embedding, value-embedding and head tables: the vocabulary rounded up to a multiple
+    (64 keeps the head's matmul on the GPU's tiles); the logits past the vocabulary are cut off."""
+    return -(-vocab_size // multiple) * multiple
+
+
 def has_backout(backout: bool, n_layer: int) -> bool:
     """model.backout where the middle layer is not the last: taken from the last layer's output, the
     share would vanish in the final norm (a parameter without effect)."""
@@ -41,9 +55,9 @@ def value_layers(shape: dict) -> int:
     return sum(has_value_embedding(i, L) for i in range(L)) if shape.get("value_embeddings") else 0
 
 
-def value_tables(shape: dict, vocab_size: int) -> int:
-    """The value embeddings' tables (lookups, like the token embedding)."""
-    return value_layers(shape) * vocab_size * shape["n_kv_head"] * (shape["n_embd"] // shape["n_head"])
+def value_tables(shape: dict, rows: int) -> int:
+    """The value embeddings' tables of `rows` rows (lookups, like the token embedding)."""
+    return value_layers(shape) * rows * shape["n_kv_head"] * (shape["n_embd"] // shape["n_head"])
 
 
 def smear_gate(shape: dict) -> int:

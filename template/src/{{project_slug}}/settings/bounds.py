@@ -81,6 +81,7 @@ BOUNDS: dict[str, Range] = {
     "model.dropout": BETA,
     "model.attention_dropout": BETA,
     "model.qk_scale": POSITIVE,
+    "model.vocab_multiple": Range(1, 4096),
     "model.rotary_base": Range(1, MAX_COUNT, low_open=True),
     "data.vocab_size": COUNT,
     "data.tokenizer_train_chars": COUNT,

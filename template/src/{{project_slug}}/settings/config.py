@@ -111,6 +111,9 @@ class ModelConfig:
     """gpt: base of the rotary frequencies."""
     init: str = "unit"
     """gpt: 'unit' (embedding std 1) or 'scaled' (embedding std 0.8, MLP input matrix 0.4x)."""
+    vocab_multiple: int = 1
+    """gpt: the embedding and head tables' rows rounded up to this multiple (nanochat's 64: the head's
+    matmul on the GPU's tiles); the logits past the vocabulary are cut off."""
     window_pattern: str = "L"
     """gpt: attention per layer, tiled: S a sliding window of a quarter of the sequence, L the whole
     (nanochat's SSSL); the last layer always sees the whole. A window is a mask to SDPA (no flash)."""
@@ -302,6 +305,7 @@ LATER_MODEL_FIELDS = (
     "rotary_base",
     "init",
     "window_pattern",
+    "vocab_multiple",
 )
 
 
