@@ -8,6 +8,7 @@ trained model exports with its own modeling code (transformers has no class for 
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -55,6 +56,14 @@ def test_one_process_and_two_learn_alike_under_muon(muon_runs, metrics):
     for name in w1["model"]:
         assert torch.allclose(w1["model"][name], w2["model"][name], atol=1e-3), name
     assert "value_embeds.1.weight" in w1["model"] and "resid_lambdas" in w1["model"]
+
+
+def test_plan_shows_the_rates_the_run_derives(muon_runs, cli, demo_data, train_overrides):
+    """plan's optimizer line and the run's first line name the same peak rate for every role."""
+    run_line = re.search(r"peak lrs [^|\n]*", muon_runs[1][1]).group(0).strip().rstrip(",")
+    plan = cli("plan", *train_overrides, *MUON, f"data.dir={demo_data}").stdout
+    assert f"optimizer: Muon on the blocks' matrices, AdamW on the rest | {run_line} |" in plan, (run_line, plan)
+    assert run_line.count(",") == 6  # every role of the pieces: matrix, the tables, the head and 3 scalar kinds
 
 
 def test_a_muon_run_resumes_exactly(muon_runs, cli, demo_data, train, metrics, tmp_path):

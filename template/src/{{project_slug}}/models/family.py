@@ -135,7 +135,8 @@ class Family:
         return 0
 
     def optimizer_groups(self, cfg, shape: dict) -> dict[str, dict]:
-        """optim.optimizer=muon: each parameter role's hyper-parameters for this run (muon families)."""
+        """optim.optimizer=muon: the hyper-parameters of each parameter role the shape has, for this run
+        (muon families)."""
         raise NotImplementedError(f"{self.name}: optimizer_groups")
 
     # --- rules ---------------------------------------------------------------------------------------
@@ -204,6 +205,11 @@ class Family:
             raise ConfigError(f"model.arch={self.name} has no export to transformers (its descriptor sets no exporter)")
         module, _, function = self.exporter.partition(":")
         return getattr(importlib.import_module(f".{module}", __package__), function)(model)
+
+
+def peak_lrs_line(lrs: dict[str, float]) -> str:
+    """Each optimizer role's peak learning rate, as the run's first line and plan show them."""
+    return "peak lrs " + ", ".join(f"{role} {lr:.3g}" for role, lr in lrs.items())
 
 
 def check_vocab(pretrained: str, model_vocab: int, tokenizer_vocab: int) -> None:

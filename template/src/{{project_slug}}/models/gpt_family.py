@@ -9,7 +9,16 @@ from dataclasses import dataclass
 
 from ..settings.config import ConfigError
 from .family import Family
-from .gpt_pieces import SHAPED, attention_windows, gates, padded_vocab, scalars, smear_gate, value_tables
+from .gpt_pieces import (
+    SHAPED,
+    attention_windows,
+    gates,
+    optimizer_roles,
+    padded_vocab,
+    scalars,
+    smear_gate,
+    value_tables,
+)
 
 # nanochat's reference run, where its learning rates were tuned: d12, 2^19 tokens a step.
 REFERENCE_BATCH_TOKENS = 2**19
@@ -94,7 +103,7 @@ class GPTFamily(Family):
         reference = self.scaling_params(self.dims(f"d{REFERENCE_DEPTH}"), V)
         decay = o.weight_decay * batch * reference / self.scaling_params(shape, V)
         adam = {"kind": "adamw", "eps": 1e-10}
-        return {
+        groups = {
             "matrix": {
                 "kind": "muon",
                 "lr": o.matrix_lr * batch,
@@ -114,6 +123,7 @@ class GPTFamily(Family):
             "x0_scalar": {**adam, "lr": o.scalar_lr * batch, "betas": (0.96, 0.95), "weight_decay": 0.0},
             "gate_scalar": {**adam, "lr": 0.2, "betas": (0.8, 0.95), "weight_decay": 0.0},
         }
+        return {role: hyper for role, hyper in groups.items() if role in optimizer_roles(shape)}
 
     def layer_activations(self, shape: dict, seq: int, micro: int, tp: int, mode: str, scores_stored: bool) -> float:
         return ACTIVATION_BYTES_PER_LAYER * seq * micro * shape["n_embd"]

@@ -69,6 +69,15 @@ def gates(shape: dict) -> int:
     return value_layers(shape) * VALUE_GATE_CHANNELS * shape["n_kv_head"] + smear_gate(shape)
 
 
+def optimizer_roles(shape: dict) -> set[str]:
+    """The parameter roles (gpt.py param_roles) the shape has parameters for."""
+    roles = {"matrix", "embedding", "unembedding"}
+    roles |= {"value_embedding"} if value_layers(shape) else set()
+    roles |= {"residual_scalar", "x0_scalar"} if shape.get("residual_scalars") else set()
+    gated = shape.get("smear") or has_backout(bool(shape.get("backout")), shape["n_layer"])
+    return roles | ({"gate_scalar"} if gated else set())
+
+
 def scalars(shape: dict) -> int:
     """The residual and input-embedding scales per layer, smear's and backout's shares."""
     return (

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from ..data.epochs import steps_where_known
+from ..models.family import family, model_shape, peak_lrs_line
 from ..settings.bounds import fraction, positive_float
 from ..settings.config import Config, ConfigError, changed
 from ..settings.precision import on_gpu_type
@@ -98,6 +99,7 @@ def build(cfg: Config, args: argparse.Namespace) -> dict:
         "micro_batch_size": cfg.batch.micro_batch_size,
         "sequence_len": cfg.model.sequence_len,
         "strategy": describe(cfg),
+        "optimizer": optimizer_line(cfg),
         "zero_stage": zero_stage(cfg),
         "offload_optimizer": cfg.deepspeed.offload_optimizer and zero_stage(cfg) > 0,
         "offload_params": cfg.deepspeed.offload_params and zero_stage(cfg) == 3,
@@ -120,6 +122,22 @@ def build(cfg: Config, args: argparse.Namespace) -> dict:
     }
 
 
+def optimizer_line(cfg: Config) -> str:
+    """What steps the weights at which peak rates: optim.optimizer=muon's are derived for the run."""
+    o = cfg.optim
+    if o.optimizer == "adamw":
+        return f"optimizer: AdamW | peak lr {o.lr:.3g}, weight decay {o.weight_decay:g}"
+    m = cfg.model
+    groups = family(m.arch).optimizer_groups(cfg, model_shape(m.size, m.n_kv_head, m.arch, m))
+    tokens = cfg.batch.global_batch_size * m.sequence_len
+    return (
+        f"optimizer: Muon on the blocks' matrices, AdamW on the rest | "
+        f"{peak_lrs_line({role: g['lr'] for role, g in groups.items()})} | "
+        f"Muon weight decay {groups['matrix']['weight_decay']:.3g} | derived for {tokens:,} tokens a step "
+        f"(optim.*_lr hold the reference's)"
+    )
+
+
 def render(r: dict) -> str:
     m = r["memory"]
     g = lambda b: f"{b / GIB:8.2f} GiB"  # noqa: E731
@@ -128,6 +146,7 @@ def render(r: dict) -> str:
         f"model {r['arch']} {r['model']}: {m['params']:,} parameters | {r['strategy']} | "
         f"{r['nodes']} x {r['gpus_per_node']} {r['gpu_type']} ({layout}) | "
         f"micro batch {r['micro_batch_size']} x {r['sequence_len']} tokens",
+        r["optimizer"],
         "",
     ]
     if m["pipeline"] > 1 or m["tensor"] > 1:

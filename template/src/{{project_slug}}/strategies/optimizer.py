@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.optim.adamw import adamw
 
-from ..models.family import family
+from ..models.family import family, peak_lrs_line
 from .common import param_groups
 
 # Polar Express: (a, b, c) of X <- a X + b (X X^T) X + c (X X^T)^2 X for iterations 1..5 (the paper's
@@ -205,4 +205,4 @@ def groups_line(optimizer: torch.optim.Optimizer) -> str:
     seen = {}
     for group, (lr, _) in zip(optimizer.param_groups, optimizer.peaks):
         seen.setdefault(group.get("role", group.get("kind", "adamw")), lr)
-    return "peak lrs " + ", ".join(f"{role} {lr:.3g}" for role, lr in seen.items())
+    return peak_lrs_line(seen)
