@@ -99,3 +99,10 @@ def test_a_model_with_every_piece_exports_with_its_modeling_code(
     assert type(hf).__name__ == "GPTForCausalLM" and hf.num_parameters() == model.num_params()
     assert_same_logits(model, hf, model.config.vocab_size, cfg.model.sequence_len)
     assert_greedy_like_sample(cli, hf, folder, overrides)
+    ids = torch.randint(5, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
+    ended = torch.ones_like(ids)
+    ended[1, 8:] = 0  # the second row padded at its end, as lm-eval pads for scoring
+    with torch.no_grad():
+        assert torch.allclose(hf(ids, attention_mask=ended).logits[1, :8], model(ids[1:, :8])[0], atol=1e-4)
+        with pytest.raises(ValueError, match="padded at the end only"):
+            hf(ids, attention_mask=ended.flip(1))

@@ -1,7 +1,8 @@
 """A GPT with nanochat's later pieces as a transformers model: the modeling code an export carries.
 
 transformers' NanoChatForCausalLM holds the plain GPT (gpt_build.to_transformers converts to it);
-value embeddings, residual scalars, smear, backout and a q/k scale have no place there. Such a model
+value embeddings, residual scalars, smear, backout, a q/k scale and sliding windows have no
+place there. Such a model
 is exported as GPTForCausalLM below: save_pretrained copies this file and the ones it imports
 (gpt.py, gpt_pieces.py, sample_dropout.py: torch only) into the folder and names them in
 config.json's auto_map, so any tool loads the folder offline with
@@ -55,8 +56,10 @@ class GPTForCausalLM(PreTrainedModel, GenerationMixin):
         return self.gpt.lm_head
 
     def forward(self, input_ids: torch.Tensor, attention_mask=None, labels=None, **unused) -> CausalLMOutput:
-        if attention_mask is not None and not bool(attention_mask.all()):
-            raise ValueError("this model reads unpadded rows only: pass one sequence, or rows of equal length")
+        # Padding at a row's end is harmless to a causal model (no position sees a later one); at its
+        # start it would shift the positions and be attended to.
+        if attention_mask is not None and bool((attention_mask[:, 1:] > attention_mask[:, :-1]).any()):
+            raise ValueError("this model reads rows padded at the end only (tokenizer.padding_side='right')")
         logits = self.gpt(input_ids)
         loss = None
         if labels is not None:  # transformers' convention: labels are the inputs, shifted here
