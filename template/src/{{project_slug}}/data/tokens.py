@@ -29,7 +29,6 @@ from ..settings.config import ConfigError
 from ..settings.stored_files import DamagedFile, read_json
 
 BOS = "<|bos|>"
-PASS_SHIFT = 0.6180339887  # each pass over the split shifts its windows by this share of a sequence
 META = "meta.json"
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # bert vocabularies must hold these
 
@@ -358,15 +357,10 @@ class TokenData:
         return int(self.offsets[-1])
 
     def sequence(self, index: int) -> np.ndarray:
-        """Sequence `index` of the stream; past the split, the next pass reads it again with its windows
-        shifted (by a golden-ratio share of sequence_len, another one each pass; the last window of a
-        shard ends at the shard's end), so a second epoch is not the first one repeated token for token."""
-        passes, index = divmod(index, self.num_sequences)
+        index %= self.num_sequences  # wrap around: a new epoch starts over
         shard = int(np.searchsorted(self.offsets, index, side="right") - 1)
-        T = self.sequence_len
-        shift = int(passes * T * PASS_SHIFT) % T
-        start = min((index - int(self.offsets[shard])) * T + shift, len(self.shards[shard]) - T - 1)
-        return np.asarray(self.shards[shard][start : start + T + 1], dtype=np.int64)
+        start = (index - int(self.offsets[shard])) * self.sequence_len
+        return np.asarray(self.shards[shard][start : start + self.sequence_len + 1], dtype=np.int64)
 
     def batch(self, first: int, count: int):
         """Inputs and targets (count, T) for sequences first .. first+count-1."""
