@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 
 def documents(n: int, tag: str) -> list[str]:
@@ -193,6 +194,35 @@ def test_token_data_sequences(pkg, demo_data):
     assert data.sequence(first_of_second)[: T + 1].tolist() == second[: T + 1].tolist()
     # Wrapping around: a new epoch starts over.
     assert (data.sequence(data.num_sequences + 3) == data.sequence(3)).all()
+
+
+def test_document_rows_start_at_a_document_and_pack_whole_ones(pkg, demo_data):
+    """data.rows=documents: every row is sequence_len + 1 tokens starting with <|bos|>, made of whole
+    documents and at most one cut one at its end, within one shard; no token is read twice in a pass;
+    the packing is the same on every open (any rank, any resume)."""
+    T = 64
+    rows = pkg.module("data.document_rows").DocumentRows.open(demo_data, "train", T)
+    windows = pkg.tokens.TokenData.open(demo_data, "train", T)
+    assert 0 < rows.num_sequences < windows.num_sequences  # the cut documents' rests are dropped
+    used = 0
+    for shard, (starts, lengths, first) in enumerate(rows.packed):
+        tokens = np.asarray(rows.shards[shard])
+        document_starts = set(np.flatnonzero(tokens == rows.bos).tolist())
+        covered = np.zeros(len(tokens), dtype=bool)
+        for row in range(len(first) - 1):
+            parts = range(first[row], first[row + 1])
+            assert sum(lengths[i] for i in parts) == T + 1 and all(starts[i] in document_starts for i in parts)
+            for i in list(parts)[:-1]:  # whole documents: each runs to the next document's start
+                assert starts[i] + lengths[i] in document_starts or starts[i] + lengths[i] == len(tokens)
+            for i in parts:
+                assert not covered[starts[i] : starts[i] + lengths[i]].any()
+                covered[starts[i] : starts[i] + lengths[i]] = True
+        used += int(covered.sum())
+    assert used == rows.num_sequences * (T + 1)
+    again = pkg.module("data.document_rows").DocumentRows.open(demo_data, "train", T)
+    x, y = rows.batch(rows.num_sequences - 3, 6)  # across the end of the pass: the next one starts over
+    assert (x[:, 0] == rows.bos).all() and (x[:, 1:] == y[:, :-1]).all()
+    assert torch.equal(x, again.batch(rows.num_sequences - 3, 6)[0]) and torch.equal(x[3], again.batch(0, 1)[0][0])
 
 
 def test_too_long_sequences_are_a_clear_error(pkg, demo_data):

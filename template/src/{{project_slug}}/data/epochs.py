@@ -11,7 +11,8 @@ per step), so the token budget follows the model's size and the batch (`copier u
 nodes=N` keeps it).
 
 An epoch is every sequence training reads from the train split once: each shard cut into
-model.sequence_len windows as the family reads them (tokens.sequences_in_shard). Steps are rounded up,
+model.sequence_len windows as the family reads them (tokens.sequences_in_shard), or its rows of
+documents under data.rows=documents (document_rows.py). Steps are rounded up,
 max_steps = ceil(train sequences x epochs / global batch), so every sequence is seen at least
 `epochs` times (fractional epochs, 0.5, take a share of the split); the last step may read the
 first sequences of the next pass. The count comes from meta.json's shard sizes, which the data's
@@ -33,6 +34,10 @@ def train_sequences(cfg: Config, data_dir: Path) -> int:
     from .tokens import read_meta, sequences_in_shard  # numpy: only for epochs (plan and check run without it)
 
     causal = family(cfg.model.arch).causal
+    if causal and cfg.data.rows == "documents":
+        from .document_rows import DocumentRows
+
+        return DocumentRows.open(data_dir, "train", cfg.model.sequence_len).num_sequences
     return sum(
         sequences_in_shard(shard["tokens"], cfg.model.sequence_len, causal) for shard in read_meta(data_dir)["train"]
     )

@@ -151,4 +151,8 @@ def open_split(cfg, data_dir: Path, split: str):
     nothing is predicted; for a causal one, next-token pairs."""
     if not family(cfg.model.arch).causal:
         return MaskedTokenData.open(cfg, data_dir, split)
+    if cfg.data.rows == "documents" and split == "train":
+        from .document_rows import DocumentRows
+
+        return DocumentRows.open(data_dir, split, cfg.model.sequence_len)
     return TokenData.open(data_dir, split, cfg.model.sequence_len)

@@ -135,6 +135,10 @@ class DataConfig:
     """Characters of raw text the tokenizer is trained on (the rest is only encoded)."""
     val_fraction: float = 0.005
     """Share of documents held out for the validation shard."""
+    rows: str = "windows"
+    """Causal families' training rows: 'windows' (the token stream cut every sequence_len tokens) or
+    'documents' (each row starts at a document, documents packed best-fit, the shortest cut to fill a
+    row: nanochat's; data/document_rows.py). Validation reads windows either way."""
     shard_tokens: int = 100_000_000
     """Tokens per training shard file."""
 
@@ -520,6 +524,7 @@ def _check_choices(cfg: Config) -> None:
         "run.strategy": ("ddp", "deepspeed"),
         "optim.optimizer": ("adamw", "muon"),
         "schedule.decay": ("cosine", "warmdown"),
+        "data.rows": ("windows", "documents"),
         "model.init": ("unit", "scaled"),
         "batch.scaling": ("strong", "weak"),
         "deepspeed.zero_stage": (0, 1, 2, 3),
