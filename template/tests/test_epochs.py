@@ -134,10 +134,11 @@ def test_the_shipped_config_documents_epochs(pkg, cli, tmp_path):
     assert pkg.config.ScheduleConfig(max_steps=None, epochs=3).length_problem() is None
 
 
-def test_tokens_per_param_gives_the_steps_of_that_many_tokens(pkg, cli, cfg_with, tmp_path):
+def test_tokens_per_param_gives_the_steps_of_that_many_tokens(pkg, cli, cfg_with, tmp_path, train_overrides):
     """gpt counts nanochat's scaling parameters (the blocks' matrices and the head), counted here on
     the built model; the steps are rounded up; two lengths at once are refused in one line."""
-    overrides = ["model.size=d4", "model.sequence_len=256", "data.vocab_size=8192", "batch.global_batch_size=32"]
+    shaped = [*train_overrides, "model.size=d4", "model.sequence_len=256", "data.vocab_size=8192"]
+    overrides = [*shaped, "batch.global_batch_size=32", "batch.micro_batch_size=4"]
     budget = [*overrides, "schedule.max_steps=null", "schedule.tokens_per_param=10.5", "schedule.warmup_steps=10"]
     model = pkg.models.build_model(cfg_with(*overrides), 8192)
     scaling = sum(p.numel() for n, p in model.named_parameters() if n.startswith("blocks.") or n == "lm_head.weight")

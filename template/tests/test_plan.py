@@ -488,7 +488,7 @@ def test_time_scales_with_nodes(pkg, cli):
     for nodes, h in zip((1, 2, 4, 8), hours):
         assert h == pytest.approx(hours[0] / nodes)
     cfg = pkg.config.load_config(cli.root / "config" / "train.yaml")
-    shape = pkg.family.model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch)
+    shape = pkg.family.model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch, cfg.model)  # its pieces too
     tokens = cfg.schedule.max_steps * cfg.batch.global_batch_size * cfg.model.sequence_len
     flops = tokens * pkg.estimates.flops_per_token(shape, cfg.data.vocab_size, cfg.model.sequence_len, cfg.model.arch)
     gpus = cfg.cluster.gpus_per_node
