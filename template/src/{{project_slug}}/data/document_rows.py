@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..settings.config import ConfigError
-from .tokens import bos_id, data_tokenizer, read_meta, require_shards
+from .tokens import TokenData, bos_id, data_tokenizer, read_meta, require_shards
 
 BUFFER = 1000  # documents the packer chooses among
 
@@ -33,17 +33,12 @@ def pack_shard(tokens: np.ndarray, bos: int, capacity: int) -> tuple[np.ndarray,
     """(segment starts, segment lengths, first segment of each row + the end) of one shard's rows."""
     starts = np.flatnonzero(tokens == bos)
     ends = np.append(starts[1:], len(tokens))
-    documents = iter(zip(starts.tolist(), (ends - starts).tolist(), itertools.count()))
-    buffer: list[tuple[int, int, int]] = []  # (length, -order, start), sorted: the earliest of a length last
+    # The documents not yet in the buffer, as its sort keys (length, -order, start): among equal
+    # lengths the earliest document sorts last, where the search for the longest that fits lands.
+    pending = iter(zip((ends - starts).tolist(), itertools.count(0, -1), starts.tolist()))
+    buffer = sorted(itertools.islice(pending, BUFFER))
     seg_start, seg_len, row_first = [], [], [0]
-    exhausted = False
     while True:
-        while not exhausted and len(buffer) < BUFFER:
-            doc = next(documents, None)
-            if doc is None:
-                exhausted = True
-            else:
-                bisect.insort(buffer, (doc[1], -doc[2], doc[0]))
         placed, position = [], 0
         while position < capacity and buffer:
             room = capacity - position
@@ -52,17 +47,12 @@ def pack_shard(tokens: np.ndarray, bos: int, capacity: int) -> tuple[np.ndarray,
             take = min(length, room)  # the shortest one cut when none fits whole
             placed.append((start, take))
             position += take
-            while not exhausted and len(buffer) < BUFFER:
-                doc = next(documents, None)
-                if doc is None:
-                    exhausted = True
-                else:
-                    bisect.insort(buffer, (doc[1], -doc[2], doc[0]))
+            for doc in itertools.islice(pending, 1):  # the buffer refilled to BUFFER documents
+                bisect.insort(buffer, doc)
         if position < capacity:  # the shard's last documents do not fill a row
             break
-        for start, take in placed:
-            seg_start.append(start)
-            seg_len.append(take)
+        seg_start += [start for start, _ in placed]
+        seg_len += [take for _, take in placed]
         row_first.append(len(seg_start))
     return np.asarray(seg_start, dtype=np.int64), np.asarray(seg_len, dtype=np.int64), np.asarray(row_first)
 
@@ -107,9 +97,4 @@ class DocumentRows:
         tokens = self.shards[shard]
         return np.concatenate([np.asarray(tokens[starts[i] : starts[i] + lengths[i]], dtype=np.int64) for i in parts])
 
-    def batch(self, first: int, count: int):
-        """Inputs and targets (count, T) for rows first .. first+count-1."""
-        import torch
-
-        rows = torch.from_numpy(np.stack([self.sequence(first + i) for i in range(count)]))
-        return rows[:, :-1], rows[:, 1:]
+    batch = TokenData.batch  # rows first .. first+count-1 as inputs and targets (count, T)
