@@ -1023,19 +1023,27 @@ def test_status_logs_follow_and_cancel_a_running_job(slurm_cluster, slurm_projec
 
         # COMPLETING while the ranks save (no exit line yet), then the final state, which scontrol keeps
         # MinJobAge (5 s in tests/infra/slurm.sh) and this cluster has no accounting: poll scontrol
-        # itself closely (a status call starts Python, seconds under load), then ask status at once.
+        # itself closely and keep what it last showed; status, a Python start of seconds under load,
+        # may come after Slurm forgot the job, and then says so.
+        shown_last = {}
+
         def ended():
             shown = run(["scontrol", "-o", "show", "job", job_id], env=slurm_cluster)
+            if shown.returncode == 0:
+                shown_last["job"] = shown.stdout
             return "JobState=CANCELLED" in shown.stdout or "Invalid job id" in shown.stderr
 
         wait_until(ended, 60, f"job {job_id} to end")
-        final = action("status")
-        assert final.returncode == 0, final.stdout + final.stderr
-        lines = final.stdout.splitlines()
-        assert "  state:    CANCELLED" in lines, lines
-        assert "  nodes:    2 node[1-2]" in lines and "  requeued: 0 time(s)" in lines, lines
         # The batch shell noted the SIGTERM, waited for srun and passed the ranks' 143 on.
-        assert "  exit:     143:0 (code:signal)" in lines, lines
+        assert re.search(r"\bJobState=CANCELLED\b.*\bExitCode=143:0\b", shown_last["job"]), shown_last
+        final = action("status")
+        lines = final.stdout.splitlines()
+        if final.returncode == 0:
+            assert "  state:    CANCELLED" in lines, lines
+            assert "  nodes:    2 node[1-2]" in lines and "  requeued: 0 time(s)" in lines, lines
+            assert "  exit:     143:0 (code:signal)" in lines, lines
+        else:
+            assert f"Slurm does not know job {job_id}" in final.stdout and str(log_path) in final.stdout, final.stdout
 
         assert follow.wait(timeout=30) == 0, follow_err.read_text()
     finally:
