@@ -80,7 +80,9 @@ class Block(nn.Module):
         h = cfg.n_embd
         self.head_dim, self.n_head, self.head_offset = h // cfg.n_head, cfg.n_head, 0
         self.dropout, self.attention_dropout = cfg.dropout, cfg.attention_dropout
-        self.keys = 3 * index + 1  # dropout keys 3i+1..3i+3; 0 is the embedding
+        # Dropout keys 3i+1..3i+3 (0 is the embedding), held as data: a layer compiled on its own (the
+        # pipeline's stages) then shares one graph with its siblings instead of one per key value.
+        self.register_buffer("keys", torch.tensor(3 * index + 1), persistent=False)
         residual_std = 0.02 / math.sqrt(2 * cfg.n_layer)  # GPT-2: scale the residual projections
         self.ln1 = nn.LayerNorm(h)
         self.qkv = init_linear(nn.Linear(h, 3 * h), 0.02)

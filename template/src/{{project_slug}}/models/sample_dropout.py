@@ -70,7 +70,7 @@ def samples(keys: torch.Tensor | None) -> Iterator[None]:
         _keys = previous
 
 
-def _layer_key(layer: int) -> int:
+def _layer_key(layer: int | torch.Tensor) -> int | torch.Tensor:
     return _mix((layer + 0x9E3779B9) & _MASK)
 
 
@@ -136,9 +136,10 @@ _keyed_dropout_op.register_autograd(_backward, setup_context=_save_keys)
 
 
 def keyed_dropout(
-    x: torch.Tensor, p: float, layer: int, training: bool, split: tuple[int, int, int] | None = None
+    x: torch.Tensor, p: float, layer: int | torch.Tensor, training: bool, split: tuple[int, int, int] | None = None
 ) -> torch.Tensor:
-    """Dropout of x (batch first) with masks keyed by each sample and `layer` (unique in the model).
+    """Dropout of x (batch first) with masks keyed by each sample and `layer` (unique in the model; an
+    int, or a 0-dim int64 tensor on x's device that a graph reads rather than specialises on).
     split = (dim, offset, whole size): x is a slice of a larger activation along dim (tensor
     parallel), starting at offset."""
     if not training or p == 0:
@@ -149,8 +150,10 @@ def keyed_dropout(
             f"dropout (p={p}) ran in training mode outside samples(...) for its {x.size(0)} samples: "
             "wrap the forward and backward of each micro batch in models.sample_dropout.samples(sample_keys(...))"
         )
-    keys = keys.to(x.device)
-    draw = (_layer_key(layer), int(p * 2**32), 1.0 / (1.0 - p))
+    keys, layer_key = keys.to(x.device), _layer_key(layer)
+    if isinstance(layer_key, torch.Tensor):  # a layer's key held as data: mixed in here, the same draw
+        keys, layer_key = keys ^ layer_key, 0
+    draw = (layer_key, int(p * 2**32), 1.0 / (1.0 - p))
     if torch.compiler.is_compiling():  # traced into the model's graph: fused with what surrounds it
         return _dropped(x, keys, *draw, split)
     return _keyed_dropout_op(x, keys, *draw, list(split or ()))
