@@ -1,0 +1,148 @@
+"""What a training step costs the host under each strategy: DDP against DeepSpeed ZeRO 1, 2 and 3.
+
+On a GPU a step is fast only if the host queues its kernels ahead of the device: every op the host
+dispatches, every value it reads back, every millisecond of Python between kernels shows up as
+idle GPU once the model is small enough or the GPU fast enough. This measures those on the CPU, on
+a tiny model where the host's work is most of the step, with the project's real `train` under
+torchrun (2 processes, Gloo), per plain step (one that neither logs, evaluates nor saves):
+
+    ops/step     aten ops dispatched on the main thread (a dispatch mode counts them)
+    reads/step   of those, the ones the host waits for (.item(), nonzero, ...: test_host_syncs.py's set)
+    ms/step      wall time per step in a second run without the counting (the median)
+
+and each as a ratio against DDP's. Rows: --strategies (ddp, zero1, zero2, zero3), each with the
+project's train.yaml plus --set overrides (e.g. a DeepSpeed option to compare).
+
+    python bench/step_overhead.py                        # about 3 minutes on 2 cores
+    python bench/step_overhead.py --project PATH --size d4 --steps 16
+    python bench/step_overhead.py --set deepspeed.overlap_comm=false
+
+A script run by hand, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpt_vs_hf import import_project, render_project  # noqa: E402  (same folder)
+
+STRATEGIES = {
+    "ddp": ["run.strategy=ddp"],
+    "zero1": ["run.strategy=deepspeed", "deepspeed.zero_stage=1"],
+    "zero2": ["run.strategy=deepspeed", "deepspeed.zero_stage=2"],
+    "zero3": ["run.strategy=deepspeed", "deepspeed.zero_stage=3"],
+}
+READ_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "_unique2", "unique_consecutive", "is_nonzero", "equal"}
+
+# Runs `<package> train` in this process, counting per step (between the package's before_step
+# hooks) the ops dispatched on the main thread and the host reads among them, or only timing.
+COUNTER = """
+import atexit, importlib, json, os, sys, time
+from pathlib import Path
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+package, out, counting = sys.argv[1], sys.argv[2], sys.argv[3] == "count"
+faults = importlib.import_module(package + ".runtime.faults")
+steps, current = {}, [None]
+
+class Ops(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if current[0] is not None:
+            record = steps[current[0]]
+            record["ops"] += 1
+            record["reads"] += func._overloadpacket.__name__ in READ_OPS
+        return func(*args, **(kwargs or {}))
+
+def before_step(rank, step, original=faults.before_step):
+    now = time.perf_counter()
+    if current[0] is not None:
+        steps[current[0]]["seconds"] = now - steps[current[0]]["started"]
+    current[0] = step + 1
+    steps[current[0]] = {"ops": 0, "reads": 0, "started": now}
+    original(rank, step)
+
+faults.before_step = before_step
+atexit.register(lambda: Path(out, f"rank{os.environ['RANK']}.json").write_text(json.dumps(steps)))
+with Ops() if counting else open(os.devnull):
+    code = importlib.import_module(package + ".cli").main(sys.argv[4:])
+raise SystemExit(code)
+""".replace("READ_OPS", repr(READ_OPS))
+
+
+def env_for(project: Path) -> dict:
+    return {**os.environ, "PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1"}
+
+
+def run_steps(project: Path, slug: str, work: Path, name: str, mode: str, settings: list[str]) -> list[dict]:
+    """Rank 0's records of the plain steps of one run (steps 3 .. n-1 that do not log)."""
+    out = work / f"{name}-{mode}"
+    out.mkdir(parents=True)
+    script = work / "step_counter.py"
+    script.write_text(COUNTER)
+    cmd = [
+        *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"),
+        *(str(script), slug, str(out), mode, "train", *settings, f"run.output_dir={out / 'run'}"),
+    ]
+    done = subprocess.run(cmd, cwd=project, env=env_for(project), capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{name} ({mode}) failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    records = json.loads((out / "rank0.json").read_text())
+    last = max(int(step) for step in records)
+    return [r for step, r in records.items() if 3 <= int(step) < last and "seconds" in r]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--project", type=Path, help="a generated project (default: render one from this template)")
+    p.add_argument("--vcs-ref", default="HEAD")
+    p.add_argument("--size", default="tiny", help="model.size (gpt)")
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
+    p.add_argument("--set", action="append", default=[], help="an override for every row (repeatable)")
+    args = p.parse_args(argv)
+
+    work = Path(tempfile.mkdtemp(prefix="step-overhead-"))
+    project = args.project
+    if project is None:
+        project = work / "project"
+        render_project(project, args.vcs_ref)
+    slug = import_project(project)[0]
+    data = work / "data"
+    prepare = [sys.executable, "-m", slug, "prepare-data", "--demo-corpus", f"data.dir={data}",
+               "data.vocab_size=2048", "data.val_fraction=0.05"]  # fmt: skip
+    subprocess.run(prepare, cwd=project, env=env_for(project), check=True, stdout=subprocess.DEVNULL)
+    common = [
+        f"data.dir={data}", "model.arch=gpt", f"model.size={args.size}", "model.sequence_len=64",
+        "batch.global_batch_size=8", "batch.micro_batch_size=4", "batch.grad_accum_steps=null",
+        f"schedule.max_steps={args.steps}", "schedule.warmup_steps=2", "optim.optimizer=adamw",
+        "run.device=cpu", "run.dtype=fp32", "run.compile=false", f"logging.every_steps={args.steps}",
+        "logging.eval_every_steps=0", "logging.tensorboard=false", "checkpoint.every_steps=0",
+        "eval.tasks_every_steps=0", "cluster.nodes=1", "cluster.gpus_per_node=2",
+    ]  # fmt: skip
+    print(f"model.size={args.size}, 2 processes on CPU (Gloo), plain steps 3..{args.steps - 1}; rank 0")
+    print(f"{'strategy':<10}{'ops/step':>10}{'reads/step':>12}{'ms/step':>10}{'ops vs ddp':>12}{'ms vs ddp':>11}")
+    reference = None
+    for name in ["ddp", *(s for s in args.strategies if s != "ddp")]:  # ddp first: the reference
+        settings = [*common, *STRATEGIES[name], *args.set]
+        counted = run_steps(project, slug, work, name, "count", settings)
+        timed = run_steps(project, slug, work, name, "time", settings)
+        ops = statistics.median(r["ops"] for r in counted)
+        reads = statistics.median(r["reads"] for r in counted)
+        ms = statistics.median(r["seconds"] for r in timed) * 1e3
+        reference = reference or (ops, ms)
+        print(f"{name:<10}{ops:>10.0f}{reads:>12.0f}{ms:>10.1f}{ops / reference[0]:>11.2f}x{ms / reference[1]:>10.2f}x")
+    print(f"(runs kept in {work})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
