@@ -40,6 +40,7 @@ template revision and each row's MFU goal (one H100, bf16: GPT d12 >= 45%, d20 >
     bash bench/run_gpu_bench.sh                             # fresh GPU machine: venv, install, every row
     python bench/gpu_throughput.py                          # every row (first timed on an H200: bench/README.md)
     python bench/gpu_throughput.py --only gpt3 --steps 30   # rows whose name contains "gpt3"
+    python bench/gpu_throughput.py --quick                  # one row per family and strategy, 20 steps each
     python bench/gpu_throughput.py --cpu-smoke              # tiny sizes on CPU: checks the script runs
 
 Needs torch with CUDA, transformers, deepspeed, copier (or --project), and a prepared data folder
@@ -121,6 +122,10 @@ CPU_SMOKE = {
         "bert tiny plain loop",
     ),
 }
+# --quick: one row per family and strategy (the BERT loop joins as its rows' reference), 20 steps each:
+# what a GPU lent for minutes can give unattended.
+QUICK = ("gpt d20", "gpt3 125M ddp", "gpt3 125M zero1", "gpt3 125M zero2", "gpt3 125M zero3", "bert large zero1")
+QUICK_STEPS = 20
 PLAIN_LOOP = " plain loop"  # suffix of the in-house reference rows' names: "bert <size> plain loop"
 # MFU goals on one H100 in bf16, by the model a row trains (every strategy's row of it is marked).
 GOALS = {"gpt d12": 0.45, "gpt d20": 0.50, "gpt3 125M": 0.40, "bert large": 0.40}
@@ -134,7 +139,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--project", type=Path, help="an already generated project (default: render one)")
     p.add_argument("--data", type=Path, help="a data folder prepared for gpt/gpt3 (default: made here)")
     p.add_argument("--bert-data", type=Path, help="a data folder prepared with model.arch=bert (default: made here)")
-    p.add_argument("--steps", type=int, default=40, help="optimizer steps per row (default 40)")
+    p.add_argument("--steps", type=int, help=f"optimizer steps per row (default 40; {QUICK_STEPS} with --quick)")
+    p.add_argument(
+        "--quick", action="store_true", help="one row per family and strategy, fewer steps: " + ", ".join(QUICK)
+    )
     p.add_argument(
         "--log-every",
         type=int,
@@ -157,6 +165,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--bert-reference", help=argparse.SUPPRESS)  # internal: the reference loop's own process
     args = p.parse_args(argv)
+    if args.steps is None:
+        args.steps = QUICK_STEPS if args.quick else 40
     if args.steps < 1:
         p.error("--steps must be at least 1")
     if args.compile is None:
@@ -480,7 +490,11 @@ def main() -> None:
         render_project(project, "HEAD")
     package = next((project / "src").glob("*/cli.py")).parent.name
     all_rows = CPU_SMOKE if args.cpu_smoke else GPU_ROWS
-    rows = {name: row for name, row in all_rows.items() if args.only in name}
+    rows = {
+        name: row
+        for name, row in all_rows.items()
+        if args.only in name and (args.cpu_smoke or not args.quick or name in QUICK)
+    }
     if not rows:
         sys.exit(f"error: no row's name contains {args.only!r}; rows: {', '.join(all_rows)}")
     common = [f"run.compile={str(args.compile).lower()}"]

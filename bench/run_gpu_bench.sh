@@ -2,6 +2,7 @@
 # The GPU throughput bench on a fresh GPU machine, unattended, in one command:
 #
 #   bash bench/run_gpu_bench.sh                    # every row of bench/gpu_throughput.py (H200 figures: bench/README.md)
+#   bash bench/run_gpu_bench.sh --quick            # one row per family and strategy, 20 steps: a GPU lent for minutes
 #   bash bench/run_gpu_bench.sh --only bert        # options go to gpu_throughput.py (--steps, --no-compile, ...)
 #
 # Needs Python 3.10+ with venv and pip, git (copier reads the template with it; the results name the

@@ -75,3 +75,16 @@ def test_model_comparison_imports_the_generated_package(default_project):
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     ratio = re.search(r"ratio ours/HF tokens/s: ([0-9.]+)x", done.stdout)
     assert ratio and float(ratio.group(1)) > 0, done.stdout
+
+
+def test_quick_run_has_a_row_of_every_family_and_strategy():
+    """--quick (a GPU lent for minutes) keeps one row of each family and each strategy, at fewer steps."""
+    assert set(gpu_throughput.QUICK) <= set(gpu_throughput.GPU_ROWS)
+    overrides = [gpu_throughput.GPU_ROWS[name][0] for name in gpu_throughput.QUICK]
+    families = {gpu_throughput.option(o, "model.arch") for o in overrides}
+    strategies = {
+        (gpu_throughput.option(o, "run.strategy"), gpu_throughput.option(o, "deepspeed.zero_stage")) for o in overrides
+    }
+    assert families == {"gpt", "gpt3", "bert"}
+    assert {(None, None), ("ddp", None), ("deepspeed", "1"), ("deepspeed", "2"), ("deepspeed", "3")} <= strategies
+    assert gpu_throughput.parse_args(["--quick"]).steps < gpu_throughput.parse_args([]).steps
