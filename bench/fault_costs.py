@@ -74,6 +74,13 @@ def env_for(project: Path) -> dict:
     return env
 
 
+def prepare_demo_data(project: Path, slug: str, data: Path) -> None:
+    """The demo corpus prepared into data (vocab 2048, 5% held out): the tiny runs' data."""
+    cmd = [sys.executable, "-m", slug, "prepare-data", "--demo-corpus", f"data.dir={data}",
+           "data.vocab_size=2048", "data.val_fraction=0.05"]  # fmt: skip
+    subprocess.run(cmd, cwd=project, env=env_for(project), check=True, stdout=subprocess.DEVNULL)
+
+
 def _agree_worker(rank: int, port: int, calls: int, src: str, slug: str, result_file: str) -> None:
     sys.path.insert(0, src)
     import importlib
@@ -207,22 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             render_project(project, args.vcs_ref)
         slug = import_project(project)[0]
         data = work / "data"
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                slug,
-                "prepare-data",
-                "--demo-corpus",
-                f"data.dir={data}",
-                "data.vocab_size=2048",
-                "data.val_fraction=0.05",
-            ],
-            cwd=project,
-            env=env_for(project),
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
+        prepare_demo_data(project, slug, data)
         cold, recovery, step = recovery_seconds(project, slug, data, work / "run", args.size)
         agree = agreement_seconds(project, slug, args.agree_calls)
         atomic, plain, mb = save_seconds(slug, args.size, args.saves, work / "saves")

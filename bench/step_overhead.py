@@ -7,7 +7,7 @@ a tiny model where the host's work is most of the step, with the project's real 
 torchrun (2 processes, Gloo), per plain step (one that neither logs, evaluates nor saves):
 
     ops/step     aten ops dispatched on the main thread (a dispatch mode counts them)
-    reads/step   of those, the ones the host waits for (.item(), nonzero, ...: test_host_syncs.py's set)
+    reads/step   of those, the ones the host waits for (.item(), nonzero, ...: test_host_syncs.py's READ_OPS)
     ms/step      wall time per step in a second run without the counting (the median)
 
 and each as a ratio against DDP's. Rows: --strategies (ddp, zero1, zero2, zero3), each with the
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -32,7 +31,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpt_vs_hf import import_project, render_project  # noqa: E402  (same folder)
+from fault_costs import env_for, prepare_demo_data  # noqa: E402  (same folder)
+from gpt_vs_hf import import_project, render_project  # noqa: E402
 
 STRATEGIES = {
     "ddp": ["run.strategy=ddp"],
@@ -40,12 +40,16 @@ STRATEGIES = {
     "zero2": ["run.strategy=deepspeed", "deepspeed.zero_stage=2"],
     "zero3": ["run.strategy=deepspeed", "deepspeed.zero_stage=3"],
 }
-READ_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "_unique2", "unique_consecutive", "is_nonzero", "equal"}
+# The ops the host waits for, as template/tests/test_host_syncs.py's READ_OPS.
+READ_OPS = {
+    "_local_scalar_dense", "nonzero", "nonzero_static", "masked_select", "_unique", "_unique2", "unique_dim",
+    "unique_consecutive", "argwhere", "repeat_interleave", "_assert_async", "equal", "is_nonzero",
+}  # fmt: skip
 
 # Runs `<package> train` in this process, counting per step (between the package's before_step
 # hooks) the ops dispatched on the main thread and the host reads among them, or only timing.
 COUNTER = """
-import atexit, importlib, json, os, sys, time
+import atexit, contextlib, importlib, json, os, sys, time
 from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -72,22 +76,16 @@ def before_step(rank, step, original=faults.before_step):
 
 faults.before_step = before_step
 atexit.register(lambda: Path(out, f"rank{os.environ['RANK']}.json").write_text(json.dumps(steps)))
-with Ops() if counting else open(os.devnull):
+with Ops() if counting else contextlib.nullcontext():
     code = importlib.import_module(package + ".cli").main(sys.argv[4:])
 raise SystemExit(code)
 """.replace("READ_OPS", repr(READ_OPS))
 
 
-def env_for(project: Path) -> dict:
-    return {**os.environ, "PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1"}
-
-
 def run_steps(project: Path, slug: str, work: Path, name: str, mode: str, settings: list[str]) -> list[dict]:
     """Rank 0's records of the plain steps of one run (steps 3 .. n-1 that do not log)."""
-    out = work / f"{name}-{mode}"
+    out, script = work / f"{name}-{mode}", work / "step_counter.py"
     out.mkdir(parents=True)
-    script = work / "step_counter.py"
-    script.write_text(COUNTER)
     cmd = [
         *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"),
         *(str(script), slug, str(out), mode, "train", *settings, f"run.output_dir={out / 'run'}"),
@@ -116,10 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         project = work / "project"
         render_project(project, args.vcs_ref)
     slug = import_project(project)[0]
+    (work / "step_counter.py").write_text(COUNTER)
     data = work / "data"
-    prepare = [sys.executable, "-m", slug, "prepare-data", "--demo-corpus", f"data.dir={data}",
-               "data.vocab_size=2048", "data.val_fraction=0.05"]  # fmt: skip
-    subprocess.run(prepare, cwd=project, env=env_for(project), check=True, stdout=subprocess.DEVNULL)
+    prepare_demo_data(project, slug, data)
     common = [
         f"data.dir={data}", "model.arch=gpt", f"model.size={args.size}", "model.sequence_len=64",
         "batch.global_batch_size=8", "batch.micro_batch_size=4", "batch.grad_accum_steps=null",

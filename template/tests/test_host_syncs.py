@@ -69,11 +69,13 @@ def count(what, frame):
     per_step = counts.setdefault(current[0], {})
     per_step[site] = per_step.get(site, 0) + 1
 
-def to_host(func, args, kwargs):
-    if func.__name__.split(".")[0] not in ("_to_copy", "copy_", "to"):
+def to_host(name, args, kwargs):
+    if name == "copy_":
+        source, target = args[1], args[0].device
+    elif name == "_to_copy":
+        source, target = args[0], kwargs.get("device")
+    else:
         return False
-    source = args[1] if func.__name__.startswith("copy_") else args[0]
-    target = args[0].device if func.__name__.startswith("copy_") else kwargs.get("device")
     return isinstance(source, torch.Tensor) and source.device.type != "cpu" and str(target).startswith("cpu")
 
 def masked_index(name, args):  # indexing by a boolean mask: its nonzero runs inside the kernel, below this mode
@@ -85,7 +87,7 @@ class HostReads(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = func._overloadpacket.__name__
-        if name in READ_OPS or masked_index(name, args) or to_host(func, args, kwargs):
+        if name in READ_OPS or masked_index(name, args) or to_host(name, args, kwargs):
             count(name, sys._getframe(1))
         return func(*args, **kwargs)
 
@@ -133,13 +135,19 @@ def calls_from(folder: Path, sites: dict) -> dict:
     return {site: n for site, n in sites.items() if site.split(" ", 1)[1].startswith(f"{folder}/")}
 
 
-def library_reads(sites: dict, library: str) -> dict:
+def library_file(site: str, library: str | None) -> str | None:
+    """ "what <library>/<file>" for a read made in a library's own code, else None."""
+    what, where = site.split(" ", 1)
+    if library is None or f"/{library}/" not in where:
+        return None
+    return f"{what} {library}/{where.rsplit(f'/{library}/', 1)[1].rsplit(':', 1)[0]}"
+
+
+def library_reads(sites: dict, library: str | None) -> dict:
     """The reads a library's own code makes, "what <library>/<file>" -> calls."""
     found = {}
     for site, n in sites.items():
-        what, where = site.split(" ", 1)
-        if f"/{library}/" in where:
-            key = f"{what} {library}/{where.rsplit(f'/{library}/', 1)[1].rsplit(':', 1)[0]}"
+        if key := library_file(site, library):
             found[key] = found.get(key, 0) + n
     return found
 
@@ -154,14 +162,13 @@ def assert_no_syncs_between_logging_steps(counts: dict, nproc: int, library: str
         first = {site: n for site, n in steps.get(1, {}).items() if site.split(" ", 1)[1].startswith(f"{agreement}:")}
         assert len(first) == 1 and next(iter(first)).startswith("tolist "), (rank, steps.get(1))
         for step in PLAIN_STEPS:
-            sites = {site: n for site, n in steps.get(step, {}).items() if site not in first}
             others = {
                 site: n
-                for site, n in sites.items()
-                if " torch.optim:" not in site and not (library and f"/{library}/" in site.split(" ", 1)[1])
+                for site, n in steps.get(step, {}).items()
+                if site not in first and " torch.optim:" not in site and not library_file(site, library)
             }
             assert others == {}, (rank, step, steps.get(step))
-        theirs[rank] = [library_reads(steps.get(step, {}), library) if library else {} for step in PLAIN_STEPS[1:]]
+        theirs[rank] = [library_reads(steps.get(step, {}), library) for step in PLAIN_STEPS[1:]]
         # The counter works: the logging step reads the loss and the norm.
         assert calls_from(PACKAGE_DIR, steps[5]), (rank, steps[5])
     return theirs
