@@ -11,11 +11,12 @@ torchrun (2 processes, Gloo), per plain step (one that neither logs, evaluates n
     ms/step      wall time per step in a second run without the counting (the median)
 
 and each as a ratio against DDP's. Rows: --strategies (ddp, zero1, zero2, zero3), each with the
-project's train.yaml plus --set overrides (e.g. a DeepSpeed option to compare).
+project's train.yaml plus --set overrides; --ds sets a key of the DeepSpeed config the project
+generates (strategies/deepspeed.py), to measure an option before the project adopts it.
 
     python bench/step_overhead.py                        # about 3 minutes on 2 cores
     python bench/step_overhead.py --project PATH --size d4 --steps 16
-    python bench/step_overhead.py --set deepspeed.overlap_comm=false
+    python bench/step_overhead.py --strategies zero1 --ds zero_optimization.overlap_comm=true
 
 A script run by hand, not a test.
 """
@@ -57,6 +58,20 @@ from torch.utils._python_dispatch import TorchDispatchMode
 package, out, counting = sys.argv[1], sys.argv[2], sys.argv[3] == "count"
 faults = importlib.import_module(package + ".runtime.faults")
 steps, current = {}, [None]
+ds_module = importlib.import_module(package + ".strategies.deepspeed")
+
+def with_options(*args, original=ds_module.deepspeed_config, **kwargs):
+    # The project's DeepSpeed config with --ds's dotted keys set (STEP_OVERHEAD_DS, JSON).
+    result = original(*args, **kwargs)
+    for dotted, value in json.loads(os.environ.get("STEP_OVERHEAD_DS", "{}")).items():
+        *parents, key = dotted.split(".")
+        node = result
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[key] = value
+    return result
+
+ds_module.deepspeed_config = with_options
 
 class Ops(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -78,11 +93,11 @@ faults.before_step = before_step
 atexit.register(lambda: Path(out, f"rank{os.environ['RANK']}.json").write_text(json.dumps(steps)))
 with Ops() if counting else contextlib.nullcontext():
     code = importlib.import_module(package + ".cli").main(sys.argv[4:])
-raise SystemExit(code)
+importlib.import_module(package + ".runtime.process_exit").end(code)  # as the console script ends
 """.replace("READ_OPS", repr(READ_OPS))
 
 
-def run_steps(project: Path, slug: str, work: Path, name: str, mode: str, settings: list[str]) -> list[dict]:
+def run_steps(project: Path, slug: str, work: Path, name: str, mode: str, settings: list[str], ds: dict) -> list[dict]:
     """Rank 0's records of the plain steps of one run (steps 3 .. n-1 that do not log)."""
     out, script = work / f"{name}-{mode}", work / "step_counter.py"
     out.mkdir(parents=True)
@@ -90,7 +105,8 @@ def run_steps(project: Path, slug: str, work: Path, name: str, mode: str, settin
         *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"),
         *(str(script), slug, str(out), mode, "train", *settings, f"run.output_dir={out / 'run'}"),
     ]
-    done = subprocess.run(cmd, cwd=project, env=env_for(project), capture_output=True, text=True)
+    env = {**env_for(project), "STEP_OVERHEAD_DS": json.dumps(ds if name != "ddp" else {})}
+    done = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"{name} ({mode}) failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
     records = json.loads((out / "rank0.json").read_text())
@@ -106,7 +122,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
     p.add_argument("--set", action="append", default=[], help="an override for every row (repeatable)")
+    p.add_argument(
+        "--ds", action="append", default=[], metavar="KEY=VALUE", help="a DeepSpeed config key (dotted; JSON value)"
+    )
+    p.add_argument("--out", type=Path, help="also write the rows to this JSON file")
     args = p.parse_args(argv)
+    ds = {}
+    for item in args.ds:
+        key, _, text = item.partition("=")
+        try:
+            ds[key] = json.loads(text)
+        except json.JSONDecodeError:
+            ds[key] = text
 
     work = Path(tempfile.mkdtemp(prefix="step-overhead-"))
     project = args.project
@@ -126,17 +153,23 @@ def main(argv: list[str] | None = None) -> int:
         "eval.tasks_every_steps=0", "cluster.nodes=1", "cluster.gpus_per_node=2",
     ]  # fmt: skip
     print(f"model.size={args.size}, 2 processes on CPU (Gloo), plain steps 3..{args.steps - 1}; rank 0")
+    if ds:
+        print(f"DeepSpeed rows with {json.dumps(ds)}")
+    rows = []
     print(f"{'strategy':<10}{'ops/step':>10}{'reads/step':>12}{'ms/step':>10}{'ops vs ddp':>12}{'ms vs ddp':>11}")
     reference = None
     for name in ["ddp", *(s for s in args.strategies if s != "ddp")]:  # ddp first: the reference
         settings = [*common, *STRATEGIES[name], *args.set]
-        counted = run_steps(project, slug, work, name, "count", settings)
-        timed = run_steps(project, slug, work, name, "time", settings)
+        counted = run_steps(project, slug, work, name, "count", settings, ds)
+        timed = run_steps(project, slug, work, name, "time", settings, ds)
         ops = statistics.median(r["ops"] for r in counted)
         reads = statistics.median(r["reads"] for r in counted)
         ms = statistics.median(r["seconds"] for r in timed) * 1e3
         reference = reference or (ops, ms)
         print(f"{name:<10}{ops:>10.0f}{reads:>12.0f}{ms:>10.1f}{ops / reference[0]:>11.2f}x{ms / reference[1]:>10.2f}x")
+        rows.append({"strategy": name, "ops": ops, "reads": reads, "ms": ms, "ds": ds if name != "ddp" else {}})
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1) + "\n")
     print(f"(runs kept in {work})")
     return 0
 

@@ -121,7 +121,7 @@ def test_slug_derived_from_name(tmp_path, name, slug):
     assert yaml.safe_load((project / ".copier-answers.yml").read_text())["project_slug"] == slug
     assert re.fullmatch(r"[a-z][a-z0-9]{0,39}", slug)
     assert (project / "src" / slug / "__init__.py").is_file()
-    assert f'{slug} = "{slug}.cli:main"' in (project / "pyproject.toml").read_text()
+    assert f'{slug} = "{slug}.cli:entry"' in (project / "pyproject.toml").read_text()
 
 
 def test_answers_file_records_every_question(default_project):

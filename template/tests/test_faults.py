@@ -454,3 +454,22 @@ def test_a_rank_whose_launcher_died_before_it_started_ends_at_once(cli, pkg):
     assert orphan.returncode == -signal.SIGTERM and "started" not in orphan.stdout, orphan
     for supervisor in (os.getppid(), ""):
         assert cli.run([sys.executable, "-c", program, supervisor]).stdout == "started\n"
+
+
+ENDING = """
+import atexit, sys
+from {package}.runtime import process_exit
+atexit.register(lambda: print("exit hook ran"))
+if sys.argv[1] == "joined":
+    process_exit.joined_group()
+print("buffered, not flushed", end=" ")
+process_exit.end(3)
+"""
+
+
+@pytest.mark.parametrize("joined", ["joined", "alone"])
+def test_a_process_ends_with_its_code_its_exit_hooks_and_all_its_output(cli, pkg, joined):
+    """A rank that joined a process group leaves without finalization (runtime/process_exit.py):
+    its exit hooks still run and what it printed into a pipe's buffer still arrives."""
+    ended = cli.run([sys.executable, "-c", ENDING.format(package=pkg.name), joined], expect=3)
+    assert ended.stdout == "buffered, not flushed exit hook ran\n", ended

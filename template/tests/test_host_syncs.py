@@ -109,7 +109,7 @@ faults.before_step = before_step
 atexit.register(lambda: Path(out, f"rank{os.environ['RANK']}.json").write_text(json.dumps(counts)))
 with HostReads():  # this thread's ops only: a dispatch mode is thread-local
     code = importlib.import_module(package + ".cli").main(sys.argv[3:])
-raise SystemExit(code)
+importlib.import_module(package + ".runtime.process_exit").end(code)  # as the console script ends
 """.replace("READ_OPS", repr(READ_OPS)).replace("READ_METHODS", repr(READ_METHODS))
 
 

@@ -1,5 +1,5 @@
 """`python -m <package>` runs the same command-line interface as the console script."""
 
-from .cli import main
+from .cli import entry
 
-raise SystemExit(main())
+entry()

@@ -20,9 +20,11 @@ import os
 import sys
 from collections.abc import Iterator
 from types import ModuleType
+from typing import NoReturn
 
 from .runtime import unrecoverable
 from .runtime.output_paths import own_paths, require_writable_outputs
+from .runtime.process_exit import end
 from .settings.bounds import ANY_TEXT, require_in_bounds, text_option_problem
 from .settings.config import ConfigError, add_config_arguments, load_config
 from .training.preemption import follow_launcher
@@ -145,3 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C where no command handles it: what it kept was said above
         print(f"{args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def entry() -> NoReturn:
+    """The console script and `python -m <package>`: main's exit code, and the end of a process
+    that trained or evaluated in a process group without finalization (runtime/process_exit.py)."""
+    end(main())

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from ..settings import precision
 from ..settings.config import ConfigError, debug_requested
 from ..settings.topology import process_ranks
+from . import process_exit
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ def init_distributed(device_preference: str = "auto", timeout: timedelta | None 
             timeout=timeout,
             device_id=device if device.type == "cuda" else None,
         )
+        process_exit.joined_group()
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
 
 
