@@ -69,12 +69,12 @@ from gpt_vs_hf import TEMPLATE_ROOT, render_project
 from prepare_data_speed import make_corpus
 
 # name -> (overrides, reference row name or None)
+GPT_D20 = ["model.arch=gpt", "model.size=d20", "model.sequence_len=1024", "batch.micro_batch_size=16"]
+GPT3_125M_DDP = ["model.arch=gpt3", "model.size=125M", "model.sequence_len=2048", "batch.micro_batch_size=16"]
+GPT3_125M_DDP += ["run.strategy=ddp"]
 GPU_ROWS = {
     "gpt d12": (["model.arch=gpt", "model.size=d12", "model.sequence_len=1024", "batch.micro_batch_size=32"], None),
-    "gpt d20": (
-        ["model.arch=gpt", "model.size=d20", "model.sequence_len=1024", "batch.micro_batch_size=16"],
-        "gpt d12",
-    ),
+    "gpt d20": (GPT_D20, "gpt d12"),
     **{
         f"gpt3 {size} {name}": (
             [
@@ -93,6 +93,12 @@ GPU_ROWS = {
             ("zero2", ["run.strategy=deepspeed", "deepspeed.zero_stage=2"]),
             ("zero3", ["run.strategy=deepspeed", "deepspeed.zero_stage=3"]),
         )
+    },
+    # run.fp8 against the same row in bf16 (Hopper and newer; compiled, as the rows are by default).
+    **{
+        f"{row} fp8 {recipe}": ([*overrides, f"run.fp8={recipe}"], row)
+        for row, overrides in (("gpt d20", GPT_D20), ("gpt3 125M ddp", GPT3_125M_DDP))
+        for recipe in ("tensorwise", "rowwise")
     },
     "bert large ddp": (
         [
@@ -122,9 +128,12 @@ CPU_SMOKE = {
         "bert tiny plain loop",
     ),
 }
-# --quick: one row per family and strategy (the BERT loop joins as its rows' reference), 20 steps each:
-# what a GPU lent for minutes can give unattended.
-QUICK = ("gpt d20", "gpt3 125M ddp", "gpt3 125M zero1", "gpt3 125M zero2", "gpt3 125M zero3", "bert large zero1")
+# --quick: one row per family and strategy (the BERT loop joins as its rows' reference), fp8 on and
+# off, 20 steps each: what a GPU lent for minutes can give unattended. (A pipeline needs two GPUs.)
+QUICK = (
+    *("gpt d20", "gpt d20 fp8 tensorwise", "gpt3 125M ddp", "gpt3 125M ddp fp8 tensorwise"),
+    *("gpt3 125M zero1", "gpt3 125M zero2", "gpt3 125M zero3", "bert large zero1"),
+)
 QUICK_STEPS = 20
 PLAIN_LOOP = " plain loop"  # suffix of the in-house reference rows' names: "bert <size> plain loop"
 # MFU goals on one H100 in bf16, by the model a row trains (every strategy's row of it is marked).

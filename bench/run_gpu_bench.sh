@@ -48,7 +48,7 @@ echo "installing $TORCH_SPEC and the project's dependencies into $VENV (PyPI)"
 "$PY" -m pip install -q "$TORCH_SPEC" setuptools  # setuptools: DeepSpeed builds without isolation
 # The generated project's dependencies (template/pyproject.toml.jinja), its bert extra, and copier
 # (with the extension copier.yml loads) to render it.
-"$PY" -m pip install -q numpy pyyaml "tokenizers>=0.15" pyarrow tqdm tensorboard "py-spy>=0.3.14" \
+"$PY" -m pip install -q numpy pyyaml "tokenizers>=0.15" pyarrow tqdm tensorboard "py-spy>=0.3.14" "torchao>=0.14" \
   "transformers>=4.46" "copier>=9.4,<10" "copier-template-extensions>=0.3"
 # As the project's deepspeed extra says: no ops built at install (no CUDA toolkit needed), against the
 # torch installed above. The project runs DeepSpeed with torch's AdamW, so no op is compiled later either.

@@ -39,15 +39,6 @@ def transformers_bert():
     return BertConfig, BertForMaskedLM
 
 
-@pytest.fixture
-def empty_config(tmp_path):
-    """A config file with nothing in it: the dataclass defaults (gpt d20, 1 x 8 h100-80gb, DDP)
-    whatever model the project was generated for."""
-    path = tmp_path / "empty.yaml"
-    path.write_text("")
-    return path
-
-
 def gpt3_cfg(cfg_with, size, *extra):
     return cfg_with(
         "model.arch=gpt3",

@@ -25,6 +25,7 @@ COLLECTIVES = {
     "all_reduce_coalesced",
     "all_gather",
     "all_gather_into_tensor",
+    "all_gather_single",
     "all_gather_object",
     "all_gather_coalesced",
     "reduce_scatter",

@@ -16,7 +16,7 @@ from ..models.family import families, family, model_shape
 from ..settings.bounds import MAX_COUNT, bound_problems
 from ..settings.config import Config, ConfigError, Problem
 from ..settings.gpus import find_answer
-from ..settings.precision import bf16_refusal
+from ..settings.precision import bf16_refusal, fp8_problem
 from ..strategies import memory as strategy
 
 __all__ = [
@@ -304,6 +304,23 @@ def precision_problems(cfg: Config, precision: str | None = None) -> list[Proble
     name = f"{found[0].device_name if found else 'GPU'} of cluster.gpu_type={cfg.cluster.gpu_type}"
     if precision == "bf16" and found is not None and not found[0].has_bf16:
         problems.append(Problem(bf16_refusal(name), "run.dtype", "cluster.gpu_type"))
+    fp8 = fp8_problem(
+        cfg.run.fp8,
+        precision if precision != "auto" else "bf16",
+        on_gpu=True,
+        gpu_has_fp8=found is None or found[0].has_fp8,
+        gpu_name=name,
+        compiled=False if strategy.on_deepspeed(cfg) and cfg.deepspeed.zero_stage == 3 else None,
+    )
+    if fp8:
+        problems.append(Problem(fp8, "run.fp8", "run.dtype", "cluster.gpu_type"))
+    elif cfg.run.fp8 != "off" and cfg.parallel.tensor > 1:
+        refusal = (
+            f"run.fp8={cfg.run.fp8} with parallel.tensor={cfg.parallel.tensor}: the tensor-parallel shards "
+            "(DeepSpeed's LinearLayer and LinearAllreduce) have no fp8 path, so the blocks would stay in bf16; "
+            "use parallel.tensor=1 (pipeline and data parallelism take fp8), or run.fp8=off"
+        )
+        problems.append(Problem(refusal, "run.fp8", "parallel.tensor"))
     problems += strategy.precision_problems(cfg, precision, name)
     return problems
 

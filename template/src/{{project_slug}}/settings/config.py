@@ -267,6 +267,10 @@ class RunConfig:
     or 'fp32': precision.py."""
     compile: bool = True
     """torch.compile the model on CUDA under every strategy (a slower start, faster steps); CPU: eager."""
+    fp8: str = "off"
+    """'off', 'tensorwise' or 'rowwise': the blocks' linear layers multiply in fp8 (torchao's float8
+    training, one scale per tensor or per row) on a GPU with fp8 (compute capability 8.9 on: H100,
+    H200, L40S); needs bf16 and run.compile on the GPU. On a CPU it is emulated (tests)."""
     strategy: str = "ddp"
     """'ddp' (torch DistributedDataParallel) or 'deepspeed' (ZeRO; settings in the deepspeed section)."""
     debug: bool = False
@@ -521,6 +525,7 @@ def _check_choices(cfg: Config) -> None:
     choices = {
         "run.device": ("auto", "cuda", "cpu"),
         "run.dtype": ("auto", "bf16", "fp16", "fp32"),
+        "run.fp8": ("off", "tensorwise", "rowwise"),
         "run.strategy": ("ddp", "deepspeed"),
         "optim.optimizer": ("adamw", "muon"),
         "schedule.decay": ("cosine", "warmdown"),

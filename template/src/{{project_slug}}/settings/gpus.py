@@ -23,7 +23,7 @@ class Gpu:
     device_name: str
     """A substring of torch.cuda.get_device_name(), e.g. "A100" of "NVIDIA A100-SXM4-40GB"."""
     peaks: dict[str, float]
-    """Dense tensor-core peak FLOP/s by precision, "bf16" and "fp16"; a GPU without bf16 lacks that key."""
+    """Dense tensor-core peak FLOP/s by precision, "bf16", "fp16" and "fp8"; a GPU without one lacks its key."""
     answers: dict[str, int] = field(default_factory=dict)
     """The gpu_type answers (copier.yml) for this GPU -> memory in GiB; empty where none is offered."""
     bandwidth: float | None = None
@@ -33,6 +33,10 @@ class Gpu:
     @property
     def has_bf16(self) -> bool:
         return "bf16" in self.peaks
+
+    @property
+    def has_fp8(self) -> bool:
+        return "fp8" in self.peaks
 
     def peak(self, precision: str | None = None) -> float:
         """The peak for a training precision ("bf16", "fp16"); for fp32 (or None) the GPU's best 16-bit
@@ -45,24 +49,29 @@ def bf16_and_fp16(flops: float) -> dict[str, float]:
     return {"bf16": flops, "fp16": flops}
 
 
+def with_fp8(flops: float, fp8_flops: float) -> dict[str, float]:
+    """Peaks of a GPU that also multiplies in fp8 (compute capability 8.9 on: Ada, Hopper, Blackwell)."""
+    return {**bf16_and_fp16(flops), "fp8": fp8_flops}
+
+
 # First match of the device name wins, so the more specific names come first.
 GPUS = (
-    Gpu("H100 PCIe", bf16_and_fp16(756e12), bandwidth=2.0e12),
-    Gpu("H100 NVL", bf16_and_fp16(835e12), bandwidth=3.9e12),
-    Gpu("H100", bf16_and_fp16(989e12), {"h100-80gb": 80}, bandwidth=3.35e12),  # SXM
-    Gpu("GH200", bf16_and_fp16(989e12), bandwidth=4.0e12),  # before H200, which its name contains
-    Gpu("H200", bf16_and_fp16(989e12), {"h200-141gb": 141}, bandwidth=4.8e12),
-    Gpu("H800", bf16_and_fp16(989e12), {"h800-80gb": 80}, bandwidth=3.35e12),
-    Gpu("H20", bf16_and_fp16(148e12), bandwidth=4.0e12),
-    Gpu("B200", bf16_and_fp16(2250e12), bandwidth=8.0e12),
+    Gpu("H100 PCIe", with_fp8(756e12, 1513e12), bandwidth=2.0e12),
+    Gpu("H100 NVL", with_fp8(835e12, 1671e12), bandwidth=3.9e12),
+    Gpu("H100", with_fp8(989e12, 1979e12), {"h100-80gb": 80}, bandwidth=3.35e12),  # SXM
+    Gpu("GH200", with_fp8(989e12, 1979e12), bandwidth=4.0e12),  # before H200, which its name contains
+    Gpu("H200", with_fp8(989e12, 1979e12), {"h200-141gb": 141}, bandwidth=4.8e12),
+    Gpu("H800", with_fp8(989e12, 1979e12), {"h800-80gb": 80}, bandwidth=3.35e12),
+    Gpu("H20", with_fp8(148e12, 296e12), bandwidth=4.0e12),
+    Gpu("B200", with_fp8(2250e12, 4500e12), bandwidth=8.0e12),
     Gpu("A100", bf16_and_fp16(312e12), {"a100-40gb": 40, "a100-80gb": 80}, bandwidth=2.0e12),
     Gpu("A800", bf16_and_fp16(312e12), {"a800-40gb": 40, "a800-80gb": 80}, bandwidth=2.0e12),
     Gpu("A40", bf16_and_fp16(150e12), bandwidth=0.696e12),
     Gpu("A10", bf16_and_fp16(125e12), bandwidth=0.6e12),
-    Gpu("L40S", bf16_and_fp16(362e12), {"l40s-48gb": 48}, bandwidth=0.864e12),
-    Gpu("L40", bf16_and_fp16(181e12), bandwidth=0.864e12),
-    Gpu("L4", bf16_and_fp16(121e12), bandwidth=0.3e12),
-    Gpu("RTX 4090", bf16_and_fp16(165e12), {"rtx4090-24gb": 24}, bandwidth=1.008e12),
+    Gpu("L40S", with_fp8(362e12, 733e12), {"l40s-48gb": 48}, bandwidth=0.864e12),
+    Gpu("L40", with_fp8(181e12, 362e12), bandwidth=0.864e12),
+    Gpu("L4", with_fp8(121e12, 242e12), bandwidth=0.3e12),
+    Gpu("RTX 4090", with_fp8(165e12, 330e12), {"rtx4090-24gb": 24}, bandwidth=1.008e12),
     Gpu("V100", {"fp16": 125e12}, {"v100-16gb": 16, "v100-32gb": 32}, bandwidth=0.9e12),  # Volta: no bf16
 )
 

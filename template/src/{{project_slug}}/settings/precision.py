@@ -7,6 +7,10 @@
            honoured on a CPU too, which is how the tests run this path
     fp32   no autocast
 
+run.fp8 (tensorwise | rowwise) puts the linear layers' matmuls in fp8 on top of bf16, on a GPU with
+fp8 (compute capability 8.9 on) and compiled (strategies/fp8.py); emulated on a CPU. fp8_problem
+says why it cannot run, to the ranks and to `plan` and `check` alike.
+
 The ranks resolve it from their device (distributed.resolve_precision), `plan` and `check` from
 cluster.gpu_type (gpus.py says which GPUs have bf16; rules.precision_problems refuses bf16 there).
 No torch here.
@@ -57,6 +61,39 @@ def fp16_zero0_refusal(dtype: str, gpu_name: str) -> str:
         "updates come out 65536 times too small; use deepspeed.zero_stage=1, or run.strategy=ddp (the same "
         "data parallelism with torch's GradScaler)"
     )
+
+
+def fp8_problem(
+    fp8: str, precision: str, *, on_gpu: bool, gpu_has_fp8: bool, gpu_name: str, compiled: bool | None
+) -> str | None:
+    """Why run.fp8 cannot train here, or None. precision: run.dtype resolved; compiled: whether the
+    model is compiled (None: not known yet, as in plan and check)."""
+    if fp8 == "off":
+        return None
+    if on_gpu and not gpu_has_fp8:
+        return (
+            f"run.fp8={fp8} but the {gpu_name} has no fp8 matmuls (they came with compute capability 8.9: "
+            "H100, H200, H800, L40S, RTX 4090); set run.fp8=off"
+        )
+    if precision not in ("bf16", "fp32") or (on_gpu and precision != "bf16"):
+        return (
+            f"run.fp8={fp8} multiplies in fp8 around bf16, but the run computes in {precision}; "
+            "set run.dtype=bf16 (or auto on a GPU with fp8)"
+        )
+    if on_gpu and compiled is False:
+        return (
+            f"run.fp8={fp8} needs the model compiled on a GPU: uncompiled, its scaling and casts cost more "
+            "than the fp8 matmuls save; set run.compile=true (ZeRO-3 runs eager: use deepspeed.zero_stage "
+            "1 or 2), or run.fp8=off"
+        )
+    return None
+
+
+def fp8_note(fp8: str, on_gpu: bool) -> str:
+    """What the run's first line adds to its precision."""
+    if fp8 == "off":
+        return ""
+    return f" + fp8 {fp8} matmuls (torchao)" + ("" if on_gpu else " emulated on the CPU")
 
 
 def on_gpu_type(cfg: Config) -> str:

@@ -30,6 +30,10 @@ def build_strategy(cfg: Config, info, vocab_size: int, accum: int, resume: bool 
         return PipelineStrategy(cfg, info, vocab_size, accum, resume)
     model = build_model(cfg, vocab_size).to(info.device)
     num_params, flops_per_token = model.num_params(), model.flops_per_token()
+    if cfg.run.fp8 != "off":
+        from .fp8 import to_float8  # imports torchao only when asked for
+
+        to_float8(model, cfg, info.device)
     if on_deepspeed(cfg):
         from .deepspeed import DeepSpeedStrategy  # imports deepspeed only when asked for
 

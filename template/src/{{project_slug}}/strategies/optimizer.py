@@ -143,7 +143,7 @@ class MuonAdamW(torch.optim.Optimizer):
         padded = stack.new_zeros((per_rank * self.world_size, *stack.shape[1:]))
         padded[: stack.size(0)] = stack
         mine = orthogonalize(padded[self.rank * per_rank : (self.rank + 1) * per_rank]).contiguous()
-        dist.all_gather_into_tensor(padded, mine)
+        dist.all_gather_single(padded, mine)
         return padded[: stack.size(0)]
 
 

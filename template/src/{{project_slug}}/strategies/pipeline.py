@@ -160,6 +160,10 @@ class PipelineStrategy(DeepSpeedStrategy):
                 checkpointable_layers=["KeyedBlock"],
                 activation_checkpoint_func=functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False),
             )
+        if cfg.run.fp8 != "off":
+            from .fp8 import to_float8
+
+            to_float8(module, cfg, info.device)  # this stage's layers
         # Saved in every checkpoint: what DeepSpeed's universal conversion must know of these layers.
         module.universal_checkpoint_info = universal_checkpoint.pipeline_layout_info()
         self._write_config()

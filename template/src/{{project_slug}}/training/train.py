@@ -59,6 +59,7 @@ from ..runtime.distributed import (
 )
 from ..runtime.unrecoverable import SharedFailure, raise_on_every_rank
 from ..settings.config import Config, ConfigError, changed, save_config
+from ..settings.precision import fp8_note
 from ..strategies import build_strategy
 from . import preemption, prefetch, run_lock, schedule
 from .metrics import MetricsLogger, format_step, mfu, peak_flops
@@ -175,7 +176,7 @@ def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | N
         f"global batch {b.global_batch_size} = micro {b.micro_batch_size} x accum {accum} x "
         f"{cfg.data_parallel_size(info.world_size)} data-parallel ranks | "
         f"{tokens_per_step:,} tokens/step | steps {start_step}->{s.max_steps} | {strategy.describe()} | "
-        f"precision {precision} | {scaling_note(cfg, info.world_size)}"
+        f"precision {precision}{fp8_note(cfg.run.fp8, device.type == 'cuda')} | {scaling_note(cfg, info.world_size)}"
     )
     derived = derived_steps_line(cfg, data_dir)
     if derived:

@@ -1,0 +1,74 @@
+"""fp8 matmuls for training (run.fp8): the model's linear layers swapped in place for torchao's
+Float8Linear, which casts each matmul's inputs to fp8 with dynamic scales (one per tensor under
+`tensorwise`, one per row under `rowwise`), multiplies on the GPU's fp8 tensor cores and returns
+bf16. Weights, optimizer state and checkpoints stay as they were: the state dict has the same keys,
+so a run resumes, evaluates and exports with fp8 on or off.
+
+Left in bf16: the output head (its logits feed the loss, where fp8's three significant bits cost
+accuracy; nanochat and torchtitan keep it too) and layers whose sizes are not multiples of 16, which
+the fp8 kernels cannot take. On a CPU the matmuls are emulated (same casts, fp32 arithmetic): how
+the tests run this path. The refusals (a GPU without fp8, another precision than bf16, uncompiled)
+are precision.fp8_problem's, shared with `check` and `plan`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import torch
+
+from ..runtime.distributed import resolve_precision
+from ..settings import precision
+from ..settings.config import Config, ConfigError
+from .common import compiled
+
+HEAD_NAMES = ("lm_head", "decoder")  # gpt's output head, BERT's masked-LM decoder
+
+
+def fp8_capable(device: torch.device) -> tuple[bool, str]:
+    """(whether the device multiplies in fp8, its name for a message)."""
+    if device.type != "cuda":
+        return True, device.type  # emulated
+    major, minor = torch.cuda.get_device_capability(device)
+    return (major, minor) >= (8, 9), f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor})"
+
+
+def require_fp8(cfg: Config, device: torch.device) -> None:
+    """ConfigError (key run.fp8) where this device cannot train with cfg.run.fp8."""
+    has_fp8, name = fp8_capable(device)
+    problem = precision.fp8_problem(
+        cfg.run.fp8,
+        resolve_precision(device, cfg.run.dtype),
+        on_gpu=device.type == "cuda",
+        gpu_has_fp8=has_fp8,
+        gpu_name=name,
+        compiled=compiled(cfg, device)[0],
+    )
+    if problem:
+        raise ConfigError(problem, key="run.fp8")
+
+
+def convertible(module: torch.nn.Module, name: str) -> bool:
+    """Whether the linear layer `name` multiplies in fp8: not an output head, sizes the kernels take."""
+    if name.rsplit(".", 1)[-1] in HEAD_NAMES or not isinstance(module, torch.nn.Linear):
+        return False
+    return module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+
+def to_float8(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.nn.Module:
+    """The model with its convertible linear layers multiplying in fp8 (in place), per cfg.run.fp8."""
+    require_fp8(cfg, device)
+    # On import torchao logs each CUDA extension a CPU torch cannot load, and torch a deprecation
+    # of how torchao registers one of its types: noise in every rank's log, not the user's to act on.
+    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(cfg.run.fp8), emulate=device.type != "cuda")
+    return convert_to_float8_training(model, config=config, module_filter_fn=convertible)
