@@ -82,6 +82,11 @@ def deepspeed_config(
     b, o, ds = cfg.batch, cfg.optim, cfg.deepspeed
     precision = precision or resolve_precision(device, cfg.run.dtype)
     zero: dict = {"stage": ds.zero_stage}
+    if ds.zero_stage in (1, 2):
+        # Each gradient is then reduced from where backward left it instead of first being copied into
+        # a preallocated bucket: 14% fewer ops dispatched per step (ZeRO-1 987 against 1,146, DDP 875:
+        # bench/step_overhead.py), the same bytes moved on the device.
+        zero["contiguous_gradients"] = False
     if ds.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": device.type == "cuda"}
     if ds.offload_params:
