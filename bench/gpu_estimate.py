@@ -17,11 +17,23 @@ would, so the GPU's lowering is modelled where it differs (GpuLowering): F.scale
 is one flash kernel forward and one backward (FLOPs halved when causal; dropout inside stays fused),
 F.dropout one kernel that also writes a byte mask and one that reads it back, F.rms_norm torch's fused
 CUDA kernel. Views cost nothing, allocation (empty) neither; any other op, a custom one included, is
-one kernel with its tensor bytes. What depends on data the meta device lacks: a boolean mask's count
-of True is --mask-share of its elements (BERT's 15% predicted positions), a value read on the host
-(.item(), transformers' mask checks) is True or 1. Weights and buffers are bf16 (model.to), and the
-step runs once before the counted one (caches filled, as in training). Then each dropout site alone:
-ours (models/sample_dropout.py) against torch's, in kernels and bytes.
+one kernel with its tensor bytes (a tensor passed twice read once, an out= tensor only written),
+except copy_ (its destination written, not read) and the ops that touch only the indexed elements of
+a large operand (gather, in-place scatter, nll_loss and its backward: those elements). What depends
+on data the meta device lacks: a boolean mask's count of True is --mask-share of its elements
+(BERT's 15% predicted positions), a value read on the host (.item(), transformers' mask checks) is
+True or 1. Weights and buffers are bf16 (model.to), and the step runs once before the counted one
+(caches filled, as in training). Then each dropout site alone: ours (models/sample_dropout.py)
+against torch's, in kernels and bytes.
+
+The head and the loss (every kernel from the last block's output on in forward, and in backward until
+the gradient is back at that output) are also summed apart, for ours and the peer: their share of
+the step. Our GPTs compute their training loss in chunks of tokens (models/lm_loss.py): per chunk the
+head's matmul, the loss, the gradient with respect to the logits and the hidden states' rows, and per
+four chunks a matmul into the head's gradient added to its fp32 sum (vocab x width read and written
+each time); backward only scales what forward kept. It is counted as it runs eager, one kernel per
+op of a chunk: compiled on a GPU (run.compile), Inductor fuses a chunk's elementwise ops into a few
+kernels, which this count credits neither to ours nor to the peer's (whole-logits) loss.
 
     python bench/gpu_estimate.py                  # every family on an H100 SXM, about a minute
     python bench/gpu_estimate.py --gpu A100 --only bert --top 12
@@ -93,14 +105,16 @@ class Kernel:
     name: str
     flops: float
     bytes: float
+    head: bool = False  # launched by the head and the loss (after the last block, forward and backward)
 
 
 @dataclass
 class Tally:
     kernels: list[Kernel] = field(default_factory=list)
+    in_head: bool = False  # set while the head and the loss run (mark_head)
 
     def record(self, name: str, flops: float, nbytes: float) -> None:
-        self.kernels.append(Kernel(name, flops, nbytes))
+        self.kernels.append(Kernel(name, flops, nbytes, self.in_head))
 
     @property
     def flops(self) -> float:
@@ -116,6 +130,10 @@ class Tally:
     def matmul_s(self, peak: float) -> float:
         """The matmul-only bound: every FLOP counted is a matmul's (attention's included)."""
         return self.flops / peak
+
+    def head_s(self, peak: float, bandwidth: float) -> float:
+        """The estimated time of the head and loss's kernels (mark_head)."""
+        return sum(max(k.flops / peak, k.bytes / bandwidth) for k in self.kernels if k.head)
 
     def by_name(self, peak: float, bandwidth: float) -> dict[str, tuple[float, int]]:
         """op name -> (estimated seconds, kernels)."""
@@ -158,6 +176,28 @@ def launches_no_kernel(func) -> bool:
     return func._schema.name.split("::")[-1] in ALLOCATIONS | UNANNOTATED_VIEWS
 
 
+def touched_bytes(packet, args, outputs: list[torch.Tensor]) -> int | None:
+    """Bytes of an op whose kernel moves less than all its tensors: one that touches only the elements
+    an index names in a large operand, or copy_ (writes its destination, reads only the source); None
+    for any other op."""
+    if packet is aten.copy_:  # (self, src)
+        return tensor_bytes(args[0]) + tensor_bytes(args[1])
+    if packet is aten.gather:  # (self, dim, index): one element of self read per index, written out
+        self, _, index = args[:3]
+        return tensor_bytes(index) + 2 * index.numel() * self.element_size()
+    if packet in (aten.scatter_, aten.scatter_add_):  # (self, dim, index, src or value), in place
+        self, _, index, src = args[:4]
+        src_bytes = tensor_bytes(src) if isinstance(src, torch.Tensor) else 0
+        return tensor_bytes(index) + src_bytes + 2 * index.numel() * self.element_size()
+    if packet is aten.nll_loss_forward:  # (self, target, ...): one log-probability read per target
+        self, target = args[:2]
+        return tensor_bytes(target) + target.numel() * self.element_size() + sum(map(tensor_bytes, outputs))
+    if packet is aten.nll_loss_backward:  # (grad_output, self, target, ...): writes the gradient, reads no self
+        grad_output, _, target = args[:3]
+        return tensor_bytes(grad_output) + tensor_bytes(target) + sum(map(tensor_bytes, outputs))
+    return None
+
+
 class CountKernels(TorchDispatchMode):
     """Every aten (or custom) op that reaches the meta device: one kernel, its FLOPs and bytes."""
 
@@ -182,8 +222,12 @@ class CountKernels(TorchDispatchMode):
             return out
         packet = func._overloadpacket
         flops = flop_registry[packet](*args, **kwargs, out_val=out) if packet in flop_registry else 0
-        nbytes = sum(map(tensor_bytes, tensors_in(list(args) + list(kwargs.values()))))
-        self.tally.record(str(packet), flops, nbytes + sum(map(tensor_bytes, outputs)))
+        nbytes = touched_bytes(packet, args, outputs)
+        if nbytes is None:
+            # A tensor passed twice is read once; an out= tensor is written, not read.
+            read = tensors_in(list(args) + [v for k, v in kwargs.items() if k != "out"])
+            nbytes = sum(map(tensor_bytes, {id(t): t for t in read}.values())) + sum(map(tensor_bytes, outputs))
+        self.tally.record(str(packet), flops, nbytes)
         return out
 
     def expected_nonzero(self, index) -> list:
@@ -282,12 +326,41 @@ class GpuLowering(TorchFunctionMode):
         return FusedElementwise.apply(self.tally, "fused_rms_norm", input, weight, forward, backward)
 
 
-def count_step(step, context=contextlib.nullcontext, mask_share: float = 0.15) -> Tally:
+def last_block(model: torch.nn.Module) -> torch.nn.Module:
+    """The last transformer block: the last module of the model's longest ModuleList (ours and
+    transformers' keep their blocks in one)."""
+    return max((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), key=len)[-1]
+
+
+@contextlib.contextmanager
+def mark_head(model: torch.nn.Module | None, tally: Tally):
+    """Kernels from the last block's output on in forward (final norm, head, loss), and in backward
+    until the gradient reaches that output, marked as the head's (Kernel.head)."""
+    if model is None:
+        yield
+        return
+
+    def after_last_block(module, args, output):
+        tally.in_head = True
+        out = output if isinstance(output, torch.Tensor) else output[0]
+        if out.requires_grad:
+            out.register_hook(lambda grad: setattr(tally, "in_head", False))
+
+    handle = last_block(model).register_forward_hook(after_last_block)
+    try:
+        yield
+    finally:
+        handle.remove()
+        tally.in_head = False
+
+
+def count_step(step, context=contextlib.nullcontext, mask_share: float = 0.15, model=None) -> Tally:
     """Kernels of step() (forward, loss and backward). It runs twice and the second is counted: the
-    first fills what a training run keeps between steps (cached tables, keyed dropout's positions)."""
+    first fills what a training run keeps between steps (cached tables, keyed dropout's positions).
+    With the model, the kernels of its head and loss are marked (mark_head)."""
     for _ in range(2):
         tally = Tally()
-        with context(), GpuLowering(tally), CountKernels(tally, mask_share):
+        with context(), mark_head(model, tally), GpuLowering(tally), CountKernels(tally, mask_share):
             step()
     return tally
 
@@ -488,8 +561,10 @@ def compare(run: Run, project, args: argparse.Namespace) -> Compared:
     ids, targets = batch(run, args.mask_share)
     keys = dropout_mod.sample_keys(1337, 0, 0, run.batch, device="meta")  # the trainer's samples(...) per micro batch
     tallies = {
-        "ours": count_step(step_of(ours, ids, targets, False), partial(dropout_mod.samples, keys), args.mask_share),
-        "peer": count_step(step_of(peer, ids, targets, True), mask_share=args.mask_share),
+        "ours": count_step(
+            step_of(ours, ids, targets, False), partial(dropout_mod.samples, keys), args.mask_share, ours
+        ),
+        "peer": count_step(step_of(peer, ids, targets, True), mask_share=args.mask_share, model=peer),
     }
     hidden_p, attention_p = dropout_of(ours, run.arch)
     sites = [(f"{run.name} hidden", (run.batch, run.seq, width_of(ours, run.arch)), hidden_p or 0.1)]
@@ -535,9 +610,14 @@ def main(argv: list[str] | None = None) -> None:
     for result in results:
         hidden_p, attention_p = result.dropout
         note = "; NanoChat has no hidden dropout" if result.run.arch == "gpt" and hidden_p else ""
+        head = []
+        for who, tally in result.tallies.items():
+            head_s, step_s = tally.head_s(peak, bandwidth), tally.time_s(peak, bandwidth)
+            head.append(f"{who} {head_s * 1e3:.3g} ms ({100 * head_s / step_s:.0f}% of its step)")
         print(
             f"\n{result.run.name}: dropout hidden {hidden_p:g}, attention {attention_p:g}{note}; "
-            f"counted in {result.seconds:.1f} s. The ops that take longest:"
+            f"counted in {result.seconds:.1f} s.\n  Head and loss (after the last block, forward and backward): "
+            f"{', '.join(head)}. The ops that take longest:"
         )
         ops = {who: t.by_name(peak, bandwidth) for who, t in result.tallies.items()}
         longest = sorted(

@@ -50,6 +50,32 @@ def test_attention_and_dropout_are_one_kernel_each_way_and_views_are_free(estima
     assert tally.time_s(peak, bandwidth) >= tally.matmul_s(peak) > 0
 
 
+@pytest.mark.quick
+def test_an_indexed_read_counts_the_elements_it_touches_and_the_head_is_summed_apart(estimate):
+    import torch
+
+    B, WIDTH, VOCAB = 4, 8, 100
+    blocks = torch.nn.ModuleList(torch.nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(2))
+    head = torch.nn.Linear(WIDTH, VOCAB, bias=False)
+    model = torch.nn.ModuleDict({"blocks": blocks, "head": head}).to("meta")
+    x = torch.empty(B, WIDTH, device="meta")
+    index = torch.zeros(B, 1, dtype=torch.long, device="meta")
+
+    def step():
+        h = blocks[1](blocks[0](x))
+        head(h).log_softmax(-1).gather(1, index).sum().backward()
+
+    tally = estimate.count_step(step, model=model)
+    gather = next(kernel for kernel in tally.kernels if kernel.name == "aten.gather")
+    assert gather.bytes == B * 8 + 2 * B * 4  # the index, and one element read and written per row
+    # the head's matmul forward and its two backward ones are the head's; the blocks' are not
+    head_flops = sum(kernel.flops for kernel in tally.kernels if kernel.head)
+    assert head_flops == 3 * 2 * B * WIDTH * VOCAB
+    assert tally.flops - head_flops == 5 * 2 * B * WIDTH * WIDTH  # the blocks: 2 forward, 3 backward (x needs none)
+    peak, bandwidth = 989e12, 3.35e12
+    assert 0 < tally.head_s(peak, bandwidth) < tally.time_s(peak, bandwidth)
+
+
 def test_tiny_run_prints_a_ratio_per_family(default_project):
     done = run([sys.executable, str(SCRIPT), "--tiny", "--project", str(default_project), "--gpu", "A100"], timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr

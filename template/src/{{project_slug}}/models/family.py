@@ -27,10 +27,28 @@ from ..settings.config import ConfigError, Problem
 MODELS = Path(__file__).resolve().parent
 _DEFINES_FAMILY = re.compile(r"^FAMILY\s*=", re.M)
 
+# models/lm_loss.py's CHUNK_LOGITS and CHUNKS_PER_HEAD_GRADIENT, repeated here where torch is not
+# imported (a test holds them equal), and what eager holds per logit of a chunk at its peak: about
+# four fp32 copies.
+LOSS_CHUNK_LOGITS = 2**25
+LOSS_CHUNKS_PER_HEAD_GRADIENT = 4
+LOSS_CHUNK_BYTES_PER_LOGIT = 16
+
 
 def block_params(h: int, tp: int = 1) -> int:
     """One GPT-2/3 or BERT block on one tensor-parallel rank: 12h^2 + 13h when tp = 1."""
     return (12 * h * h + 7 * h) // tp + 6 * h  # split: 4 matrices, qkv and fc biases; replicated: 2 biases, 2 norms
+
+
+def chunked_loss_bytes(width: int, rows: int, tokens: int, matmul_bytes: int = 2) -> float:
+    """What models/lm_loss.py's chunked loss holds at its peak for a micro batch of `tokens`
+    positions: the two gradients forward computes and keeps for backward (the hidden states', tokens x
+    width in the matmul's dtype; the head's, rows x width in fp32), one chunk's transients, a group of
+    chunks' logit gradients in the matmul's dtype, and their product into the head's gradient before
+    it is added in."""
+    kept = tokens * width * matmul_bytes + rows * width * 4
+    chunk = LOSS_CHUNK_LOGITS * (LOSS_CHUNK_BYTES_PER_LOGIT + LOSS_CHUNKS_PER_HEAD_GRADIENT * matmul_bytes)
+    return kept + chunk + rows * width * matmul_bytes
 
 
 def stage_layers(n_layer: int, pp: int) -> list[int]:
@@ -122,8 +140,16 @@ class Family:
         return 2 if mode == "bf16" else 4
 
     def logits_bytes(self, softcap: float) -> float:
-        """Bytes per position per vocabulary entry of the logits and the loss."""
+        """Bytes per position per vocabulary entry of the logits and the loss, where the whole logits
+        are computed (see loss_bytes)."""
         return 12
+
+    def loss_bytes(self, shape: dict, vocab_size: int, tokens: int, softcap: float, chunked: bool = True) -> float:
+        """Bytes the head and the loss hold at their peak for a micro batch of `tokens` positions.
+        chunked: the model computes its training loss chunk by chunk where it can (models/lm_loss.py:
+        DDP and ZeRO, not DeepSpeed's pipeline engine, whose loss_fn is given the whole logits); a
+        family that does not holds the whole logits either way."""
+        return tokens * vocab_size * self.logits_bytes(softcap)
 
     def scaling_params(self, shape: dict, vocab_size: int, sequence_len: int) -> int:
         """The parameters whose multiple is the compute-optimal number of tokens

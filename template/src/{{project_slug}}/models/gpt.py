@@ -5,9 +5,10 @@ untied input embedding and output head, grouped-query attention (n_kv_head < n_h
 F.scaled_dot_product_attention. nanochat's later pieces are switches of model.* (config.py): value
 embeddings, residual and input-embedding scalars, smear, backout, the q/k scale, the rotary base and
 its initialisation. The file knows nothing of distribution: strategies/ wraps it for DDP or DeepSpeed.
-It imports torch and its two siblings only (gpt_pieces.py, sample_dropout.py): an export of a model
-with pieces transformers has no class for carries these three files as its modeling code
-(gpt_transformers.py); gpt_build.py builds the network of a project's config.
+It imports torch and its siblings only (gpt_pieces.py, lm_loss.py, sample_dropout.py): an export of a
+model with pieces transformers has no class for carries these four files as its modeling code
+(gpt_transformers.py); gpt_build.py builds the network of a project's config. With targets and a
+gradient to come, the head and the loss run chunk by chunk (lm_loss.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from .gpt_pieces import (
     has_value_embedding,
     padded_vocab,
 )
+from .lm_loss import chunked, linear_cross_entropy
 from .sample_dropout import keyed_dropout
 
 
@@ -282,7 +284,9 @@ class GPT(nn.Module):
         loss_reduction: str = "mean",
     ) -> torch.Tensor:
         """Logits (B, T, vocab) without targets; with targets the cross-entropy loss
-        (targets of -1 are ignored; loss_reduction='none' gives it per token)."""
+        (targets of -1 are ignored; loss_reduction='none' gives it per token). Where a gradient
+        will be asked for, the loss of 'mean' or 'sum' comes from lm_loss.py's chunks, equal to the
+        logits' within fp32 rounding."""
         T = idx.size(1)
         start = cache.length if cache is not None else 0
         cos, sin = self.cos[:, start : start + T], self.sin[:, start : start + T]
@@ -307,7 +311,11 @@ class GPT(nn.Module):
             x = x - self.backout_lambda * middle
         if cache is not None:
             cache.length += T
-        logits = self.lm_head(rms_norm(x))[..., : c.vocab_size].float()  # the padding's rows cut off
+        x = rms_norm(x)
+        if targets is not None and chunked(loss_reduction, x, self.lm_head.weight):
+            # Training's loss: the head and the loss chunk by chunk, never the whole logits (lm_loss.py).
+            return linear_cross_entropy(x, self.lm_head.weight, targets, c.vocab_size, c.softcap, loss_reduction)
+        logits = self.lm_head(x)[..., : c.vocab_size].float()  # the padding's rows cut off
         if self.config.softcap > 0:
             logits = self.config.softcap * torch.tanh(logits / self.config.softcap)
         if targets is None:

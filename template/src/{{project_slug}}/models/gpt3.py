@@ -26,6 +26,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from .gpt3_family import FAMILY
+from .lm_loss import chunked, linear_cross_entropy
 from .sample_dropout import keyed_dropout
 
 
@@ -162,7 +163,13 @@ class GPT3(nn.Module):
         return self.norm(x)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, loss_reduction: str = "mean"):
-        logits = head_logits(self.embed, self.hidden(idx))
+        x = self.hidden(idx)
+        head = self.embed.wte.weight
+        if targets is not None and chunked(loss_reduction, x, head):
+            # Training's loss without the whole logits (lm_loss.py); the pipeline's last stage (strategies/
+            # pipeline.py) still computes them: DeepSpeed hands its loss_fn the head layer's output.
+            return linear_cross_entropy(x, head, targets, self.cfg.vocab_size, 0.0, loss_reduction)
+        logits = head_logits(self.embed, x)
         if targets is None:
             return logits
         return lm_loss(logits, targets, loss_reduction)

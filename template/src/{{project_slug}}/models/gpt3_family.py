@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .family import Family, block_params, stage_layers, transformer_layer_activations
+from .family import Family, block_params, chunked_loss_bytes, stage_layers, transformer_layer_activations
 
 # GPT-3 paper, Table 2.1: layers, width, heads, batch in tokens (here in 2048-token sequences:
 # 0.5M -> 256, 1M -> 512, 2M -> 1024, 3.2M -> 1536 as Megatron runs it) and learning rate.
@@ -85,6 +85,11 @@ class GPT3Family(Family):
 
     def checkpointed_layer_bytes(self, mode: str) -> float:
         return CHECKPOINT_BYTES[mode]
+
+    def loss_bytes(self, shape: dict, vocab_size: int, tokens: int, softcap: float, chunked: bool = True) -> float:
+        if not chunked:  # DeepSpeed's pipeline: its last stage computes the whole logits
+            return super().loss_bytes(shape, vocab_size, tokens, softcap, chunked)
+        return chunked_loss_bytes(shape["n_embd"], vocab_size, tokens)
 
 
 FAMILY = GPT3Family(

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 
 from ..settings.config import ConfigError
-from .family import Family
+from .family import Family, chunked_loss_bytes
 from .gpt_pieces import (
     SHAPED,
     attention_windows,
@@ -133,6 +133,12 @@ class GPTFamily(Family):
 
     def logits_bytes(self, softcap: float) -> float:
         return 4 * (2 if softcap > 0 else 1)  # fp32 logits, and the softcapped copy
+
+    def loss_bytes(self, shape: dict, vocab_size: int, tokens: int, softcap: float, chunked: bool = True) -> float:
+        if not chunked:
+            return super().loss_bytes(shape, vocab_size, tokens, softcap, chunked)
+        rows = padded_vocab(vocab_size, shape.get("vocab_multiple", 1))
+        return chunked_loss_bytes(shape["n_embd"], rows, tokens)
 
 
 FAMILY = GPTFamily(

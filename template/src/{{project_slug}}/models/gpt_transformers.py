@@ -4,7 +4,7 @@ transformers' NanoChatForCausalLM holds the plain GPT (gpt_build.to_transformers
 value embeddings, residual scalars, smear, backout, a q/k scale and sliding windows have no
 place there. Such a model
 is exported as GPTForCausalLM below: save_pretrained copies this file and the ones it imports
-(gpt.py, gpt_pieces.py, sample_dropout.py: torch only) into the folder and names them in
+(gpt.py, gpt_pieces.py, lm_loss.py, sample_dropout.py: torch only) into the folder and names them in
 config.json's auto_map, so any tool loads the folder offline with
 
     AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)

@@ -76,7 +76,7 @@ from ..models.family import family, model_shape, stage_layers
 from ..settings.config import Config, ConfigError
 from ..settings.gpus import ANSWERS, find_answer
 from ..settings.precision import on_gpu_type
-from ..strategies.memory import model_states, precision_mode, zero_stage
+from ..strategies.memory import model_states, precision_mode, uses_pipeline_engine, zero_stage
 from .rules import parallel_problems, precision_problems
 
 GIB = 1024**3
@@ -155,9 +155,11 @@ def activations(
     logits: bool = True,
     mode: str = "autocast",
     scores_stored: bool = False,
+    chunked_loss: bool = True,
 ) -> float:
     """Activation bytes on one GPU: `layers` blocks (default all) with `in_flight` micro batches
-    kept (pipeline), and the logits where this GPU computes the loss."""
+    kept (pipeline), and the head and loss where this GPU computes the loss (chunked_loss: by
+    models/lm_loss.py where the family does, not under DeepSpeed's pipeline engine)."""
     fam = family(arch)
     layers = shape["n_layer"] if layers is None else layers
     per_layer = fam.layer_activations(shape, seq, micro, tp, mode, scores_stored)
@@ -166,7 +168,7 @@ def activations(
         kept = in_flight * layers * saved * seq * micro * shape["n_embd"] + (per_layer if layers else 0)
     else:
         kept = in_flight * layers * per_layer
-    return kept + (micro * seq * vocab_size * fam.logits_bytes(softcap) if logits else 0)
+    return kept + (fam.loss_bytes(shape, vocab_size, micro * seq, softcap, chunked_loss) if logits else 0)
 
 
 def layout_problems(cfg: Config) -> list[str]:
@@ -199,6 +201,7 @@ def memory(cfg: Config) -> dict:
             logits=i == pp - 1,
             mode=precision_mode(cfg),
             scores_stored=bool(cfg.model.attention_dropout),
+            chunked_loss=not uses_pipeline_engine(cfg),
         )
         act = {c: activations(shape, vocab, seq, micro, cfg.model.softcap, c, **kw) for c in (False, True)}
         states = model_states(psi, stage, nd, offload_opt, offload_params, muon)
