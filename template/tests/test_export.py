@@ -8,9 +8,13 @@ pipeline shards, BERT) with the same checks.
 from __future__ import annotations
 
 import re
+import signal
+import subprocess
+import time
 
 import pytest
 import torch
+from conftest import subprocess_env
 
 PROMPT = "The module"
 
@@ -104,3 +108,26 @@ def test_export_into_a_folder_holding_files_is_refused_and_leaves_it(run_2proc, 
     assert proc.stderr.strip().count("\n") == 0 and "is not empty" in proc.stderr
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
     assert not [p for p in tmp_path.iterdir() if "partial" in p.name]
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_during_an_export_leaves_nothing_as_ctrl_c_does(
+    run_2proc, demo_data, cli, tmp_path, tiny_model, stop
+):
+    """A scheduler's stop or a closed terminal in the middle of the save (runtime/interrupts.py): the
+    partial folder, as large as the model, is removed; one line; 128 + the signal's number."""
+    out = tmp_path / "export"
+    args = cli.command("export", out, f"data.dir={demo_data}", f"run.output_dir={run_2proc[0]}", *tiny_model)
+    env = subprocess_env({"TRAIN_FAULT_PAUSE_BEFORE_COMMIT": "60"})
+    proc = subprocess.Popen(args, cwd=cli.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(tmp_path.glob(".export.partial-*/README.md")) and proc.poll() is None:
+        assert time.monotonic() < deadline, "the export never reached its pause"
+        time.sleep(0.05)
+    time.sleep(0.5)  # into the pause, after its message
+    proc.send_signal(stop)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + stop, (proc.returncode, stdout, stderr)
+    assert stderr.strip().splitlines()[-1] == f"export: stopped by {signal.Signals(stop).name}", stderr
+    assert "Traceback" not in stderr, stderr
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import NoReturn
 
-from .runtime import unrecoverable
+from .runtime import interrupts, unrecoverable
 from .runtime.output_paths import own_paths, require_writable_outputs
 from .runtime.process_exit import end
 from .settings.bounds import ANY_TEXT, require_in_bounds, text_option_problem
@@ -123,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if command == "train":
         follow_launcher(os.environ)  # a rank of torchrun or DeepSpeed's launcher ends with it
+    else:
+        interrupts.stop_like_ctrl_c()  # train: SIGTERM saves a checkpoint instead (preemption.py)
     args = parse_with_overrides(build_parser([command] if command in COMMANDS else ()), argv)
     cfg = None
     try:
@@ -144,9 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         if unrecoverable.recorded_by_a_rank():
             return 0  # a peer's echo (its collective lost the rank that failed): the job ends for that failure
         raise  # a crash a restart may outlive: torchrun's to handle
-    except KeyboardInterrupt:  # Ctrl-C where no command handles it: what it kept was said above
-        print(f"{args.command}: interrupted", file=sys.stderr)
-        return 130
+    except (
+        KeyboardInterrupt
+    ) as exc:  # Ctrl-C, SIGTERM or SIGHUP where no command handles it: what it kept was said above
+        print(f"{args.command}: {interrupts.how(exc)}", file=sys.stderr)
+        return interrupts.exit_code(exc)
 
 
 def entry() -> NoReturn:

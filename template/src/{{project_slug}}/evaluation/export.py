@@ -28,6 +28,7 @@ import torch
 
 from ..data.tokens import bos_id, data_fingerprint, data_tokenizer
 from ..models.family import family
+from ..runtime import faults
 from ..settings.config import Config, ConfigError, project_root
 from .trained_model import load_trained_model
 
@@ -116,6 +117,7 @@ def export(cfg: Config, out_dir: str | Path, ckpt: str | None = None) -> Path:
         hf.save_pretrained(partial, safe_serialization=True)
         tok.save_pretrained(partial)
         (partial / "README.md").write_text(_readme(cfg, hf, path, step, data_fingerprint(data_dir)))
+        faults.pause_before_commit(partial)
         if out.exists():
             out.rmdir()
         partial.rename(out)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import yaml
 
+from ..runtime import interrupts
 from ..settings.bounds import kubernetes_name, non_negative_float, non_negative_int
 from ..settings.config import ConfigError, project_root
 from ..settings.stored_files import read_yaml
@@ -230,8 +231,8 @@ def logs(cluster: Cluster, args: Namespace) -> int:
     print(f"--- {pod.metadata.name} ({phase})", file=sys.stderr, flush=True)
     try:
         cluster.stream_log(pod.metadata.name, container, args.follow)
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as exc:
+        return interrupts.exit_code(exc)
     return 0
 
 

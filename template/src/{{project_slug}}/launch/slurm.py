@@ -41,6 +41,7 @@ from argparse import ArgumentParser, Namespace
 from pathlib import Path
 
 from ..planning.slurm_partition import partition_problem, requested
+from ..runtime import interrupts
 from ..settings.bounds import scheduler_option, signal_name, slurm_name, slurm_time
 from ..settings.config import Config, ConfigError, project_root, under_root
 from . import code_copy, jobs
@@ -323,13 +324,13 @@ class Slurm(Platform):
             return proc.wait()
         try:
             code = proc.wait()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             proc.terminate()
             print(
                 f"\nstopped waiting; job {job_id} goes on (`{self.package} launch slurm --action cancel` ends it)",
                 file=sys.stderr,
             )
-            return 130
+            return interrupts.exit_code(exc)
         end = final_job_fields(job_id)
         state, restarts = end.get("JobState", ""), int(end.get("Restarts", "0") or 0)
         print(
@@ -413,8 +414,8 @@ class Slurm(Platform):
         print(f"--- {out}", file=sys.stderr, flush=True)
         try:
             print_file(Path(out), self.args.follow, running)
-        except KeyboardInterrupt:
-            return 130
+        except KeyboardInterrupt as exc:
+            return interrupts.exit_code(exc)
         if err and err != out and Path(err).is_file() and Path(err).stat().st_size:
             print(f"--- {err}", file=sys.stderr, flush=True)
             print_file(Path(err), False, running)

@@ -33,6 +33,7 @@ from argparse import ArgumentParser
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from ..runtime import interrupts
 from ..settings.bounds import endpoint as api_endpoint
 from ..settings.config import ConfigError, project_root
 from ..settings.topology import tione_variables
@@ -355,8 +356,8 @@ class Tione(Platform):
                     said = detail.Status
                 time.sleep(POLL_SECONDS)
                 detail = self._detail(api, scope, job)
-        except KeyboardInterrupt:
-            return 130
+        except KeyboardInterrupt as exc:
+            return interrupts.exit_code(exc)
         start = detail.StartTime or detail.CreateTime or rfc3339(datetime.now(timezone.utc) - timedelta(hours=1))
         seen: set[str] = set()
         try:
@@ -366,8 +367,8 @@ class Tione(Platform):
                     return 0
                 time.sleep(POLL_SECONDS)
                 detail = self._detail(api, scope, job)
-        except KeyboardInterrupt:
-            return 130
+        except KeyboardInterrupt as exc:
+            return interrupts.exit_code(exc)
 
     def _log_pages(self, api: Api, scope: dict, instance: str, start: str, seen: set[str]) -> str:
         """Print every log line from `start` to now, page by page (DescribeLogs' Context); returns the
