@@ -34,6 +34,7 @@ from pathlib import Path
 from ..runtime import checkpoint_files
 from ..runtime.distributed import barrier, print0, share_from_main
 from ..runtime.unrecoverable import raise_on_every_rank
+from ..settings.stored_files import warn
 
 FOLDER = "universal"  # under checkpoints/
 LOG = "conversion.log"  # DeepSpeed's progress lines, kept beside the conversion
@@ -55,6 +56,12 @@ def convert_once(folder: Path, is_main: bool) -> Path:
     Every rank returns the converted folder, or every rank raises with rank 0's one line."""
     target = converted_path(folder)
     problem = None
+    damage = conversion_problem(target) if is_main and target.exists() else None
+    if damage:
+        warn(f"the universal conversion {target} is damaged ({damage}); it is made again")
+        shutil.rmtree(target, ignore_errors=True)
+        with contextlib.suppress(OSError):  # a file where the folder should be
+            target.unlink()
     if is_main and not target.is_dir():
         print0(
             f"converting {folder} to DeepSpeed's universal checkpoint format (data-parallel size changed): "
@@ -97,6 +104,15 @@ def _convert(folder: Path, target: Path) -> None:
     with open(log, "w") as out, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         ds_to_universal.main(args)
     os.replace(log, staging / LOG)
+    # The record of what the conversion holds (sizes and sha256), written last: a folder without it,
+    # or whose files differ from it, is not trusted (conversion_problem).
+    files = {
+        str(p.relative_to(staging)): checkpoint_files.file_entry(p) for p in sorted(staging.rglob("*")) if p.is_file()
+    }
+    source = checkpoint_files.read_manifest(folder) or {}
+    checkpoint_files.write_manifest(
+        checkpoint_files.manifest_path(staging), source.get("run_id"), checkpoint_files.step_of(folder), files
+    )
     checkpoint_files.fsync_tree(staging)
     os.replace(staging, target)
     shutil.rmtree(staging.parent, ignore_errors=True)
@@ -104,6 +120,17 @@ def _convert(folder: Path, target: Path) -> None:
     for other in target.parent.iterdir():
         if other.is_dir() and other != target:
             shutil.rmtree(other, ignore_errors=True)
+
+
+def conversion_problem(target: Path) -> str | None:
+    """What makes a universal conversion on disk untrustworthy (emptied, cut short, copied in part,
+    made before conversions kept a record), or None. Sizes only: a conversion holds the fp32 weights
+    and both Adam moments, too much to hash at every resume; its files were hashed when it was made."""
+    if not target.is_dir():
+        return "a file, not a folder"
+    if checkpoint_files.read_manifest(target) is None:
+        return f"no {checkpoint_files.MANIFEST}: an interrupted or an older conversion"
+    return checkpoint_files.problem(target, contents=False)
 
 
 def remove_conversion(folder: Path) -> None:
