@@ -160,6 +160,10 @@ BAD_META = {
     "a JSON array": (b"[]", "(not a JSON object)"),
     "a number": (b"3", "(not a JSON object)"),
     "without its keys": (b'{"dtype": "uint16"}', "(no vocab_size, tokenizer, train, val)"),
+    "a dtype of floats": (
+        b'{"dtype": "float32", "vocab_size": 9, "tokenizer": "tokenizer.json", "train": [], "val": []}',
+        "dtype 'float32' is not an unsigned integer type",
+    ),
     "a tokenizer that is no file name": (
         b'{"dtype": "uint16", "vocab_size": 9, "tokenizer": 5, "train": [], "val": []}',
         "tokenizer 5 is not a file name",

@@ -136,12 +136,30 @@ def test_a_link_loop_under_data_raw_reads_each_file_once(cli, tmp_path):
             assert (data_dir / a["file"]).read_bytes() == (once / b["file"]).read_bytes()
 
 
-@pytest.mark.parametrize("command", ["train", "eval", "launch devmachine"])
-def test_a_missing_shard_is_one_line(command, cli, demo_data, run_1proc, train_overrides, tmp_path):
+def damage_shard(data_dir: Path, shard: str, how: str) -> list[str]:
+    """Damage the prepared data as `how` says; the words the one line must hold."""
+    if how == "missing":
+        (data_dir / shard).unlink()
+        return [shard, "prepare-data"]
+    if how == "cut short":  # a copy that stopped a token early: every later id would shift
+        path = data_dir / shard
+        path.write_bytes(path.read_bytes()[:-2])
+        return [shard, "bytes", "meta.json says", "prepare-data --force"]
+    meta = json.loads((data_dir / "meta.json").read_text())  # a dtype edited by hand
+    meta["dtype"] = "uint32"
+    (data_dir / "meta.json").write_text(json.dumps(meta))
+    return [shard, "uint32", "prepare-data --force"]
+
+
+# Each command meets another damage (they share the check, data/tokens.py's require_shards).
+@pytest.mark.parametrize(
+    "command, how", [("train", "missing"), ("eval", "cut short"), ("launch devmachine", "a dtype edited")]
+)
+def test_a_missing_or_altered_shard_is_one_line(command, how, cli, demo_data, run_1proc, train_overrides, tmp_path):
     data_dir = tmp_path / "data"
     shutil.copytree(demo_data, data_dir)
     shard = json.loads((data_dir / "meta.json").read_text())["train" if command != "eval" else "val"][0]["file"]
-    (data_dir / shard).unlink()
+    words = damage_shard(data_dir, shard, how)
     out = tmp_path / "run"
     shutil.copytree(run_1proc[0], out)
     before = snapshot(data_dir, out)
@@ -150,7 +168,7 @@ def test_a_missing_shard_is_one_line(command, cli, demo_data, run_1proc, train_o
         *[a.format(folder=out) for a in argv], *train_overrides, f"data.dir={data_dir}", expect=None, timeout=180
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert_one_line(proc, [shard, "prepare-data"])
+    assert_one_line(proc, words)
     assert snapshot(data_dir, out) == before
 
 

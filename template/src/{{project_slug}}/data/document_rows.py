@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..settings.config import ConfigError
-from .tokens import TokenData, bos_id, data_tokenizer, read_meta, require_shards
+from .tokens import TokenData, bos_id, data_tokenizer, open_shards, read_meta
 
 BUFFER = 1000  # documents the packer chooses among
 
@@ -67,10 +67,7 @@ class DocumentRows:
 
     @classmethod
     def open(cls, data_dir: Path, split: str, sequence_len: int) -> DocumentRows:
-        meta = read_meta(data_dir)
-        require_shards(data_dir, meta, split)
-        dtype = np.dtype(meta["dtype"])
-        shards = [np.memmap(data_dir / s["file"], dtype=dtype, mode="r") for s in meta[split]]
+        shards = open_shards(data_dir, read_meta(data_dir), split)
         data = cls(shards, sequence_len, bos_id(data_tokenizer(data_dir)))
         if data.num_sequences == 0:
             raise ConfigError(

@@ -32,7 +32,7 @@ from ..models.bert import predictions_per_sequence
 from ..models.family import family
 from ..models.sample_dropout import _MASK, _mix
 from ..settings.config import Config, ConfigError
-from .tokens import BERT_SPECIALS, TokenData, load_tokenizer, read_meta
+from .tokens import BERT_SPECIALS, TokenData, load_tokenizer, open_shards, read_meta
 
 _SPLIT_CODE = {"train": 0, "val": 1}
 _VAL_SEED = 0  # validation masks are the same for every run.seed
@@ -83,8 +83,7 @@ class MaskedTokenData:
                 f"family; run prepare-data with model.arch=bert (or another data.dir)"
             )
         specials = {t: tok.token_to_id(t) for t in BERT_SPECIALS}
-        dtype = np.dtype(meta["dtype"])
-        shards = [np.memmap(data_dir / s["file"], dtype=dtype, mode="r") for s in meta[split]]
+        shards = open_shards(data_dir, meta, split)
         seed = cfg.run.seed if split == "train" else _VAL_SEED
         data = cls(shards, cfg.model.sequence_len, specials, meta["vocab_size"], seed, split)
         if data.num_sequences == 0:

@@ -329,7 +329,9 @@ def sequences_in_shard(tokens: int, sequence_len: int, causal: bool) -> int:
 
 
 def require_shards(data_dir: Path, meta: dict, split: str) -> None:
-    """One line for a shard meta.json lists that is gone (one deleted, a copy cut short)."""
+    """One line for a shard meta.json lists that is gone (one deleted, a copy cut short), or whose size
+    is not its token count times the dtype's bytes (a copy cut short, a dtype edited in meta.json:
+    read anyway, such a shard would give other token ids)."""
     missing = [s["file"] for s in meta[split] if not (data_dir / s["file"]).is_file()]
     if missing:
         raise ConfigError(
@@ -337,6 +339,23 @@ def require_shards(data_dir: Path, meta: dict, split: str) -> None:
             f"run prepare-data again for data.dir={data_dir}",
             key="data.dir",
         )
+    itemsize = np.dtype(meta["dtype"]).itemsize
+    for shard in meta[split]:
+        size, expected = (data_dir / shard["file"]).stat().st_size, shard["tokens"] * itemsize
+        if size != expected:
+            raise ConfigError(
+                f"{data_dir / shard['file']} has {size:,} bytes, but meta.json says {shard['tokens']:,} tokens of "
+                f"{meta['dtype']} ({expected:,} bytes): the shard or meta.json was changed after prepare-data; "
+                f"run `prepare-data --force` for data.dir={data_dir}",
+                key="data.dir",
+            )
+
+
+def open_shards(data_dir: Path, meta: dict, split: str) -> list[np.memmap]:
+    """The split's shards, memory-mapped, once require_shards has found them as meta.json says."""
+    require_shards(data_dir, meta, split)
+    dtype = np.dtype(meta["dtype"])
+    return [np.memmap(data_dir / s["file"], dtype=dtype, mode="r") for s in meta[split]]
 
 
 @dataclass
@@ -348,10 +367,7 @@ class TokenData:
 
     @classmethod
     def open(cls, data_dir: Path, split: str, sequence_len: int) -> TokenData:
-        meta = read_meta(data_dir)
-        dtype = np.dtype(meta["dtype"])
-        require_shards(data_dir, meta, split)
-        shards = [np.memmap(data_dir / s["file"], dtype=dtype, mode="r") for s in meta[split]]
+        shards = open_shards(data_dir, read_meta(data_dir), split)
         data = cls(shards, sequence_len)
         if data.num_sequences == 0:
             raise ConfigError(
@@ -416,9 +432,11 @@ def _meta_problem(meta) -> str | None:
     if not isinstance(meta["tokenizer"], str):
         return f"tokenizer {meta['tokenizer']!r} is not a file name"
     try:
-        np.dtype(meta["dtype"])
+        dtype = np.dtype(meta["dtype"])
     except (TypeError, ValueError):
         return f"dtype {meta['dtype']!r} is not a NumPy dtype"
+    if dtype.kind != "u":
+        return f"dtype {meta['dtype']!r} is not an unsigned integer type (prepare-data writes uint16 or uint32)"
     if not isinstance(meta["vocab_size"], int) or isinstance(meta["vocab_size"], bool) or meta["vocab_size"] < 1:
         return f"vocab_size {meta['vocab_size']!r} is not a positive whole number"
     for split in ("train", "val"):
