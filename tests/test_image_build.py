@@ -318,4 +318,7 @@ def test_missing_docker_package_names_the_install(project):
     code = f"import sys; sys.modules['docker'] = None; from {SLUG}.cli import main; sys.exit(main(['image', 'build']))"
     proc = run([sys.executable, "-c", code], cwd=project.path, env={"PYTHONPATH": str(project.path / "src")})
     assert proc.returncode == 1
-    assert proc.stderr.startswith("error: the docker Python package is missing: pip install docker"), proc.stderr
+    assert proc.stderr.startswith("error: image (the docker SDK talks to the engine) needs the docker package"), (
+        proc.stderr
+    )
+    assert "`pip install -e '.[image]'` in the project, or `pip install docker`" in proc.stderr, proc.stderr

@@ -621,7 +621,8 @@ def test_missing_kubernetes_package_names_the_install(solo):
     )
     proc = run([sys.executable, "-c", code], cwd=solo.path, env={"PYTHONPATH": str(solo.path / "src")})
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert proc.stderr.startswith("error: the `kubernetes` Python package is missing: `pip install kubernetes`")
+    assert proc.stderr.startswith("error: launch kubeflow needs the kubernetes package, which is not installed here")
+    assert "`pip install -e '.[kubeflow]'`" in proc.stderr and "kubectl apply -f -" in proc.stderr, proc.stderr
 
 
 def test_generated_project_own_kubeflow_tests_pass(solo):

@@ -831,6 +831,17 @@ def shown(lines: list[dict]) -> list[str]:
     return [f"[{line['PodName']}] {line['Message']}" for line in lines]
 
 
+def test_a_dry_run_without_the_sdk_names_its_install(api_projects, tmp_path):
+    """runtime/optional_packages.py: one line naming the extra, not a ModuleNotFoundError."""
+    project = api_projects["ddp"]
+    code = (
+        f"import sys; sys.modules['tencentcloud'] = None; from {slug_of(project)}.cli import main; "
+        "sys.exit(main(['launch', 'tione', '--dry-run']))"
+    )
+    line = one_line_error(sh(["python", "-c", code], api_env(project, tmp_path / "home"), cwd=project))
+    assert "launch tione" in line and "'.[tione]'" in line and "tencentcloud-sdk-python-tione" in line, line
+
+
 @pytest.mark.quick
 @pytest.mark.parametrize("mode", API_MODES)
 def test_dry_run_prints_only_the_create_request_the_sdk_accepts(api_projects, endpoint, tmp_path, mode):

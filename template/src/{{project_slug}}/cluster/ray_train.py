@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..runtime.optional_packages import require
 from ..settings.bounds import count, positive_float
 from ..settings.config import Config, ConfigError, project_root, read_env_file
 from .nccl_env import apply_nccl_env
@@ -121,12 +122,10 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
     print(plan, flush=True)
     if args.dry_run:
         return 0
-    try:
-        import ray
-        from ray.train import FailureConfig, RunConfig, ScalingConfig
-        from ray.train.torch import TorchTrainer
-    except ImportError:
-        raise ConfigError("ray is not installed: pip install 'ray[train]' (or pip install -e '.[ray]')") from None
+    ray = require("ray", "ray", "ray-train")
+    require("ray.train.torch", "ray", "ray-train")
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
 
     try:
         ray.init(address=args.address, runtime_env=runtime_env() or None, log_to_driver=True)

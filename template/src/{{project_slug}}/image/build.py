@@ -29,6 +29,7 @@ import re
 import sys
 import time
 
+from ..runtime.optional_packages import require
 from ..settings.config import Config, ConfigError
 from .plan import Plan, describe, make_plan
 
@@ -114,12 +115,7 @@ def _reason(exc: BaseException) -> str:
 
 def connect():
     """A docker APIClient for DOCKER_HOST (or the default socket), after a ping: one clear line if none."""
-    try:
-        import docker
-    except ImportError:
-        raise ConfigError(
-            "the docker Python package is missing: pip install docker (or pip install -e '.[image]' in the project)"
-        ) from None
+    docker = require("docker", "image", "image (the docker SDK talks to the engine)")
     where = os.environ.get("DOCKER_HOST")
     where = f"DOCKER_HOST={where}" if where else "unix:///var/run/docker.sock (DOCKER_HOST is unset)"
     try:

@@ -25,7 +25,6 @@ gives the ranks no master address), mpich and impi (their own MPI stacks; use th
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shlex
@@ -40,10 +39,10 @@ from ..cluster.nccl_env import apply_nccl_env
 from ..cluster.network import wait_for_master
 from ..cluster.supervise import run_supervised
 from ..cluster.torchrun import check_before_start, train_entry
+from ..runtime.optional_packages import require
 from ..settings.config import Config, ConfigError, debug_requested, project_root, read_env_file, under_root
 from ..settings.topology import default_nproc
 
-INSTALL = "DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed"
 HOSTFILE = Path("launch") / "devmachine" / "hostfile"
 # DeepSpeed's multi-node backends offered here, and the program each needs on node 0.
 BACKENDS = {"pdsh": "pdsh", "openmpi": "ompi_info"}
@@ -239,8 +238,7 @@ def launch(
         if plan.mode == "ssh":
             print("passed to every node (DS_ENV_FILE): " + " ".join(f"{k}={v}" for k, v in remote_env(plan).items()))
         return 0
-    if importlib.util.find_spec("deepspeed") is None:
-        raise ConfigError(f"--launcher deepspeed needs DeepSpeed in this environment: {INSTALL}")
+    require("deepspeed", "deepspeed", "--launcher deepspeed")
     if plan.mode == "ssh" and shutil.which(BACKENDS[args.ds_launcher]) is None:
         raise ConfigError(
             f"--ds-launcher {args.ds_launcher} needs `{BACKENDS[args.ds_launcher]}` on this node's PATH. Fixes: "

@@ -19,6 +19,7 @@ from argparse import Namespace
 
 import yaml
 
+from ..runtime.optional_packages import require
 from ..settings.config import ConfigError
 
 REQUEST_TIMEOUT = 30  # seconds for one API call (not for streaming logs)
@@ -76,14 +77,15 @@ def context_problem(args: Namespace) -> str | None:
 
 def kube_client(args: Namespace):
     """An ApiClient for the kubeconfig (or the in-cluster service account); ConfigError naming the fix."""
-    try:
-        from kubernetes import client, config
-        from kubernetes.config.config_exception import ConfigException
-    except ImportError:
-        raise ConfigError(
-            "the `kubernetes` Python package is missing: `pip install kubernetes` (or `pip install -e '.[kubeflow]'`); "
-            "or print the manifest with --dry-run and submit it with `kubectl apply -f -`"
-        ) from None
+    require(
+        "kubernetes",
+        "kubeflow",
+        "launch kubeflow",
+        "or print the manifest with --dry-run and submit it with `kubectl apply -f -`",
+    )
+    from kubernetes import client, config
+    from kubernetes.config.config_exception import ConfigException
+
     configuration = client.Configuration()
     try:
         config.load_kube_config(config_file=args.kubeconfig, context=args.context, client_configuration=configuration)

@@ -34,6 +34,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from ..runtime import interrupts
+from ..runtime.optional_packages import require
 from ..settings.bounds import endpoint as api_endpoint
 from ..settings.config import ConfigError, project_root
 from ..settings.topology import tione_variables
@@ -43,7 +44,6 @@ from .jobs import Job
 from .tione_console import print_console_settings, start_script
 from .tione_request import TASK_FILE, api_mode, build_request, load_task, request_problems, unknown_fields
 
-INSTALL = "pip install tencentcloud-sdk-python-tione"
 # TI-ONE's task states (DescribeTrainingTask Status) and what they mean here.
 STATES = {
     "SUBMITTING": "queued",
@@ -92,13 +92,12 @@ def credentials():
             f"{blank[0]} is set but blank: export the key of an API key (CAM console) there, or unset it to use "
             "~/.tencentcloud/credentials"
         )
-    try:
-        from tencentcloud.common import credential
-    except ImportError:
-        raise ConfigError(
-            f"TI-ONE's SDK is missing: `{INSTALL}` (or pip install -e '.[tione]'); without API "
-            "access, `launch tione --console` prints the console settings"
-        ) from None
+    credential = require(
+        "tencentcloud.common.credential",
+        "tione",
+        "launch tione",
+        "without API access, `launch tione --console` prints the console settings",
+    )
     for source in (credential.EnvironmentVariableCredential(), credential.ProfileCredential()):
         try:
             found = source.get_credential()

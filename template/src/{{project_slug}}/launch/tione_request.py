@@ -23,6 +23,7 @@ import warnings
 from copy import deepcopy
 from pathlib import Path
 
+from ..runtime.optional_packages import require
 from ..settings.bounds import MAX_NODES, Range
 from ..settings.config import ConfigError, project_root
 from ..settings.stored_files import read_yaml
@@ -124,7 +125,9 @@ def load_task(path: Path) -> dict:
 def unknown_fields(model_name: str, request: dict) -> list[str]:
     """Fields the SDK's model (and the models nested in it) does not know: the SDK warns about them
     ('X fileds are useless.') and would drop them silently."""
-    from tencentcloud.tione.v20211111 import models
+    models = require(
+        "tencentcloud.tione.v20211111.models", "tione", "launch tione (its request is checked against the SDK)"
+    )
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

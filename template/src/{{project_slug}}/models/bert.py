@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..runtime.optional_packages import require
 from ..settings.config import Config, ConfigError
 from .bert_family import FAMILY, MLM_SHARE, SEQUENCE_LEN
 from .family import check_vocab
@@ -34,7 +35,6 @@ def predictions_per_sequence(sequence_len: int) -> int:
 
 
 KEYED_ATTENTION = "sdpa_keyed_dropout"  # the attention function registered with transformers below
-INSTALL = "pip install 'transformers>=4.46' (the project's `bert` extra)"
 
 
 def import_transformers():
@@ -43,12 +43,7 @@ def import_transformers():
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    try:
-        import transformers
-    except ImportError as exc:
-        raise ConfigError(
-            f"BERT models and vocab.txt tokenizers need transformers ({exc}); install it with {INSTALL}"
-        ) from None
+    transformers = require("transformers", "bert", "BERT models and vocab.txt tokenizers")
     transformers.logging.set_verbosity_error()  # load reports of every rank would drown the metrics
     return transformers
 

@@ -35,13 +35,13 @@ import torch
 
 from ..runtime import checkpoint, checkpoint_files, faults
 from ..runtime.distributed import DistInfo, barrier, gather_objects, print0, resolve_precision, share_from_main
+from ..runtime.optional_packages import require
 from ..runtime.unrecoverable import raise_on_every_rank
 from ..settings.config import Config, ConfigError
 from ..settings.precision import HYSTERESIS, INITIAL_SCALE_POWER, MIN_LOSS_SCALE, SCALE_WINDOW, fp16_zero0_refusal
 from . import universal_checkpoint
 from .common import clip_gradients, compiled, param_groups
 
-INSTALL = "DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed"
 STAGING = ".staging"  # where a save is written before it is renamed into place
 
 
@@ -49,11 +49,7 @@ def import_deepspeed():
     """deepspeed, or a ConfigError saying how to install it (no CUDA toolkit needed)."""
     if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
         os.environ["DS_ACCELERATOR"] = "cpu"  # otherwise DeepSpeed probes for CUDA and fails
-    try:
-        import deepspeed
-    except ImportError as exc:
-        raise ConfigError(f"run.strategy=deepspeed needs DeepSpeed ({exc}); install it with `{INSTALL}`") from None
-    return deepspeed
+    return require("deepspeed", "deepspeed", "run.strategy=deepspeed (no CUDA toolkit needed to install it)")
 
 
 def zero_compiled(cfg: Config, device) -> tuple[bool, str]:
