@@ -142,6 +142,20 @@ def test_a_damaged_config_file_is_one_line_from_check(tmp_path, damage):
     assert tree_hashes(tmp_path) == before
 
 
+def test_an_emptied_project_config_is_refused_and_an_empty_config_given_by_path_is_the_defaults(tmp_path):
+    """config/train.yaml emptied (a slip, a failed write) would train on the code's defaults, another run
+    than the one written for; an empty file passed with --config asks for exactly those."""
+    run_in(tmp_path, "--help")
+    own = tmp_path / "config" / "train.yaml"
+    own.write_text("# nothing left\n")
+    proc = run_in(tmp_path, "check")
+    lines = stderr_lines(proc)
+    assert proc.returncode == 1 and len(lines) == 1 and "holds no settings" in lines[0], proc.stdout + proc.stderr
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    assert run_in(tmp_path, "check", "--config", empty).returncode == 0
+
+
 @pytest.mark.parametrize("encoding", ["utf-16", "utf-8-sig"])
 def test_a_config_saved_with_a_byte_order_mark_is_read(tmp_path, encoding):
     config = tmp_path / "mine.yaml"

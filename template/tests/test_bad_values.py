@@ -74,14 +74,15 @@ def config_cases(pkg) -> list[tuple[list[str], str]]:
             base = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
             values = []
             if base is int:
-                values = ["abc", "1.5", "\uff11\uff12", "1e305"]
+                values = ["abc", "1.5", "\uff11\uff12", "1e305", "1_0"]  # int() reads 1_0 as 10
             elif base is float:
-                values = ["abc", "\uff11\uff12"]  # float() alone would read full-width digits
+                values = ["abc", "\uff11\uff12", "1_0.5"]  # float() alone would read full-width digits, and 10.5
             elif base is bool:
                 values = ["maybe", "2"]
             if key in bounds.BOUNDS:
                 allowed = bounds.BOUNDS[key]
                 values += ["1" + "0" * 400, "-1" if allowed.low >= 0 else "abc"]
+                values += ["-0.0"] if base is float and allowed.low >= 0 else []  # a minus sign, not a zero
                 values += ["0"] if not allowed.holds(0) else []
                 values += ["inf", "nan", "1e305"] if base is float else []
             cases += [(["check", f"{key}={value}"], key) for value in dict.fromkeys(values)]

@@ -38,6 +38,8 @@ class Range:
     high_open: bool = False
 
     def holds(self, value: float) -> bool:
+        if value == 0 and math.copysign(1.0, value) < 0 <= self.low:
+            return False  # -0.0: a minus sign where none may go, not a zero
         above = value > self.low if self.low_open else value >= self.low
         below = value < self.high if self.high_open else value <= self.high
         return above and below  # NaN is neither
@@ -51,6 +53,8 @@ class Range:
 
 def _number(value: float) -> str:
     """The value as the user would write it; a 400-digit one named by its length, not printed whole."""
+    if value == 0 and math.copysign(1.0, value) < 0:
+        return "-0.0"
     if isinstance(value, float) and not (math.isfinite(value) and value.is_integer() and abs(value) < 1e16):
         return str(value)
     text = str(int(value))

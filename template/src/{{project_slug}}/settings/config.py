@@ -404,7 +404,9 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
-    """Read YAML, apply `section.key=value` overrides, return a validated Config."""
+    """Read YAML, apply `section.key=value` overrides, return a validated Config. The project's own
+    config file must hold settings; a file given by path may be empty (the code's defaults)."""
+    own = not path
     path = Path(path) if path else default_config_path()
     if not path.is_file():
         raise ConfigError(f"config file {path} not found; pass --config PATH or run from the project folder")
@@ -421,7 +423,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
             "resolve them (keep one side between <<<<<<< and >>>>>>>), then run check again"
         )
     try:
-        raw = yaml.safe_load(text) or {}
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         what = one_line(getattr(exc, "problem", None) or exc)
@@ -431,6 +433,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
             "correct that line: `key: value` under each section",
             mark and mark.line + 1,
         ) from None
+    if raw is None and own:  # emptied by a slip or a failed write: not the run it was written for
+        raise ConfigError(
+            f"{path} holds no settings (empty, or comments only); restore it (`git checkout -- {path.name}` in "
+            "its folder, or `copier update`), or pass --config FILE for the code's defaults"
+        )
+    raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise ConfigError(f"{path} must hold a mapping of sections (model:, data:, ...)")
     cfg = Config()
@@ -476,6 +484,12 @@ def _assign(section, section_name: str, key: str, value: Any, source: str, from_
     setattr(section, key, _coerce(value, hint, f"{section_name}.{key}", source, from_text))
 
 
+# Digits as Python reads them, underscores only between groups of three (1_000_000): "1_0" is a
+# slip of the keyboard that int() would read as 10.
+DIGITS = r"(?:[0-9]+|[0-9]{1,3}(?:_[0-9]{3})+)"
+THOUSANDS_FLOAT = rf"\s*[+-]?{DIGITS}(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?\s*"
+
+
 def _coerce(value: Any, hint: Any, name: str, source: str, from_text: bool) -> Any:
     """Turn a YAML value or command-line text into the field's type, or raise naming the key."""
     optional = isinstance(hint, types.UnionType) and type(None) in typing.get_args(hint)
@@ -492,13 +506,14 @@ def _coerce(value: Any, hint: Any, name: str, source: str, from_text: bool) -> A
     if base is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        if isinstance(value, str) and re.fullmatch(r"[+-]?[0-9][0-9_]*", value.strip()):
+        if isinstance(value, str) and re.fullmatch(rf"[+-]?{DIGITS}", value.strip()):
             return int(value.replace("_", ""))
         raise wrong
     if base is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        if isinstance(value, str) and value.isascii():  # float() also reads other scripts' digits
+        # float() also reads other scripts' digits, and underscores anywhere ("1_0" is 10)
+        if isinstance(value, str) and value.isascii() and ("_" not in value or re.fullmatch(THOUSANDS_FLOAT, value)):
             try:
                 return float(value)
             except ValueError:
