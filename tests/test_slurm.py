@@ -1219,7 +1219,7 @@ def test_python_without_torch_fails_in_one_line(slurm_cluster, slurm_project, tm
     errors = [line for line in lines if line.startswith("error: ")]
     assert errors and set(errors) == {
         f"error: the image's Python ({bare}/bin/python) lacks torch, numpy, pyyaml, tokenizers, pyarrow, tqdm, "
-        f"tensorboard, py-spy (the project's dependencies, pyproject.toml): use an image that has them, or the "
+        f"tensorboard, py-spy, torchao (the project's dependencies, pyproject.toml): use an image that has them, or the "
         f"project's own image (code_from=image); code from {copy}"
     }, lines
     assert "Traceback" not in "\n".join(lines)
