@@ -896,12 +896,39 @@ def test_submit_sends_the_dry_run_request_and_records_the_task(api_projects, end
     assert job["extra"]["project"] == (PROJECT_ID if mode == "ddp" else "")
 
 
+def mount_storage_at(project: Path, mount: Path) -> None:
+    """The project as answered with shared_mount=mount: the storage as this machine mounts it (here a
+    temporary folder), at the same path as TI-ONE mounts it on the nodes."""
+    for name in ("launch/tione/task.yaml", "config/train.yaml"):
+        path = project / name
+        path.write_text(path.read_text().replace(SHARED, str(mount)))
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    "output_dir, words",
+    [
+        ("/srv/runs", ["run.output_dir='/srv/runs' lies outside the storage", SHARED, "task.yaml"]),
+        (f"{SHARED}/../../etc/runs", ["(that is /etc/runs)", "set run.output_dir under it"]),
+    ],
+)
+def test_outputs_off_the_mounted_storage_are_refused_before_a_copy(api_projects, tmp_path, output_dir, words):
+    """planning/storage_paths.py: where the job's nodes would keep checkpoints in a container that
+    vanishes, the dry run says so in one line and copies nothing."""
+    project = fresh_project(api_projects, "ddp", tmp_path)
+    env = api_env(project, tmp_path / "home")
+    result = tione(project, env, "--dry-run", "--code-from-storage", "--image", IMAGE, f"run.output_dir={output_dir}")
+    line = one_line_error(result)
+    assert all(w in line for w in words), line
+
+
 def test_code_from_storage_task_runs_the_copy_in_the_image_given(api_projects, endpoint, tmp_path):
     """--code-from-storage: the project is copied beside run.output_dir, the start command checks the
     image and runs the copy's start script, the image is the one given, and the record names the copy."""
     project = fresh_project(api_projects, "ddp", tmp_path)
     env = api_env(project, tmp_path / "home")
     runs = tmp_path / "cfs" / "p" / "runs"
+    mount_storage_at(project, tmp_path / "cfs")
     given = ["--code-from-storage", "--image", "nvcr.io/nvidia/pytorch:25.01-py3", f"run.output_dir={runs}"]
     dry = tione(project, env, "--dry-run", "--name", "ready-1", *given)
     assert dry.returncode == 0, dry.stderr

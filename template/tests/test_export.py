@@ -114,7 +114,7 @@ def test_export_into_a_folder_holding_files_is_refused_and_leaves_it(run_2proc, 
 def test_a_stop_signal_during_an_export_leaves_nothing_as_ctrl_c_does(
     run_2proc, demo_data, cli, tmp_path, tiny_model, stop
 ):
-    """A scheduler's stop or a closed terminal in the middle of the save (runtime/interrupts.py): the
+    """A scheduler's stop or a closed terminal in the middle of the save (runtime/process_exit.py): the
     partial folder, as large as the model, is removed; one line; 128 + the signal's number."""
     out = tmp_path / "export"
     args = cli.command("export", out, f"data.dir={demo_data}", f"run.output_dir={run_2proc[0]}", *tiny_model)

@@ -161,7 +161,7 @@ def test_an_interrupted_run_continues_from_its_finished_parts(cli, reference, tm
     leftover = parts / f"{unfinished:05d}.4242.tmp"
     shutil.copytree(parts / "00000", leftover)
     proc = start_and_wait_for_parts(cli, tmp_path, workers=1, parts=kept + 1)
-    proc.send_signal(signal.SIGTERM)  # a scheduler's stop: as Ctrl-C (runtime/interrupts.py)
+    proc.send_signal(signal.SIGTERM)  # a scheduler's stop: as Ctrl-C (runtime/process_exit.py)
     stdout, stderr = proc.communicate(timeout=60)
     kept = finished_parts(parts)
     assert f"{kept} finished part(s) stay" in stdout and not leftover.exists(), stdout + stderr

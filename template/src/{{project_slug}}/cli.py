@@ -16,13 +16,14 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Iterator
 from types import ModuleType
 from typing import NoReturn
 
-from .runtime import interrupts, unrecoverable
+from .runtime import process_exit, unrecoverable
 from .runtime.output_paths import own_paths, require_writable_outputs
 from .runtime.process_exit import end
 from .settings.bounds import ANY_TEXT, require_in_bounds, text_option_problem
@@ -113,8 +114,16 @@ def text_problems(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
                         yield parser, problem
 
 
+# torchao (run.fp8; transformers imports it too wherever it is installed) logs each CUDA extension a
+# CPU torch cannot load, and torch a deprecation of how torchao registers its types: noise in every
+# command's output, not the user's to act on.
+QUIET_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
     command = requested_command(argv)
     if command is not None and command not in COMMANDS:
         close = difflib.get_close_matches(command, COMMANDS, n=1)
@@ -124,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     if command == "train":
         follow_launcher(os.environ)  # a rank of torchrun or DeepSpeed's launcher ends with it
     else:
-        interrupts.stop_like_ctrl_c()  # train: SIGTERM saves a checkpoint instead (preemption.py)
+        process_exit.stop_like_ctrl_c()  # train: SIGTERM saves a checkpoint instead (preemption.py)
     args = parse_with_overrides(build_parser([command] if command in COMMANDS else ()), argv)
     cfg = None
     try:
@@ -149,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     except (
         KeyboardInterrupt
     ) as exc:  # Ctrl-C, SIGTERM or SIGHUP where no command handles it: what it kept was said above
-        print(f"{args.command}: {interrupts.how(exc)}", file=sys.stderr)
-        return interrupts.exit_code(exc)
+        print(f"{args.command}: {process_exit.how(exc)}", file=sys.stderr)
+        return process_exit.interrupted_code(exc)
 
 
 def entry() -> NoReturn:

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..runtime.optional_packages import require
+from ..runtime.unrecoverable import require_package
 from ..settings.bounds import count, positive_float
 from ..settings.config import Config, ConfigError, project_root, read_env_file
 from .nccl_env import apply_nccl_env
@@ -122,8 +122,8 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
     print(plan, flush=True)
     if args.dry_run:
         return 0
-    ray = require("ray", "ray", "ray-train")
-    require("ray.train.torch", "ray", "ray-train")
+    ray = require_package("ray", "ray", "ray-train")
+    require_package("ray.train.torch", "ray", "ray-train")
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 

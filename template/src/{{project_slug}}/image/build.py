@@ -29,7 +29,7 @@ import re
 import sys
 import time
 
-from ..runtime.optional_packages import require
+from ..runtime.unrecoverable import require_package
 from ..settings.config import Config, ConfigError
 from .plan import Plan, describe, make_plan
 
@@ -115,7 +115,7 @@ def _reason(exc: BaseException) -> str:
 
 def connect():
     """A docker APIClient for DOCKER_HOST (or the default socket), after a ping: one clear line if none."""
-    docker = require("docker", "image", "image (the docker SDK talks to the engine)")
+    docker = require_package("docker", "image", "image (the docker SDK talks to the engine)")
     where = os.environ.get("DOCKER_HOST")
     where = f"DOCKER_HOST={where}" if where else "unix:///var/run/docker.sock (DOCKER_HOST is unset)"
     try:

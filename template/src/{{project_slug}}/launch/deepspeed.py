@@ -39,7 +39,7 @@ from ..cluster.nccl_env import apply_nccl_env
 from ..cluster.network import wait_for_master
 from ..cluster.supervise import run_supervised
 from ..cluster.torchrun import check_before_start, train_entry
-from ..runtime.optional_packages import require
+from ..runtime.unrecoverable import require_package
 from ..settings.config import Config, ConfigError, debug_requested, project_root, read_env_file, under_root
 from ..settings.topology import default_nproc
 
@@ -238,7 +238,7 @@ def launch(
         if plan.mode == "ssh":
             print("passed to every node (DS_ENV_FILE): " + " ".join(f"{k}={v}" for k, v in remote_env(plan).items()))
         return 0
-    require("deepspeed", "deepspeed", "--launcher deepspeed")
+    require_package("deepspeed", "deepspeed", "--launcher deepspeed")
     if plan.mode == "ssh" and shutil.which(BACKENDS[args.ds_launcher]) is None:
         raise ConfigError(
             f"--ds-launcher {args.ds_launcher} needs `{BACKENDS[args.ds_launcher]}` on this node's PATH. Fixes: "

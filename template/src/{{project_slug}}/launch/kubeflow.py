@@ -28,7 +28,8 @@ from pathlib import Path
 
 import yaml
 
-from ..runtime import interrupts
+from ..planning import storage_paths
+from ..runtime import process_exit
 from ..settings.bounds import kubernetes_name, non_negative_float, non_negative_int
 from ..settings.config import ConfigError, project_root
 from ..settings.stored_files import read_yaml
@@ -232,7 +233,7 @@ def logs(cluster: Cluster, args: Namespace) -> int:
     try:
         cluster.stream_log(pod.metadata.name, container, args.follow)
     except KeyboardInterrupt as exc:
-        return interrupts.exit_code(exc)
+        return process_exit.interrupted_code(exc)
     return 0
 
 
@@ -271,8 +272,12 @@ class Kubeflow(Platform):
         manifest = prepared_manifest(self.args)
         check_grace(manifest, self.cfg.cluster.stop_grace_seconds)
         from_storage, image = code_copy.ready_image(self.args)
-        if not from_storage:
+        copy = code_copy.copy_project(self.cfg, dry_run=True) if from_storage else None  # where it goes
+        mounts = storage_paths.manifest_mounts(manifest)
+        storage_paths.require_on_storage(self.cfg, mounts, str(manifest_path(self.args.manifest)), copy)
+        if copy is None:
             return manifest, None
+        storage_paths.require_writable_folder("the project's copy", copy.parent)
         copy = code_copy.copy_project(self.cfg, dry_run=self.args.dry_run)
         run_from_copy(manifest, copy, image, self.package)
         return manifest, copy

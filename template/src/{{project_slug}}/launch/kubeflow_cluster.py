@@ -19,7 +19,7 @@ from argparse import Namespace
 
 import yaml
 
-from ..runtime.optional_packages import require
+from ..runtime.unrecoverable import require_package
 from ..settings.config import ConfigError
 
 REQUEST_TIMEOUT = 30  # seconds for one API call (not for streaming logs)
@@ -77,7 +77,7 @@ def context_problem(args: Namespace) -> str | None:
 
 def kube_client(args: Namespace):
     """An ApiClient for the kubeconfig (or the in-cluster service account); ConfigError naming the fix."""
-    require(
+    require_package(
         "kubernetes",
         "kubeflow",
         "launch kubeflow",

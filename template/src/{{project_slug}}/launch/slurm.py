@@ -41,7 +41,7 @@ from argparse import ArgumentParser, Namespace
 from pathlib import Path
 
 from ..planning.slurm_partition import partition_problem, requested
-from ..runtime import interrupts
+from ..runtime import process_exit
 from ..settings.bounds import scheduler_option, signal_name, slurm_name, slurm_time
 from ..settings.config import Config, ConfigError, project_root, under_root
 from . import code_copy, jobs
@@ -330,7 +330,7 @@ class Slurm(Platform):
                 f"\nstopped waiting; job {job_id} goes on (`{self.package} launch slurm --action cancel` ends it)",
                 file=sys.stderr,
             )
-            return interrupts.exit_code(exc)
+            return process_exit.interrupted_code(exc)
         end = final_job_fields(job_id)
         state, restarts = end.get("JobState", ""), int(end.get("Restarts", "0") or 0)
         print(
@@ -415,7 +415,7 @@ class Slurm(Platform):
         try:
             print_file(Path(out), self.args.follow, running)
         except KeyboardInterrupt as exc:
-            return interrupts.exit_code(exc)
+            return process_exit.interrupted_code(exc)
         if err and err != out and Path(err).is_file() and Path(err).stat().st_size:
             print(f"--- {err}", file=sys.stderr, flush=True)
             print_file(Path(err), False, running)

@@ -33,8 +33,9 @@ from argparse import ArgumentParser
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from ..runtime import interrupts
-from ..runtime.optional_packages import require
+from ..planning import storage_paths
+from ..runtime import process_exit
+from ..runtime.unrecoverable import require_package
 from ..settings.bounds import endpoint as api_endpoint
 from ..settings.config import ConfigError, project_root
 from ..settings.topology import tione_variables
@@ -92,7 +93,7 @@ def credentials():
             f"{blank[0]} is set but blank: export the key of an API key (CAM console) there, or unset it to use "
             "~/.tencentcloud/credentials"
         )
-    credential = require(
+    credential = require_package(
         "tencentcloud.common.credential",
         "tione",
         "launch tione",
@@ -215,8 +216,12 @@ class Tione(Platform):
         script = start_script(self.launch_dir)
         extra = (["--config", self.args.config] if self.args.config else []) + list(self.args.overrides)
         from_storage, image = code_copy.ready_image(self.args)
-        copy = code_copy.copy_project(self.cfg, dry_run=self.args.dry_run) if from_storage else None
+        copy = code_copy.copy_project(self.cfg, dry_run=True) if from_storage else None  # where it goes
+        mounts = storage_paths.task_mounts(task)
+        storage_paths.require_on_storage(self.cfg, mounts, f"{task_path}'s request.DataConfigs", copy)
         if copy is not None:
+            storage_paths.require_writable_folder("the project's copy", copy.parent)
+            copy = code_copy.copy_project(self.cfg, dry_run=self.args.dry_run)
             task["code_dir"] = str(copy)
         request = build_request(task, api_mode(script), script, self.args.name, extra)
         if copy is not None:
@@ -356,7 +361,7 @@ class Tione(Platform):
                 time.sleep(POLL_SECONDS)
                 detail = self._detail(api, scope, job)
         except KeyboardInterrupt as exc:
-            return interrupts.exit_code(exc)
+            return process_exit.interrupted_code(exc)
         start = detail.StartTime or detail.CreateTime or rfc3339(datetime.now(timezone.utc) - timedelta(hours=1))
         seen: set[str] = set()
         try:
@@ -367,7 +372,7 @@ class Tione(Platform):
                 time.sleep(POLL_SECONDS)
                 detail = self._detail(api, scope, job)
         except KeyboardInterrupt as exc:
-            return interrupts.exit_code(exc)
+            return process_exit.interrupted_code(exc)
 
     def _log_pages(self, api: Api, scope: dict, instance: str, start: str, seen: set[str]) -> str:
         """Print every log line from `start` to now, page by page (DescribeLogs' Context); returns the

@@ -23,7 +23,7 @@ import warnings
 from copy import deepcopy
 from pathlib import Path
 
-from ..runtime.optional_packages import require
+from ..runtime.unrecoverable import require_package
 from ..settings.bounds import MAX_NODES, Range
 from ..settings.config import ConfigError, project_root
 from ..settings.stored_files import read_yaml
@@ -125,7 +125,7 @@ def load_task(path: Path) -> dict:
 def unknown_fields(model_name: str, request: dict) -> list[str]:
     """Fields the SDK's model (and the models nested in it) does not know: the SDK warns about them
     ('X fileds are useless.') and would drop them silently."""
-    models = require(
+    models = require_package(
         "tencentcloud.tione.v20211111.models", "tione", "launch tione (its request is checked against the SDK)"
     )
 

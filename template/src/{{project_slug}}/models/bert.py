@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..runtime.optional_packages import require
+from ..runtime.unrecoverable import require_package
 from ..settings.config import Config, ConfigError
 from .bert_family import FAMILY, MLM_SHARE, SEQUENCE_LEN
 from .family import check_vocab
@@ -43,7 +43,7 @@ def import_transformers():
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    transformers = require("transformers", "bert", "BERT models and vocab.txt tokenizers")
+    transformers = require_package("transformers", "bert", "BERT models and vocab.txt tokenizers")
     transformers.logging.set_verbosity_error()  # load reports of every rank would drown the metrics
     return transformers
 

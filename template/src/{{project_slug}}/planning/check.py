@@ -24,6 +24,7 @@ from .estimates import ASSUMED_MFU, GIB, STOP_WAIT_SHARE, memory, stop_reaction
 from .fit import fit_problem
 from .rules import at_world_size, check_config, resolve_grad_accum
 from .slurm_partition import partition_problem, requested
+from .storage_paths import launch_file_problems
 
 
 def summary(cfg: Config, world: int) -> str:
@@ -52,6 +53,7 @@ def slurm_partition_problem() -> str | None:
 def run_check(cfg: Config, world_size: int | None = None, quiet: bool = False) -> int:
     world = world_size or cfg.cluster.nodes * cfg.cluster.gpus_per_node
     problems = check_config(cfg, world)
+    problems += launch_file_problems(cfg, project_root())  # where each platform's nodes keep the outputs
     # Not in the generation check (quiet): the machine generating may not be the cluster's login node.
     slurm_problem = None if quiet else slurm_partition_problem()
     if slurm_problem:

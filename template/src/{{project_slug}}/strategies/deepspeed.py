@@ -35,8 +35,7 @@ import torch
 
 from ..runtime import checkpoint, checkpoint_files, faults
 from ..runtime.distributed import DistInfo, barrier, gather_objects, print0, resolve_precision, share_from_main
-from ..runtime.optional_packages import require
-from ..runtime.unrecoverable import raise_on_every_rank
+from ..runtime.unrecoverable import raise_on_every_rank, require_package
 from ..settings.config import Config, ConfigError
 from ..settings.precision import HYSTERESIS, INITIAL_SCALE_POWER, MIN_LOSS_SCALE, SCALE_WINDOW, fp16_zero0_refusal
 from . import universal_checkpoint
@@ -49,7 +48,7 @@ def import_deepspeed():
     """deepspeed, or a ConfigError saying how to install it (no CUDA toolkit needed)."""
     if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
         os.environ["DS_ACCELERATOR"] = "cpu"  # otherwise DeepSpeed probes for CUDA and fails
-    return require("deepspeed", "deepspeed", "run.strategy=deepspeed (no CUDA toolkit needed to install it)")
+    return require_package("deepspeed", "deepspeed", "run.strategy=deepspeed (no CUDA toolkit needed to install it)")
 
 
 def zero_compiled(cfg: Config, device) -> tuple[bool, str]:

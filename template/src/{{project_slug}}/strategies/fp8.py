@@ -14,7 +14,6 @@ are precision.fp8_problem's, shared with `check` and `plan`.
 from __future__ import annotations
 
 import dataclasses
-import logging
 
 import torch
 
@@ -59,16 +58,7 @@ def convertible(module: torch.nn.Module, name: str) -> bool:
 def to_float8(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.nn.Module:
     """The model with its convertible linear layers multiplying in fp8 (in place), per cfg.run.fp8."""
     require_fp8(cfg, device)
-    # On import torchao logs each CUDA extension a CPU torch cannot load, and torch a deprecation
-    # of how torchao registers one of its types: noise in every rank's log, not the user's to act on.
-    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # its import noise: cli.QUIET_LOGGERS
+
     config = dataclasses.replace(Float8LinearConfig.from_recipe_name(cfg.run.fp8), emulate=device.type != "cuda")
     return convert_to_float8_training(model, config=config, module_filter_fn=convertible)

@@ -1,0 +1,104 @@
+"""Where a job keeps what it reads and writes: run.output_dir, data.dir and the project's copy
+(--code-from-storage) must lie on the storage the platform mounts in every pod or instance (the
+Kubeflow manifests' volume mounts, TI-ONE's task.yaml DataConfigs), or the job would write its
+checkpoints into a container that vanishes with it, or find no data. The paths are judged normalised
+(/mnt/shared/../etc is /etc). `check` judges them against the Kubeflow manifests
+(launch_file_problems), each launch against its own files before submitting; the copy is also written from this machine, at the same path:
+a folder under a file or on read-only storage is refused before anything is copied.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..settings.config import Config, ConfigError
+from ..settings.stored_files import read_yaml
+
+NOT_STORAGE = ("/dev/shm",)  # a pod's shared memory, not storage
+
+
+def manifest_mounts(manifest) -> list[str]:
+    """Every volume mount path in a Kubernetes manifest (any kind: its pod templates or overrides)."""
+    found: list[str] = []
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            for mount in node.get("volumeMounts") or []:
+                if isinstance(mount, dict) and isinstance(mount.get("mountPath"), str):
+                    found.append(mount["mountPath"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(manifest)
+    return [m for m in dict.fromkeys(found) if os.path.normpath(m) not in NOT_STORAGE]
+
+
+def lies_under(path: str, mount: str) -> bool:
+    path, mount = os.path.normpath(path), os.path.normpath(mount)
+    return path == mount or path.startswith(mount.rstrip("/") + "/")
+
+
+def outside_problem(field: str, value: str, mounts: list[str], where: str) -> str | None:
+    """Why `field` (a path a job uses) is not on the mounted storage, or None."""
+    normal = os.path.normpath(value) if value else value
+    if value and os.path.isabs(value) and any(lies_under(value, m) for m in mounts):
+        return None
+    said = f"{field}={value!r}" + (f" (that is {normal})" if normal != value else "")
+    example = f"{mounts[0].rstrip('/')}/..." if mounts else "a path on the shared storage"
+    if not mounts:
+        return f"{where} mounts no shared storage, so {said} would vanish with the job; add the shared volume there"
+    return (
+        f"{said} lies outside the storage the job's nodes mount ({', '.join(mounts)}, {where}): what the job "
+        f"keeps there would vanish with its pod or instance; set {field} under it ({example})"
+    )
+
+
+def task_mounts(task) -> list[str]:
+    """TI-ONE's mount paths in a task.yaml (its request's DataConfigs)."""
+    request = task.get("request") if isinstance(task, dict) else None
+    configs = request.get("DataConfigs") if isinstance(request, dict) else None
+    paths = [c.get("MappingPath") for c in configs or [] if isinstance(c, dict)]
+    return [p for p in paths if isinstance(p, str) and p]
+
+
+def launch_file_problems(cfg: Config, root: Path) -> list[str]:
+    """run.output_dir and data.dir against the volumes the project's Kubeflow manifests mount (its pods
+    see nothing else; as copier refuses such answers). TI-ONE's start scripts, which also run outside
+    TI-ONE, warn instead; `launch tione` refuses when it submits (require_on_storage)."""
+    problems = []
+    for path in sorted((root / "launch" / "kubeflow").glob("*.yaml")):
+        mounts = manifest_mounts(read_yaml(path, "correct that line, or re-render it with `copier update`"))
+        for field, value in (("run.output_dir", cfg.run.output_dir), ("data.dir", cfg.data.dir)):
+            problem = outside_problem(field, value, mounts, str(path.relative_to(root)))
+            if problem and problem not in problems:
+                problems.append(problem)
+    return problems
+
+
+def require_on_storage(cfg: Config, mounts: list[str], where: str, copy: Path | None = None) -> None:
+    """ConfigError for the first of run.output_dir, data.dir and the copy that lies off the mounts."""
+    paths = [("run.output_dir", cfg.run.output_dir), ("data.dir", cfg.data.dir)]
+    if copy is not None:
+        paths.append(("the project's copy (--code-from-storage, beside run.output_dir)", str(copy)))
+    for field, value in paths:
+        problem = outside_problem(field, value, mounts, where)
+        if problem:
+            raise ConfigError(problem, key=field if field.startswith(("run.", "data.")) else "run.output_dir")
+
+
+def require_writable_folder(what: str, folder: Path) -> None:
+    """ConfigError where `folder` could not be made and written from here: under a file, or read-only."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{what} {folder} lies under {existing}, which is a file: set run.output_dir elsewhere")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"{what} {folder} cannot be written: {existing} is read-only here; mount the shared storage "
+            "writable on this machine at the same path as on the nodes, or set run.output_dir on storage that is"
+        )
