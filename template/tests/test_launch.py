@@ -223,6 +223,27 @@ def test_sinfo_lines_of_every_shape(pkg):
     assert nodes[0].gpu_count("v100") == 4 and nodes[1].gpu_count("v100") == 0 and nodes[1].gpu_count(None) == 4
 
 
+# What a broken or hostile sinfo prints: other scripts' digits, a count of 5000 digits (int() refuses
+# past 4300), bytes decoded with replacement characters. Each such line is skipped, or its part read as none.
+ODD_SINFO = [
+    "gpu*|n1|\u00b2\u00b2|1000|gpu:4",  # superscript digits: str.isdigit says yes, int() says no
+    "gpu*|n2|\u0663\u0662|1000|gpu:4",  # Arabic-Indic digits
+    f"gpu*|n3|{'9' * 5000}|1000|gpu:4",
+    f"gpu*|n4|8|{'9' * 5000}|gpu:{'9' * 5000}",
+    "gpu*|n5|8|1000|gpu:\u00b2",
+    "\ufffd\ufffd|\ufffd|8|\ufffd|\ufffd",
+]
+
+
+def test_odd_sinfo_lines_are_skipped_not_a_traceback(pkg):
+    nodes = pkg.slurm_partition.parse_sinfo("\n".join(ODD_SINFO))
+    assert [(n.name, n.cpus, n.memory_mb, n.gpus) for n in nodes] == [
+        ("n4", 8, 0, {}),
+        ("n5", 8, 1000, {}),
+        ("\ufffd", 8, 0, {}),
+    ]
+
+
 @pytest.mark.parametrize(
     "given, words",
     [

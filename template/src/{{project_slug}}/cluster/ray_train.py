@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -106,7 +107,7 @@ def env_count(name: str) -> int | None:
     value = os.environ.get(name, "").strip()
     if not value:
         return None
-    if not value.isdigit() or int(value) < 1:
+    if not re.fullmatch(r"[0-9]{1,9}", value) or int(value) < 1:  # ASCII digits: isdigit takes others too
         raise ConfigError(f"{name}={value!r} must be a whole number of at least 1; fix or unset it")
     return int(value)
 

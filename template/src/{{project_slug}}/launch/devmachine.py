@@ -16,6 +16,7 @@ as well as to the terminal (lines there start with [default<local rank>]:).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 from argparse import ArgumentParser, Namespace
@@ -141,7 +142,7 @@ class DevMachine(Platform):
     def _pid_here(self, job: Job) -> int | None:
         """The launcher's pid when the job ran on this machine, else None."""
         host, _, pid = job.id.rpartition(":")
-        return int(pid) if host == socket.gethostname() and pid.isdigit() else None
+        return int(pid) if host == socket.gethostname() and re.fullmatch(r"[0-9]{1,9}", pid) else None
 
     def _running(self, job: Job) -> bool:
         pid = self._pid_here(job)

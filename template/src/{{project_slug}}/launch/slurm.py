@@ -300,7 +300,7 @@ class Slurm(Platform):
         assert proc.stdout is not None
         first = proc.stdout.readline().strip()
         job_id = first.split(";")[0]
-        if not job_id.isdigit():
+        if not re.fullmatch(r"[0-9]{1,12}", job_id):  # isdigit would take other scripts' digits
             code = proc.wait()  # sbatch's own error went to stderr already
             if code == 0:
                 print(f"sbatch printed no job id: {first!r}", file=sys.stderr)

@@ -23,7 +23,10 @@ from dataclasses import dataclass, field
 
 SINFO_FORMAT = "%P|%N|%c|%m|%G"
 # One GPU item of %G: gpu[:type]:count, followed by a socket list "(S:0-1)" or the next item.
-GPU_ITEM = re.compile(r"(?:^|,)gpu(?::([A-Za-z0-9_.-]+))?:(\d+)")
+GPU_ITEM = re.compile(r"(?:^|,)gpu(?::([A-Za-z0-9_.-]+))?:([0-9]{1,12})(?![0-9])")
+# A count as sinfo and #SBATCH write it: ASCII digits, no more than any cluster has (str.isdigit also
+# takes other scripts' digits, and int() refuses past 4300 digits).
+COUNT = re.compile(r"[0-9]{1,12}")
 MEMORY_UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 
 
@@ -54,7 +57,7 @@ def parse_sinfo(text: str) -> list[Node]:
     nodes = []
     for line in text.splitlines():
         fields = line.strip().split("|")
-        if len(fields) != 5 or not fields[2].isdigit():
+        if len(fields) != 5 or not COUNT.fullmatch(fields[2]):
             continue
         partition, name, cpus, memory, gres = fields
         nodes.append(
@@ -63,7 +66,7 @@ def parse_sinfo(text: str) -> list[Node]:
                 partition=partition.rstrip("*"),
                 default_partition=partition.endswith("*"),
                 cpus=int(cpus),
-                memory_mb=int(memory) if memory.isdigit() else 0,
+                memory_mb=int(memory) if COUNT.fullmatch(memory) else 0,
                 gpus=parse_gres(gres),
             )
         )
@@ -76,7 +79,12 @@ def read_nodes() -> list[Node] | None:
         return None
     try:
         out = subprocess.run(
-            ["sinfo", "-h", "-N", "-o", SINFO_FORMAT], capture_output=True, text=True, timeout=30, check=False
+            ["sinfo", "-h", "-N", "-o", SINFO_FORMAT],
+            capture_output=True,
+            text=True,
+            errors="replace",  # bytes that are no UTF-8 make lines parse_sinfo skips, not a traceback
+            timeout=30,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -123,17 +131,17 @@ def gpu_request(options: dict[str, str]) -> tuple[int, str | None]:
     """(GPUs per node, type or None) of --gpus-per-node=[type:]N or --gres=gpu[:type]:N; (0, None) for none."""
     if "gpus-per-node" in options:
         kind, _, count = options["gpus-per-node"].rpartition(":")
-        return (int(count), kind or None) if count.isdigit() else (0, None)
+        return (int(count), kind or None) if COUNT.fullmatch(count) else (0, None)
     for item in options.get("gres", "").split(","):
         parts = item.split(":")
-        if parts[0] == "gpu" and len(parts) in (2, 3) and parts[-1].isdigit():
+        if parts[0] == "gpu" and len(parts) in (2, 3) and COUNT.fullmatch(parts[-1]):
             return int(parts[-1]), parts[1] if len(parts) == 3 else None
     return 0, None
 
 
 def memory_mb(text: str | None) -> int | None:
     """--mem in MB (a unit suffix K/M/G/T, MB without one); None when not asked or 0 (all of it)."""
-    found = re.fullmatch(r"(\d+)([KMGT]?)B?", (text or "").upper())
+    found = re.fullmatch(r"([0-9]{1,12})([KMGT]?)B?", (text or "").upper())
     if not found or int(found.group(1)) == 0:
         return None
     return int(int(found.group(1)) * MEMORY_UNITS[found.group(2) or "M"])
@@ -142,7 +150,7 @@ def memory_mb(text: str | None) -> int | None:
 def first_count(text: str | None, default: int = 1) -> int:
     """The count of an option such as --nodes=2 or --nodes=2-4 (the minimum); default when not a count."""
     head = (text or "").split("-")[0]
-    return int(head) if head.isdigit() else default
+    return int(head) if COUNT.fullmatch(head) else default
 
 
 def requested(script_text: str, given_options: list[str]) -> Request:
