@@ -162,7 +162,46 @@ BROKEN = {
         lambda root: (root / "eval_meta_data.csv").write_text("Eval Task,Random baseline\n"),
         "no random baseline for task mc",
     ),
+    # What a careless edit or another tool's bundle brings (each was a traceback or a silent wrong score).
+    "a baseline of nan": (lambda root: _baseline(root, "nan"), "task mc: Random baseline nan is not a percentage"),
+    "a baseline of 100": (lambda root: _baseline(root, "100"), "task mc: Random baseline 100 is not a percentage"),
+    "a task entry that is text": (
+        lambda root: _specs(root, lambda specs: specs + ["mc2"]),
+        "icl_tasks entry 'mc2' is not a mapping with a text label",
+    ),
+    "a label twice": (
+        lambda root: _specs(root, lambda specs: specs + specs),
+        "task label(s) mc appear more than once",
+    ),
+    "a query that is a number": (
+        lambda root: _items(root, [{"query": 7, "choices": ["a"], "gold": 0}]),
+        "mc.jsonl:1: the item query 7 is not text",
+    ),
+    "a choice that is a number": (
+        lambda root: _items(root, [{"query": "q", "choices": ["a", 2], "gold": 0}]),
+        "mc.jsonl:1: the item choices holds an option that is not text",
+    ),
+    "a delimiter of null": (
+        lambda root: _spec(root, continuation_delimiter=None),
+        "continuation_delimiter None is not text; leave it out for one space",
+    ),
+    "num_fewshot [true]": (
+        lambda root: _spec(root, num_fewshot=[True]),
+        "num_fewshot True is not a whole number >= 0",
+    ),
 }
+
+
+def _baseline(root, value: str):
+    (root / "eval_meta_data.csv").write_text(f"Eval Task,Random baseline\nmc,{value}\n")
+
+
+def _specs(root, change):
+    import yaml
+
+    spec = yaml.safe_load((root / "core.yaml").read_text())
+    spec["icl_tasks"] = change(spec["icl_tasks"])
+    (root / "core.yaml").write_text(yaml.safe_dump(spec))
 
 
 def _spec(root, **change):
@@ -186,6 +225,16 @@ def test_a_broken_bundle_is_refused_naming_the_file(case, pkg, tmp_path):
     with pytest.raises(pkg.config.ConfigError) as refused:
         pkg.tasks.load_bundle(root)
     assert BROKEN[case][1] in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-8-sig"])
+def test_a_task_file_saved_with_a_byte_order_mark_is_read(encoding, pkg, tmp_path):
+    """Through the stored-file reader, as the config is (a Windows editor's UTF-16 was a traceback)."""
+    root = write_bundle(tmp_path / "bundle", {"mc": KNOWN["mc"]}, {"mc": 25})
+    path = root / "eval_data" / "mc.jsonl"
+    path.write_bytes(path.read_text().encode(encoding))
+    [task] = pkg.tasks.load_bundle(root)
+    assert task.items == KNOWN["mc"][2]
 
 
 def demo_bundle(root):
@@ -226,6 +275,17 @@ def test_core_of_the_demo_checkpoint_is_the_same_on_1_2_and_4_processes(
 def test_bert_refuses_tasks_in_one_line(cli, demo_data, tmp_path):
     proc = cli("eval", "--tasks", "core", "model.arch=bert", "model.pretrained=", f"data.dir={demo_data}", expect=1)
     assert "masked" in proc.stderr and proc.stderr.strip().count("\n") == 0
+
+
+def test_a_task_list_that_names_no_task_is_one_line(cli, demo_data, tiny_model):
+    """`--tasks ','` scored every task of the bundle as if asked for `core`."""
+    proc = cli("eval", "--tasks", ",", *tiny_model, f"data.dir={demo_data}", expect=1)
+    assert proc.stderr.strip() == "error: --tasks ',' names no task; give 'core' (every task) or labels a,b"
+
+
+def test_a_result_that_is_not_finite_leaves_eval_json_as_it_was(pkg):
+    assert pkg.evaluate.all_finite({"core": 0.1, "tasks": {"mc": {"centred": [0.2, 1]}}})
+    assert not pkg.evaluate.all_finite({"core": 0.1, "tasks": {"mc": {"centred": float("nan")}}})
 
 
 def test_training_logs_every_task_and_core_at_the_task_steps(cli, demo_data, tmp_path, train):

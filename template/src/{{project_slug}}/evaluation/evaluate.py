@@ -113,10 +113,23 @@ def run_eval(cfg: Config, ckpt: str | None = None, num_batches: int | None = Non
         shutdown()
 
 
+def all_finite(value) -> bool:
+    """Whether every number in a result (nested dicts and lists) is finite."""
+    if isinstance(value, dict):
+        return all(all_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(all_finite(v) for v in value)
+    return not isinstance(value, float) or math.isfinite(value)
+
+
 def _written(cfg: Config, info: DistInfo, step: int, path, result: dict, line: str) -> dict:
     """The result with its step and checkpoint, printed once and written to output_dir/eval.json."""
     result = {"step": step, "checkpoint": str(path), **result}
     print0(f"step {step} | {line}")
+    if info.is_main and not all_finite(result):  # an earlier eval.json is worth more than a NaN
+        raise ConfigError(
+            f"a score came out NaN or infinite; {Path(cfg.run.output_dir) / 'eval.json'} is left as it was"
+        )
     if info.is_main:
         (Path(cfg.run.output_dir) / "eval.json").write_text(json.dumps(result, indent=2))
     return result
@@ -131,6 +144,8 @@ def run_tasks(cfg: Config, names: str, ckpt: str | None, bundle: str | None, max
         )
     data_dir = Path(cfg.data.dir)
     wanted = None if names == "core" else [name.strip() for name in names.split(",") if name.strip()]
+    if wanted == []:
+        raise ConfigError(f"--tasks {names!r} names no task; give 'core' (every task) or labels a,b")
     task_list = tasks.load_bundle(Path(bundle) if bundle else tasks.bundle_path(cfg), wanted)
     info = init_distributed(cfg.run.device)
     try:

@@ -25,7 +25,9 @@ processes.
 from __future__ import annotations
 
 import csv
+import io
 import json
+import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +37,7 @@ import torch.nn.functional as F
 
 from ..runtime.distributed import all_reduce_sum
 from ..settings.config import ConfigError
-from ..settings.stored_files import read_yaml
+from ..settings.stored_files import read_text, read_yaml
 
 TASK_TYPES = ("multiple_choice", "schema", "language_modeling")
 FIELDS = {
@@ -57,27 +59,41 @@ class Task:
     items: list[dict] = field(default_factory=list)
 
 
+TEXT_FIELDS = ("query", "context", "continuation")  # text the model reads: a number would be scored as its digits
+OPTION_FIELDS = ("choices", "context_options")  # lists of such text
+
+
 def _item_problem(kind: str, item) -> str:
     if not isinstance(item, dict):
         return "is not a JSON object"
     missing = [name for name in FIELDS[kind] if name not in item]
     if missing:
         return f"lacks {', '.join(missing)} (a {kind} item has {', '.join(FIELDS[kind])})"
+    for name in FIELDS[kind]:
+        if name in TEXT_FIELDS and not isinstance(item[name], str):
+            return f"{name} {_shown(item[name])} is not text"
+        if name in OPTION_FIELDS and isinstance(item[name], list) and not all(isinstance(o, str) for o in item[name]):
+            return f"{name} holds an option that is not text"
     options = item.get("choices", item.get("context_options"))
     if kind != "language_modeling":
         if not isinstance(options, list) or not options:
             return "has no choices" if kind == "multiple_choice" else "has no context_options"
         gold = item["gold"]
         if not isinstance(gold, int) or isinstance(gold, bool) or not 0 <= gold < len(options):
-            return f"gold {gold!r} is out of range for its {len(options)} options"
+            return f"gold {_shown(gold)} is out of range for its {len(options)} options"
     return ""
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _read_items(path: Path, kind: str) -> list[dict]:
     if not path.is_file():
         raise ConfigError(f"task file {path} is missing (dataset_uri in core.yaml, under eval_data/)")
     items = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(read_text(path, "save it as UTF-8 JSON lines").splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -95,12 +111,19 @@ def _read_items(path: Path, kind: str) -> list[dict]:
 def _baselines(path: Path) -> dict[str, float]:
     if not path.is_file():
         raise ConfigError(f"{path} is missing: the bundle's random baselines (columns 'Eval Task', 'Random baseline')")
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = list(csv.DictReader(io.StringIO(read_text(path, "save it as UTF-8 CSV"), newline="")))
     try:
-        return {row["Eval Task"]: float(row["Random baseline"]) / 100 for row in rows}
+        baselines = {row["Eval Task"]: float(row["Random baseline"]) / 100 for row in rows}
     except (KeyError, TypeError, ValueError):
         raise ConfigError(f"{path}: needs the columns 'Eval Task' and 'Random baseline' (a percentage)") from None
+    for label, baseline in baselines.items():
+        # centred accuracy divides by 1 - baseline: 100% would divide by zero, NaN make CORE NaN
+        if not (math.isfinite(baseline) and 0 <= baseline < 1):
+            raise ConfigError(
+                f"{path}: task {label}: Random baseline {baseline * 100:g} is not a percentage from 0 up to "
+                "(not including) 100"
+            )
+    return baselines
 
 
 def load_bundle(bundle: Path, wanted: list[str] | None = None) -> list[Task]:
@@ -115,7 +138,13 @@ def load_bundle(bundle: Path, wanted: list[str] | None = None) -> list[Task]:
     specs = spec.get("icl_tasks") if isinstance(spec, dict) else None
     if not isinstance(specs, list) or not specs:
         raise ConfigError(f"{spec_path}: needs a non-empty list icl_tasks")
-    labels = [str(spec.get("label")) for spec in specs if isinstance(spec, dict)]
+    entry = next((e for e in specs if not isinstance(e, dict) or not isinstance(e.get("label"), str)), None)
+    if entry is not None:
+        raise ConfigError(f"{spec_path}: icl_tasks entry {_shown(entry)} is not a mapping with a text label")
+    labels = [spec["label"] for spec in specs]
+    twice = sorted({label for label in labels if labels.count(label) > 1})
+    if twice:
+        raise ConfigError(f"{spec_path}: task label(s) {', '.join(twice)} appear more than once; labels name one task")
     unknown = sorted(set(wanted or []) - set(labels))
     if unknown:
         raise ConfigError(f"--tasks {', '.join(unknown)}: not in {spec_path}; its tasks: {', '.join(labels)}")
@@ -133,12 +162,22 @@ def load_bundle(bundle: Path, wanted: list[str] | None = None) -> list[Task]:
         if label not in baselines:
             raise ConfigError(f"{bundle / 'eval_meta_data.csv'}: no random baseline for task {label}")
         shots = spec.get("num_fewshot", 0)
-        shots = shots[0] if isinstance(shots, list) and shots else shots
-        if not isinstance(shots, int) or shots < 0:
-            raise ConfigError(f"{spec_path}: task {label}: num_fewshot {shots!r} is not a whole number >= 0")
-        items = _read_items(bundle / "eval_data" / str(spec.get("dataset_uri")), kind)
+        shots = shots[0] if isinstance(shots, list) and len(shots) == 1 else shots
+        if not isinstance(shots, int) or isinstance(shots, bool) or shots < 0:
+            raise ConfigError(f"{spec_path}: task {label}: num_fewshot {_shown(shots)} is not a whole number >= 0")
+        uri = spec.get("dataset_uri")
+        if not isinstance(uri, str) or not uri:
+            raise ConfigError(
+                f"{spec_path}: task {label}: dataset_uri {_shown(uri)} is not a file name under eval_data/"
+            )
         delimiter = spec.get("continuation_delimiter", " ")
-        tasks.append(Task(label, kind, shots, str(delimiter), baselines[label], items))
+        if not isinstance(delimiter, str):  # null would be scored as the text "None" between context and answer
+            raise ConfigError(
+                f"{spec_path}: task {label}: continuation_delimiter {_shown(delimiter)} is not text; "
+                "leave it out for one space"
+            )
+        items = _read_items(bundle / "eval_data" / uri, kind)
+        tasks.append(Task(label, kind, shots, delimiter, baselines[label], items))
     return tasks
 
 
