@@ -148,6 +148,13 @@ def test_tokenizer_files_that_cannot_be_used_are_one_line_errors(pkg, cli, gpt2_
     (broken / "merges.txt").write_text("#version: 0.2\nthree tokens here\n")
     assert "could not be read" in refusal(broken) and "merges.txt" in refusal(broken)
 
+    no_unknown = tmp_path / "no-unk"
+    no_unknown.mkdir()
+    (no_unknown / "vocab.txt").write_text(
+        "[PAD]\n[CLS]\n[SEP]\n[MASK]\nthe\n"
+    )  # WordPiece raised on a word it cannot split
+    assert f"{no_unknown / 'vocab.txt'} has no [UNK] line" in refusal(no_unknown)
+
     saved = tmp_path / "saved"
     transformers().GPT2TokenizerFast.from_pretrained(str(gpt2_folder)).save_pretrained(str(saved))
     (saved / "tokenizer_config.json").write_text("{not json")

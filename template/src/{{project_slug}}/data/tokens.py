@@ -245,6 +245,16 @@ def _wordpiece_from_vocab(vocab: Path):
         fast = transformers.BertTokenizerFast.from_pretrained(str(vocab.parent), local_files_only=True)
     else:
         fast = transformers.BertTokenizerFast(vocab_file=str(vocab))
+    # WordPiece maps every word it cannot split to its unknown token; a vocabulary without it makes the
+    # tokenizer raise on the first such word, inside prepare-data's workers.
+    unknown = fast.unk_token or "[UNK]"
+    # (the tokenizer adds a missing one as a special token, which WordPiece's own vocabulary still lacks)
+    if unknown not in {line.strip() for line in vocab.read_text(encoding="utf-8", errors="replace").splitlines()}:
+        raise ConfigError(
+            f"{vocab} has no {unknown} line: WordPiece needs its unknown token for words it cannot split; "
+            f"add a line {unknown} (BERT's vocabularies have it at id 100), or use the model's own vocab.txt",
+            key="data.tokenizer",
+        )
     return fast.backend_tokenizer
 
 

@@ -90,7 +90,14 @@ def planned_copy(cfg: Config) -> tuple[Path, list[Path]]:
     files = copied_files(root)
     digest = hashlib.sha256()
     for relative in files:
-        digest.update(str(relative).encode() + b"\0" + (root / relative).read_bytes() + b"\0")
+        try:
+            content = (root / relative).read_bytes()
+        except OSError as exc:  # a file left unreadable (root's, a broken link): the job would lack it too
+            raise ConfigError(
+                f"cannot read {root / relative} to copy it ({exc.strerror or exc}): make it readable, or "
+                "move it out of the project's src/, config/ or launch/"
+            ) from None
+        digest.update(str(relative).encode() + b"\0" + content + b"\0")
     folder, content = copies_folder(cfg), digest.hexdigest()[:12]
     made = sorted(folder.glob(f"*-{content}")) if folder.is_dir() else []
     if made:  # these files were copied before (under another commit or time, maybe)
