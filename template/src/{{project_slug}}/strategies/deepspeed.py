@@ -24,10 +24,12 @@ computes the same number here and clips by it, as DDP does (common.py): all log 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import shutil
+import tempfile
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -45,10 +47,34 @@ STAGING = ".staging"  # where a save is written before it is renamed into place
 
 
 def import_deepspeed():
-    """deepspeed, or a ConfigError saying how to install it (no CUDA toolkit needed)."""
+    """deepspeed, or a ConfigError saying how to install it (no CUDA toolkit needed). DeepSpeed builds
+    the ops it needs on first use (the image installs it with DS_BUILD_OPS=0) through torch's
+    cpp_extension, under TORCH_EXTENSIONS_DIR: node-local here unless set, so nodes that share a home
+    folder do not build into one folder behind one lock."""
     if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
         os.environ["DS_ACCELERATOR"] = "cpu"  # otherwise DeepSpeed probes for CUDA and fails
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(tempfile.gettempdir()) / f"torch_extensions-{os.getuid()}"))
+    refuse_stale_build_locks(Path(os.environ["TORCH_EXTENSIONS_DIR"]))
     return require_package("deepspeed", "deepspeed", "run.strategy=deepspeed (no CUDA toolkit needed to install it)")
+
+
+def refuse_stale_build_locks(folder: Path) -> None:
+    """A ConfigError for an op build's lock that no process on this node holds. torch's cpp_extension
+    holds `<op>/lock` open while it builds and removes it when done; a build killed midway (an OOM,
+    a pod deleted) leaves it, and every later run waits on it forever without a word."""
+    locks = [p for p in folder.glob("*/lock") if p.is_file()] if folder.is_dir() else []
+    if not locks:
+        return
+    held = set()
+    for fd in Path("/proc").glob("[0-9]*/fd/*"):
+        with contextlib.suppress(OSError):  # processes come and go while this reads
+            held.add(os.readlink(fd))
+    stale = [lock for lock in locks if str(lock.resolve()) not in held]
+    if stale:
+        raise ConfigError(
+            f"{stale[0]} is the lock of a DeepSpeed op build that was killed (no process on this node holds it): "
+            f"the run would wait on it forever; delete it (rm {stale[0]}) and start again"
+        )
 
 
 def zero_compiled(cfg: Config, device) -> tuple[bool, str]:
