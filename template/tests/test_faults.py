@@ -358,6 +358,21 @@ def test_a_hung_rank_times_out_sooner_under_debug(cli, demo_data, tmp_path, debu
     assert len(logs) >= 2 and any("hangs before step 3" in p.read_text() for p in logs), logs
 
 
+def test_a_run_hung_before_its_first_step_prints_its_stacks_and_exits(cli, demo_data, tmp_path):
+    """run.first_step_timeout_minutes (here 0.3 = 18 s, past a loaded machine's start): a rank without
+    a first step says so with its Python stacks (here: the fault's sleep before step 0) and exits 1,
+    for the platform to restart it."""
+    args = ["train", *TRAIN_OVERRIDES, f"data.dir={demo_data}", f"run.output_dir={tmp_path / 'run'}"]
+    proc = cli.run(
+        [*cli.command(*args, "run.first_step_timeout_minutes=0.3")],
+        env={"TRAIN_FAULT_HANG": "0:0"},
+        expect=1,
+        timeout=120,
+    )
+    assert "error: rank 0: no first step 0.3 minutes after the start (run.first_step_timeout_minutes)" in proc.stderr
+    assert "in before_step" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
 def _children(pid: int) -> list[int]:
     try:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]

@@ -121,6 +121,7 @@ BOUNDS: dict[str, Range] = {
     "run.seed": Range(0, 2**31 - 1),
     "run.collective_timeout_minutes": POSITIVE,
     "run.debug_timeout_minutes": POSITIVE,
+    "run.first_step_timeout_minutes": NON_NEGATIVE,
     "parallel.tensor": COUNT,
     "parallel.pipeline": COUNT,
 }

@@ -281,6 +281,10 @@ class RunConfig:
     """How long a collective may wait for the other ranks before the process group aborts."""
     debug_timeout_minutes: float = 2.0
     """The collective timeout under run.debug / TRAIN_DEBUG=1: a hang surfaces (and dumps) sooner."""
+    first_step_timeout_minutes: float = 30.0
+    """A rank that has not finished its first step this long after it started (loading, compiling,
+    the first collectives) prints its Python stacks and exits 1, so the platform's restart policy can
+    act; 0: wait forever."""
 
 
 @dataclass

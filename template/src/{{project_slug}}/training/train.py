@@ -22,8 +22,11 @@ a folder that holds another run or lacks room for the next checkpoint
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import functools
 import os
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -139,6 +142,17 @@ def saved_config(cfg: Config, path: Path) -> None:
 
 
 def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | None) -> int:
+    watchdog = first_step_watchdog(cfg, info.rank)
+    try:
+        return _train_steps(cfg, info, resume, lock, watchdog)
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
+
+
+def _train_steps(
+    cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | None, watchdog: threading.Timer | None
+) -> int:
     accum = resolve_grad_accum(cfg, cfg.data_parallel_size(info.world_size))
     device, T = info.device, cfg.model.sequence_len
     out = Path(cfg.run.output_dir)
@@ -203,6 +217,8 @@ def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | N
     )
     stop.start(start_step)
     for step, batches in prefetch.steps(load, range(start_step, s.max_steps), device):
+        if step == start_step + 1 and watchdog is not None:  # the first step is done, and agreed on
+            watchdog.cancel()
         faults.before_step(info.rank, step)
         point = schedule.at(step, cfg)
         strategy.set_schedule(point)
@@ -287,6 +303,30 @@ def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | N
     logger.close()
     print0(f"done: metrics in {out / 'metrics.jsonl'}, checkpoints in {ckpt_dir}")
     return 0
+
+
+def first_step_watchdog(cfg: Config, rank: int) -> threading.Timer | None:
+    """A timer that, unless cancelled within run.first_step_timeout_minutes, prints this rank's Python
+    stacks (what it waits in: a collective, a lock, a load) and ends the process with exit 1: a job
+    that hangs at its start would otherwise hold its GPUs silently until someone looks."""
+    minutes = cfg.run.first_step_timeout_minutes
+    if not minutes:
+        return None
+
+    def expired() -> None:
+        print(
+            f"error: rank {rank}: no first step {minutes:g} minutes after the start "
+            "(run.first_step_timeout_minutes); its stacks:",
+            file=sys.stderr,
+            flush=True,
+        )
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        os._exit(1)  # the main thread may sit in a collective that never returns
+
+    timer = threading.Timer(minutes * 60, expired)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
