@@ -193,3 +193,14 @@ def test_a_wrong_value_names_its_key_as_data(pkg, load):
     with pytest.raises(pkg.config.ConfigError) as err:
         load("model: [unclosed\n")
     assert err.value.key is None  # not about one value
+
+
+def test_check_refuses_pretrained_weights_missing_where_their_storage_is_mounted(cli, tmp_path):
+    """A BERT run from a folder that is not there would fail at its start on every node; check says so
+    where the storage is mounted (the folder above it exists), and leaves it to the run where not."""
+    bert = ["model.arch=bert", "model.size=base", "model.sequence_len=512", "optim.optimizer=adamw"]
+    missing = tmp_path / "bert-base"
+    proc = cli("check", *bert, f"model.pretrained={missing}", expect=1)
+    assert f"model.pretrained='{missing}' does not exist ({tmp_path} does)" in proc.stderr, proc.stderr
+    elsewhere = cli("check", *bert, f"model.pretrained={tmp_path}/not-mounted/bert-base", expect=None)
+    assert "does not exist" not in elsewhere.stderr, elsewhere.stderr

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from ..models.family import model_shape
 from ..settings.bounds import count
@@ -50,6 +51,20 @@ def slurm_partition_problem() -> str | None:
     return partition_problem(requested(script.read_text(), []))
 
 
+def pretrained_problem(folder: str) -> str | None:
+    """model.pretrained missing where its storage is mounted (the folder that holds it exists here);
+    where that is not there either (storage mounted on the nodes only) it is the run's to find."""
+    if not folder:
+        return None
+    path = Path(folder)
+    if path.exists() or not path.parent.is_dir():
+        return None
+    return (
+        f"model.pretrained={folder!r} does not exist ({path.parent} does): copy the model's folder there "
+        "(config.json and its weights), or correct the path"
+    )
+
+
 def run_check(cfg: Config, world_size: int | None = None, quiet: bool = False) -> int:
     world = world_size or cfg.cluster.nodes * cfg.cluster.gpus_per_node
     problems = check_config(cfg, world)
@@ -58,6 +73,9 @@ def run_check(cfg: Config, world_size: int | None = None, quiet: bool = False) -
     slurm_problem = None if quiet else slurm_partition_problem()
     if slurm_problem:
         problems.append(slurm_problem)
+    weights_problem = None if quiet else pretrained_problem(cfg.model.pretrained)
+    if weights_problem:
+        problems.append(weights_problem)
     if problems:
         print(f"config check failed ({len(problems)} problem(s)):", file=sys.stderr)
         for p in problems:
