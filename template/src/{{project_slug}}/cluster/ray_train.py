@@ -19,9 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from ..runtime.unrecoverable import require_package
 from ..settings.bounds import count, positive_float
 from ..settings.config import Config, ConfigError, project_root, read_env_file
+from ..settings.packages import require_package
 from .nccl_env import apply_nccl_env
 
 

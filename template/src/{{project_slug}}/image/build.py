@@ -29,8 +29,8 @@ import re
 import sys
 import time
 
-from ..runtime.unrecoverable import require_package
 from ..settings.config import Config, ConfigError
+from ..settings.packages import require_package
 from .plan import Plan, describe, make_plan
 
 ACTIONS = ("build", "push")

@@ -39,8 +39,8 @@ from ..cluster.nccl_env import apply_nccl_env
 from ..cluster.network import wait_for_master
 from ..cluster.supervise import run_supervised
 from ..cluster.torchrun import check_before_start, train_entry
-from ..runtime.unrecoverable import require_package
 from ..settings.config import Config, ConfigError, debug_requested, project_root, read_env_file, under_root
+from ..settings.packages import require_package
 from ..settings.topology import default_nproc
 
 HOSTFILE = Path("launch") / "devmachine" / "hostfile"

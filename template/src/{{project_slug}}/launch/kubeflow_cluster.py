@@ -19,8 +19,8 @@ from argparse import Namespace
 
 import yaml
 
-from ..runtime.unrecoverable import require_package
 from ..settings.config import ConfigError
+from ..settings.packages import require_package
 
 REQUEST_TIMEOUT = 30  # seconds for one API call (not for streaming logs)
 

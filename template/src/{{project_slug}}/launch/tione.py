@@ -35,9 +35,9 @@ from pathlib import Path
 
 from ..planning import storage_paths
 from ..runtime import process_exit
-from ..runtime.unrecoverable import require_package
 from ..settings.bounds import endpoint as api_endpoint
 from ..settings.config import ConfigError, project_root
+from ..settings.packages import require_package
 from ..settings.topology import tione_variables
 from . import code_copy, jobs
 from .base import Platform

@@ -23,9 +23,9 @@ import warnings
 from copy import deepcopy
 from pathlib import Path
 
-from ..runtime.unrecoverable import require_package
 from ..settings.bounds import MAX_NODES, Range
 from ..settings.config import ConfigError, project_root
+from ..settings.packages import require_package
 from ..settings.stored_files import read_yaml
 
 TASK_FILE = Path("launch") / "tione" / "task.yaml"

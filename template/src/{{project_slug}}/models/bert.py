@@ -18,8 +18,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..runtime.unrecoverable import require_package
 from ..settings.config import Config, ConfigError
+from ..settings.packages import require_package
 from .bert_family import FAMILY, MLM_SHARE, SEQUENCE_LEN
 from .family import check_vocab
 from .sample_dropout import KeyedDropout, keyed_dropout

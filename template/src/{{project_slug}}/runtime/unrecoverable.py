@@ -16,15 +16,12 @@ message and exits 1 as usual.
 A ConfigError (SaveFailed among them) is such a failure by definition. So is an OSError that says our
 own folder cannot be written (`unwritable`: permission, a read-only or full disk, a file where a folder
 should be): a restart would retrain to the same write and fail again. Any other error is left to
-torchrun's restarts, as a crash it may outlive. So is a package of the project's extras that is not
-installed (require_package: every import of one goes through it, and names what needs it and how to
-install it, a dry run included).
+torchrun's restarts, as a crash it may outlive.
 """
 
 from __future__ import annotations
 
 import errno
-import importlib
 import os
 import shutil
 import sys
@@ -32,7 +29,6 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import ModuleType
 
 from ..settings.config import ConfigError
 
@@ -147,28 +143,3 @@ def recorded(path: str | Path) -> str | None:
         return Path(path).read_text()
     except OSError:
         return None
-
-
-# --- the packages of pyproject.toml's extras: a missing one is such a failure, said in one line ---
-
-# The distribution to install where it is not the module's name, and how where plain pip is not enough.
-INSTALL = {
-    "tencentcloud": "pip install tencentcloud-sdk-python-tione",
-    "deepspeed": "DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed",
-    "ray": "pip install 'ray[train]'",
-}
-
-
-def require_package(module: str, extra: str, purpose: str, alternative: str = "") -> ModuleType:
-    """The imported module, or a ConfigError: `purpose` needs it; install the project's `extra` (or
-    the package alone); `alternative`, if given, what works without it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        top = module.split(".")[0]
-        how = INSTALL.get(top, f"pip install {top}")
-        instead = f"; {alternative}" if alternative else ""
-        raise ConfigError(
-            f"{purpose} needs the {top} package, which is not installed here ({exc.msg}): "
-            f"`pip install -e '.[{extra}]'` in the project, or `{how}`{instead}"
-        ) from None

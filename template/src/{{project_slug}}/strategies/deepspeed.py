@@ -37,8 +37,9 @@ import torch
 
 from ..runtime import checkpoint, checkpoint_files, faults
 from ..runtime.distributed import DistInfo, barrier, gather_objects, print0, resolve_precision, share_from_main
-from ..runtime.unrecoverable import raise_on_every_rank, require_package
+from ..runtime.unrecoverable import raise_on_every_rank
 from ..settings.config import Config, ConfigError
+from ..settings.packages import require_package
 from ..settings.precision import HYSTERESIS, INITIAL_SCALE_POWER, MIN_LOSS_SCALE, SCALE_WINDOW, fp16_zero0_refusal
 from . import universal_checkpoint
 from .common import clip_gradients, compiled, param_groups
