@@ -18,6 +18,7 @@ cluster would: --sbatch-arg=--gpus-per-node=0 --sbatch-arg=--cpus-per-task=1 run
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import re
@@ -63,8 +64,18 @@ def slurm_cluster():
         )
     again = run(["bash", str(SLURM_SH)], env=env, timeout=30)
     assert again.returncode == 0 and "running" in again.stderr, f"a second start is not idempotent:\n{again.stderr}"
-    info = run(["sinfo", "-h", "-N", "-o", "%N %t"], env={"SLURM_CONF": str(SLURM_DIR / "slurm.conf")})
-    assert sorted(info.stdout.splitlines()) == ["node1 idle", "node2 idle"], info.stdout + info.stderr
+    conf = {"SLURM_CONF": str(SLURM_DIR / "slurm.conf")}
+    # A cluster found running may still hold jobs of a session that was stopped midway: they are this
+    # test cluster's only, so they are cancelled, and the nodes waited for until idle.
+    run(["scancel", "--user", getpass.getuser()], env=conf, timeout=30)
+    deadline, nodes = time.monotonic() + 120, []
+    while time.monotonic() < deadline:
+        info = run(["sinfo", "-h", "-N", "-o", "%N %t"], env=conf)
+        nodes = sorted(info.stdout.splitlines())
+        if nodes == ["node1 idle", "node2 idle"]:
+            break
+        time.sleep(1)
+    assert nodes == ["node1 idle", "node2 idle"], nodes
     yield {"SLURM_CONF": str(SLURM_DIR / "slurm.conf")}
     if "up:" in first.stderr:
         run(["bash", str(SLURM_SH), "stop"], env=env, timeout=60)
