@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import time
 from pathlib import Path
 
-from ..settings.bounds import count, positive_float
+from ..settings.bounds import count, count_in, positive_float
 from ..settings.config import Config, ConfigError, project_root, read_env_file
 from ..settings.packages import require_package
 from .nccl_env import apply_nccl_env
@@ -107,7 +106,7 @@ def env_count(name: str) -> int | None:
     value = os.environ.get(name, "").strip()
     if not value:
         return None
-    if not re.fullmatch(r"[0-9]{1,9}", value) or int(value) < 1:  # ASCII digits: isdigit takes others too
+    if not (count_in(value) or 0) >= 1:
         raise ConfigError(f"{name}={value!r} must be a whole number of at least 1; fix or unset it")
     return int(value)
 

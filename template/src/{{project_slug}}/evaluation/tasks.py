@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from ..runtime.distributed import all_reduce_sum
+from ..settings.bounds import shown
 from ..settings.config import ConfigError
 from ..settings.stored_files import read_text, read_yaml
 
@@ -71,7 +72,7 @@ def _item_problem(kind: str, item) -> str:
         return f"lacks {', '.join(missing)} (a {kind} item has {', '.join(FIELDS[kind])})"
     for name in FIELDS[kind]:
         if name in TEXT_FIELDS and not isinstance(item[name], str):
-            return f"{name} {_shown(item[name])} is not text"
+            return f"{name} {shown(repr(item[name]), quoted=False)} is not text"
         if name in OPTION_FIELDS and isinstance(item[name], list) and not all(isinstance(o, str) for o in item[name]):
             return f"{name} holds an option that is not text"
     options = item.get("choices", item.get("context_options"))
@@ -80,13 +81,8 @@ def _item_problem(kind: str, item) -> str:
             return "has no choices" if kind == "multiple_choice" else "has no context_options"
         gold = item["gold"]
         if not isinstance(gold, int) or isinstance(gold, bool) or not 0 <= gold < len(options):
-            return f"gold {_shown(gold)} is out of range for its {len(options)} options"
+            return f"gold {shown(repr(gold), quoted=False)} is out of range for its {len(options)} options"
     return ""
-
-
-def _shown(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _read_items(path: Path, kind: str) -> list[dict]:
@@ -140,7 +136,9 @@ def load_bundle(bundle: Path, wanted: list[str] | None = None) -> list[Task]:
         raise ConfigError(f"{spec_path}: needs a non-empty list icl_tasks")
     entry = next((e for e in specs if not isinstance(e, dict) or not isinstance(e.get("label"), str)), None)
     if entry is not None:
-        raise ConfigError(f"{spec_path}: icl_tasks entry {_shown(entry)} is not a mapping with a text label")
+        raise ConfigError(
+            f"{spec_path}: icl_tasks entry {shown(repr(entry), quoted=False)} is not a mapping with a text label"
+        )
     labels = [spec["label"] for spec in specs]
     twice = sorted({label for label in labels if labels.count(label) > 1})
     if twice:
@@ -164,16 +162,18 @@ def load_bundle(bundle: Path, wanted: list[str] | None = None) -> list[Task]:
         shots = spec.get("num_fewshot", 0)
         shots = shots[0] if isinstance(shots, list) and len(shots) == 1 else shots
         if not isinstance(shots, int) or isinstance(shots, bool) or shots < 0:
-            raise ConfigError(f"{spec_path}: task {label}: num_fewshot {_shown(shots)} is not a whole number >= 0")
+            raise ConfigError(
+                f"{spec_path}: task {label}: num_fewshot {shown(repr(shots), quoted=False)} is not a whole number >= 0"
+            )
         uri = spec.get("dataset_uri")
         if not isinstance(uri, str) or not uri:
             raise ConfigError(
-                f"{spec_path}: task {label}: dataset_uri {_shown(uri)} is not a file name under eval_data/"
+                f"{spec_path}: task {label}: dataset_uri {shown(repr(uri), quoted=False)} is not a file name under eval_data/"
             )
         delimiter = spec.get("continuation_delimiter", " ")
         if not isinstance(delimiter, str):  # null would be scored as the text "None" between context and answer
             raise ConfigError(
-                f"{spec_path}: task {label}: continuation_delimiter {_shown(delimiter)} is not text; "
+                f"{spec_path}: task {label}: continuation_delimiter {shown(repr(delimiter), quoted=False)} is not text; "
                 "leave it out for one space"
             )
         items = _read_items(bundle / "eval_data" / uri, kind)

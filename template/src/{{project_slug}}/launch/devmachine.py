@@ -16,7 +16,6 @@ as well as to the terminal (lines there start with [default<local rank>]:).
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 from argparse import ArgumentParser, Namespace
@@ -25,7 +24,7 @@ from pathlib import Path
 
 from ..cluster.torchrun import run_torchrun, train_entry
 from ..data.epochs import steps_where_known
-from ..settings.bounds import count, host, node_count, non_negative_int, positive_float, tcp_port
+from ..settings.bounds import count, count_in, host, node_count, non_negative_int, positive_float, tcp_port
 from ..settings.config import Config, ConfigError, under_root
 from ..settings.topology import Topology, default_nproc
 from . import deepspeed, jobs
@@ -142,7 +141,7 @@ class DevMachine(Platform):
     def _pid_here(self, job: Job) -> int | None:
         """The launcher's pid when the job ran on this machine, else None."""
         host, _, pid = job.id.rpartition(":")
-        return int(pid) if host == socket.gethostname() and re.fullmatch(r"[0-9]{1,9}", pid) else None
+        return count_in(pid) if host == socket.gethostname() else None
 
     def _running(self, job: Job) -> bool:
         pid = self._pid_here(job)

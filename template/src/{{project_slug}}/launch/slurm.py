@@ -42,7 +42,7 @@ from pathlib import Path
 
 from ..planning.slurm_partition import partition_problem, requested
 from ..runtime import process_exit
-from ..settings.bounds import scheduler_option, signal_name, slurm_name, slurm_time
+from ..settings.bounds import count_in, scheduler_option, signal_name, slurm_name, slurm_time
 from ..settings.config import Config, ConfigError, project_root, under_root
 from . import code_copy, jobs
 from .base import Platform, print_file, tail_lines
@@ -300,7 +300,7 @@ class Slurm(Platform):
         assert proc.stdout is not None
         first = proc.stdout.readline().strip()
         job_id = first.split(";")[0]
-        if not re.fullmatch(r"[0-9]{1,12}", job_id):  # isdigit would take other scripts' digits
+        if count_in(job_id) is None:
             code = proc.wait()  # sbatch's own error went to stderr already
             if code == 0:
                 print(f"sbatch printed no job id: {first!r}", file=sys.stderr)

@@ -21,12 +21,11 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
+from ..settings.bounds import count_in
+
 SINFO_FORMAT = "%P|%N|%c|%m|%G"
 # One GPU item of %G: gpu[:type]:count, followed by a socket list "(S:0-1)" or the next item.
 GPU_ITEM = re.compile(r"(?:^|,)gpu(?::([A-Za-z0-9_.-]+))?:([0-9]{1,12})(?![0-9])")
-# A count as sinfo and #SBATCH write it: ASCII digits, no more than any cluster has (str.isdigit also
-# takes other scripts' digits, and int() refuses past 4300 digits).
-COUNT = re.compile(r"[0-9]{1,12}")
 MEMORY_UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 
 
@@ -57,16 +56,17 @@ def parse_sinfo(text: str) -> list[Node]:
     nodes = []
     for line in text.splitlines():
         fields = line.strip().split("|")
-        if len(fields) != 5 or not COUNT.fullmatch(fields[2]):
+        cpus = count_in(fields[2]) if len(fields) == 5 else None
+        if cpus is None:
             continue
-        partition, name, cpus, memory, gres = fields
+        partition, name, _, memory, gres = fields
         nodes.append(
             Node(
                 name=name,
                 partition=partition.rstrip("*"),
                 default_partition=partition.endswith("*"),
-                cpus=int(cpus),
-                memory_mb=int(memory) if COUNT.fullmatch(memory) else 0,
+                cpus=cpus,
+                memory_mb=count_in(memory) or 0,
                 gpus=parse_gres(gres),
             )
         )
@@ -130,12 +130,14 @@ def sbatch_options(script_text: str) -> dict[str, str]:
 def gpu_request(options: dict[str, str]) -> tuple[int, str | None]:
     """(GPUs per node, type or None) of --gpus-per-node=[type:]N or --gres=gpu[:type]:N; (0, None) for none."""
     if "gpus-per-node" in options:
-        kind, _, count = options["gpus-per-node"].rpartition(":")
-        return (int(count), kind or None) if COUNT.fullmatch(count) else (0, None)
+        kind, _, text = options["gpus-per-node"].rpartition(":")
+        gpus = count_in(text)
+        return (gpus, kind or None) if gpus is not None else (0, None)
     for item in options.get("gres", "").split(","):
         parts = item.split(":")
-        if parts[0] == "gpu" and len(parts) in (2, 3) and COUNT.fullmatch(parts[-1]):
-            return int(parts[-1]), parts[1] if len(parts) == 3 else None
+        gpus = count_in(parts[-1])
+        if parts[0] == "gpu" and len(parts) in (2, 3) and gpus is not None:
+            return gpus, parts[1] if len(parts) == 3 else None
     return 0, None
 
 
@@ -150,7 +152,8 @@ def memory_mb(text: str | None) -> int | None:
 def first_count(text: str | None, default: int = 1) -> int:
     """The count of an option such as --nodes=2 or --nodes=2-4 (the minimum); default when not a count."""
     head = (text or "").split("-")[0]
-    return int(head) if COUNT.fullmatch(head) else default
+    found = count_in(head)
+    return default if found is None else found
 
 
 def requested(script_text: str, given_options: list[str]) -> Request:

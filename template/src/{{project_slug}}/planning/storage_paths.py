@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..settings.bounds import shown
 from ..settings.config import Config, ConfigError
 from ..settings.stored_files import read_yaml
 
@@ -34,20 +35,26 @@ def manifest_mounts(manifest) -> list[str]:
                 walk(value)
 
     walk(manifest)
-    return [m for m in dict.fromkeys(found) if os.path.normpath(m) not in NOT_STORAGE]
+    return [m for m in dict.fromkeys(found) if normalised(m) not in NOT_STORAGE]
+
+
+def normalised(path: str) -> str:
+    """The path as Linux resolves its text: `..` and `.` taken out, and POSIX's leading '//' one '/'."""
+    normal = os.path.normpath(path)
+    return "/" + normal.lstrip("/") if normal.startswith("//") else normal
 
 
 def lies_under(path: str, mount: str) -> bool:
-    path, mount = os.path.normpath(path), os.path.normpath(mount)
+    path, mount = normalised(path), normalised(mount)
     return path == mount or path.startswith(mount.rstrip("/") + "/")
 
 
 def outside_problem(field: str, value: str, mounts: list[str], where: str) -> str | None:
     """Why `field` (a path a job uses) is not on the mounted storage, or None."""
-    normal = os.path.normpath(value) if value else value
+    normal = normalised(value) if value else value
     if value and os.path.isabs(value) and any(lies_under(value, m) for m in mounts):
         return None
-    said = f"{field}={value!r}" + (f" (that is {normal})" if normal != value else "")
+    said = f"{field}={shown(value)}" + (f" (that is {normal})" if normal != value else "")
     example = f"{mounts[0].rstrip('/')}/..." if mounts else "a path on the shared storage"
     if not mounts:
         return f"{where} mounts no shared storage, so {said} would vanish with the job; add the shared volume there"

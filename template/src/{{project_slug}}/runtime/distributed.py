@@ -41,15 +41,20 @@ def pick_device(preference: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
+def gpu_capability(device: torch.device) -> tuple[tuple[int, int], str]:
+    """(compute capability, the GPU's name with it for a message); ((0, 0), 'cpu') off a GPU. What a
+    GPU computes in is judged by its capability: torch.cuda.is_bf16_supported() also counts a V100's
+    slow emulation."""
+    if device.type != "cuda":
+        return (0, 0), device.type
+    major, minor = torch.cuda.get_device_capability(device)
+    return (major, minor), f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor})"
+
+
 def resolve_precision(device: torch.device, dtype: str) -> str:
-    """'bf16', 'fp16' or 'fp32': run.dtype on this device (precision.resolve). bf16 is judged by the
-    compute capability, not torch.cuda.is_bf16_supported(), which also counts a V100's slow emulation."""
-    on_gpu = device.type == "cuda"
-    name, has_bf16 = device.type, False
-    if on_gpu:
-        major, minor = torch.cuda.get_device_capability(device)
-        name, has_bf16 = f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor})", major >= 8
-    return precision.resolve(dtype, on_gpu, has_bf16, name)
+    """'bf16', 'fp16' or 'fp32': run.dtype on this device (precision.resolve); bf16 from capability 8.0."""
+    capability, name = gpu_capability(device)
+    return precision.resolve(dtype, device.type == "cuda", capability >= (8, 0), name)
 
 
 def autocast_context(device: torch.device, dtype: str):

@@ -155,6 +155,14 @@ def require_in_bounds(cfg: Config) -> None:
 
 WHOLE = re.compile(r"\s*[+-]?[0-9]+\s*")
 """ASCII digits: int() would also read Arabic-Indic or fullwidth digits, which no scheduler takes."""
+COUNT_TEXT = re.compile(r"[0-9]{1,12}")
+
+
+def count_in(text: str) -> int | None:
+    """The count `text` holds as a scheduler's output, a batch script or a record writes it (ASCII
+    digits, at most 12), else None: str.isdigit also takes other scripts' digits, which int() may
+    refuse, and int() refuses more than 4300 digits."""
+    return int(text) if COUNT_TEXT.fullmatch(text) else None
 
 
 def whole_number(least: int, most: int = MAX_COUNT) -> Callable[[str], int]:

@@ -17,7 +17,7 @@ import dataclasses
 
 import torch
 
-from ..runtime.distributed import resolve_precision
+from ..runtime.distributed import gpu_capability, resolve_precision
 from ..settings import precision
 from ..settings.config import Config, ConfigError
 from .common import compiled
@@ -25,22 +25,15 @@ from .common import compiled
 HEAD_NAMES = ("lm_head", "decoder")  # gpt's output head, BERT's masked-LM decoder
 
 
-def fp8_capable(device: torch.device) -> tuple[bool, str]:
-    """(whether the device multiplies in fp8, its name for a message)."""
-    if device.type != "cuda":
-        return True, device.type  # emulated
-    major, minor = torch.cuda.get_device_capability(device)
-    return (major, minor) >= (8, 9), f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor})"
-
-
 def require_fp8(cfg: Config, device: torch.device) -> None:
-    """ConfigError (key run.fp8) where this device cannot train with cfg.run.fp8."""
-    has_fp8, name = fp8_capable(device)
+    """ConfigError (key run.fp8) where this device cannot train with cfg.run.fp8 (fp8 matmuls from
+    compute capability 8.9; a CPU emulates them)."""
+    capability, name = gpu_capability(device)
     problem = precision.fp8_problem(
         cfg.run.fp8,
         resolve_precision(device, cfg.run.dtype),
         on_gpu=device.type == "cuda",
-        gpu_has_fp8=has_fp8,
+        gpu_has_fp8=capability >= (8, 9),
         gpu_name=name,
         compiled=compiled(cfg, device)[0],
     )
