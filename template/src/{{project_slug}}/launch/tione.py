@@ -43,7 +43,7 @@ from . import code_copy, jobs
 from .base import Platform
 from .jobs import Job
 from .tione_console import print_console_settings, start_script
-from .tione_request import TASK_FILE, api_mode, build_request, load_task, request_problems, unknown_fields
+from .tione_request import TASK_FILE, api_mode, build_request, load_task, request_problems, task_mounts, unknown_fields
 
 # TI-ONE's task states (DescribeTrainingTask Status) and what they mean here.
 STATES = {
@@ -217,7 +217,7 @@ class Tione(Platform):
         extra = (["--config", self.args.config] if self.args.config else []) + list(self.args.overrides)
         from_storage, image = code_copy.ready_image(self.args)
         copy = code_copy.copy_project(self.cfg, dry_run=True) if from_storage else None  # where it goes
-        mounts = storage_paths.task_mounts(task)
+        mounts = task_mounts(task)
         storage_paths.require_on_storage(self.cfg, mounts, f"{task_path}'s request.DataConfigs", copy)
         if copy is not None:
             storage_paths.require_writable_folder("the project's copy", copy.parent)

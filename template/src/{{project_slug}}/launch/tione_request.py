@@ -192,3 +192,11 @@ def build_request(task: dict, mode: str | None, script: Path, name: str | None, 
 def api_mode(script: Path) -> str | None:
     """TrainingMode of the API for the generated start script; None for Ray, which the API lacks."""
     return {"start-ddp.sh": "DDP", "start-mpi.sh": "MPI", "start-ps-worker.sh": "PS_WORKER"}.get(script.name)
+
+
+def task_mounts(task) -> list[str]:
+    """TI-ONE's mount paths in a task.yaml (its request's DataConfigs)."""
+    request = task.get("request") if isinstance(task, dict) else None
+    configs = request.get("DataConfigs") if isinstance(request, dict) else None
+    paths = [c.get("MappingPath") for c in configs or [] if isinstance(c, dict)]
+    return [p for p in paths if isinstance(p, str) and p]

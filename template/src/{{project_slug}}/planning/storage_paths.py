@@ -20,7 +20,8 @@ NOT_STORAGE = ("/dev/shm",)  # a pod's shared memory, not storage
 
 
 def manifest_mounts(manifest) -> list[str]:
-    """Every volume mount path in a Kubernetes manifest (any kind: its pod templates or overrides)."""
+    """Every volume mount path in a Kubernetes manifest (any kind: its pod templates or overrides).
+    Here, not in launch/: `check` judges the project's manifests too."""
     found: list[str] = []
 
     def walk(node) -> None:
@@ -62,14 +63,6 @@ def outside_problem(field: str, value: str, mounts: list[str], where: str) -> st
         f"{said} lies outside the storage the job's nodes mount ({', '.join(mounts)}, {where}): what the job "
         f"keeps there would vanish with its pod or instance; set {field} under it ({example})"
     )
-
-
-def task_mounts(task) -> list[str]:
-    """TI-ONE's mount paths in a task.yaml (its request's DataConfigs)."""
-    request = task.get("request") if isinstance(task, dict) else None
-    configs = request.get("DataConfigs") if isinstance(request, dict) else None
-    paths = [c.get("MappingPath") for c in configs or [] if isinstance(c, dict)]
-    return [p for p in paths if isinstance(p, str) and p]
 
 
 def launch_file_problems(cfg: Config, root: Path) -> list[str]:
