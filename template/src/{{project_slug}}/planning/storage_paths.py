@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..settings.bounds import shown
 from ..settings.config import Config, ConfigError
 from ..settings.stored_files import read_yaml
 
@@ -55,7 +54,9 @@ def outside_problem(field: str, value: str, mounts: list[str], where: str) -> st
     normal = normalised(value) if value else value
     if value and os.path.isabs(value) and any(lies_under(value, m) for m in mounts):
         return None
-    said = f"{field}={shown(value)}" + (f" (that is {normal})" if normal != value else "")
+    said = f"{field}={value!r}" + (
+        f" (that is {normal})" if normal != value else ""
+    )  # whole: a path cut short names nothing
     example = f"{mounts[0].rstrip('/')}/..." if mounts else "a path on the shared storage"
     if not mounts:
         return f"{where} mounts no shared storage, so {said} would vanish with the job; add the shared volume there"
