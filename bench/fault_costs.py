@@ -124,7 +124,7 @@ def save_seconds(slug: str, size: str, saves: int, folder: Path) -> tuple[float,
     import torch
 
     config, models, checkpoint = (
-        importlib.import_module(f"{slug}.{m}") for m in ("settings.config", "models", "runtime.checkpoint")
+        importlib.import_module(f"{slug}.{m}") for m in ("settings.config", "models", "checkpoints.checkpoint")
     )
     empty = folder / "empty.yaml"
     folder.mkdir(parents=True, exist_ok=True)

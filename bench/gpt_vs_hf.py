@@ -146,18 +146,22 @@ def render_project(dst: Path, vcs_ref: str) -> None:
 
 
 def import_project(project: Path):
-    """The generated package's models.gpt, models.family and training.metrics modules."""
-    found = sorted((project / "src").glob("*/models/gpt.py"))
+    """The generated package's models.gpt.model, models.family and training.metrics modules."""
+    found = sorted((project / "src").glob("*/models/gpt/model.py"))
     if len(found) != 1:
-        raise RuntimeError(f"expected exactly one src/<package>/models/gpt.py under {project}, found {len(found)}")
-    src, slug = found[0].parents[2], found[0].parents[1].name
+        raise RuntimeError(
+            f"expected exactly one src/<package>/models/gpt/model.py under {project}, found {len(found)}"
+        )
+    src, slug = found[0].parents[3], found[0].parents[2].name  # src/<slug>/models/gpt/model.py
     if slug in sys.modules:
         raise RuntimeError(
             f"a module named {slug!r} is already imported ({sys.modules[slug]!r}); "
             "generate the project under another name"
         )
     sys.path.insert(0, str(src))
-    mods = [importlib.import_module(f"{slug}.{name}") for name in ("models.gpt", "models.family", "training.metrics")]
+    mods = [
+        importlib.import_module(f"{slug}.{name}") for name in ("models.gpt.model", "models.family", "training.metrics")
+    ]
     origin = Path(sys.modules[slug].__file__).resolve().parent
     if origin != (src / slug).resolve():
         raise RuntimeError(f"import {slug} found {origin}, not {src / slug}: a name clash on sys.path")
@@ -334,7 +338,7 @@ def run(args, slug, gpt_mod, family, metrics) -> int:
 
     torch.manual_seed(args.seed)
     ours = Contender(
-        f"ours ({slug}.models.gpt.GPT)", *build_ours(gpt_mod, shape, V, T, args.softcap), ours_loss, args, device
+        f"ours ({slug}.models.gpt.model.GPT)", *build_ours(gpt_mod, shape, V, T, args.softcap), ours_loss, args, device
     )
     torch.manual_seed(args.seed)
     hf = Contender("HF GPT2LMHeadModel (sdpa)", *build_hf(shape, V, T), hf_loss, args, device)

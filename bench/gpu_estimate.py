@@ -11,8 +11,10 @@ matmul-only bound (matmul FLOPs / peak) and their ratio: how far the step is fro
     gpt3  125M, 8 x 2048; 1.3B, 4 x 2048 (the template's micro batches), vocab 50304   vs GPT2LMHeadModel
     bert  large, 16 x 512, vocab 30522           vs BertForMaskedLM (SDPA, torch's dropout)
 
-Each pair has the same layers, width, heads, vocabulary, sequence and dropout probabilities (ours as
-the project builds it by default; NanoChat has no residual dropout). The meta device runs what a CPU
+The peer is the transformers model the family exports to (its descriptor's exporter, as `export`
+converts a trained model), with SDPA attention and no KV cache (a training step keeps none), so each
+pair has the same layers, width, heads, vocabulary, sequence and dropout probabilities (ours as the
+project builds it by default; NanoChat has no residual dropout). The meta device runs what a CPU
 would, so the GPU's lowering is modelled where it differs (GpuLowering): F.scaled_dot_product_attention
 is one flash kernel forward and one backward (FLOPs halved when causal; dropout inside stays fused),
 F.dropout one kernel that also writes a byte mask and one that reads it back, F.rms_norm torch's fused
@@ -379,19 +381,21 @@ def load_gpus():
 
 
 def import_project(project: Path):
-    """The generated package's models, config and models.sample_dropout modules."""
-    found = sorted((project / "src").glob("*/models/gpt.py"))
+    """The generated package's models, settings.config, models.sample_dropout and models.family modules."""
+    found = sorted((project / "src").glob("*/models/family.py"))
     if len(found) != 1:
-        raise RuntimeError(f"expected exactly one src/<package>/models/gpt.py under {project}, found {len(found)}")
+        raise RuntimeError(f"expected exactly one src/<package>/models/family.py under {project}, found {len(found)}")
     src, slug = found[0].parents[2], found[0].parents[1].name
     sys.path.insert(0, str(src))
     return [
-        importlib.import_module(f"{slug}.{name}") for name in ("models", "settings.config", "models.sample_dropout")
+        importlib.import_module(f"{slug}.{name}")
+        for name in ("models", "settings.config", "models.sample_dropout", "models.family")
     ]
 
 
 def build_ours(models, config_mod, run: Run, dropout: float | None, attention_dropout: float | None):
-    """The project's model as its trainer builds it (build_model), on the meta device in bf16."""
+    """The project's model as its trainer builds it (build_model), on the meta device in bf16, and
+    the config it was built from."""
     cfg = config_mod.Config()
     m = cfg.model
     m.arch, m.size, m.sequence_len, m.dropout = run.arch, run.size, run.seq, dropout
@@ -400,85 +404,38 @@ def build_ours(models, config_mod, run: Run, dropout: float | None, attention_dr
             raise SystemExit("--attention-dropout: this project's model config has no attention_dropout")
         m.attention_dropout = attention_dropout
     with torch.device("meta"):
-        return models.build_model(cfg, run.vocab).to(torch.bfloat16).train()
+        return cfg, models.build_model(cfg, run.vocab).to(torch.bfloat16).train()
 
 
-def dropout_of(ours, arch: str) -> tuple[float, float]:
-    """(hidden, attention) dropout probabilities our built model trains with."""
-    if arch == "bert":
-        c = ours.mlm.config
-        return c.hidden_dropout_prob, c.attention_probs_dropout_prob
-    if arch == "gpt3":
-        return ours.cfg.dropout, getattr(ours.cfg, "attention_dropout", ours.cfg.dropout)
-    return ours.config.dropout, 0.0
+def dropout_of(ours, fam, model_cfg, dropout_mod) -> tuple[float, float]:
+    """(hidden, attention) dropout probabilities our built model trains with: model.dropout, or where
+    it is null the p its dropout layers keep (a transformers model keeps its config's), else none;
+    model.attention_dropout where the family has an attention dropout."""
+    kept = [m.p for m in ours.modules() if isinstance(m, dropout_mod.KeyedDropout)]
+    hidden = model_cfg.dropout if model_cfg.dropout is not None else max(kept, default=0.0)
+    attention = (model_cfg.attention_dropout or 0.0) if fam.attention_dropout else 0.0
+    return hidden, attention
 
 
-def width_of(ours, arch: str) -> int:
-    return {
-        "bert": lambda: ours.mlm.config.hidden_size,
-        "gpt3": lambda: ours.cfg.n_embd,
-        "gpt": lambda: ours.config.n_embd,
-    }[arch]()
-
-
-def build_peer(ours, run: Run):
-    """transformers' model of the same dimensions and dropout, SDPA attention, on meta in bf16."""
+def build_peer(ours, fam):
+    """transformers' model the family exports to, from our built model: the same dimensions and
+    dropout. SDPA attention and no KV cache, as a training step runs it; on meta in bf16."""
     import transformers
 
     transformers.logging.set_verbosity_error()
-    hidden_p, attention_p = dropout_of(ours, run.arch)
-    if run.arch == "gpt":
-        c = ours.config
-        config = transformers.NanoChatConfig(
-            vocab_size=run.vocab,
-            hidden_size=c.n_embd,
-            intermediate_size=4 * c.n_embd,
-            num_hidden_layers=c.n_layer,
-            num_attention_heads=c.n_head,
-            num_key_value_heads=c.n_kv_head,
-            max_position_embeddings=run.seq,
-            final_logit_softcapping=c.softcap or None,
-            attention_dropout=attention_p,
-            tie_word_embeddings=False,
-        )
-        model_class = transformers.NanoChatForCausalLM
-    elif run.arch == "gpt3":
-        c = ours.cfg
-        config = transformers.GPT2Config(
-            vocab_size=run.vocab,
-            n_positions=run.seq,
-            n_embd=c.n_embd,
-            n_layer=c.n_layer,
-            n_head=c.n_head,
-            resid_pdrop=hidden_p,
-            embd_pdrop=hidden_p,
-            attn_pdrop=attention_p,
-            use_cache=False,
-        )
-        model_class = transformers.GPT2LMHeadModel
-    else:
-        c = ours.mlm.config
-        config = transformers.BertConfig(
-            vocab_size=run.vocab,
-            hidden_size=c.hidden_size,
-            num_hidden_layers=c.num_hidden_layers,
-            num_attention_heads=c.num_attention_heads,
-            intermediate_size=c.intermediate_size,
-            max_position_embeddings=c.max_position_embeddings,
-            hidden_dropout_prob=hidden_p,
-            attention_probs_dropout_prob=attention_p,
-        )
-        model_class = transformers.BertForMaskedLM
-    config._attn_implementation = "sdpa"
     with torch.device("meta"):
-        return model_class(config).to(torch.bfloat16).train()
+        peer = fam.to_transformers(ours)
+    peer.config.use_cache = False
+    peer.set_attn_implementation("sdpa")
+    return peer.to(torch.bfloat16).train()
 
 
-def batch(run: Run, mask_share: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids and targets on meta: next tokens for the GPTs (the same ids: HF shifts them itself,
-    ours would be given the shifted ones), for BERT the ids at mask_share of the positions, else -100."""
+def batch(run: Run, causal: bool, mask_share: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and targets on meta: next tokens for a causal LM (the same ids: HF shifts them itself,
+    ours would be given the shifted ones), for a masked LM the ids at mask_share of the positions,
+    else -100."""
     ids = torch.randint(0, run.vocab, (run.batch, run.seq), device="meta")
-    if run.arch != "bert":
+    if causal:
         return ids, ids
     return ids, torch.where(torch.rand(ids.shape, device="meta") < mask_share, ids, -100)
 
@@ -522,7 +479,9 @@ def dropout_site(dropout_mod, shape: tuple[int, ...], p: float) -> tuple[Tally, 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gpu", default="H100", help="a device name of gpus.py, e.g. H100 (SXM), 'H100 PCIe', A100, H200")
-    p.add_argument("--only", choices=("gpt", "gpt3", "bert"), action="append", help="these families only")
+    p.add_argument(
+        "--only", action="append", metavar="FAMILY", help="these families only (model.arch names; repeatable)"
+    )
     p.add_argument("--tiny", action="store_true", help="tiny sizes (seq 64, batch 2, vocab 512): checks the script")
     p.add_argument("--dropout", type=float, help="model.dropout for every family (default: each family's)")
     p.add_argument("--attention-dropout", type=float, help="model.attention_dropout (default: each family's)")
@@ -549,16 +508,18 @@ class Compared:
     tallies: dict[str, Tally]  # "ours", "peer"
     labels: dict[str, str]
     dropout: tuple[float, float]  # hidden, attention
+    note: str  # what the peer lacks of ours' dropout
     sites: list[tuple[str, tuple[int, ...], float]]  # dropout sites: name, shape, p
     seconds: float
 
 
 def compare(run: Run, project, args: argparse.Namespace) -> Compared:
     started = time.perf_counter()
-    models, config_mod, dropout_mod = project
-    ours = build_ours(models, config_mod, run, args.dropout, args.attention_dropout)
-    peer = build_peer(ours, run)
-    ids, targets = batch(run, args.mask_share)
+    models, config_mod, dropout_mod, family_mod = project
+    fam = family_mod.family(run.arch)
+    cfg, ours = build_ours(models, config_mod, run, args.dropout, args.attention_dropout)
+    peer = build_peer(ours, fam)
+    ids, targets = batch(run, fam.causal, args.mask_share)
     keys = dropout_mod.sample_keys(1337, 0, 0, run.batch, device="meta")  # the trainer's samples(...) per micro batch
     tallies = {
         "ours": count_step(
@@ -566,13 +527,17 @@ def compare(run: Run, project, args: argparse.Namespace) -> Compared:
         ),
         "peer": count_step(step_of(peer, ids, targets, True), mask_share=args.mask_share, model=peer),
     }
-    hidden_p, attention_p = dropout_of(ours, run.arch)
-    sites = [(f"{run.name} hidden", (run.batch, run.seq, width_of(ours, run.arch)), hidden_p or 0.1)]
-    if run.arch == "bert":
-        heads = ours.mlm.config.num_attention_heads
-        sites.append((f"{run.name} attention probs", (run.batch, heads, run.seq, run.seq), attention_p or 0.1))
+    hidden_p, attention_p = dropout_of(ours, fam, cfg.model, dropout_mod)
+    shape = fam.shape(run.size)
+    sites = [(f"{run.name} hidden", (run.batch, run.seq, shape["n_embd"]), hidden_p or 0.1)]
+    if fam.attention_dropout:
+        probs = (run.batch, shape["n_head"], run.seq, run.seq)
+        sites.append((f"{run.name} attention probs", probs, attention_p or 0.1))
+    # a peer without dropout layers (NanoChat) runs ours' hidden dropout nowhere
+    undropped = hidden_p and not any(isinstance(m, torch.nn.Dropout) for m in peer.modules())
+    note = f"; {type(peer).__name__} has no hidden dropout" if undropped else ""
     labels = {"ours": f"ours {run.name}", "peer": f"peer {type(peer).__name__}"}
-    return Compared(run, tallies, labels, (hidden_p, attention_p), sites, time.perf_counter() - started)
+    return Compared(run, tallies, labels, (hidden_p, attention_p), note, sites, time.perf_counter() - started)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -586,7 +551,13 @@ def main(argv: list[str] | None = None) -> None:
         args.project = Path(tempfile.mkdtemp(prefix="gpu-estimate-")) / "project"
         render_project(args.project, "HEAD")
     project = import_project(args.project)
+    known = project[3].families()
+    if unknown := sorted(set(args.only or ()) - set(known)):
+        raise SystemExit(f"--only {', '.join(unknown)}: not a model family; use one of {', '.join(known)}")
     runs = [r for r in (TINY_RUNS if args.tiny else DEFAULT_RUNS) if not args.only or r.arch in args.only]
+    if not runs:
+        rows_of = sorted({r.arch for r in DEFAULT_RUNS})
+        raise SystemExit(f"--only {', '.join(args.only)}: no row here; the rows are of {', '.join(rows_of)}")
 
     print(
         f"{gpu.device_name}: {peak / 1e12:.0f} TFLOP/s bf16, {bandwidth / 1e12:.2f} TB/s. One micro batch "
@@ -609,13 +580,12 @@ def main(argv: list[str] | None = None) -> None:
 
     for result in results:
         hidden_p, attention_p = result.dropout
-        note = "; NanoChat has no hidden dropout" if result.run.arch == "gpt" and hidden_p else ""
         head = []
         for who, tally in result.tallies.items():
             head_s, step_s = tally.head_s(peak, bandwidth), tally.time_s(peak, bandwidth)
             head.append(f"{who} {head_s * 1e3:.3g} ms ({100 * head_s / step_s:.0f}% of its step)")
         print(
-            f"\n{result.run.name}: dropout hidden {hidden_p:g}, attention {attention_p:g}{note}; "
+            f"\n{result.run.name}: dropout hidden {hidden_p:g}, attention {attention_p:g}{result.note}; "
             f"counted in {result.seconds:.1f} s.\n  Head and loss (after the last block, forward and backward): "
             f"{', '.join(head)}. The ops that take longest:"
         )

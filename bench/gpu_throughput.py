@@ -30,7 +30,7 @@ backward, clips the global gradient norm to 1.0 and steps torch's fused AdamW (t
 betas and eps; weight decay 0.1 on every parameter). The loss is read (.item(), a sync) once per
 --log-every steps, as the project's logging does, and all of that is inside the timed window. With
 --compile the module doing encoder, gather, head and loss goes through torch.compile, as the
-project's model does. Its MFU uses the project's own BERT FLOPs-per-token formula (models/bert.py)
+project's model does. Its MFU uses the project's own BERT FLOPs-per-token formula (models/bert/model.py)
 and peak FLOP/s (metrics.peak_flops).
 
 The table goes to stdout and, with the date, GPU, versions (torch, CUDA, transformers, deepspeed),
@@ -44,14 +44,16 @@ template revision and each row's MFU goal (one H100, bf16: GPT d12 >= 45%, d20 >
     python bench/gpu_throughput.py --cpu-smoke              # tiny sizes on CPU: checks the script runs
 
 Needs torch with CUDA, transformers, deepspeed, copier (or --project), and a prepared data folder
-(--data, --bert-data; default: made from site-packages text, bench/prepare_data_speed.py's corpus,
-8 MB, prepared for the longest sequence of the rows that use it).
+per tokenizer kind of the rows' families (--data: BPE, gpt and gpt3; --bert-data: WordPiece, bert;
+default: made from site-packages text, bench/prepare_data_speed.py's corpus, 8 MB, prepared for the
+longest sequence of the rows that use it).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import importlib.metadata
 import json
 import os
@@ -136,6 +138,9 @@ QUICK = (
 )
 QUICK_STEPS = 20
 PLAIN_LOOP = " plain loop"  # suffix of the in-house reference rows' names: "bert <size> plain loop"
+# The vocabulary prepare-data trains per tokenizer kind (a family's descriptor names its kind):
+# BERT's WordPiece size, and 8192 for BPE.
+VOCAB_SIZES = {"bpe": 8192, "wordpiece": 30522}
 # MFU goals on one H100 in bf16, by the model a row trains (every strategy's row of it is marked).
 GOALS = {"gpt d12": 0.45, "gpt d20": 0.50, "gpt3 125M": 0.40, "bert large": 0.40}
 # glog-style lines torch's logging writes ("I1126 01:45:03.674000 6265 torch/...] ...").
@@ -146,8 +151,10 @@ TRACED_FRAME = re.compile(r"torchdynamo start tracing (\S+) (\S+):\d+")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--project", type=Path, help="an already generated project (default: render one)")
-    p.add_argument("--data", type=Path, help="a data folder prepared for gpt/gpt3 (default: made here)")
-    p.add_argument("--bert-data", type=Path, help="a data folder prepared with model.arch=bert (default: made here)")
+    p.add_argument("--data", type=Path, help="a data folder prepared with BPE, e.g. for gpt (default: made here)")
+    p.add_argument(
+        "--bert-data", type=Path, help="a data folder prepared with WordPiece, e.g. for bert (default: made here)"
+    )
     p.add_argument("--steps", type=int, help=f"optimizer steps per row (default 40; {QUICK_STEPS} with --quick)")
     p.add_argument(
         "--quick", action="store_true", help="one row per family and strategy, fewer steps: " + ", ".join(QUICK)
@@ -191,6 +198,12 @@ def option(overrides: list[str], key: str) -> str | None:
     """The value of key=value in overrides (the last one wins, as the project reads them)."""
     values = [o.split("=", 1)[1] for o in overrides if o.startswith(f"{key}=")]
     return values[-1] if values else None
+
+
+def project_families(project: Path, package: str) -> dict:
+    """The generated project's model families by name: their descriptors (models/family.py, no torch)."""
+    sys.path.insert(0, str(project / "src"))
+    return importlib.import_module(f"{package}.models.family").families()
 
 
 def compiled_frames(log: str) -> list[str]:
@@ -277,13 +290,11 @@ def bert_plain_loop(
 ) -> dict:
     """BertForMaskedLM trained in a plain loop doing the project's work (see the module's docstring):
     {"tokens_per_sec", "mfu"}, medians over the windows of log_every steps after the first third."""
-    import importlib
-
     import torch
     import torch.nn.functional as F
 
     # The project's own definitions: K per row, the shape of a size, FLOPs per token, peak FLOP/s.
-    bert = importlib.import_module(f"{package}.models.bert")
+    bert = importlib.import_module(f"{package}.models.bert.model")
     metrics = importlib.import_module(f"{package}.training.metrics")
     transformers = bert.import_transformers()  # offline: the model is built from a config, nothing downloads
     config = bert.scratch_config(
@@ -509,30 +520,31 @@ def main() -> None:
     common = [f"run.compile={str(args.compile).lower()}"]
     common += ["run.device=cpu", "run.dtype=fp32"] if args.cpu_smoke else ["run.dtype=bf16"]
     common += args.extra
-    prepared = {"gpt": args.data, "bert": args.bert_data}
+    families = project_families(project, package)
+    prepared = {"bpe": args.data, "wordpiece": args.bert_data}
 
-    def family(overrides: list[str]) -> str:
-        return "bert" if option(overrides, "model.arch") == "bert" else "gpt"
+    def family(overrides: list[str]):
+        return families[option(overrides, "model.arch")]
 
     def data_for(overrides: list[str]) -> Path:
-        """The data folder of the row's family (bert needs WordPiece with BERT's special tokens), prepared
-        for the longest sequence of the family's rows: prepare-data refuses a split that holds none
-        (2% held out rather than 0.5%: the corpus has only a few thousand documents)."""
-        fam = family(overrides)
-        if prepared[fam] is None:
-            folder = work / f"data-{fam}"
+        """The data folder of the row's tokenizer kind (WordPiece carries BERT's special tokens),
+        prepared for the longest sequence of the rows of that kind: prepare-data refuses a split that
+        holds none (2% held out rather than 0.5%: the corpus has only a few thousand documents)."""
+        kind = family(overrides).tokenizer
+        if prepared[kind] is None:
+            folder = work / f"data-{kind}"
             (folder / "raw").mkdir(parents=True)
             make_corpus(folder / "raw", 2 if args.cpu_smoke else 8)
-            longest = max(int(option(o, "model.sequence_len")) for o, _ in rows.values() if family(o) == fam)
+            longest = max(int(option(o, "model.sequence_len")) for o, _ in rows.values() if family(o).tokenizer == kind)
             env = {**os.environ, "PYTHONPATH": str(project / "src")}
             cmd = [sys.executable, "-m", package, "prepare-data", f"data.dir={folder}", "data.raw=",
-                   f"data.vocab_size={30522 if fam == 'bert' else 8192}", f"model.arch={fam}", "model.pretrained=",
-                   f"model.sequence_len={longest}", "data.val_fraction=0.02"]  # fmt: skip
+                   f"data.vocab_size={VOCAB_SIZES[kind]}", f"model.arch={family(overrides).name}",
+                   "model.pretrained=", f"model.sequence_len={longest}", "data.val_fraction=0.02"]  # fmt: skip
             done = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True)
             if done.returncode:
-                sys.exit(f"error: prepare-data for {fam} failed: {last_message(done.stdout + done.stderr)}")
-            prepared[fam] = folder
-        return prepared[fam]
+                sys.exit(f"error: prepare-data for {kind} failed: {last_message(done.stdout + done.stderr)}")
+            prepared[kind] = folder
+        return prepared[kind]
 
     device = "cpu" if args.cpu_smoke else "cuda"
     print(f"{info['gpu'] or 'CPU'}: torch {info['torch']}, run.compile={str(args.compile).lower()} on every row")
@@ -562,8 +574,8 @@ def main() -> None:
             show(reference, None)
         out = work / name.replace(" ", "-")
         overrides = [*overrides, *common]
-        if option(overrides, "model.arch") != "gpt" or option(overrides, "run.strategy") == "deepspeed":
-            overrides.append("optim.optimizer=adamw")  # Muon (the gpt recipe's) steps only gpt's matrices, under DDP
+        if not family(overrides).muon or option(overrides, "run.strategy") == "deepspeed":
+            overrides.append("optim.optimizer=adamw")  # Muon steps a muon family's named matrices, under DDP only
         results[name] = train_row(project, package, data, overrides, args.steps, args.log_every, out)
         show(name, reference)
 
