@@ -5,9 +5,12 @@
     <package> launch <platform> --action status | logs [--follow] | cancel          # the last job
     <package> launch <platform> --action status --id <job id>                        # another job
 
-One module per platform (launch/<platform>.py, beside the project's launch/<platform>/ files) whose
-PLATFORM is a base.Platform: the modules are found by that name, so a new platform is its module
+One module per platform (launch/<platform>.py here, beside the project's launch/<platform>/ files),
+or one folder for a platform of several modules (kubeflow/, tione/), whose PLATFORM (a folder's
+__init__.py exports it) is a base.Platform: platforms are found by that name, so a new platform is its module
 (plus its topology row and a test). Config overrides (key=value) reach `train` on every node.
+deepspeed_launcher.py is DeepSpeed's own launcher for devmachine and slurm (`--launcher deepspeed`),
+not the DeepSpeed strategy (strategies/deepspeed.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
     <package> launch devmachine                                   # one node, all its GPUs
     <package> launch devmachine --nnodes 2 --node-rank 0 --master-addr 10.0.0.1   # on node 0
     <package> launch devmachine --nnodes 2 --node-rank 1 --master-addr 10.0.0.1   # on node 1
-    <package> launch devmachine --launcher deepspeed              # DeepSpeed's own launcher (launch/deepspeed.py)
+    <package> launch devmachine --launcher deepspeed              # DeepSpeed's own launcher (deepspeed_launcher.py)
     <package> launch devmachine --action status                   # from another shell: step, loss, tok/s, alive?
     <package> launch devmachine --action logs [--rank 1] [--follow]   # a rank's own log file
     <package> launch devmachine --action cancel                   # SIGTERM: the ranks save, then stop
@@ -27,7 +27,7 @@ from ..data.epochs import steps_where_known
 from ..settings.bounds import count, count_in, host, node_count, non_negative_int, positive_float, tcp_port
 from ..settings.config import Config, ConfigError, under_root
 from ..settings.topology import Topology, default_nproc
-from . import deepspeed, jobs
+from . import deepspeed_launcher, jobs
 from .base import Platform, print_file
 from .jobs import Job
 
@@ -85,7 +85,7 @@ class DevMachine(Platform):
         p.add_argument(
             "--rank", type=non_negative_int, default=0, help="logs: the local rank whose log to show (default 0)"
         )
-        deepspeed.add_arguments(p)  # --launcher torchrun|deepspeed, --hostfile, --ds-launcher, --no-ssh
+        deepspeed_launcher.add_arguments(p)  # --launcher torchrun|deepspeed, --hostfile, --ds-launcher, --no-ssh
 
     def dry_run(self) -> int:
         return self._start(dry_run=True)
@@ -97,11 +97,11 @@ class DevMachine(Platform):
         args, cfg = self.args, self.cfg
         if args.debug:
             os.environ["TRAIN_DEBUG"] = "1"
-        if args.launcher == deepspeed.LAUNCHER:
-            plan = deepspeed.plan_launch(args, cfg)
+        if args.launcher == deepspeed_launcher.LAUNCHER:
+            plan = deepspeed_launcher.plan_launch(args, cfg)
             on_start = partial(self._record, f"deepspeed launcher, {plan.describe()}")
-            return deepspeed.launch(plan, args, cfg, self.package, dry_run, on_start=on_start)
-        deepspeed.refuse_deepspeed_options(args)
+            return deepspeed_launcher.launch(plan, args, cfg, self.package, dry_run, on_start=on_start)
+        deepspeed_launcher.refuse_deepspeed_options(args)
         topo = devmachine_topology(args, cfg)
         return run_torchrun(
             topo,
@@ -148,8 +148,8 @@ class DevMachine(Platform):
         return pid is not None and process_alive(pid)
 
     def status(self, job: Job) -> int:
+        from ..checkpoints.checkpoint_files import named_by_latest
         from ..cluster.local_ranks import descends_from, find_ranks
-        from ..runtime.checkpoint_files import named_by_latest
         from ..training.metrics import format_step, latest_records
         from ..training.preemption import read_marker
 

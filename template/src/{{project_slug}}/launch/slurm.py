@@ -46,7 +46,7 @@ from ..settings.bounds import count_in, scheduler_option, signal_name, slurm_nam
 from ..settings.config import Config, ConfigError, project_root, under_root
 from . import code_copy, jobs
 from .base import Platform, print_file, tail_lines
-from .deepspeed import LAUNCHER
+from .deepspeed_launcher import LAUNCHER
 from .jobs import Job
 
 SCRIPTS = {

@@ -3,7 +3,7 @@ account), and a Cluster that submits, reads and deletes one job and finds and st
 logs, every failure turned into one ConfigError that names the fix (RBAC, a missing operator, an
 API server out of reach). Uses the `kubernetes` Python client, imported only when called.
 
-    from .kubeflow_cluster import Cluster
+    from .kubernetes_api import Cluster
     cluster = Cluster(args, manifest)   # args: --kubeconfig, --context; manifest: the job to act on
     cluster.submit(); cluster.get(); cluster.delete()
 """
@@ -19,8 +19,8 @@ from argparse import Namespace
 
 import yaml
 
-from ..settings.config import ConfigError
-from ..settings.packages import require_package
+from ...settings.config import ConfigError
+from ...settings.packages import require_package
 
 REQUEST_TIMEOUT = 30  # seconds for one API call (not for streaming logs)
 

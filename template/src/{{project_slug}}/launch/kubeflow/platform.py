@@ -13,7 +13,7 @@
 The manifest is the file copier rendered from the answers (image, namespace, nodes, GPUs, PVC,
 RDMA resource, NCCL settings); `--namespace` and `--name` change it for one submission. The actions
 find the last job this project submitted (launch/jobs.py), or the one --id namespace/name names. Talking to
-the cluster (kubeflow_cluster.py) uses the `kubernetes` Python client (`pip install kubernetes`, or the project's
+the cluster (kubernetes_api.py) uses the `kubernetes` Python client (`pip install kubernetes`, or the project's
 `[kubeflow]` extra) with your kubeconfig (KUBECONFIG, --kubeconfig, --context), or the pod's
 service account when run inside the cluster. Nothing here needs kubectl.
 """
@@ -28,16 +28,16 @@ from pathlib import Path
 
 import yaml
 
-from ..planning import storage_paths
-from ..runtime import process_exit
-from ..settings.bounds import kubernetes_name, non_negative_float, non_negative_int
-from ..settings.config import ConfigError, project_root
-from ..settings.stored_files import read_yaml
-from . import code_copy, jobs
-from .base import Platform
-from .jobs import Job
-from .kubeflow_cluster import Cluster, context_problem
-from .kubeflow_restarts import check_grace, read_restarts
+from ...planning import storage_paths
+from ...runtime import process_exit
+from ...settings.bounds import kubernetes_name, non_negative_float, non_negative_int
+from ...settings.config import ConfigError, project_root
+from ...settings.stored_files import read_yaml
+from .. import code_copy, jobs
+from ..base import Platform
+from ..jobs import Job
+from .kubernetes_api import Cluster, context_problem
+from .restarts import check_grace, read_restarts
 
 MANIFESTS = ("pytorchjob", "trainjob", "mpijob")
 KINDS = ("PyTorchJob", "TrainJob", "MPIJob")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from ..settings.config import ConfigError
+from ...settings.config import ConfigError
 
 DEFAULT_GRACE_SECONDS = 30  # Kubernetes' own, when a pod spec does not say
 

@@ -14,7 +14,7 @@ import re
 import shlex
 from pathlib import Path
 
-from ..settings.config import ConfigError
+from ...settings.config import ConfigError
 
 START = "bash /opt/ml/code/launch/tione/"
 BEGIN, END = "<!-- console-settings:start -->", "<!-- console-settings:end -->"

@@ -9,11 +9,11 @@ DescribeTrainingTask, DescribeLogs, StopTrainingTask; API version 2021-11-11, th
     <package> launch tione --action cancel                   # StopTrainingTask: SIGTERM, the ranks save
     <package> launch tione --console                         # no API access: what to type into the console
 
-launch/tione/task.yaml holds the request copier rendered from the answers; tione_request.py completes
+launch/tione/task.yaml holds the request copier rendered from the answers; request.py completes
 it for each submission (a unique Name, the start command with the overrides) and checks every field
 against the SDK's request models before anything is sent; this module holds the API client and the
 actions. The Ray mode has no API equivalent: `launch tione` prints the console settings for it instead
-(tione_console.py).
+(console.py).
 
 Credentials come from the SDK's usual places, never from the project: TENCENTCLOUD_SECRET_ID and
 TENCENTCLOUD_SECRET_KEY (and TENCENTCLOUD_SESSION_TOKEN for temporary keys), else the [default]
@@ -33,17 +33,17 @@ from argparse import ArgumentParser
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from ..planning import storage_paths
-from ..runtime import process_exit
-from ..settings.bounds import endpoint as api_endpoint
-from ..settings.config import ConfigError, project_root
-from ..settings.packages import require_package
-from ..settings.topology import tione_variables
-from . import code_copy, jobs
-from .base import Platform
-from .jobs import Job
-from .tione_console import print_console_settings, start_script
-from .tione_request import TASK_FILE, api_mode, build_request, load_task, request_problems, task_mounts, unknown_fields
+from ...planning import storage_paths
+from ...runtime import process_exit
+from ...settings.bounds import endpoint as api_endpoint
+from ...settings.config import ConfigError, project_root
+from ...settings.packages import require_package
+from ...settings.topology import tione_variables
+from .. import code_copy, jobs
+from ..base import Platform
+from ..jobs import Job
+from .console import print_console_settings, start_script
+from .request import TASK_FILE, api_mode, build_request, load_task, request_problems, task_mounts, unknown_fields
 
 # TI-ONE's task states (DescribeTrainingTask Status) and what they mean here.
 STATES = {

@@ -3,7 +3,7 @@ anything is sent. task.yaml holds the request copier rendered from the answers (
 CFS/GooseFSx mount, VPC, logs), field names as the API spells them; each submission completes it with a
 unique Name and the start command (launch/tione/start-<mode>.sh in the image, with the overrides).
 
-    from .tione_request import TASK_FILE, api_mode, build_request, load_task, request_problems
+    from .request import TASK_FILE, api_mode, build_request, load_task, request_problems
     task = load_task(project_root() / TASK_FILE)          # {region, request, [endpoint, code_dir]}
     request = build_request(task, api_mode(script), script, None, ["schedule.max_steps=100"])
     mistakes, missing = request_problems(request)        # refused always / refused when submitting
@@ -23,10 +23,10 @@ import warnings
 from copy import deepcopy
 from pathlib import Path
 
-from ..settings.bounds import MAX_NODES, Range
-from ..settings.config import ConfigError, project_root
-from ..settings.packages import require_package
-from ..settings.stored_files import read_yaml
+from ...settings.bounds import MAX_NODES, Range
+from ...settings.config import ConfigError, project_root
+from ...settings.packages import require_package
+from ...settings.stored_files import read_yaml
 
 TASK_FILE = Path("launch") / "tione" / "task.yaml"
 NAME_PATTERN = re.compile(r"[\w\u4e00-\u9fff][\w\u4e00-\u9fff-]{0,59}")  # the API's rule: 60 characters at most
