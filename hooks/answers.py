@@ -104,11 +104,108 @@ CUSTOM_LAYOUT = "custom"
 
 
 def layouts(model: str) -> dict[str, dict]:
-    """The family's presets (size, nodes, gpus_per_node, tp, pp) by name, and 'custom': its first
-    size on one node of 8, the answers then asked one by one."""
-    presets = dict(package()["family"].family(model).presets)
-    first = next(iter(presets.values()))
-    return {**presets, CUSTOM_LAYOUT: {"size": first["size"], "nodes": 1, "gpus_per_node": 8, "tp": 1, "pp": 1}}
+    """The family's presets (size, nodes, gpus_per_node, tp, pp, gpu_type) by name, and 'custom': its
+    default size on one node of 8, the answers then asked one by one ({} for a family without presets)."""
+    fam = _family(model)
+    if fam is None or not fam.presets:
+        return {}
+    custom = {"size": fam.default_size, "nodes": 1, "gpus_per_node": 8, "tp": 1, "pp": 1, "gpu_type": DEFAULT_GPU}
+    return {**{name: {"gpu_type": DEFAULT_GPU, **row} for name, row in fam.presets.items()}, CUSTOM_LAYOUT: custom}
+
+
+# --- what a family's descriptor tells copier ----------------------------------------------------------
+
+DEFAULT_GPU = "h100-80gb"  # gpu_type's default where a family's preset names none
+
+
+def _family(model: str):
+    """The descriptor model names, None for a family this template does not have (the model
+    answer's own check names it)."""
+    module = package()["family"]
+    try:
+        return module.family(str(model))
+    except package()["config"].ConfigError:
+        return None
+
+
+def facts(model: str) -> dict:
+    """What copier.yml and the templates ask of a family instead of testing its name."""
+    fam = _family(model) or package()["family"].Family(name=str(model), summary="", builder="")
+    readme = PACKAGE_DIR / "models" / fam.name / "README.md.jinja"
+    return {
+        "name": fam.name,
+        "families": " | ".join(package()["family"].families()),
+        "title": fam.title or fam.name,
+        "summary": fam.summary,
+        "default_size": fam.default_size or next(iter(fam.sizes), ""),
+        "default_strategy": fam.default_strategy,
+        "recipes": list(fam.recipes),
+        "layouts": fam.layouts,
+        "presets": bool(fam.presets),
+        "pretrained": fam.pretrained,
+        "causal": fam.causal,
+        "tokenizer": fam.tokenizer,
+        "exports_own_code": fam.exports_own_code,
+        "vocab_size": fam.vocab_size,
+        "vocab_note": fam.vocab_note,
+        # the family's own README section, included by the project's README (a path in the template repository)
+        "readme": readme.relative_to(ROOT).as_posix() if readme.is_file() else "",
+    }
+
+
+# A question's default from the family: from the chosen preset where the family has presets, else
+# the descriptor's own, else the value of a family without either.
+PRESET_KEYS = {"model_size": "size", "nodes": "nodes", "gpus_per_node": "gpus_per_node", "tensor_parallel": "tp",
+               "pipeline_parallel": "pp", "gpu_type": "gpu_type"}  # fmt: skip
+PLAIN_DEFAULTS = {"nodes": 1, "gpus_per_node": 8, "tensor_parallel": 1, "pipeline_parallel": 1, "gpu_type": DEFAULT_GPU}
+
+
+def family_default(question: str, model: str, layout: str = ""):
+    """The default of `question` for a project of `model` (on the preset `layout`, where it has presets)."""
+    known = facts(model)
+    if question == "gpt3_layout":
+        return next(iter(layouts(model)), "")
+    if question == "strategy":
+        return known["default_strategy"]
+    row = layouts(model).get(str(layout)) if known["presets"] else None
+    if row and question in PRESET_KEYS:
+        return row[PRESET_KEYS[question]]
+    if question == "model_size":
+        return known["default_size"]
+    return PLAIN_DEFAULTS[question]
+
+
+def family_choices() -> dict[str, str]:
+    """The model question's menu, summary -> name, from every family's descriptor."""
+    return {fam.summary: name for name, fam in package()["family"].families().items()}
+
+
+# train.yaml's values copier writes quoted, as answers are (a size such as 1.3B stays a string to any reader).
+QUOTED_SETTINGS = {"size", "pretrained"}
+
+
+def _yaml_value(key: str, value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        plain = value and key not in QUOTED_SETTINGS and yaml.safe_load(f"v: {value}") == {"v": value}
+        return value if plain else json.dumps(value)
+    return repr(value)
+
+
+def config_lines(model: str, section: str, answers: dict) -> str:
+    """The family's lines of train.yaml's `section`, indented under it, each with its comment."""
+    fam = _family(model) or package()["family"].Family(name=str(model), summary="", builder="")
+    lines = []
+    for key, value, comment in fam.config_settings(section, answers):
+        if key is None:
+            lines.append(f"  # {comment}")
+            continue
+        line = f"  {key}: {_yaml_value(key, value)}"
+        lines.append(f"{line.ljust(24)} # {comment}" if comment else line)
+    return "\n".join(lines)
 
 
 def layout_label(name: str, row: dict) -> str:
@@ -247,6 +344,8 @@ def render_train_yaml(answers: dict) -> str:
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     env.globals["family_recipe"] = recipe
     env.globals["micro_batch_at"] = micro_batch_at
+    env.globals["family_facts"] = facts
+    env.globals["family_settings"] = lambda section: config_lines(answers["model"], section, answers)
     return env.from_string((TEMPLATE / "config" / "train.yaml.jinja").read_text()).render(answers)
 
 

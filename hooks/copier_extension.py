@@ -48,9 +48,16 @@ Globals it adds:
                                              family's that splits the global batch over dp ranks (the
                                              rule plan's scaling table applies for more nodes)
     family_sizes(model)                      the sizes model_size takes, from the family's descriptor
-    family_layouts('gpt3'), family_layout_choices('gpt3')
-                                             the family's named layouts (presets of its descriptor and
-                                             'custom') as JSON, and the menu of them: label -> name
+    family_layout_choices(model)             the family's named layouts (presets of its descriptor and
+                                             'custom') as a menu: label -> name (JSON)
+    family_choices()                         the model question's menu: every family's summary -> name
+    family_facts(model)                      what the templates ask of a family instead of testing its
+                                             name: title, default_size, default_strategy, recipes, layouts,
+                                             presets, pretrained, causal, tokenizer, exports_own_code,
+                                             vocab_size, vocab_note, readme (its README section's path)
+    family_default('nodes', model, layout)   a question's default for the family (and its preset)
+    family_settings('model')                 the family's lines of train.yaml's section (model, optim,
+                                             schedule) for the answers so far, from its descriptor
     quantity_problem('k8s_cpu_limit', value, 'cpu', request)
                                              "" or why the value is not a Kubernetes quantity (or is a
                                              limit below its request)
@@ -384,9 +391,30 @@ def quantity_problem(field: str, value: str, resource: str, request: str = "") -
     return ""
 
 
-def family_layouts(model: str) -> str:
-    """The family's named layouts as JSON (a hidden yaml question's default), from its descriptor."""
-    return json.dumps(_answers_module().layouts(model))
+def family_facts(model: str) -> dict:
+    """What copier.yml and the templates ask of a family (hooks/answers.py facts)."""
+    return _answers_module().facts(str(model))
+
+
+def family_choices() -> str:
+    """The model question's menu, summary -> name, as JSON (copier reads string choices as YAML)."""
+    return json.dumps(_answers_module().family_choices())
+
+
+def family_default(question: str, model: str, layout: str = ""):
+    """A question's default for a project of `model` on the preset `layout` (hooks/answers.py)."""
+    return _answers_module().family_default(question, str(model), str(layout))
+
+
+# The answers a family's train.yaml lines depend on (Family.config_settings).
+SETTINGS_ANSWERS = ("model_size", "strategy", "gpt_recipe", "pretrained_dir")
+
+
+@pass_context
+def family_settings(context, section: str) -> str:
+    """The family's lines of train.yaml's `section`, from its descriptor and the answers."""
+    answers = {name: context[name] for name in SETTINGS_ANSWERS if name in context and context[name] is not None}
+    return _answers_module().config_lines(str(context["model"]), section, answers)
 
 
 def family_recipe(model: str, size: str) -> dict:
@@ -446,7 +474,10 @@ class RulesExtension(Extension):
         environment.globals["tolerations_problem"] = tolerations_problem
         environment.globals["toleration_items"] = toleration_items
         environment.globals["quantity_problem"] = quantity_problem
-        environment.globals["family_layouts"] = family_layouts
+        environment.globals["family_facts"] = family_facts
+        environment.globals["family_choices"] = family_choices
+        environment.globals["family_default"] = family_default
+        environment.globals["family_settings"] = family_settings
         environment.globals["family_sizes"] = family_sizes
         environment.globals["family_recipe"] = family_recipe
         environment.globals["micro_batch_at"] = micro_batch_at

@@ -14,7 +14,10 @@ the user's edit would be lost. Run on every update, in the project's root:
         A module merged into a larger one cannot take a three-way merge: the user's changes are
         written beside it as <new home>.<old name>.diff, and a line says so.
 
-Idempotent: with nothing kept, restore does nothing; save overwrites what an earlier run kept.
+Idempotent: with nothing kept, restore does nothing. An update across several releases that moved
+modules runs save once per release, with the same OLD_REF: what the first run kept stays (the user's
+file was set back by it), and MOVED names each module's newest home, so one restore merges every
+edit where the module lives now. A save for another OLD_REF overwrites what an earlier update kept.
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ MOVED = {
     "rules.py": "planning/rules.py",
     "settings/rules.py": "planning/rules.py",
     "gpus.py": "settings/gpus.py",
-    "sizes.py": "+models/gpt3_family.py",  # the families' tables went to their descriptors
-    "settings/sizes.py": "+models/gpt3_family.py",
+    "sizes.py": "+models/gpt3/descriptor.py",  # the families' tables went to their descriptors
+    "settings/sizes.py": "+models/gpt3/descriptor.py",
     "precision.py": "settings/precision.py",
     "topology.py": "settings/topology.py",
     "project.py": "+settings/config.py",
@@ -54,8 +57,8 @@ MOVED = {
     "distributed.py": "runtime/distributed.py",
     "unrecoverable.py": "runtime/unrecoverable.py",
     "faults.py": "runtime/faults.py",
-    "checkpoint.py": "runtime/checkpoint.py",
-    "checkpoint_files.py": "runtime/checkpoint_files.py",
+    "checkpoint.py": "checkpoints/checkpoint.py",
+    "checkpoint_files.py": "checkpoints/checkpoint_files.py",
     "strategies/compilation.py": "+strategies/common.py",
     "strategies/grad_norm.py": "+strategies/common.py",
     "strategies/param_groups.py": "+strategies/common.py",
@@ -92,6 +95,26 @@ MOVED = {
     "verdicts.py": "+diagnostics/__init__.py",
     "image.py": "image/build.py",
     "image_plan.py": "image/plan.py",
+    # 0.5.0: a folder per model family, checkpoints in one folder, a folder per launch platform
+    "models/gpt.py": "models/gpt/model.py",
+    "models/gpt_family.py": "models/gpt/descriptor.py",
+    "models/gpt_build.py": "models/gpt/build.py",
+    "models/gpt_pieces.py": "models/gpt/pieces.py",
+    "models/gpt_transformers.py": "models/gpt/export.py",
+    "models/gpt3.py": "models/gpt3/model.py",
+    "models/gpt3_family.py": "models/gpt3/descriptor.py",
+    "models/bert.py": "models/bert/model.py",
+    "models/bert_family.py": "models/bert/descriptor.py",
+    "runtime/checkpoint.py": "checkpoints/checkpoint.py",
+    "runtime/checkpoint_files.py": "checkpoints/checkpoint_files.py",
+    "strategies/universal_checkpoint.py": "checkpoints/universal_checkpoint.py",
+    "launch/deepspeed.py": "launch/deepspeed_launcher.py",
+    "launch/kubeflow.py": "launch/kubeflow/platform.py",
+    "launch/kubeflow_cluster.py": "launch/kubeflow/kubernetes_api.py",
+    "launch/kubeflow_restarts.py": "launch/kubeflow/restarts.py",
+    "launch/tione.py": "launch/tione/platform.py",
+    "launch/tione_console.py": "launch/tione/console.py",
+    "launch/tione_request.py": "launch/tione/request.py",
 }
 KEPT = Path(".git/moved-module-edits")  # inside .git: never part of the project's tree or copier's diff
 TEMPLATE_PACKAGE = "template/src/{{project_slug}}"
@@ -107,12 +130,16 @@ def package_dir() -> Path:
 
 
 def save(template_clone: str, old_ref: str) -> None:
-    shutil.rmtree(KEPT, ignore_errors=True)
+    stamp = KEPT / "old_ref"
+    if not (stamp.is_file() and stamp.read_text() == old_ref):  # kept by an earlier update: not this one's
+        shutil.rmtree(KEPT, ignore_errors=True)
+    KEPT.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(old_ref)
     package = package_dir()
     kept = []
     for old, new in MOVED.items():
         path = package / old
-        if not path.is_file():
+        if not path.is_file() or (KEPT / old.replace("/", "__")).is_dir():
             continue
         shown = git("show", f"{old_ref}:{TEMPLATE_PACKAGE}/{old}", cwd=template_clone, check=False)
         if shown.returncode != 0:
@@ -139,7 +166,7 @@ def restore() -> int:
         return 0
     package = package_dir()
     clashes = []
-    for folder in sorted(KEPT.iterdir()):
+    for folder in sorted(p for p in KEPT.iterdir() if p.is_dir()):
         where = json.loads((folder / "where.json").read_text())
         old, new = where["old"], where["new"]
         merged = new.startswith("+")

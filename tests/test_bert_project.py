@@ -1,5 +1,5 @@
-"""model=bert projects: transformers is a dependency, tests/test_bert.py and test_bert_input.py are
-rendered, and they pass (tiny BERT with DDP and DeepSpeed ZeRO-3 on 2 CPU processes, eval,
+"""model=bert projects: transformers is a dependency, the bert family's own tests
+(src/<package>/models/bert/tests/: test_bert.py and test_bert_input.py) are collected, and they pass (tiny BERT with DDP and DeepSpeed ZeRO-3 on 2 CPU processes, eval,
 fill-mask, local fine-tuning; the masking recipe and its time per micro batch).
 
 test_bert.py pins run.strategy in every run it makes, so it is run once, in the ZeRO-3 render; the
@@ -29,7 +29,6 @@ def bert_project(tmp_path, name, **answers):
     )
     deps = tomllib.loads((project / "pyproject.toml").read_text())["project"]
     assert any(d.startswith("transformers>=") for d in deps["dependencies"]), deps["dependencies"]
-    assert (project / "tests" / "test_bert.py").is_file() and (project / "tests" / "test_bert_input.py").is_file()
     return project, yaml.safe_load((project / "config/train.yaml").read_text())
 
 
@@ -37,8 +36,9 @@ def test_bert_deepspeed_zero3_project_own_tests_pass(tmp_path):
     project, train = bert_project(tmp_path, "zero3", strategy="deepspeed", zero_stage=3)
     assert train["model"]["arch"] == "bert" and train["model"]["size"] == "tiny" and train["model"]["pretrained"] == ""
     assert train["run"]["strategy"] == "deepspeed" and train["deepspeed"]["zero_stage"] == 3
-    log = run_project_suite(project, "tests/test_bert.py", "tests/test_bert_input.py", name="bert-zero3-project")
-    assert "23 passed" in log.splitlines()[-1], log[-2000:]  # every test of both files ran
+    bert_tests = f"src/{slug_of(project)}/models/bert/tests"
+    log = run_project_suite(project, bert_tests, name="bert-zero3-project")
+    assert "26 passed" in log.splitlines()[-1], log[-2000:]  # every test of the family's three files ran
 
 
 def test_bert_ddp_project_is_a_ddp_project_that_checks(tmp_path):
@@ -54,8 +54,10 @@ def test_bert_ddp_project_is_a_ddp_project_that_checks(tmp_path):
 
 
 def test_gpt_project_has_no_bert_parts(default_project):
+    """transformers is an extra, and the suite collects the gpt family's tests, not bert's or gpt3's."""
     deps = tomllib.loads((default_project / "pyproject.toml").read_text())["project"]
     assert not any(d.startswith("transformers") for d in deps["dependencies"])
     assert deps["optional-dependencies"]["bert"] == ["transformers>=4.46"]
-    assert not (default_project / "tests" / "test_bert.py").exists()
-    assert not (default_project / "tests" / "test_bert_input.py").exists()
+    collected = run([sys.executable, "-m", "pytest", "--collect-only", "-q", "src"], cwd=default_project)
+    assert collected.returncode in (0, 5), collected.stdout + collected.stderr  # 5: nothing collected
+    assert "models/bert/tests" not in collected.stdout and "models/gpt3/tests" not in collected.stdout

@@ -27,7 +27,7 @@ import answers  # noqa: E402
 
 COOKIECUTTER_JSON = TEMPLATE / "cookiecutter.json"
 # Private (not asked, not passed to copier) tables that derived defaults look things up in.
-PRIVATE_TABLES = {"gpt3_layouts": "_gpt3_layouts"}
+PRIVATE_TABLES: dict[str, str] = {}  # none today: the defaults ask the family's descriptor (family_default)
 JINJA_BLOCK = re.compile(r"({{.*?}}|{%.*?%})", re.S)
 TOKEN = re.compile(r"""('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|\.?[A-Za-z_][A-Za-z0-9_]*)""")
 
@@ -55,7 +55,7 @@ def derive_cookiecutter_json(copier_yml: Path = TEMPLATE / "copier.yml") -> dict
     Representation: every answer is a plain string variable (no cookiecutter choice lists, so a
     wrong choice reaches the pre_gen hook and gets copier's message instead of a traceback);
     the multiselect `platforms` is a comma-separated string. Questions with `when: false` are
-    derived by copier and not asked (the layout table is kept as the private `_gpt3_layouts`).
+    derived by copier and not asked (a table one of them held would be kept as a private `_<name>`).
     """
     spec = yaml.safe_load(copier_yml.read_text())
     questions = {k: v for k, v in spec.items() if not k.startswith("_")}
@@ -203,7 +203,7 @@ BAD = [
     ({"platforms": "devmachine,aws"}, "platforms", "e.g. platforms=devmachine,slurm"),
     ({"nodes": "two"}, "nodes", "nodes 'two' is not a whole number; give one such as nodes=1"),
     ({"nodes": "1.5"}, "nodes", "nodes '1.5' is not a whole number"),
-    ({"model": "t5"}, "model", "model 't5' is not one of gpt, bert, gpt3"),
+    ({"model": "t5"}, "model", "model 't5' is not one of bert, gpt, gpt3"),
     ({"project_slug": "torch"}, "project_slug", "choose another, e.g. 'torchtrain'"),
     (
         {"data_dir": "/mnt/shared/x/data", "output_dir": "/mnt/shared/x/data/runs"},

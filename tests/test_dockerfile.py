@@ -252,7 +252,7 @@ def test_dockerignore_keeps_data_and_vcs_out_and_tests_in(project):
         assert excluded(path), path
     # Everything the project itself is made of reaches the image, tests and config/nccl.env included.
     files = [p.relative_to(project.path).as_posix() for p in project.path.rglob("*") if p.is_file()]
-    assert "tests/conftest.py" in files and "config/nccl.env" in files
+    assert "conftest.py" in files and "config/nccl.env" in files
     assert [f for f in files if excluded(f)] == []
 
 

@@ -2,7 +2,7 @@
 
 The project's suite is run once per distinct project shape: in full for the default (gpt, DDP; in two
 halves, see below), and in the other shapes the files that only they render (test_deepspeed.py,
-test_host_syncs_deepspeed.py, test_gpt3.py; bert's in test_bert_project.py). Each run's progress is
+test_host_syncs_deepspeed.py, the gpt3 family's own tests; bert's in test_bert_project.py). Each run's progress is
 in build/test-logs/<name>.log.
 """
 
@@ -105,4 +105,4 @@ def test_gpt3_project_layouts_match_one_process(tmp_path):
     )
     train_yaml = yaml.safe_load((project / "config/train.yaml").read_text())
     assert train_yaml["model"]["arch"] == "gpt3" and train_yaml["run"]["strategy"] == "deepspeed"
-    run_project_suite(project, "tests/test_gpt3.py", name="gpt3-project")
+    run_project_suite(project, f"src/{slug_of(project)}/models/gpt3/tests", name="gpt3-project")

@@ -70,8 +70,8 @@ def test_answer_set_renders(tmp_path, name):
         "config/nccl.env",
         "scripts/cpu-smoke.sh",
         f"src/{slug}/cli.py",
-        f"src/{slug}/models/gpt.py",
-        "tests/conftest.py",
+        f"src/{slug}/models/gpt/model.py",
+        "conftest.py",
     ):
         assert expected in files, f"{expected} missing from {sorted(files)}"
     # Launch files exist for the chosen platforms only.
@@ -145,12 +145,11 @@ def test_answers_file_records_every_question(default_project):
 
 @pytest.mark.quick
 def test_copier_layouts_and_sizes_come_from_the_family_descriptor():
-    """copier.yml writes no layout or size: the gpt3_layout menu, the table its defaults read and
+    """copier.yml writes no layout or size: the gpt3_layout menu, the presets the defaults read and
     model_size's help are rendered from the gpt3 descriptor (GPT3_LAYOUTS, GPT3_SIZES), as copier
     renders them (the RulesExtension's globals)."""
     import ast
     import importlib.util
-    import json
 
     import jinja2
 
@@ -163,9 +162,9 @@ def test_copier_layouts_and_sizes_come_from_the_family_descriptor():
     spec.loader.exec_module(extension)
     env = jinja2.Environment(extensions=[extension.RulesExtension])
     questions = yaml.safe_load(text)
-    table = json.loads(env.from_string(questions["gpt3_layouts"]["default"]).render())
-    menu = yaml.safe_load(env.from_string(questions["gpt3_layout"]["choices"]).render())
-    source = (TEMPLATE / "template" / "src" / "{{project_slug}}" / "models" / "gpt3_family.py").read_text()
+    table = extension._answers_module().layouts("gpt3")
+    menu = yaml.safe_load(env.from_string(questions["gpt3_layout"]["choices"]).render(model="gpt3"))
+    source = (TEMPLATE / "template" / "src" / "{{project_slug}}" / "models" / "gpt3" / "descriptor.py").read_text()
     literal = {
         node.targets[0].id: ast.literal_eval(node.value)
         for node in ast.parse(source).body
@@ -176,6 +175,9 @@ def test_copier_layouts_and_sizes_come_from_the_family_descriptor():
     assert menu["1.3B, 2 x 8 GPUs: 4 data x 4 pipeline"] == "1.3b-4dp-4pp"
     assert menu["13B, 8 x 8 GPUs: 4 data x 4 pipeline x 4 tensor"] == "13b-4dp-4pp-4tp"
     assert menu["125M, 1 GPU"] == "125m-1gpu" and menu["1.3B, 8 GPUs data parallel"] == "1.3b-8dp"
+    default = env.from_string(questions["gpu_type"]["default"])
+    assert default.render(model="gpt3", gpt3_layout="13b-4dp-8pp") == "a100-80gb"
+    assert default.render(model="gpt3", gpt3_layout="custom") == default.render(model="gpt") == "h100-80gb"
     sizes = env.from_string(questions["model_size"]["help"]).render(model="gpt3")
     assert sizes.endswith(", ".join(literal["GPT3_SIZES"]))
 

@@ -47,7 +47,7 @@ def copier(project: Path, *args: str):
 
 
 def check(project: Path):
-    """The generated project's `check`, from its source tree, as tests/conftest.py runs the package."""
+    """The generated project's `check`, from its source tree, as its conftest.py runs the package."""
     return run([sys.executable, "-m", SLUG, "check"], cwd=project, env={"PYTHONPATH": str(project / "src")})
 
 
@@ -85,7 +85,7 @@ def test_update_keeps_user_edits_then_nodes_rerenders_every_launch_file(tmp_path
     # The user: hyper-parameters, a line in the model code, a new file.
     edit(cfg_path, "lr: 0.0003", "lr: 0.0006")
     edit(cfg_path, "warmup_steps: 40", "warmup_steps: 25")
-    gpt_py = project / f"src/{SLUG}/models/gpt.py"
+    gpt_py = project / f"src/{SLUG}/models/gpt/model.py"
     gpt_py.write_text(gpt_py.read_text() + "\nUSER_MARK = 'added by the user'\n")
     (project / "notes").mkdir()
     (project / "notes/experiments.md").write_text("# lr sweep\n0.0006 looked best\n")
@@ -327,14 +327,14 @@ def template_at(commit: str, dst: Path) -> Path:
     return dst
 
 
-def release_today(tpl: Path, message: str) -> None:
+def release_today(tpl: Path, message: str, tag: str = "v0.3.0") -> None:
     """The template of today, committed over an older one in the same repository as its next release
     (v0.3.0: the release that moved the package's modules into folders, whose migration runs then)."""
     for child in tpl.iterdir():
         if child.name != ".git":
             shutil.rmtree(child) if child.is_dir() else child.unlink()
     snapshot_template(tpl)
-    commit_all(tpl, message, tag="v0.3.0")
+    commit_all(tpl, message, tag=tag)
 
 
 def test_update_across_the_launch_package_move_keeps_user_edits(tmp_path):
@@ -360,9 +360,10 @@ def test_update_across_the_launch_package_move_keeps_user_edits(tmp_path):
     assert "#SBATCH --comment=user" in (project / "launch/slurm/train.sbatch").read_text()
     flat = sorted(p.name for p in package.glob("launch*.py"))
     assert flat == [], f"moved modules left behind: {flat}"
-    assert {"__init__.py", "base.py", "jobs.py", "slurm.py", "tione.py"} <= {
+    assert {"__init__.py", "base.py", "jobs.py", "slurm.py", "tione"} <= {
         p.name for p in (package / "launch").iterdir()
     }
+    assert (package / "launch" / "tione" / "platform.py").is_file()
     assert (project / "launch/tione/task.yaml").is_file()
     assert not list(project.rglob("*.rej")) and "<<<<<<<" not in topology.read_text()
     env = {"PYTHONPATH": str(project / "src")}
@@ -406,7 +407,7 @@ def test_update_across_the_package_regrouping_keeps_user_edits(tmp_path):
         "strategies/tensor_parallel.py",
     ):
         assert (package / new).is_file(), f"{new} missing after the update"
-    assert "deepspeed" not in (package / "models/gpt3.py").read_text()
+    assert "deepspeed" not in (package / "models/gpt3/model.py").read_text()
     (package / "my_callbacks.py").unlink()  # the shape test lists every module; the user's own is not in it
     env = {"PYTHONPATH": str(project / "src")}
     shape = run(
@@ -659,3 +660,54 @@ def test_a_gpt_project_made_before_gpt_recipe_keeps_its_recipe_until_it_opts_in(
     now = yaml.safe_load((project / "config/train.yaml").read_text())
     assert now["optim"]["optimizer"] == "muon" and now["schedule"]["decay"] == "warmdown"
     assert now["model"]["rotary_base"] == 100000.0 and now["batch"] == before["batch"]
+
+
+# The last commit before a model family became a folder, checkpoints one and each launch platform one.
+BEFORE_FAMILY_FOLDERS = "a2ce5e4"
+
+
+def test_update_into_family_folders_carries_edits_in_moved_modules(tmp_path):
+    """A project made when the families were module pairs of models/, checkpoints lived in runtime/
+    and TI-ONE's launch code was three modules: its user's edits there and in train.yaml reach the new
+    homes through `copier update` (0.5.0's migration), the old files are gone, the family's tests
+    moved into its folder, and the package passes its shape test and runs."""
+    tpl = template_at(BEFORE_FAMILY_FOLDERS, tmp_path / "template")
+    commit_all(tpl, "template before the family folders", tag="v0.4.0")
+    project = generate(tmp_path, tpl, model="gpt3", gpt3_layout="custom", model_size="tiny", gpus_per_node=2)
+    package = project / "src" / SLUG
+    assert (package / "models" / "gpt3.py").is_file() and (project / "tests" / "test_gpt3.py").is_file()
+    edit(
+        package / "models" / "gpt3.py",
+        "def build_gpt3(",
+        "USER_GPT3 = 'kept in models/gpt3/model.py'\n\n\ndef build_gpt3(",
+    )
+    edit(package / "runtime" / "checkpoint_files.py", "def step_of(", "USER_FILES = 'kept'\n\n\ndef step_of(")
+    edit(package / "launch" / "tione_request.py", "def load_task(", "USER_TIONE = 'kept'\n\n\ndef load_task(")
+    edit(project / "config/train.yaml", "  eval_every_steps: ", "  # the user's note\n  eval_every_steps: ")
+    commit_all(project, "user edits")
+
+    release_today(tpl, "template with family folders", tag="v0.5.0")
+
+    update = copier(project, "update", "--defaults", "--trust", "--conflict", "inline")
+    assert update.returncode == 0, update.stdout + update.stderr
+    for gone in ("models/gpt3.py", "models/gpt3_family.py", "runtime/checkpoint_files.py", "launch/tione_request.py"):
+        assert not (package / gone).exists(), gone
+    for home, mark in (
+        ("models/gpt3/model.py", "USER_GPT3 = 'kept in models/gpt3/model.py'"),
+        ("checkpoints/checkpoint_files.py", "USER_FILES = 'kept'"),
+        ("launch/tione/request.py", "USER_TIONE = 'kept'"),
+    ):
+        text = (package / home).read_text()
+        assert mark in text and "<<<<<<<" not in text, home
+    assert (package / "models" / "gpt3" / "tests" / "test_gpt3.py").is_file()
+    assert not (project / "tests" / "test_gpt3.py").exists() and (project / "conftest.py").is_file()
+    assert "  # the user's note\n  eval_every_steps: " in (project / "config/train.yaml").read_text()
+    assert not list(project.rglob("*.rej")) and not (project / ".git" / "moved-module-edits").exists()
+    env = {"PYTHONPATH": str(project / "src")}
+    shape = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_package_shape.py"],
+                cwd=project, env=env)  # fmt: skip
+    assert shape.returncode == 0, shape.stdout + shape.stderr
+    for command in (["plan"], ["launch", "tione", "--dry-run"]):
+        proc = run([sys.executable, "-m", SLUG, *command], cwd=project, env=env)
+        assert proc.returncode == 0, f"{' '.join(command)} after the update:\n{proc.stdout}\n{proc.stderr}"
+    assert check(project).returncode == 0

@@ -51,7 +51,7 @@ BAD_ANSWERS = [
     ({"fabric": "roce", "nccl_ib_gid_index": 300}, "nccl_ib_gid_index", "255"),
     ({"fabric": "roce", "nccl_ib_tc": -1}, "nccl_ib_tc", "255"),
     ({"fabric": "myrinet"}, "fabric", "not one of infiniband, roce, tcp"),
-    ({"model": "t5"}, "model", "not one of gpt, bert, gpt3"),
+    ({"model": "t5"}, "model", "not one of bert, gpt, gpt3"),
     ({"model": "gpt", "model_size": "125M"}, "model_size", "gpt size"),
     ({"model": "bert", "model_size": "d12"}, "model_size", "bert size"),
     ({"model": "gpt3", "model_size": "1B"}, "model_size", "gpt3 size"),
@@ -242,7 +242,6 @@ UNKNOWN_ANSWERS = [
     ({"nodes": 2, "Model": "bert"}, "unknown answer 'Model': did you mean 'model'?"),
     ({"foo": "bar"}, "unknown answer 'foo': no question has that name (README.md lists them)"),
     ({"answers_check": "ok"}, "answer 'answers_check' is computed from the other answers, not asked; leave it out"),
-    ({"gpt3_layouts": "{}"}, "answer 'gpt3_layouts' is computed from the other answers, not asked; leave it out"),
 ]
 
 # What copier prints besides the refusal: the template's uncommitted changes, the version it renders.
@@ -592,7 +591,6 @@ def _validator(field: str, answers: dict, defaults: bool = False) -> str:
         extensions=["jinja2_ansible_filters.AnsibleCoreFiltersExtension", extension.RulesExtension]
     )
     context = {
-        "gpt3_layouts": extension.json.loads(extension.family_layouts("gpt3")),
         "_copier_conf": {"defaults": defaults},
         "project_slug": "run",
         "platforms": ["devmachine"],

@@ -22,7 +22,7 @@ def _keys(pkg, count=B):
 
 
 def _gpt(pkg, attention_dropout):
-    gpt = pkg.module("models.gpt")
+    gpt = pkg.module("models.gpt.model")
     model = gpt.GPT(
         gpt.GPTConfig(vocab_size=VOCAB, sequence_len=T, n_layer=2, n_embd=32, n_head=2, n_kv_head=2, dropout=0.1)
     )
@@ -32,7 +32,7 @@ def _gpt(pkg, attention_dropout):
 
 def _gpt_pieces(pkg, attention_dropout):
     """The GPT with every piece of nanochat's on, a sliding window on its first layer included."""
-    gpt = pkg.module("models.gpt")
+    gpt = pkg.module("models.gpt.model")
     pieces = {"value_embeddings": True, "residual_scalars": True, "smear": True, "backout": True, "qk_scale": 1.2}
     shape = {"n_layer": 3, "n_embd": 32, "n_head": 2, "n_kv_head": 2}
     config = gpt.GPTConfig(vocab_size=VOCAB, sequence_len=T, dropout=0.1, **shape, **pieces, window_pattern="SL")
@@ -42,7 +42,7 @@ def _gpt_pieces(pkg, attention_dropout):
 
 
 def _gpt3(pkg, attention_dropout):
-    gpt3 = pkg.module("models.gpt3")
+    gpt3 = pkg.module("models.gpt3.model")
     config = gpt3.GPT3Config(
         vocab_size=VOCAB,
         sequence_len=T,
@@ -53,43 +53,14 @@ def _gpt3(pkg, attention_dropout):
         attention_dropout=attention_dropout,
     )
     return gpt3.GPT3(config)
-{% if model == 'bert' %}
-
-def _bert(pkg, attention_dropout):
-    bert = pkg.module("models.bert")
-    transformers = bert.import_transformers()
-    config = transformers.BertConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=T,
-    )
-    mlm = transformers.BertForMaskedLM(config)
-    bert.draw_dropout_per_sample(mlm, 0.1, attention_dropout)
-    return bert.BertMLM(mlm, T)
 
 
-def _masked_labels(pkg, ids):
-    """At most predictions_per_sequence positions per row, fewer on the second (as the masking gives)."""
-    k = pkg.module("models.bert").predictions_per_sequence(T)
-    labels = torch.full_like(ids, -100)
-    for row, count in enumerate((k, k - 2)):
-        where = torch.randperm(T, generator=torch.Generator().manual_seed(row))[:count]
-        labels[row, where] = ids[row, where]
-    return labels
-{% endif %}
-
-FAMILIES = {"gpt": _gpt, "gpt+pieces": _gpt_pieces, "gpt3": _gpt3{% if model == 'bert' %}, "bert": _bert{% endif %}}
+# Families whose models need no extra package; bert's case is in its family's tests (models/bert/tests/).
+FAMILIES = {"gpt": _gpt, "gpt+pieces": _gpt_pieces, "gpt3": _gpt3}
 
 
 def _inputs(pkg, family):
     ids = torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(0))
-{%- if model == 'bert' %}
-    if family == "bert":
-        return ids, _masked_labels(pkg, ids)
-{%- endif %}
     return ids, torch.roll(ids, -1, dims=1)
 
 
@@ -103,9 +74,12 @@ CASES = [
 @pytest.mark.parametrize("family, attention_dropout", CASES, ids=[f"{f}-attention{p}" for f, p in CASES])
 def test_forward_and_loss_are_one_graph_with_dropout_on(pkg, family, attention_dropout):
     torch.manual_seed(0)
-    model = FAMILIES[family](pkg, attention_dropout).train()
+    assert_one_graph(pkg, FAMILIES[family](pkg, attention_dropout).train(), _inputs(pkg, family))
+
+
+def assert_one_graph(pkg, model, inputs) -> None:
+    """The model's forward and loss, dropout on (keyed by sample), compile to one graph, no break."""
     dropout, keys = _keys(pkg)
-    inputs = _inputs(pkg, family)
 
     def loss(ids, targets):
         with dropout.samples(keys):
@@ -176,7 +150,7 @@ def test_a_pipeline_stage_compiled_layer_by_layer_is_one_graph(pkg, caplog):
     gradients equal eager's within fp32 noise (Inductor on the CPU)."""
     from torch._dynamo.utils import counters
 
-    gpt3, (dropout, keys) = pkg.module("models.gpt3"), _keys(pkg)
+    gpt3, (dropout, keys) = pkg.module("models.gpt3.model"), _keys(pkg)
     config = gpt3.GPT3Config(vocab_size=VOCAB, sequence_len=T, n_layer=12, n_embd=32, n_head=4, dropout=0.1)
     torch.manual_seed(0)
     stage = [gpt3.Block(config, index) for index in range(12)]
@@ -227,18 +201,3 @@ def test_zero3_stays_eager_on_cuda(pkg, cfg_with):
         False,
         "eager (run.compile=false)",
     )
-{%- if model == 'bert' %}
-
-
-def test_bert_static_head_gives_the_loss_of_boolean_indexing(pkg):
-    """The loss gathers a fixed K rows per sequence instead of indexing by the mask: same value."""
-    torch.manual_seed(0)
-    model = _bert(pkg, 0.0).eval()
-    ids, labels = _inputs(pkg, "bert")
-    picked = labels != -100
-    with torch.no_grad():
-        hidden = model.mlm.bert(input_ids=ids).last_hidden_state
-        expected = F.cross_entropy(model.mlm.cls(hidden[picked]).float(), labels[picked])
-        assert torch.allclose(model(ids, labels), expected, rtol=1e-6, atol=0)
-        assert torch.allclose(model(ids, labels, loss_reduction="none").mean(), expected, rtol=1e-6, atol=0)
-{%- endif %}

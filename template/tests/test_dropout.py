@@ -18,7 +18,7 @@ DROPOUT = ["model.dropout=0.1", "schedule.max_steps=10", "checkpoint.every_steps
 
 
 def _tiny_gpt(pkg, dropout: float):
-    gpt = pkg.module("models.gpt")
+    gpt = pkg.module("models.gpt.model")
     config = gpt.GPTConfig(vocab_size=64, sequence_len=16, n_layer=2, n_embd=32, n_head=2, n_kv_head=2, dropout=dropout)
     torch.manual_seed(0)
     model = gpt.GPT(config)

@@ -86,7 +86,7 @@ def test_a_padded_vocabulary_exports_its_rows_only(pkg, cfg_with, tmp_path):
         for p in model.parameters():  # the zero-initialised projections would hide a mistake
             p.add_(torch.randn_like(p) * 0.05)
     assert model.lm_head.weight.shape[0] == 320
-    pkg.module("models.gpt_build").to_transformers(model).save_pretrained(tmp_path / "padded")
+    pkg.module("models.gpt.build").to_transformers(model).save_pretrained(tmp_path / "padded")
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "padded")).eval()
     assert hf.config.vocab_size == 300
     assert_same_logits(model, hf, 300, 32)

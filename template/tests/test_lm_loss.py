@@ -214,7 +214,7 @@ def _tokens(seed):
 
 
 def _gpt(pkg):
-    gpt = pkg.module("models.gpt")
+    gpt = pkg.module("models.gpt.model")
     torch.manual_seed(0)
     config = gpt.GPTConfig(
         vocab_size=MODEL_VOCAB,
@@ -239,7 +239,7 @@ def _gpt(pkg):
 
 
 def _gpt3(pkg):
-    gpt3 = pkg.module("models.gpt3")
+    gpt3 = pkg.module("models.gpt3.model")
     return gpt3.GPT3(gpt3.GPT3Config(vocab_size=MODEL_VOCAB, sequence_len=T, n_layer=2, n_embd=32, n_head=4))
 
 

@@ -13,7 +13,7 @@ VOCAB = 512
 
 @pytest.fixture
 def gpt(pkg):
-    return pkg.module("models.gpt")
+    return pkg.module("models.gpt.model")
 
 
 def make(
@@ -183,7 +183,7 @@ def test_a_padded_vocabulary_cuts_its_logits_and_counts_its_rows(gpt, pkg):
     logits = model(x)
     assert logits.shape == (2, 16, 300)
     assert torch.allclose(model(x, y), torch.nn.functional.cross_entropy(logits.view(-1, 300), y.view(-1)))
-    family = pkg.module("models.gpt_family").FAMILY
+    family = pkg.module("models.gpt.descriptor").FAMILY
     c = model.config
     shape = {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_kv_head": 2, "value_embeddings": True, "vocab_multiple": 64}
     assert family.num_params(shape, 300, c.sequence_len) == model.num_params()
@@ -303,7 +303,8 @@ def test_optimizer_skips_weight_decay_on_the_embedding(pkg, gpt, tmp_path):
     empty.write_text("")
     cfg = pkg.config.load_config(empty, ["optim.weight_decay=0.25"])
     model = make(gpt)
-    opt = pkg.module("strategies.optimizer").build_optimizer(model, cfg, torch.device("cpu"))
+    run = pkg.distributed.resolve_run(cfg, pkg.distributed.one_process(torch.device("cpu")))
+    opt = pkg.module("strategies.optimizer").build_optimizer(model, run)
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] == 0.25 for p in g["params"]}
     assert id(model.wte.weight) not in decayed
     assert id(model.lm_head.weight) in decayed and id(model.blocks[0].attn.c_q.weight) in decayed
@@ -323,7 +324,9 @@ def test_muon_steps_the_blocks_matrices_and_adamw_the_rest_at_the_derived_rates(
     )  # fmt: skip
     model = pkg.module("models").build_model(cfg, VOCAB)
     optimizer = pkg.module("strategies.optimizer")
-    opt = optimizer.build_optimizer(model, cfg, torch.device("cpu"))
+    opt = optimizer.build_optimizer(
+        model, pkg.distributed.resolve_run(cfg, pkg.distributed.one_process(torch.device("cpu")))
+    )
     names = {id(p): n for n, p in model.named_parameters()}
     grouped = [names[id(p)] for g in opt.param_groups for p in g["params"]]
     assert sorted(grouped) == sorted(names.values())

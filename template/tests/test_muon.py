@@ -94,7 +94,9 @@ def test_a_model_with_every_piece_exports_with_its_modeling_code(
     run = muon_runs[1][0]
     overrides = [*train_overrides, *MUON, f"data.dir={demo_data}", f"run.output_dir={run}", "run.device=cpu"]
     folder = export(demo_data, run, *train_overrides, *MUON)
-    assert {"gpt.py", "gpt_pieces.py", "sample_dropout.py", "gpt_transformers.py"} <= {p.name for p in folder.iterdir()}
+    assert {"model.py", "pieces.py", "lm_loss.py", "sample_dropout.py", "export.py"} <= {
+        p.name for p in folder.iterdir()
+    }
     model, hf, cfg = ours_and_theirs(pkg, cfg_with, [*overrides, "run.dtype=fp32"], folder, trust_remote_code=True)
     assert type(hf).__name__ == "GPTForCausalLM" and hf.num_parameters() == model.num_params()
     assert_same_logits(model, hf, model.config.vocab_size, cfg.model.sequence_len)

@@ -91,7 +91,7 @@ def test_bert_count_and_flops_match_transformers(pkg, cfg_with, size):
     assert pkg.estimates.num_params(shape, vocab, "bert") == mlm.num_parameters()
     if size == "large":
         assert mlm.num_parameters() == 335_174_458
-    ours = pkg.module("models.bert").BertMLM(mlm, 512)  # the project's wrapper: its flops_per_token
+    ours = pkg.module("models.bert.model").BertMLM(mlm, 512)  # the project's wrapper: its flops_per_token
     assert pkg.estimates.flops_per_token(shape, vocab, 512, "bert") == ours.flops_per_token()
     cfg = cfg_with("model.arch=bert", f"model.size={size}", "model.sequence_len=512", f"data.vocab_size={vocab}")
     assert pkg.estimates.memory(cfg)["params"] == mlm.num_parameters()
@@ -99,11 +99,11 @@ def test_bert_count_and_flops_match_transformers(pkg, cfg_with, size):
 
 @pytest.mark.parametrize("size", ["tiny", "125M", "1.3B", "13B", "175B"])
 def test_gpt3_count_and_flops_match_the_model(pkg, size):
-    """models/gpt3.py's GPT3 on the meta device: V*h + S*h + L*(12h^2 + 13h) + 2h, and its
+    """models/gpt3/model.py's GPT3 on the meta device: V*h + S*h + L*(12h^2 + 13h) + 2h, and its
     flops_per_token (Megatron's 72*L*h^2 + 6*V*h + 12*L*h*s)."""
     import torch
 
-    gpt3 = pkg.module("models.gpt3")
+    gpt3 = pkg.module("models.gpt3.model")
     shape = pkg.family.model_shape(size, None, "gpt3")
     with torch.device("meta"):
         model = gpt3.GPT3(
@@ -141,7 +141,7 @@ def test_largest_layer_is_what_deepspeed_counts(pkg):
         pkg.estimates.num_params(shape, 1000, "bert"),
         pkg.estimates.largest_layer_params(shape, 1000, "bert"),
     )
-    gpt3 = pkg.module("models.gpt3")
+    gpt3 = pkg.module("models.gpt3.model")
     shape = pkg.family.model_shape("tiny", None, "gpt3")
     torch.manual_seed(0)
     model = gpt3.GPT3(

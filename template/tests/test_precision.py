@@ -46,8 +46,9 @@ def test_autocast_follows_the_resolved_precision_on_cpu(pkg):
     dist, cpu = pkg.distributed, torch.device("cpu")
     x = torch.randn(4, 4)
     for dtype, expected in (("auto", torch.float32), ("fp32", torch.float32), ("fp16", torch.float16)):
-        assert dist.resolve_precision(cpu, dtype) == ("fp32" if dtype == "auto" else dtype)
-        with dist.autocast_context(cpu, dtype):
+        precision = dist.resolve_precision(cpu, dtype)
+        assert precision == ("fp32" if dtype == "auto" else dtype)
+        with dist.autocast_context(cpu, precision):
             assert (x @ x).dtype == expected, dtype
 
 

@@ -29,11 +29,11 @@ import torch
 import torch.distributed as dist
 
 from ..data.tokens import data_fingerprint, find_data
+from ..runtime.distributed import gather_objects, print0, share_from_main
+from ..runtime.unrecoverable import raise_on_every_rank
 from ..settings.config import Config, ConfigError
 from . import checkpoint_files as files
 from .checkpoint_files import atomic_write as _atomic_write
-from .distributed import gather_objects, print0, share_from_main
-from .unrecoverable import raise_on_every_rank
 
 list_checkpoints = files.list_files
 named_by_latest = files.named_by_latest  # what the `latest` pointer names (a DDP file or a DeepSpeed folder)
@@ -116,7 +116,7 @@ def run_state(
 def check_compatible(state: dict, cfg: Config, world_size: int, where, layout_changed: bool = False) -> list[str]:
     """Refuse a checkpoint this run cannot continue exactly; returns notes on what changed. Another
     number of processes continues only under checkpoint.reshard=true (DDP loads its replicas on any
-    data-parallel size, DeepSpeed through its universal format: strategies/universal_checkpoint.py).
+    data-parallel size, DeepSpeed through its universal format: checkpoints/universal_checkpoint.py).
     layout_changed: the strategy re-splits this checkpoint for other tensor and pipeline degrees
     (also under checkpoint.reshard=true); the rest of the fingerprint must still match."""
     saved_world, trained_batch = state.get("world_size", world_size), state.get("config", {}).get("batch", {})

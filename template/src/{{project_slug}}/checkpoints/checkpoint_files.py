@@ -28,9 +28,9 @@ import time
 import zipfile
 from pathlib import Path
 
+from ..runtime import faults
 from ..settings.config import ConfigError
 from ..settings.stored_files import DamagedFile, read_json, read_text, shape_problem
-from . import faults
 
 LATEST = "latest"
 MANIFEST = "manifest.json"

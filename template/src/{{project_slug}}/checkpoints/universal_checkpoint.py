@@ -31,10 +31,10 @@ import os
 import shutil
 from pathlib import Path
 
-from ..runtime import checkpoint_files
 from ..runtime.distributed import barrier, print0, share_from_main
 from ..runtime.unrecoverable import raise_on_every_rank
 from ..settings.stored_files import warn
+from . import checkpoint_files
 
 FOLDER = "universal"  # under checkpoints/
 LOG = "conversion.log"  # DeepSpeed's progress lines, kept beside the conversion
@@ -164,11 +164,13 @@ def layout_change_refusal(saved: dict, tensor: int, pipeline: int, world_size: i
     )
 
 
-def pipeline_layout_info() -> dict:
+def pipeline_layout_info(pipeline) -> dict:
     """What DeepSpeed's conversion reads of the pipeline engine's layers (the module's
-    universal_checkpoint_info, which DeepSpeed saves in every checkpoint)."""
+    universal_checkpoint_info, which DeepSpeed saves in every checkpoint); the layer names are the
+    family's (PipelineLayers: gpt3's ln1/ln2, proj/fc2 in the comments below)."""
     from deepspeed.checkpoint import constants
 
+    norms, rows = "|".join(pipeline.block_norms), "|".join(pipeline.row_parallel)
     return {
         constants.UNIVERSAL_CHECKPOINT_VERSION_KEY: constants.UNIVERSAL_CHECKPOINT_VERSION_VALUE,
         # The tied embedding sits on the first stage and again on the last, for the head. Only its
@@ -183,11 +185,11 @@ def pipeline_layout_info() -> dict:
         # features, DeepSpeed's default, along dimension 0: contiguous rows of qkv are whole heads.
         constants.TP_REPLICATED_PARAMETER_PATTERNS: [
             r"tied_modules\.",
-            r"\d+\.ln[12]\.",
-            r"\d+\.(proj|fc2)\.bias$",
+            rf"\d+\.({norms})\.",
+            rf"\d+\.({rows})\.bias$",
             r"\d+\.(weight|bias)$",
         ],
-        constants.PARAMETER_WITH_ROW_PARALLELISM_PATTERNS: [r"\d+\.(proj|fc2)\.weight$"],
+        constants.PARAMETER_WITH_ROW_PARALLELISM_PATTERNS: [rf"\d+\.({rows})\.weight$"],
     }
 
 

@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..models.bert import predictions_per_sequence
-from ..models.family import family
+from ..models.bert.model import predictions_per_sequence
+from ..models.family import Family, family
 from ..models.sample_dropout import _MASK, _mix
 from ..settings.config import Config, ConfigError
 from .tokens import BERT_SPECIALS, TokenData, load_tokenizer, open_shards, read_meta
@@ -145,10 +145,11 @@ def _position_keys(sequence_len: int) -> torch.Tensor:
     return _mix(torch.arange(sequence_len, dtype=torch.int64))
 
 
-def open_split(cfg, data_dir: Path, split: str):
+def open_split(cfg, data_dir: Path, split: str, fam: Family | None = None):
     """Inputs and targets of one split: for a masked family, inputs with [MASK] and labels -100 where
-    nothing is predicted; for a causal one, next-token pairs."""
-    if not family(cfg.model.arch).causal:
+    nothing is predicted; for a causal one, next-token pairs. fam: the run's family (Run.family), else
+    cfg's is looked up."""
+    if not (fam or family(cfg.model.arch)).causal:
         return MaskedTokenData.open(cfg, data_dir, split)
     if cfg.data.rows == "documents" and split == "train":
         from .document_rows import DocumentRows

@@ -177,7 +177,7 @@ def _from_transformers_folder(folder: Path):
     """The folder's tokenizer as transformers loads it (AutoTokenizer when tokenizer_config.json names
     the class, else the generic fast tokenizer): special tokens from special_tokens_map.json and
     tokenizer_config.json are special here too (never split, no bytes in bits-per-byte)."""
-    from ..models.bert import import_transformers
+    from ..models.bert.model import import_transformers
 
     transformers = import_transformers()
     try:
@@ -237,7 +237,7 @@ def _gpt2_from_files(given: Path):
 
 
 def _wordpiece_from_vocab(vocab: Path):
-    from ..models.bert import import_transformers
+    from ..models.bert.model import import_transformers
 
     transformers = import_transformers()
     if vocab.name == "vocab.txt":

@@ -23,7 +23,15 @@ import torch
 from ..data.masked import open_split
 from ..data.tokens import TokenData, bos_id, data_tokenizer, token_byte_lengths
 from ..models.family import family
-from ..runtime.distributed import DistInfo, all_reduce_sum, autocast_context, init_distributed, print0, shutdown
+from ..runtime.distributed import (
+    DistInfo,
+    all_reduce_sum,
+    autocast_context,
+    init_distributed,
+    print0,
+    resolve_run,
+    shutdown,
+)
 from ..settings.bounds import count
 from ..settings.config import Config, ConfigError
 from . import tasks
@@ -94,17 +102,18 @@ def run_eval(cfg: Config, ckpt: str | None = None, num_batches: int | None = Non
     info = init_distributed(cfg.run.device)
     try:
         model, step, path, cfg = load_trained_model(cfg, ckpt, info.device)
+        run = resolve_run(cfg, info)  # the checkpoint's config on this process
         data_dir = Path(cfg.data.dir)
-        val = open_split(cfg, data_dir, "val")
+        val = open_split(cfg, data_dir, "val", run.family)
         token_bytes = torch.from_numpy(token_byte_lengths(data_tokenizer(data_dir)))
         result = evaluate(
             model,
             val,
-            token_bytes.to(info.device),
-            info,
-            cfg.batch.micro_batch_size,
+            token_bytes.to(run.device),
+            run,
+            run.micro_batch_size,
             num_batches or cfg.logging.eval_batches,
-            autocast_context(info.device, cfg.run.dtype),
+            autocast_context(run.device, run.precision),
         )
         return _written(
             cfg, info, step, path, result, f"{format_scores(result)} | {result['val_tokens']:,} tokens | {path}"
@@ -150,8 +159,9 @@ def run_tasks(cfg: Config, names: str, ckpt: str | None, bundle: str | None, max
     info = init_distributed(cfg.run.device)
     try:
         model, step, path, cfg = load_trained_model(cfg, ckpt, info.device)
+        run = resolve_run(cfg, info)  # the checkpoint's config on this process
         tok = data_tokenizer(data_dir)
-        autocast = autocast_context(info.device, cfg.run.dtype)
+        autocast = autocast_context(run.device, run.precision)
         result = tasks.evaluate_tasks(
             model, tok, bos_id(tok), task_list, cfg.model.sequence_len, info, autocast, max_per_task
         )

@@ -23,7 +23,7 @@ import torch
 
 from ..data.tokens import bos_id, data_tokenizer
 from ..models.family import families, family
-from ..runtime.distributed import autocast_context, pick_device
+from ..runtime.distributed import autocast_context, one_process, pick_device, resolve_run
 from ..settings.bounds import ANY_TEXT, count, non_negative_float, non_negative_int
 from ..settings.config import Config, ConfigError
 from .trained_model import load_trained_model
@@ -74,19 +74,20 @@ def run_sample(
 ) -> list[str]:
     device = pick_device(cfg.run.device, 0)
     model, step, path, cfg = load_trained_model(cfg, ckpt, device)
+    run = resolve_run(cfg, one_process(device))  # the checkpoint's config on this device
     model.eval()
     data_dir = Path(cfg.data.dir)
     tok = data_tokenizer(data_dir)
     print(f"sampling from {path} (step {step})", flush=True)
-    if not family(cfg.model.arch).causal:
+    if not run.family.causal:
         return [
             fill_mask(
                 model,
                 tok,
                 prompt,
-                top_k or family(cfg.model.arch).sample_top_k,
+                top_k or run.family.sample_top_k,
                 device,
-                cfg.run.dtype,
+                run.precision,
                 cfg.model.sequence_len,
             )
             for prompt in prompts
@@ -100,7 +101,7 @@ def run_sample(
             print(f"note: the prompt is {len(ids)} tokens; the model reads its last {context} (model.sequence_len)")
         elif len(ids) + max_new_tokens > context:
             print(f"note: past {context} tokens (model.sequence_len) each new one is read from the last {context}")
-        with autocast_context(device, cfg.run.dtype), generation_progress(model, max_new_tokens):
+        with autocast_context(device, run.precision), generation_progress(model, max_new_tokens):
             new = model.generate(ids, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator)
         text = prompt + tok.decode(new)
         texts.append(text)
@@ -109,7 +110,7 @@ def run_sample(
 
 
 @torch.no_grad()
-def fill_mask(model, tok, prompt: str, top_k: int, device: torch.device, dtype: str, context: int) -> str:
+def fill_mask(model, tok, prompt: str, top_k: int, device: torch.device, precision: str, context: int) -> str:
     """Print the top_k predictions (with probabilities) for each [MASK] of the prompt; return the
     prompt with every [MASK] replaced by its most likely token. A prompt without [MASK] gets one
     appended, so `sample` with the default prompt shows something."""
@@ -123,7 +124,7 @@ def fill_mask(model, tok, prompt: str, top_k: int, device: torch.device, dtype: 
             f"--prompt is {len(ids)} tokens with [CLS] and [SEP]; this BERT reads at most {context} "
             "(model.sequence_len): shorten the prompt"
         )
-    with autocast_context(device, dtype):
+    with autocast_context(device, precision):
         logits = model(torch.tensor([ids], device=device))[0].float()
     probs = logits.softmax(dim=-1)
     print(f"--- {prompt!r}", flush=True)

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
+from ..checkpoints import checkpoint, checkpoint_files
 from ..data.tokens import read_meta
 from ..models import build_model
-from ..runtime import checkpoint, checkpoint_files
 from ..settings.config import Config, ConfigError, ModelConfig
 from ..strategies import ddp, deepspeed, pipeline
 

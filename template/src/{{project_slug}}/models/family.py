@@ -2,12 +2,16 @@
 
 Everything outside models/ asks a family's descriptor and never the family's name: its shapes by
 size, its parameter, FLOP and activation formulas (the nn.Module and `plan` use the same ones), its
-tokenizer and objective, what sample does with it, which parallel layouts it runs and its own
-rules. A family is a module of models/ that defines `FAMILY = Family(...)` (or a subclass):
+tokenizer and objective, what sample does with it, which parallel layouts it runs (and the layers a
+pipeline stage is built from), what copier writes into a new project (the questions' defaults, config/train.yaml's lines for
+the family, the README's words) and
+its own rules. A family is one folder of models/ whose descriptor.py defines `FAMILY = Family(...)`
+(or a subclass):
 
-    models/gpt_family.py + models/gpt.py     a descriptor (torch-free to import) beside its nn.Module
-                                             (and gpt_build.py: builder and exporter, named by the descriptor)
-    models/llama.py                          or one file holding both: it is imported when asked for
+    models/gpt3/descriptor.py    the descriptor, torch-free to import
+    models/gpt3/model.py         its nn.Module; the descriptor names the builder ("model:build_gpt3"),
+                                 the exporter and the pipeline's layers as "<module>:<function>" of the folder
+    models/gpt3/tests/           its own tests, collected in projects of that family
 
     family("gpt3").shape("1.3B")            # {"n_layer": 24, "n_embd": 2048, ...}
     family(cfg.model.arch).build(cfg, vocab) # the nn.Module, on the CPU
@@ -26,6 +30,7 @@ from ..settings.config import ConfigError, Problem
 
 MODELS = Path(__file__).resolve().parent
 _DEFINES_FAMILY = re.compile(r"^FAMILY\s*=", re.M)
+DESCRIPTOR = "descriptor"  # the module of a family's folder that defines FAMILY
 
 # models/lm_loss.py's CHUNK_LOGITS and CHUNKS_PER_HEAD_GRADIENT, repeated here where torch is not
 # imported (a test holds them equal), and what eager holds per logit of a chunk at its peak: about
@@ -66,6 +71,49 @@ def transformer_layer_activations(
     return seq * micro * shape["n_embd"] * (replicated + 24 / tp) + scores
 
 
+# schedule's other ways to say how long, commented out in a new project's train.yaml.
+LENGTH_ALTERNATIVES = [
+    (None, "", "epochs: 3            # instead of max_steps (set it to null): steps = ceil(train sequences x epochs / global batch), printed at train start"),
+    (None, "", "tokens_per_param: 20 # or instead: steps = ceil(ratio x the model's parameters / tokens a step), printed at train start and by plan"),
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class StageLayer:
+    """One layer of a family's pipeline: `kind(*args)` builds it (under its layer's seed). prefix: its
+    weights' names in the one-process model's state dict (None: a tied copy, not saved again); tied: a
+    key shared by the layers whose `tied_weights` are one tensor; forward: what the tied copy computes
+    instead of its forward (the head from the embedding); block: it is a repeated block, the unit of
+    stage partitioning, recomputation and the tensor split."""
+
+    kind: Any
+    args: tuple = ()
+    prefix: str | None = None
+    tied: str = ""
+    tied_weights: tuple[str, ...] = ()
+    forward: Any = None
+    block: bool = False
+
+
+@dataclass(frozen=True)
+class PipelineLayers:
+    """A family's model as the pipeline sees it: its layers in order, the loss of the last stage's
+    output, the one-process model (built on the meta device for its sizes) and how a block splits
+    over tensor ranks: Linear layers by output features (column) or by input features (row, whose
+    bias is added once), and the norms every tensor rank keeps whole."""
+
+    layers: list[StageLayer]
+    loss: Any
+    whole: Any
+    column_parallel: tuple[str, ...] = ()
+    row_parallel: tuple[str, ...] = ()
+    block_norms: tuple[str, ...] = ()
+
+    @property
+    def block_type(self) -> str:
+        return next(layer.kind.__name__ for layer in self.layers if layer.block)
+
+
 @dataclass(frozen=True)
 class Family:
     """A model family. The formulas take a shape (`shape(size)`), the vocabulary size V and the
@@ -73,9 +121,12 @@ class Family:
 
     name: str
     summary: str
-    builder: str  # "<module of models/>:<function(cfg, vocab_size, load_weights=True)>", imported when building
-    # "<module of models/>:<function(model) -> transformers model>": `export`'s conversion, exact (tests hold it)
+    builder: str  # "<module of its folder>:<function(cfg, vocab_size, load_weights=True)>", imported when building
+    # "<module of its folder>:<function(model) -> transformers model>": `export`'s conversion, exact (tests hold it)
     exporter: str = ""
+    # "<module of its folder>:<function(cfg, vocab_size)>" -> PipelineLayers, what a pipeline cuts into
+    # stages (families with layouts: strategies/pipeline.py builds DeepSpeed's PipelineModule from them)
+    pipeline_layers: str = ""
     sizes: dict[str, dict[str, Any]] = field(default_factory=dict)  # size name -> n_layer, n_embd, n_head (...)
     causal: bool = True  # next-token prediction (sample continues a prompt) or masked (sample fills [MASK])
     tokenizer: str = "bpe"  # what prepare-data trains: "bpe" (a BOS token) or "wordpiece" (BERT's specials)
@@ -85,7 +136,6 @@ class Family:
     grouped_query: bool = False  # model.n_kv_head applies
     attention_dropout: bool = True  # model.attention_dropout applies
     pretrained: bool = False  # model.pretrained (local weights) applies
-    layouts: bool = False  # tensor and pipeline parallelism (DeepSpeed's pipeline engine)
     rotary: bool = False  # heads of even size (rotary embeddings pair dimensions)
     muon: bool = False  # its model names each parameter's role (param_roles): optim.optimizer=muon applies
     presets: dict[str, dict[str, Any]] = field(default_factory=dict)  # named sizes with a cluster layout
@@ -95,6 +145,21 @@ class Family:
         default_factory=lambda: {"global_batch": 256, "micro_batch": 16, "lr": 3e-4, "sequence_len": 2048}
     )
     recipe_by_size: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # What copier asks and writes for a new project of the family (hooks/copier_extension.py reads them).
+    title: str = ""  # the README's "A <title> trained with ...": {size} is the size answer
+    default_size: str = ""  # model_size's default (a preset's size, for a family with presets)
+    default_strategy: str = "deepspeed"  # the strategy question's default: ddp | deepspeed
+    recipes: tuple[str, ...] = ()  # gpt_recipe's choices, for a family with more than one recipe
+    vocab_size: int = 32768  # data.vocab_size: the tokenizer prepare-data trains
+    vocab_note: str = ""  # why that size, in train.yaml's comment
+    exports_own_code: bool = False  # `export` may write the model's own modeling code (trust_remote_code)
+    weight_decay: float = 0.1  # AdamW's, in a new project's train.yaml
+    beta2: float = 0.95
+
+    @property
+    def layouts(self) -> bool:
+        """Tensor and pipeline parallelism apply: the family gives its pipeline's layers."""
+        return bool(self.pipeline_layers)
 
     # --- shapes --------------------------------------------------------------------------------------
 
@@ -165,6 +230,37 @@ class Family:
         (muon families)."""
         raise NotImplementedError(f"{self.name}: optimizer_groups")
 
+    # --- what a new project's config/train.yaml says of the family ------------------------------------
+
+    def config_settings(self, section: str, answers: dict) -> list[tuple[str | None, Any, str]]:
+        """The family's lines of train.yaml's `section` ("model", "optim" or "schedule") for copier's
+        answers (model_size, strategy, gpt_recipe, pretrained_dir): (key, value, comment) each; a key of
+        None is a comment line of its own."""
+        size, lr = answers["model_size"], self.recipe(answers["model_size"])["lr"]
+        if section == "model":
+            return [
+                ("size", size, " | ".join(self.sizes)),
+                ("sequence_len", self.recipe(size)["sequence_len"], "tokens per sequence"),
+                ("dropout", None, "embedding and residual dropout (e.g. 0.1), masks per sample; null = none"),
+            ]
+        if section == "optim":
+            return [
+                ("optimizer", "adamw", "AdamW at lr for every parameter"),
+                ("lr", lr, "AdamW peak learning rate"),
+                ("weight_decay", self.weight_decay, ""),
+                ("beta1", 0.9, ""),
+                ("beta2", self.beta2, ""),
+            ]
+        if section == "schedule":
+            return [
+                ("max_steps", 20000, ""),
+                *LENGTH_ALTERNATIVES,
+                ("warmup_steps", 500, ""),
+                ("decay", "cosine", "cosine to lr * min_lr_ratio | warmdown: constant, then linear over the last warmdown_ratio of the steps"),
+                ("min_lr_ratio", 0.1, "cosine decays to lr * min_lr_ratio"),
+            ]  # fmt: skip
+        raise ValueError(f"no train.yaml section {section!r} of a family")
+
     # --- rules ---------------------------------------------------------------------------------------
 
     def problems(self, cfg, shape: dict) -> list[Problem]:
@@ -220,17 +316,28 @@ class Family:
 
     # --- the model -----------------------------------------------------------------------------------
 
+    def _function(self, named: str):
+        """The function "<module>:<function>" names, in the family's folder (or beside a one-file family)."""
+        module, _, function = named.partition(":")
+        package = (_HOMES.get(self.name) or type(self).__module__).rpartition(".")[0]
+        return getattr(importlib.import_module(f".{module}", package), function)
+
     def build(self, cfg, vocab_size: int, load_weights: bool = True):
         """A freshly initialised model on the CPU (with model.pretrained and load_weights: loaded)."""
-        module, _, function = self.builder.partition(":")
-        return getattr(importlib.import_module(f".{module}", __package__), function)(cfg, vocab_size, load_weights)
+        return self._function(self.builder)(cfg, vocab_size, load_weights)
 
     def to_transformers(self, model):
         """The trained model as the transformers model that computes the same (`export`)."""
         if not self.exporter:
             raise ConfigError(f"model.arch={self.name} has no export to transformers (its descriptor sets no exporter)")
-        module, _, function = self.exporter.partition(":")
-        return getattr(importlib.import_module(f".{module}", __package__), function)(model)
+        return self._function(self.exporter)(model)
+
+    def pipeline(self, cfg, vocab_size: int) -> PipelineLayers:
+        """The layers a pipeline cuts into stages (and how its blocks split over tensor ranks)."""
+        if not self.pipeline_layers:
+            raise ConfigError(f"model.arch={self.name} has no pipeline layers; set parallel.pipeline=1 and "
+                              "parallel.tensor=1", key="parallel.pipeline")  # fmt: skip
+        return self._function(self.pipeline_layers)(cfg, vocab_size)
 
 
 def peak_lrs_line(lrs: dict[str, float]) -> str:
@@ -249,12 +356,17 @@ def check_vocab(pretrained: str, model_vocab: int, tokenizer_vocab: int) -> None
 
 
 _FOUND: dict[str, Family] = {}
+_HOMES: dict[str, str] = {}  # family name -> the module defining it (plain Family instances)
 
 
 @functools.cache
 def family_modules() -> tuple[str, ...]:
-    """The modules of models/ that define a family, by name, found without importing them (once)."""
-    return tuple(sorted(p.stem for p in MODELS.glob("*.py") if _DEFINES_FAMILY.search(p.read_text())))
+    """The modules of models/ that define a family ("gpt3.descriptor", or "llama" for a one-file
+    family), found without importing them (once)."""
+    files = [*MODELS.glob(f"*/{DESCRIPTOR}.py"), *MODELS.glob("*.py")]
+    found = [p.relative_to(MODELS).with_suffix("").as_posix().replace("/", ".") for p in files
+             if _DEFINES_FAMILY.search(p.read_text())]  # fmt: skip
+    return tuple(sorted(found))
 
 
 def families() -> dict[str, Family]:
@@ -265,8 +377,10 @@ def families() -> dict[str, Family]:
 
 
 def _load(module: str) -> Family:
-    found = importlib.import_module(f".{module}", __package__).FAMILY
+    imported = importlib.import_module(f".{module}", __package__)
+    found = imported.FAMILY
     _FOUND[found.name] = found
+    _HOMES[found.name] = imported.__name__
     return found
 
 
@@ -275,14 +389,14 @@ def family(name: str) -> Family:
     if name in _FOUND:
         return _FOUND[name]
     modules = family_modules()
-    for module in (m for m in (f"{name}_family", name) if m in modules):
+    for module in (m for m in (f"{name}.{DESCRIPTOR}", name) if m in modules):
         found = _load(module)
         if found.name == name:
             return found
-    names = sorted({*_FOUND, *(m.removesuffix("_family") for m in modules)})
+    names = sorted({*_FOUND, *(m.removesuffix(f".{DESCRIPTOR}") for m in modules)})
     raise ConfigError(
         f"model.arch={name!r} is not a model family; use one of {', '.join(names)} "
-        "(a new family is a module of models/ defining FAMILY)",
+        f"(a new family is a folder of models/ whose {DESCRIPTOR}.py defines FAMILY)",
         key="model.arch",
     )
 

@@ -104,7 +104,7 @@ def _fused():
     return torch.compile(_dropped, dynamic=True, fullgraph=True)
 
 
-# Named after this module's full name: an exported model's copy of this file (gpt_transformers.py)
+# Named after this module's full name: an exported model's copy of this file (gpt/export.py)
 # registers its own op beside the package's, one per export folder loaded.
 _OP_NAMESPACE = re.sub(r"\W", "_", __name__)
 

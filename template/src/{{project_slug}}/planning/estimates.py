@@ -8,9 +8,9 @@ does not fit.
     timing(cfg, tokens=2e10, mfu=0.4)   # hours and GPU-hours on 1, 2, 4 and 8 nodes
 
 Parameters (analytic; tests compare with the torch models built on the meta device):
-- gpt (models/gpt.py): untied embedding and head V*h each, per layer q and proj h*h each, k and v
+- gpt (models/gpt/model.py): untied embedding and head V*h each, per layer q and proj h*h each, k and v
   h*kv_dim each (grouped-query attention), MLP 8*h*h; no norm gains, no biases.
-- gpt3 (models/gpt3.py): V*h + S*h (learned positions of sequence_len S) + L*(12h^2 + 13h) + 2h
+- gpt3 (models/gpt3/model.py): V*h + S*h (learned positions of sequence_len S) + L*(12h^2 + 13h) + 2h
   (final LayerNorm); the head is the word embedding again. Tensor degree t splits each block's four
   matrices and the column-parallel biases (qkv 3h, fc 4h); the row-parallel biases (proj, fc2),
   the LayerNorms and the embeddings are replicated (no vocabulary-parallel split). Pipeline degree
@@ -46,12 +46,12 @@ Activations per GPU for a micro batch b of s tokens, width h, a heads, vocab V (
   materialised so their masks can be keyed per sample (models/sample_dropout.py). The replicated part is measured
   (H100, torch 2.11, transformers 5.17, width 1024, layers 4 vs 12, two micro batches, peak
   allocated memory of one forward + backward) rather than taken as 10, because the precision
-  changes it: REPLICATED_BYTES of models/gpt3_family.py and bert_family.py. gpt3 has no dropout: 8 in pure bf16 (32 in all: the pipeline
+  changes it: REPLICATED_BYTES of models/gpt3/descriptor.py and bert/descriptor.py. gpt3 has no dropout: 8 in pure bf16 (32 in all: the pipeline
   engine's bf16 modules), 12 under autocast (36: train.py's DDP and ZeRO loop, whose LayerNorms run
   and return fp32). bert 11 in bf16 (35), 19 under autocast (43: post-LN in fp32). The logits, on
   the last stage: gpt3 12 bytes per b*s*V (bf16 logits, their fp32 copy for the loss and the
   log-softmax: 4 would be too few by 3x), bert the same for the 15% predicted positions
-  (models/bert.py projects only those; measured 1.6-2.0 bytes per b*s*V).
+  (models/bert/model.py projects only those; measured 1.6-2.0 bytes per b*s*V).
 - Full activation checkpointing keeps each layer's input, 2*s*b*h in bf16 (4 for gpt3 under
   autocast: its residual stream is fp32; bert 3), plus one layer's activations recomputed in
   backward (the measured peak sits at the logits instead; counting both is the cautious side).

@@ -74,12 +74,12 @@ class ClusterConfig:
 @dataclass
 class ModelConfig:
     arch: str = "gpt"
-    """Model family, a copier answer: a module of models/ that defines FAMILY (the template's are gpt,
+    """Model family, a copier answer: a folder of models/ whose descriptor defines FAMILY (the template's are gpt,
     nanochat-style from scratch; bert, masked LM with transformers; gpt3, GPT-3 sizes with
     tensor/pipeline parallelism on DeepSpeed)."""
     size: str = "d20"
     """gpt: 'tiny' or 'd<depth>' (width 64*depth, heads of 128); bert: tiny|base|large;
-    gpt3: tiny|125M|350M|760M|1.3B|2.7B|6.7B|13B|175B (see models/gpt3_family.py)."""
+    gpt3: tiny|125M|350M|760M|1.3B|2.7B|6.7B|13B|175B (see models/gpt3/descriptor.py)."""
     n_kv_head: int | None = None
     """gpt only: key/value heads for grouped-query attention; null = as many as query heads."""
     sequence_len: int = 2048
@@ -96,7 +96,7 @@ class ModelConfig:
     T x T probabilities are materialised (BERT's and Megatron's 0.1, at the cost plan shows)."""
     activation_checkpointing: bool = False
     """Recompute activations in backward instead of keeping them: ~1/3 more compute, far less memory."""
-    # gpt: nanochat's pieces (models/gpt.py); off by default, a new project's train.yaml turns them on.
+    # gpt: nanochat's pieces (models/gpt/model.py); off by default, a new project's train.yaml turns them on.
     value_embeddings: bool = False
     """gpt: value embeddings on alternating layers (the last included), gated per key/value head."""
     residual_scalars: bool = False

@@ -7,40 +7,39 @@ backward and the optimizer step (accumulation, clipping), setting the learning r
 checkpoint format: writing it, resuming from it, and reading it back for eval and sample
 (read_checkpoint, which trained_model.py picks by what is on disk). train.py keeps the loop, the
 data stream, logging and evaluation. What each strategy keeps on a GPU and allows, for plan and
-check without torch: memory.py. info: runtime.distributed.DistInfo (this package imports no torch
-until a strategy is built).
+check without torch: memory.py. run: runtime.distributed.Run, what the run is on this process,
+resolved once at its start; the strategies read its family, precision and sizes (this package
+imports no torch until a strategy is built).
 """
 
 from __future__ import annotations
 
-from ..settings.config import Config
 from .memory import on_deepspeed, uses_pipeline_engine
 
 
-def build_strategy(cfg: Config, info, vocab_size: int, accum: int, resume: bool = False):
-    """The model, built and wrapped by the strategy for cfg.run.strategy (and parallel.* for gpt3).
+def build_strategy(run, vocab_size: int, resume: bool = False):
+    """The model, built and wrapped by the strategy for run.strategy (and parallel.* for gpt3).
     The strategy has num_params and flops_per_token of the whole model (ZeRO-3 and pipelines
     leave only a part on each rank). resume: whether this run continues its newest checkpoint
     (DeepSpeed settles how to load it before its engine is built)."""
-    from ..models import build_model
-
-    if uses_pipeline_engine(cfg):
+    cfg = run.cfg
+    if uses_pipeline_engine(cfg, run.family):
         from .pipeline import PipelineStrategy  # builds its own stage of the model
 
-        return PipelineStrategy(cfg, info, vocab_size, accum, resume)
-    model = build_model(cfg, vocab_size).to(info.device)
+        return PipelineStrategy(run, vocab_size, resume)
+    model = run.family.build(cfg, vocab_size).to(run.device)
     num_params, flops_per_token = model.num_params(), model.flops_per_token()
     if cfg.run.fp8 != "off":
         from .fp8 import to_float8  # imports torchao only when asked for
 
-        to_float8(model, cfg, info.device)
+        to_float8(model, run)
     if on_deepspeed(cfg):
         from .deepspeed import DeepSpeedStrategy  # imports deepspeed only when asked for
 
-        strategy = DeepSpeedStrategy(cfg, info, model, accum, resume)
+        strategy = DeepSpeedStrategy(run, model, resume)
     else:
         from .ddp import DDPStrategy
 
-        strategy = DDPStrategy(cfg, info, model, accum)
+        strategy = DDPStrategy(run, model)
     strategy.num_params, strategy.flops_per_token = num_params, flops_per_token
     return strategy

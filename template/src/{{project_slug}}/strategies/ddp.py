@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..runtime import checkpoint, checkpoint_files
-from ..runtime.distributed import DistInfo, print0, resolve_precision, share_from_main
+from ..checkpoints import checkpoint, checkpoint_files
+from ..runtime.distributed import Run, print0, share_from_main
 from ..runtime.unrecoverable import raise_on_every_rank
-from ..settings.config import Config, ConfigError
+from ..settings.config import ConfigError
 from ..settings.precision import INITIAL_SCALE_POWER, SCALE_WINDOW
 from .common import clip_gradients, compiled
 from .optimizer import build_optimizer, groups_line, peak_lrs, set_schedule
@@ -36,27 +36,28 @@ class DDPStrategy:
     name = "ddp"
     consumes_batches = False  # train.py runs the micro steps (see PipelineStrategy for the other case)
 
-    def __init__(self, cfg: Config, info: DistInfo, model: torch.nn.Module, accum: int):
-        self.cfg, self.info, self.accum = cfg, info, accum
-        self.data_rank = info.rank  # every rank is a data-parallel rank
+    def __init__(self, run: Run, model: torch.nn.Module):
+        cfg = run.cfg
+        self.cfg, self.run, self.accum = cfg, run, run.grad_accum
+        self.data_rank = run.rank  # every rank is a data-parallel rank
         self.module = model  # unwrapped: evaluation, state_dict
         self.run_id = None  # set by resume: the resumed checkpoint's run, or a new one
-        self.optimizer = build_optimizer(model, cfg, info.device, info.world_size, info.rank)
+        self.optimizer = build_optimizer(model, run)
         peaks = peak_lrs(self.optimizer)  # the metrics' lr: Muon's peak under optim.optimizer=muon, else AdamW's
         self.peak_lr = peaks.get("muon", peaks.get("adamw"))
         # Disabled (every call a pass-through) unless the run computes in fp16.
         self.scaler = torch.amp.GradScaler(
-            info.device.type,
+            run.device.type,
             init_scale=2.0**INITIAL_SCALE_POWER,
             growth_interval=SCALE_WINDOW,
-            enabled=resolve_precision(info.device, cfg.run.dtype) == "fp16",
+            enabled=run.precision == "fp16",
         )
-        self.skipped = torch.zeros((), dtype=torch.long, device=info.device)  # steps the scaler skipped
+        self.skipped = torch.zeros((), dtype=torch.long, device=run.device)  # steps the scaler skipped
         # compile first, then DDP: DDP's bucketing hooks see the compiled module's parameters.
-        self.compiled, self.compile_note = compiled(cfg, info.device)
+        self.compiled, self.compile_note = compiled(cfg, run.device)
         runnable = torch.compile(model) if self.compiled else model
-        if info.world_size > 1:
-            device = info.device
+        if run.world_size > 1:
+            device = run.device
             # The gradients are views into DDP's all-reduce buckets: no copy between them each step,
             # and no second copy of the gradients in memory.
             runnable = DDP(
@@ -74,7 +75,7 @@ class DDPStrategy:
 
     def micro_context(self, micro: int):
         """Gradients are all-reduced only on the last micro step of the accumulation."""
-        sync = self.info.world_size == 1 or micro == self.accum - 1
+        sync = self.run.world_size == 1 or micro == self.accum - 1
         return nullcontext() if sync else self.runnable.no_sync()
 
     def backward(self, loss: torch.Tensor, micro: int) -> None:
@@ -100,7 +101,7 @@ class DDPStrategy:
 
     def save(self, ckpt_dir: Path, step: int, extra: dict) -> None:
         failed = None
-        if self.info.is_main:
+        if self.run.is_main:
             state = {
                 "step": step,
                 "model": self.module.state_dict(),
@@ -117,7 +118,7 @@ class DDPStrategy:
         # Nobody runs ahead of a checkpoint it may need to resume from, and all stop if it failed.
         failed = share_from_main(failed)
         if failed:
-            raise_on_every_rank(failed, self.info.is_main, key="run.output_dir")
+            raise_on_every_rank(failed, self.run.is_main, key="run.output_dir")
 
     def resume(self, ckpt_dir: Path, allowed: bool) -> int:
         latest = checkpoint.newest_intact(ckpt_dir) if allowed else None
@@ -131,12 +132,12 @@ class DDPStrategy:
                 )
             return 0
         state = checkpoint.load(latest)
-        notes = checkpoint.check_compatible(state, self.cfg, self.info.world_size, latest)
+        notes = checkpoint.check_compatible(state, self.cfg, self.run.world_size, latest)
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scaler.is_enabled() and state.get("grad_scaler"):  # a run switched to fp16 starts a new scale
             self.scaler.load_state_dict(state["grad_scaler"])
         self.skipped.fill_(state.get("skipped_steps", 0))
-        checkpoint.restore_rank_rng(state["rng"], self.info.rank, self.cfg.run.seed)
+        checkpoint.restore_rank_rng(state["rng"], self.run.rank, self.cfg.run.seed)
         print0(f"resumed from {latest} at step {state['step']}" + "".join(f"; {n}" for n in notes))
         return state["step"]

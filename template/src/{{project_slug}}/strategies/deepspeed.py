@@ -35,13 +35,13 @@ from pathlib import Path
 
 import torch
 
-from ..runtime import checkpoint, checkpoint_files, faults
-from ..runtime.distributed import DistInfo, barrier, gather_objects, print0, resolve_precision, share_from_main
+from ..checkpoints import checkpoint, checkpoint_files, universal_checkpoint
+from ..runtime import faults
+from ..runtime.distributed import Run, barrier, gather_objects, print0, share_from_main
 from ..runtime.unrecoverable import raise_on_every_rank
 from ..settings.config import Config, ConfigError
 from ..settings.packages import require_package
 from ..settings.precision import HYSTERESIS, INITIAL_SCALE_POWER, MIN_LOSS_SCALE, SCALE_WINDOW, fp16_zero0_refusal
-from . import universal_checkpoint
 from .common import clip_gradients, compiled, param_groups
 
 STAGING = ".staging"  # where a save is written before it is renamed into place
@@ -96,13 +96,10 @@ def clipped_by_strategy(zero_stage: int, precision: str) -> bool:
     return zero_stage == 0 and precision == "fp32"
 
 
-def deepspeed_config(
-    cfg: Config, accum: int, data_parallel_size: int, device: torch.device, precision: str | None = None
-) -> dict:
-    """The DeepSpeed config dict derived from train.yaml (and the resolved accumulation); precision:
-    'bf16', 'fp16' or 'fp32', by default run.dtype resolved on device."""
+def deepspeed_config(cfg: Config, accum: int, data_parallel_size: int, device: torch.device, *, precision: str) -> dict:
+    """The DeepSpeed config dict derived from train.yaml, the resolved accumulation and precision
+    ('bf16', 'fp16' or 'fp32': Run.precision)."""
     b, o, ds = cfg.batch, cfg.optim, cfg.deepspeed
-    precision = precision or resolve_precision(device, cfg.run.dtype)
     zero: dict = {"stage": ds.zero_stage}
     if ds.zero_stage in (1, 2):
         # Each gradient is then reduced from where backward left it instead of first being copied into
@@ -255,20 +252,23 @@ class DeepSpeedStrategy:
     name = "deepspeed"
     consumes_batches = False  # train.py runs the micro steps (see PipelineStrategy for the other case)
 
-    def __init__(self, cfg: Config, info: DistInfo, model: torch.nn.Module, accum: int, resume: bool = False):
+    def __init__(self, run: Run, model: torch.nn.Module, resume: bool = False):
         deepspeed = import_deepspeed()
-        self.cfg, self.info, self.accum = cfg, info, accum
-        self.data_rank = info.rank  # every rank is a data-parallel rank
+        cfg = run.cfg
+        self.cfg, self.run, self.accum = cfg, run, run.grad_accum
+        self.data_rank = run.rank  # every rank is a data-parallel rank
         self._init_process_group(deepspeed)
-        self.ds_config = deepspeed_config(cfg, accum, info.world_size, info.device)
-        self.clips_itself = clipped_by_strategy(cfg.deepspeed.zero_stage, resolve_precision(info.device, cfg.run.dtype))
-        refuse_unsupported_precision(self.ds_config, info.device, cfg.run.dtype)
-        self.find_resume_point(resume, info.world_size)
+        self.ds_config = deepspeed_config(
+            cfg, run.grad_accum, run.data_parallel_size, run.device, precision=run.precision
+        )
+        self.clips_itself = clipped_by_strategy(cfg.deepspeed.zero_stage, run.precision)
+        refuse_unsupported_precision(self.ds_config, run.device, cfg.run.dtype)
+        self.find_resume_point(resume, run.data_parallel_size)
         self._write_config()
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, model_parameters=param_groups(model, cfg.optim.weight_decay), config=self.ds_config
         )
-        self.compiled, self.compile_note = zero_compiled(cfg, info.device)
+        self.compiled, self.compile_note = zero_compiled(cfg, run.device)
         if self.compiled:
             self.engine.compile()  # the engine's module, compiled in place (its ZeRO hooks stay outside the graphs)
         self.runnable = self.engine
@@ -304,14 +304,14 @@ class DeepSpeedStrategy:
         refusal = self.layout_refusal(latest, saved) if layout_changed else None
         if refusal:
             raise ConfigError(refusal, key="parallel.tensor")
-        self.resume_notes = checkpoint.check_compatible(saved, self.cfg, self.info.world_size, latest, layout_changed)
+        self.resume_notes = checkpoint.check_compatible(saved, self.cfg, self.run.world_size, latest, layout_changed)
         self.resume_point, self.load_dir = latest, ckpt_dir
         saved_dp = saved.get("data_parallel_size", saved.get("world_size"))
         if (saved_dp != data_parallel_size or layout_changed) and universal_checkpoint.is_partitioned(latest):
             refusal = self.universal_refusal(latest, saved)
             if refusal:
                 raise ConfigError(refusal, key="checkpoint.reshard")
-            self.load_dir = universal_checkpoint.convert_once(latest, self.info.is_main).parent
+            self.load_dir = universal_checkpoint.convert_once(latest, self.run.is_main).parent
             self.ds_config["checkpoint"] = {"load_universal": True}
             self.resume_notes.append(
                 f"optimizer state re-partitioned from {saved_dp} to {data_parallel_size} data-parallel ranks"
@@ -324,7 +324,7 @@ class DeepSpeedStrategy:
         this run's; None: it can. This strategy runs neither, so it never can."""
         parallel = self.cfg.parallel
         return universal_checkpoint.layout_change_refusal(
-            saved, parallel.tensor, parallel.pipeline, self.info.world_size, folder
+            saved, parallel.tensor, parallel.pipeline, self.run.world_size, folder
         )
 
     def universal_refusal(self, folder: Path, saved: dict) -> str | None:
@@ -342,10 +342,10 @@ class DeepSpeedStrategy:
         }.items():
             os.environ.setdefault(key, value)  # a single process started without torchrun
         # Reuses the group distributed.init_distributed made (Gloo on CPU, NCCL on CUDA).
-        deepspeed.init_distributed(dist_backend="nccl" if self.info.device.type == "cuda" else "gloo")
+        deepspeed.init_distributed(dist_backend="nccl" if self.run.device.type == "cuda" else "gloo")
 
     def _write_config(self) -> None:
-        if self.info.is_main:
+        if self.run.is_main:
             out = Path(self.cfg.run.output_dir)
             out.mkdir(parents=True, exist_ok=True)
             (out / "deepspeed_config.json").write_text(json.dumps(self.ds_config, indent=2) + "\n")
@@ -393,7 +393,7 @@ class DeepSpeedStrategy:
     def save(self, ckpt_dir: Path, step: int, extra: dict) -> None:
         tag = f"step_{step:08d}"
         staging = ckpt_dir / STAGING
-        if self.info.is_main:
+        if self.run.is_main:
             shutil.rmtree(staging / tag, ignore_errors=True)  # left by a save that crashed
         barrier()
         needed = self._checkpoint_bytes(ckpt_dir)
@@ -416,12 +416,12 @@ class DeepSpeedStrategy:
         failed = next(filter(None, gather_objects(reason)), None)
         if failed:
             message = None
-            if self.info.is_main:
+            if self.run.is_main:
                 shutil.rmtree(staging / tag, ignore_errors=True)  # frees what the partial save took
                 message = str(checkpoint_files.save_failed(failed, ckpt_dir, tag, needed))
-            raise_on_every_rank(share_from_main(message), self.info.is_main, key="run.output_dir")
+            raise_on_every_rank(share_from_main(message), self.run.is_main, key="run.output_dir")
         files = self._hash_shares(staging / tag)
-        if self.info.is_main:
+        if self.run.is_main:
             checkpoint_files.write_manifest(staging / tag / checkpoint_files.MANIFEST, self.run_id, step, files)
             faults.pause_before_commit(staging / tag)
             final = ckpt_dir / tag
@@ -444,7 +444,7 @@ class DeepSpeedStrategy:
         files before the others')."""
         seen = gather_objects(sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()))
         names = sorted(set().union(*seen))
-        rank, world = self.info.rank, self.info.world_size
+        rank, world = self.run.rank, self.run.world_size
         mine = {name: checkpoint_files.file_entry(folder / name) for name in names[rank::world]}
         return {name: entry for share in gather_objects(mine) for name, entry in share.items()}
 
@@ -472,7 +472,7 @@ class DeepSpeedStrategy:
             for state in inner.state.values():
                 if isinstance(state.get("step"), torch.Tensor):
                     state["step"] = state["step"].clone()
-        checkpoint.restore_rank_rng(client["rng"], self.info.rank, self.cfg.run.seed)
+        checkpoint.restore_rank_rng(client["rng"], self.run.rank, self.cfg.run.seed)
         notes = "".join(f"; {n}" for n in self.resume_notes)
         print0(f"resumed from {self.resume_point} at step {client['step']}{notes}")
         return client["step"]

@@ -17,25 +17,26 @@ import dataclasses
 
 import torch
 
-from ..runtime.distributed import gpu_capability, resolve_precision
+from ..runtime.distributed import Run, gpu_capability
 from ..settings import precision
-from ..settings.config import Config, ConfigError
+from ..settings.config import ConfigError
 from .common import compiled
 
 HEAD_NAMES = ("lm_head", "decoder")  # gpt's output head, BERT's masked-LM decoder
 
 
-def require_fp8(cfg: Config, device: torch.device) -> None:
-    """ConfigError (key run.fp8) where this device cannot train with cfg.run.fp8 (fp8 matmuls from
+def require_fp8(run: Run) -> None:
+    """ConfigError (key run.fp8) where this device cannot train with run.fp8 (fp8 matmuls from
     compute capability 8.9; a CPU emulates them)."""
+    device = run.device
     capability, name = gpu_capability(device)
     problem = precision.fp8_problem(
-        cfg.run.fp8,
-        resolve_precision(device, cfg.run.dtype),
+        run.cfg.run.fp8,
+        run.precision,
         on_gpu=device.type == "cuda",
         gpu_has_fp8=capability >= (8, 9),
         gpu_name=name,
-        compiled=compiled(cfg, device)[0],
+        compiled=compiled(run.cfg, device)[0],
     )
     if problem:
         raise ConfigError(problem, key="run.fp8")
@@ -48,10 +49,11 @@ def convertible(module: torch.nn.Module, name: str) -> bool:
     return module.in_features % 16 == 0 and module.out_features % 16 == 0
 
 
-def to_float8(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.nn.Module:
-    """The model with its convertible linear layers multiplying in fp8 (in place), per cfg.run.fp8."""
-    require_fp8(cfg, device)
+def to_float8(model: torch.nn.Module, run: Run) -> torch.nn.Module:
+    """The model with its convertible linear layers multiplying in fp8 (in place), per run.fp8."""
+    require_fp8(run)
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # its import noise: cli.QUIET_LOGGERS
 
-    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(cfg.run.fp8), emulate=device.type != "cuda")
+    recipe = Float8LinearConfig.from_recipe_name(run.cfg.run.fp8)
+    config = dataclasses.replace(recipe, emulate=run.device.type != "cuda")
     return convert_to_float8_training(model, config=config, module_filter_fn=convertible)

@@ -15,7 +15,7 @@ the strategies' modules (ddp.py, deepspeed.py, pipeline.py) do what it describes
 
 from __future__ import annotations
 
-from ..models.family import family
+from ..models.family import Family, family
 from ..settings.config import Config, Problem, changed
 from ..settings.precision import fp16_zero0_refusal
 
@@ -32,9 +32,10 @@ def zero_stage(cfg: Config) -> int:
     return cfg.deepspeed.zero_stage if on_deepspeed(cfg) else 0
 
 
-def uses_pipeline_engine(cfg: Config) -> bool:
-    """A tensor or pipeline layout of a family that has them: DeepSpeed's pipeline engine runs it."""
-    return family(cfg.model.arch).layouts and (cfg.parallel.tensor, cfg.parallel.pipeline) != (1, 1)
+def uses_pipeline_engine(cfg: Config, fam: Family | None = None) -> bool:
+    """A tensor or pipeline layout of a family that has them: DeepSpeed's pipeline engine runs it.
+    fam: the run's family (Run.family); plan and check, asking of any config, leave it to cfg's."""
+    return (fam or family(cfg.model.arch)).layouts and (cfg.parallel.tensor, cfg.parallel.pipeline) != (1, 1)
 
 
 def precision_mode(cfg: Config) -> str:

@@ -1,8 +1,8 @@
 """The optimizer of a run: AdamW for every parameter (optim.optimizer=adamw), or Muon for the blocks'
 matrices beside AdamW for the embeddings, the head and the scalars (optim.optimizer=muon, nanochat's
-recipe), each group with its own learning rate (models/gpt_family.py derives them for the run).
+recipe), each group with its own learning rate (models/gpt/descriptor.py derives them for the run).
 
-    optimizer = build_optimizer(model, cfg, device, world_size, rank)
+    optimizer = build_optimizer(model, run)          # run: runtime.distributed.Run
     set_schedule(optimizer, schedule.at(step, cfg))   # every step (training/schedule.py)
 
 Muon's update for a matrix (Jordan et al. 2024; the variant nanochat trains with):
@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.optim.adamw import adamw
 
-from ..models.family import family, peak_lrs_line
+from ..models.family import peak_lrs_line
 from .common import param_groups
 
 # Polar Express: (a, b, c) of X <- a X + b (X X^T) X + c (X X^T)^2 X for iterations 1..5 (the paper's
@@ -157,10 +157,12 @@ def set_schedule(optimizer: torch.optim.Optimizer, point) -> None:
             group["weight_decay"] = weight_decay * point.weight_decay_factor
 
 
-def build_optimizer(model: torch.nn.Module, cfg, device: torch.device, world_size: int = 1, rank: int = 0):
+def build_optimizer(model: torch.nn.Module, run):
     """optim.optimizer=adamw: torch's AdamW over common.param_groups at optim.lr. muon: a group per
-    parameter role (the model's param_roles) at the family's derived hyper-parameters, Muon's
-    matrices grouped by shape. Every group keeps its peak in base_lr and base_weight_decay."""
+    parameter role (the model's param_roles) at the run's family's derived hyper-parameters, Muon's
+    matrices grouped by shape, orthogonalised over run's ranks. Every group keeps its peak in base_lr
+    and base_weight_decay."""
+    cfg, device = run.cfg, run.device
     fused = device.type == "cuda"
     o = cfg.optim
     if o.optimizer == "adamw":
@@ -168,7 +170,7 @@ def build_optimizer(model: torch.nn.Module, cfg, device: torch.device, world_siz
             param_groups(model, o.weight_decay), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=fused
         )
         return with_peaks(optimizer)
-    fam = family(cfg.model.arch)
+    fam = run.family
     settings = fam.optimizer_groups(cfg, fam.shape(cfg.model.size, cfg.model.n_kv_head, cfg.model))
     roles = model.param_roles()
     named = list(model.named_parameters())
@@ -185,7 +187,7 @@ def build_optimizer(model: torch.nn.Module, cfg, device: torch.device, world_siz
     # torch's fused AdamW has a CPU kernel too, 4x the foreach path's speed there (10M parameters, one
     # thread: 10 against 43 ms); optim.optimizer=adamw keeps torch's default on a CPU, bitwise equal
     # to DeepSpeed's.
-    return with_peaks(MuonAdamW(groups, world_size, rank, fused=device.type in ("cuda", "cpu")))
+    return with_peaks(MuonAdamW(groups, run.world_size, run.rank, fused=device.type in ("cuda", "cpu")))
 
 
 def with_peaks(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:

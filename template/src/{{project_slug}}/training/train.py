@@ -22,6 +22,7 @@ a folder that holds another run or lacks room for the next checkpoint
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import faulthandler
 import functools
 import os
@@ -32,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from ..checkpoints import checkpoint, checkpoint_files
 from ..data.epochs import derived_steps_line, with_derived_steps
 from ..data.masked import open_split
 from ..data.tokens import (
@@ -47,16 +49,17 @@ from ..evaluation import tasks
 from ..evaluation.evaluate import evaluate, format_scores, val_scores
 from ..models.sample_dropout import sample_keys, samples
 from ..planning.rules import at_world_size, require_valid, resolve_grad_accum, scaling_note
-from ..runtime import checkpoint, checkpoint_files, faults
+from ..runtime import faults
 from ..runtime.distributed import (
     DistInfo,
+    Run,
     all_reduce_mean,
     autocast_context,
     collective_timeout,
     finish,
     init_distributed,
     print0,
-    resolve_precision,
+    resolve_run,
     share_from_main,
     shutdown,
 )
@@ -71,7 +74,7 @@ from .metrics import MetricsLogger, format_step, mfu, peak_flops
 def micro_batches(data: TokenData, step: int, accum: int, data_rank: int, b, seed: int) -> list[tuple]:
     """The (inputs, targets, dropout keys) micro batches of one optimizer step for one data-parallel
     rank, on the CPU (training/prefetch.py reads them ahead and moves them); the keys name the samples by
-    their place in the stream (models/sample_dropout.py)."""
+    their place in the stream (models/sample_dropout.py). b: the batch sizes (the Run's, or cfg.batch)."""
     batches = []
     for micro in range(accum):
         first = micro_batch_start(step, micro, data_rank, b.global_batch_size, b.micro_batch_size, accum)
@@ -83,13 +86,10 @@ def micro_batches(data: TokenData, step: int, accum: int, data_rank: int, b, see
 def run_training(cfg: Config) -> int:
     info = init_distributed(cfg.run.device, collective_timeout(cfg))
     try:
-        require_valid(cfg, info.world_size)  # before the folder is claimed: a mistake leaves no trace there
-        resolve_precision(info.device, cfg.run.dtype)  # bf16 on a GPU without it: one line from every rank
-        cfg = at_world_size(cfg, info.world_size)  # batch.scaling=weak: this world's global batch
-        cfg = with_derived_steps(cfg, Path(cfg.data.dir))  # schedule.epochs or tokens_per_param: max_steps
-        lock, resume = claim_output_dir(cfg, info)
+        run = start(cfg, info)
+        lock, resume = claim_output_dir(run)
         try:
-            code = _train(cfg, info, resume, lock)
+            code = _train(run, resume, lock)
         finally:
             if lock is not None:
                 lock.release()
@@ -104,13 +104,26 @@ def run_training(cfg: Config) -> int:
         shutdown()
 
 
-def claim_output_dir(cfg: Config, info: DistInfo) -> tuple[run_lock.RunLock | None, bool]:
+def start(cfg: Config, info: DistInfo) -> Run:
+    """The run resolved once, before the folder is claimed (a mistake leaves no trace there): the
+    config checked, at this world's global batch (batch.scaling=weak) and with the steps
+    schedule.epochs or tokens_per_param give; then what the run is here (distributed.resolve_run),
+    which everything below reads."""
+    require_valid(cfg, info.world_size)
+    cfg = at_world_size(cfg, info.world_size)
+    cfg = with_derived_steps(cfg, Path(cfg.data.dir))
+    run = resolve_run(cfg, info)
+    return dataclasses.replace(run, grad_accum=resolve_grad_accum(cfg, run.data_parallel_size))
+
+
+def claim_output_dir(run: Run) -> tuple[run_lock.RunLock | None, bool]:
     """Collective: rank 0 holds run.output_dir for this job (or finds its supervisor holding it),
     refuses a folder of another run under checkpoint.resume=false and a disk without room; every
     rank ends with rank 0's verdict. Returns the lock (rank 0) and whether to resume: a restart of
     the job that started the run in this folder continues it whatever checkpoint.resume says."""
+    cfg = run.cfg
     out, lock, verdict = Path(cfg.run.output_dir), None, None
-    if info.is_main:
+    if run.is_main:
         try:
             lock = run_lock.acquire(out, run_lock.job_identity(os.environ))
             resume = cfg.checkpoint.resume or run_lock.last_job(out) == lock.job
@@ -123,7 +136,7 @@ def claim_output_dir(cfg: Config, info: DistInfo) -> tuple[run_lock.RunLock | No
             verdict = (str(exc), False)
     message, resume = share_from_main(verdict)
     if message:
-        raise_on_every_rank(message, info.is_main, key="run.output_dir")
+        raise_on_every_rank(message, run.is_main, key="run.output_dir")
     return lock, resume
 
 
@@ -141,27 +154,25 @@ def saved_config(cfg: Config, path: Path) -> None:
     save_config(changed(cfg, **{"schedule.max_steps": None}), path, comment=gave)
 
 
-def _train(cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | None) -> int:
-    watchdog = first_step_watchdog(cfg, info.rank)
+def _train(run: Run, resume: bool, lock: run_lock.RunLock | None) -> int:
+    watchdog = first_step_watchdog(run.cfg, run.rank)
     try:
-        return _train_steps(cfg, info, resume, lock, watchdog)
+        return _train_steps(run, resume, lock, watchdog)
     finally:
         if watchdog is not None:
             watchdog.cancel()
 
 
-def _train_steps(
-    cfg: Config, info: DistInfo, resume: bool, lock: run_lock.RunLock | None, watchdog: threading.Timer | None
-) -> int:
-    accum = resolve_grad_accum(cfg, cfg.data_parallel_size(info.world_size))
-    device, T = info.device, cfg.model.sequence_len
+def _train_steps(run: Run, resume: bool, lock: run_lock.RunLock | None, watchdog: threading.Timer | None) -> int:
+    cfg, accum, precision, data_parallel = run.cfg, run.grad_accum, run.precision, run.data_parallel_size
+    device, T = run.device, cfg.model.sequence_len
     out = Path(cfg.run.output_dir)
     ckpt_dir = out / "checkpoints"
     data_dir = Path(cfg.data.dir)
     meta = read_meta(data_dir)
     trained_on = data_fingerprint(data_dir, meta)  # recorded in every checkpoint of this run
-    train_data = open_split(cfg, data_dir, "train")
-    val_data = open_split(cfg, data_dir, "val")
+    train_data = open_split(cfg, data_dir, "train", run.family)
+    val_data = open_split(cfg, data_dir, "val", run.family)
     tokenizer = load_tokenizer(data_dir / meta["tokenizer"])
     token_bytes = torch.from_numpy(token_byte_lengths(tokenizer)).to(device)
     # The task bundle is read and checked before anything is written (a broken one stops the start).
@@ -171,26 +182,25 @@ def _train_steps(
 
     torch.manual_seed(cfg.run.seed)  # same init on every rank; DDP also broadcasts rank 0's weights
     # Builds and wraps the model, owns optimizer and checkpoints.
-    strategy = build_strategy(cfg, info, meta["vocab_size"], accum, resume)
-    precision = resolve_precision(device, cfg.run.dtype)
+    strategy = build_strategy(run, meta["vocab_size"], resume)
     num_params, flops_per_token, peak = strategy.num_params, strategy.flops_per_token, peak_flops(device, precision)
     start_step = strategy.resume(ckpt_dir, resume)
     stop = preemption.StopRequest(cfg.cluster.stop_grace_seconds, cfg.logging.every_steps)
-    if info.is_main:  # the first writes of this run to the folder, after every refusal
+    if run.is_main:  # the first writes of this run to the folder, after every refusal
         out.mkdir(parents=True, exist_ok=True)
         run_lock.record_job(out, lock.job)
         saved_config(cfg, out / "config.yaml")
         preemption.clear_marker(out)
     autocast = autocast_context(device, precision)
 
-    b, s = cfg.batch, cfg.schedule
-    tokens_per_step = b.global_batch_size * T
+    s = cfg.schedule
+    tokens_per_step = run.global_batch_size * T
     print0(
-        f"model {cfg.model.size}: {num_params:,} parameters | {info.world_size} process(es) on {device.type} | "
-        f"global batch {b.global_batch_size} = micro {b.micro_batch_size} x accum {accum} x "
-        f"{cfg.data_parallel_size(info.world_size)} data-parallel ranks | "
+        f"model {cfg.model.size}: {num_params:,} parameters | {run.world_size} process(es) on {device.type} | "
+        f"global batch {run.global_batch_size} = micro {run.micro_batch_size} x accum {accum} x "
+        f"{data_parallel} data-parallel ranks | "
         f"{tokens_per_step:,} tokens/step | steps {start_step}->{s.max_steps} | {strategy.describe()} | "
-        f"precision {precision}{fp8_note(cfg.run.fp8, device.type == 'cuda')} | {scaling_note(cfg, info.world_size)}"
+        f"precision {precision}{fp8_note(cfg.run.fp8, device.type == 'cuda')} | {scaling_note(cfg, run.world_size)}"
     )
     derived = derived_steps_line(cfg, data_dir)
     if derived:
@@ -199,27 +209,26 @@ def _train_steps(
         print0(f"already trained to step {start_step} (schedule.max_steps={s.max_steps}); nothing to do")
         return 0
 
-    data_parallel = cfg.data_parallel_size(info.world_size)
-
     def save(done: int) -> None:
         positions = [
-            micro_batch_start(done, 0, r, b.global_batch_size, b.micro_batch_size, accum) for r in range(data_parallel)
+            micro_batch_start(done, 0, r, run.global_batch_size, run.micro_batch_size, accum)
+            for r in range(data_parallel)
         ]
-        state = checkpoint.run_state(cfg, done, info.world_size, data_parallel, positions, trained_on)
+        state = checkpoint.run_state(cfg, done, run.world_size, data_parallel, positions, trained_on)
         strategy.save(ckpt_dir, done, state)
 
     # Records after the checkpoint's step were written by the attempt that died: they are redone.
-    logger = MetricsLogger(out, info.is_main, cfg.logging.tensorboard, resume_step=start_step)
+    logger = MetricsLogger(out, run.is_main, cfg.logging.tensorboard, resume_step=start_step)
     window_start, window_steps = time.perf_counter(), 0
     # The next steps' batches are read on a thread while this one computes; leaving the loop stops it.
     load = functools.partial(
-        micro_batches, train_data, accum=accum, data_rank=strategy.data_rank, b=b, seed=cfg.run.seed
+        micro_batches, train_data, accum=accum, data_rank=strategy.data_rank, b=run, seed=cfg.run.seed
     )
     stop.start(start_step)
     for step, batches in prefetch.steps(load, range(start_step, s.max_steps), device):
         if step == start_step + 1 and watchdog is not None:  # the first step is done, and agreed on
             watchdog.cancel()
-        faults.before_step(info.rank, step)
+        faults.before_step(run.rank, step)
         point = schedule.at(step, cfg)
         strategy.set_schedule(point)
         lr = strategy.peak_lr * point.lr_factor
@@ -251,7 +260,7 @@ def _train_steps(
                 "lr": lr,
                 "grad_norm": grad_norm.item(),
                 "tokens_per_sec": tokens_per_step / step_time,
-                "mfu": mfu(flops_per_token, tokens_per_step / step_time, info.world_size, peak),
+                "mfu": mfu(flops_per_token, tokens_per_step / step_time, run.world_size, peak),
                 "step_time": step_time,
                 "tokens": done * tokens_per_step,
                 **strategy.loss_scaling(),  # fp16: loss_scale, skipped (steps of the run so far)
@@ -262,10 +271,16 @@ def _train_steps(
 
         if (cfg.logging.eval_every_steps and done % cfg.logging.eval_every_steps == 0) or last:
             if strategy.consumes_batches:  # the pipeline's stages evaluate together
-                result = strategy.evaluate(val_data, b.micro_batch_size, cfg.logging.eval_batches)
+                result = strategy.evaluate(val_data, run.micro_batch_size, cfg.logging.eval_batches)
             else:
                 result = evaluate(
-                    strategy.module, val_data, token_bytes, info, b.micro_batch_size, cfg.logging.eval_batches, autocast
+                    strategy.module,
+                    val_data,
+                    token_bytes,
+                    run,
+                    run.micro_batch_size,
+                    cfg.logging.eval_batches,
+                    autocast,
                 )
             scores = val_scores(result)
             logger.log({"step": done, **scores})
@@ -274,7 +289,7 @@ def _train_steps(
 
         if task_list and done % cfg.eval.tasks_every_steps == 0:
             result = tasks.evaluate_tasks(
-                strategy.module, tokenizer, bos_id(tokenizer), task_list, T, info, autocast, cfg.eval.tasks_max_per_task
+                strategy.module, tokenizer, bos_id(tokenizer), task_list, T, run, autocast, cfg.eval.tasks_max_per_task
             )
             logger.log(tasks.metrics_record(done, result))
             print0(f"step {done:>6}/{s.max_steps} | CORE {result['core']:.4f} ({len(task_list)} tasks)")
@@ -291,7 +306,7 @@ def _train_steps(
         if not last and (logged or saved or stop.due(done)) and stop.agreed(done):
             if not saved:
                 save(done)
-            if info.is_main:
+            if run.is_main:
                 preemption.write_marker(out, done, stop.signal_name, str(checkpoint.named_by_latest(ckpt_dir)))
             print0(
                 f"preempted ({stop.signal_name or 'signal on another rank'}): checkpoint of step {done} saved; "

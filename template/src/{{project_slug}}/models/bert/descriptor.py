@@ -1,4 +1,4 @@
-"""BERT masked LM (models/bert.py) as the rest of the project sees it: the paper's sizes, its
+"""BERT masked LM (models/bert/model.py) as the rest of the project sees it: the paper's sizes, its
 formulas (the vocabulary head runs on the predicted positions only), WordPiece with BERT's special
 tokens, local weights (no torch here)."""
 
@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from ..settings.config import ConfigError
-from .family import Family, block_params, transformer_layer_activations
+from ...settings.config import ConfigError
+from ..family import Family, block_params, transformer_layer_activations
 
 BERT_SIZES = {
     "tiny": {"n_layer": 2, "n_embd": 64, "n_head": 2},
@@ -24,7 +25,7 @@ WEIGHT_FILES = (
 )  # transformers' weight files, one or sharded
 SEQUENCE_LEN = 512  # BertConfig's position embeddings
 POSITIONS, TOKEN_TYPES = 512, 2  # BertConfig defaults: position and segment embedding tables
-MLM_SHARE = 0.15  # positions the loss predicts (models/bert.py's MLM_PROBABILITY): the head runs on those only
+MLM_SHARE = 0.15  # positions the loss predicts (models/bert/model.py's MLM_PROBABILITY): the head runs on those only
 # Per layer, bytes per s*b*h kept for backward by precision (measured); checkpointed: the saved input.
 REPLICATED_BYTES = {"bf16": 11, "autocast": 19}
 CHECKPOINT_BYTES = {"bf16": 3, "autocast": 3}
@@ -57,6 +58,18 @@ class BertFamily(Family):
     def logits_bytes(self, softcap: float) -> float:
         return 12 * MLM_SHARE
 
+    def config_settings(self, section: str, answers: dict) -> list[tuple[str | None, Any, str]]:
+        """From scratch at the size's shape, or fine-tuning local weights (the pretrained_dir answer)."""
+        if section == "model":
+            return [
+                ("size", answers["model_size"], f"{' | '.join(self.sizes)} (shape used when pretrained is empty)"),
+                ("sequence_len", SEQUENCE_LEN, "tokens per sequence, [CLS] and [SEP] included (BERT's 512 positions at most)"),
+                ("pretrained", answers.get("pretrained_dir", ""), 'local folder with config.json + weights to fine-tune; "" = from scratch'),
+                ("dropout", None, "hidden dropout, masks per sample; null = the model's config.json (0.1 from scratch)"),
+                ("attention_dropout", None, "dropout of the attention probabilities; null = none (MosaicBERT's choice: the fused flash kernel); 0.1 = BERT's recipe, T x T probabilities materialised (plan and bench/gpu_estimate.py show the cost)"),
+            ]  # fmt: skip
+        return super().config_settings(section, answers)
+
     def weights_folder(self, pretrained: str) -> Path:
         """The model.pretrained folder (transformers' layout), checked for config.json and weights."""
         folder = Path(pretrained)
@@ -79,8 +92,8 @@ class BertFamily(Family):
 FAMILY = BertFamily(
     name="bert",
     summary="BERT masked LM with transformers, from scratch or local weights",
-    builder="bert:build_bert",
-    exporter="bert:to_transformers",
+    builder="model:build_bert",
+    exporter="model:to_transformers",
     sizes=BERT_SIZES,
     # BERT's 256 x 512 batch and 1e-4 (Devlin et al.); micro 16 keeps large's activations in 40 GB
     recipe_defaults={"global_batch": 256, "micro_batch": 32, "lr": 1e-4, "sequence_len": SEQUENCE_LEN},
@@ -91,4 +104,10 @@ FAMILY = BertFamily(
     max_sequence_len=SEQUENCE_LEN,
     min_sequence_len=3,
     pretrained=True,
+    title="BERT masked LM",
+    default_size="large",
+    vocab_size=30522,
+    vocab_note="BERT's uncased vocabulary size",
+    weight_decay=0.01,
+    beta2=0.999,
 )

@@ -6,7 +6,7 @@
 From scratch the shape comes from sizes.BERT_SIZES (intermediate 4 x width, 512 positions) and the
 vocabulary from the tokenizer prepare-data wrote. Fine-tuning reads config.json and the weights
 (model.safetensors or pytorch_model.bin) from a local folder: air-gapped clusters download nothing,
-so HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE are set before transformers is imported. Like models/gpt.py,
+so HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE are set before transformers is imported. Like models/gpt/model.py,
 this file knows nothing of distribution.
 """
 
@@ -18,11 +18,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..settings.config import Config, ConfigError
-from ..settings.packages import require_package
-from .bert_family import FAMILY, MLM_SHARE, SEQUENCE_LEN
-from .family import check_vocab
-from .sample_dropout import KeyedDropout, keyed_dropout
+from ...settings.config import Config, ConfigError
+from ...settings.packages import require_package
+from ..family import check_vocab
+from ..sample_dropout import KeyedDropout, keyed_dropout
+from .descriptor import FAMILY, MLM_SHARE, SEQUENCE_LEN
 
 MLM_PROBABILITY = MLM_SHARE  # share of positions predicted (BERT's 15%; of those 80% [MASK], 10% random, 10% kept)
 

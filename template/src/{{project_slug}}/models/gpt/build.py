@@ -1,14 +1,14 @@
 """The GPT of a project's config (the family's builder), and the GPT as a transformers model (its
 exporter): NanoChatForCausalLM where transformers has the architecture, else the network itself
-with its modeling code (gpt_transformers.py)."""
+with its modeling code (gpt/export.py)."""
 
 from __future__ import annotations
 
 import torch
 
-from .gpt import GPT, GPTConfig
-from .gpt_family import FAMILY
-from .gpt_pieces import PIECES, SWITCHES
+from .descriptor import FAMILY
+from .model import GPT, GPTConfig
+from .pieces import PIECES, SWITCHES
 
 
 def build(cfg, vocab_size: int, load_weights: bool = True) -> GPT:
@@ -39,7 +39,7 @@ def to_transformers(model: GPT):
 
     c = model.config
     if any(getattr(c, k) != GPTConfig.__dataclass_fields__[k].default for k in (*PIECES, "qk_scale", "window_pattern")):
-        from .gpt_transformers import from_gpt
+        from .export import from_gpt
 
         return from_gpt(model)
     config = NanoChatConfig(

@@ -1,4 +1,4 @@
-"""The nanochat-style GPT (models/gpt.py) as the rest of the project sees it: sizes by depth,
+"""The nanochat-style GPT (models/gpt/model.py) as the rest of the project sees it: sizes by depth,
 its formulas, and what it accepts (no torch here)."""
 
 from __future__ import annotations
@@ -6,10 +6,11 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
-from ..settings.config import ConfigError
-from .family import Family, chunked_loss_bytes
-from .gpt_pieces import (
+from ...settings.config import ConfigError
+from ..family import LENGTH_ALTERNATIVES, Family, chunked_loss_bytes
+from .pieces import (
     SHAPED,
     attention_windows,
     gates,
@@ -125,6 +126,56 @@ class GPTFamily(Family):
         }
         return {role: hyper for role, hyper in groups.items() if role in optimizer_roles(shape)}
 
+    def config_settings(self, section: str, answers: dict) -> list[tuple[str | None, Any, str]]:
+        """nanochat's recipe (gpt_recipe=nanochat: its rotary base, pieces, Muon, warmdown) or the
+        earlier one (AdamW at one rate, cosine)."""
+        nanochat = answers.get("gpt_recipe", "nanochat") == "nanochat"
+        if section == "model":
+            return [
+                ("size", answers["model_size"], "'tiny' for CPU smoke runs, or d<depth>: width 64*depth, heads of 128 (d20: 477M params at a 32k vocab, 897M with value embeddings)"),
+                ("n_kv_head", None, "grouped-query attention: fewer key/value heads than query heads; null = equal"),
+                ("sequence_len", 2048, "tokens per sequence"),
+                ("softcap", 15.0, "tanh cap on the logits; 0 disables"),
+                ("dropout", None, "embedding and residual dropout (e.g. 0.1), masks per sample: any layout gives the same losses; null = none"),
+                ("rotary_base", 100000.0 if nanochat else 10000.0, "base of the rotary frequencies"),
+                ("init", "unit", "unit: embedding std 1 | scaled: embedding std 0.8, MLP input 0.4x (nanochat's; worse at d4: bench)"),
+                ("vocab_multiple", 64 if nanochat else 1, "the embedding and head tables' rows rounded up to this (the GPU's tiles); extra logits cut off"),
+                (None, "", "nanochat's further pieces (README, \"The gpt recipe\": what each measured); `export` writes a model with any on"),
+                (None, "", "with its own modeling code (trust_remote_code), as transformers' NanoChatForCausalLM has no place for them"),
+                ("value_embeddings", nanochat, "value embeddings on alternating layers, gated per head (d4 at 614K tokens: -0.021 bpb; +88% parameters at d20)"),
+                ("residual_scalars", nanochat, "learned per-layer scales of the residual stream and of the input embedding"),
+                ("smear", False, "each position takes in a gated share of the previous token's embedding"),
+                ("backout", False, "a learned share of the middle layer's output is taken out before the head"),
+                ("qk_scale", 1.2 if nanochat else 1.0, "queries and keys scaled after QK-norm (nanochat's 1.2)"),
+                ("window_pattern", "L", "attention per layer, tiled: S a window of a quarter of the sequence, L all (nanochat's SSSL: d4 at 614K tokens -0.009 bpb, but a mask to SDPA, no flash kernel on a GPU)"),
+            ]  # fmt: skip
+        if section == "optim" and nanochat:
+            return [
+                ("optimizer", "muon" if answers["strategy"] == "ddp" else "adamw", "muon: Muon for the blocks' matrices, AdamW for the rest (run.strategy=ddp) | adamw: AdamW at lr for all"),
+                (None, "", "Muon's recipe (nanochat's): the rates for 2^19 tokens a step at width 768, scaled to this run's batch and width (`plan` prints them)"),
+                ("matrix_lr", 0.02, ""),
+                ("embedding_lr", 0.3, ""),
+                ("unembedding_lr", 0.008, ""),
+                ("scalar_lr", 0.5, ""),
+                ("weight_decay", 0.28, "Muon's cautious weight decay at the reference, scaled to the batch and model, decaying to 0"),
+                ("lr", self.recipe(answers["model_size"])["lr"], "AdamW's peak learning rate under optimizer: adamw"),
+                ("beta1", 0.9, ""),
+                ("beta2", self.beta2, ""),
+            ]  # fmt: skip
+        if section == "optim":
+            lines = super().config_settings(section, answers)
+            return [("optimizer", "adamw", "AdamW at lr for every parameter | muon: Muon for the blocks' matrices (gpt_recipe=nanochat)"), *lines[1:]]  # fmt: skip
+        if section == "schedule" and nanochat:
+            return [
+                ("max_steps", 20000, ""),
+                *LENGTH_ALTERNATIVES,
+                ("warmup_steps", 40, ""),
+                ("decay", "warmdown", "constant, then linear to lr * min_lr_ratio over the last warmdown_ratio of the steps | cosine"),
+                ("warmdown_ratio", 0.65, ""),
+                ("min_lr_ratio", 0.05, ""),
+            ]  # fmt: skip
+        return super().config_settings(section, answers)
+
     def layer_activations(self, shape: dict, seq: int, micro: int, tp: int, mode: str, scores_stored: bool) -> float:
         return ACTIVATION_BYTES_PER_LAYER * seq * micro * shape["n_embd"]
 
@@ -144,10 +195,15 @@ class GPTFamily(Family):
 FAMILY = GPTFamily(
     name="gpt",
     summary="nanochat-style GPT trained from scratch (rotary, QK-norm, GQA, ReLU^2, untied head)",
-    builder="gpt_build:build",
-    exporter="gpt_build:to_transformers",
+    builder="build:build",
+    exporter="build:to_transformers",
     grouped_query=True,
     muon=True,
     attention_dropout=False,
     rotary=True,
+    title="nanochat-style GPT",
+    default_size="d20",
+    default_strategy="ddp",
+    recipes=("nanochat", "adamw"),
+    exports_own_code=True,
 )

@@ -1,11 +1,11 @@
 """A GPT with nanochat's later pieces as a transformers model: the modeling code an export carries.
 
-transformers' NanoChatForCausalLM holds the plain GPT (gpt_build.to_transformers converts to it);
+transformers' NanoChatForCausalLM holds the plain GPT (gpt/build.py to_transformers converts to it);
 value embeddings, residual scalars, smear, backout, a q/k scale and sliding windows have no
 place there. Such a model
-is exported as GPTForCausalLM below: save_pretrained copies this file and the ones it imports
-(gpt.py, gpt_pieces.py, lm_loss.py, sample_dropout.py: torch only) into the folder and names them in
-config.json's auto_map, so any tool loads the folder offline with
+is exported as GPTForCausalLM below: save_pretrained writes this file and the ones it imports
+(model.py, pieces.py, and the shared lm_loss.py and sample_dropout.py: torch only) flat into the
+folder and names them in config.json's auto_map, so any tool loads the folder offline with
 
     AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
 
@@ -16,12 +16,21 @@ context each token (our `sample` keeps one).
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
+from pathlib import Path
 
 import torch
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput
 
-from .gpt import GPT, GPTConfig
+from .model import GPT, GPTConfig
+
+HERE = Path(__file__).resolve().parent
+# The files the exported model computes with, flat in the folder: the family's and the shared ones.
+MODELING_FILES = (HERE / "export.py", HERE / "model.py", HERE / "pieces.py", HERE.parent / "lm_loss.py",
+                  HERE.parent / "sample_dropout.py")  # fmt: skip
+AUTO_MAP = {"AutoConfig": "export.GPTPiecesConfig", "AutoModelForCausalLM": "export.GPTForCausalLM"}
 
 
 class GPTPiecesConfig(PretrainedConfig):
@@ -43,6 +52,12 @@ class GPTForCausalLM(PreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.gpt = GPT(GPTConfig(**config.gpt))
         self.post_init()
+
+    def save_pretrained(self, save_directory, **kwargs):
+        """The weights and config, then the modeling code beside them (transformers' own copy follows
+        single-dot imports only, and these files import their family's shared modules with two)."""
+        super().save_pretrained(save_directory, **kwargs)
+        write_modeling_code(Path(save_directory))
 
     def _init_weights(self, module):
         """The weights come from the folder; the rotary tables are not in it (made again here)."""
@@ -72,11 +87,20 @@ class GPTForCausalLM(PreTrainedModel, GenerationMixin):
         return {"input_ids": input_ids[:, -self.gpt.config.sequence_len :]}
 
 
+def write_modeling_code(folder: Path) -> None:
+    """MODELING_FILES into `folder`, each import of a sibling made a one-dot import, and config.json's
+    auto_map naming the classes (AutoModelForCausalLM with trust_remote_code loads them)."""
+    for source in MODELING_FILES:
+        text = re.sub(r"^(\s*)from \.\.+(\w)", r"\1from .\2", source.read_text(), flags=re.M)
+        (folder / source.name).write_text(text)
+    config_file = folder / "config.json"
+    config = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**config, "auto_map": AUTO_MAP}, indent=2, sort_keys=True) + "\n")
+
+
 def from_gpt(model: GPT) -> GPTForCausalLM:
-    """Our trained GPT as GPTForCausalLM (same weights, fp32, eval), registered with the Auto classes
-    so save_pretrained writes the modeling files beside the weights."""
-    GPTPiecesConfig.register_for_auto_class()
-    GPTForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+    """Our trained GPT as GPTForCausalLM (same weights, fp32, eval); save_pretrained writes the
+    modeling files beside the weights."""
     c = model.config
     config = GPTPiecesConfig(
         gpt={**dataclasses.asdict(c), "dropout": 0.0},

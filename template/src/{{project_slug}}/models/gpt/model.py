@@ -5,9 +5,9 @@ untied input embedding and output head, grouped-query attention (n_kv_head < n_h
 F.scaled_dot_product_attention. nanochat's later pieces are switches of model.* (config.py): value
 embeddings, residual and input-embedding scalars, smear, backout, the q/k scale, the rotary base and
 its initialisation. The file knows nothing of distribution: strategies/ wraps it for DDP or DeepSpeed.
-It imports torch and its siblings only (gpt_pieces.py, lm_loss.py, sample_dropout.py): an export of a
+It imports torch and its siblings only (gpt/pieces.py, lm_loss.py, sample_dropout.py): an export of a
 model with pieces transformers has no class for carries these four files as its modeling code
-(gpt_transformers.py); gpt_build.py builds the network of a project's config. With targets and a
+(gpt/export.py); gpt/build.py builds the network of a project's config. With targets and a
 gradient to come, the head and the loss run chunk by chunk (lm_loss.py).
 """
 
@@ -20,7 +20,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-from .gpt_pieces import (
+from ..lm_loss import chunked, linear_cross_entropy
+from ..sample_dropout import keyed_dropout
+from .pieces import (
     SMEAR_GATE_CHANNELS,
     VALUE_GATE_CHANNELS,
     attention_windows,
@@ -28,8 +30,6 @@ from .gpt_pieces import (
     has_value_embedding,
     padded_vocab,
 )
-from .lm_loss import chunked, linear_cross_entropy
-from .sample_dropout import keyed_dropout
 
 
 @dataclass

@@ -1,6 +1,6 @@
-"""Which of nanochat's pieces a GPT has and what they add: the network (gpt.py) builds them, the
-family's formulas (gpt_family.py) count them. Plain Python, no package imports: gpt.py and this file travel into an
-export's folder as its modeling code (gpt_transformers.py)."""
+"""Which of nanochat's pieces a GPT has and what they add: the network (gpt/model.py) builds them, the
+family's formulas (gpt/descriptor.py) count them. Plain Python, no package imports: gpt/model.py and this file travel into an
+export's folder as its modeling code (gpt/export.py)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def gates(shape: dict) -> int:
 
 
 def optimizer_roles(shape: dict) -> set[str]:
-    """The parameter roles (gpt.py param_roles) the shape has parameters for."""
+    """The parameter roles (gpt/model.py param_roles) the shape has parameters for."""
     roles = {"matrix", "embedding", "unembedding"}
     roles |= {"value_embedding"} if value_layers(shape) else set()
     roles |= {"residual_scalar", "x0_scalar"} if shape.get("residual_scalars") else set()

@@ -1,11 +1,20 @@
-"""GPT-3 (models/gpt3.py) as the rest of the project sees it: the paper's sizes, the seeds' parallel
+"""GPT-3 (models/gpt3/model.py) as the rest of the project sees it: the paper's sizes, the seeds' parallel
 layouts, its formulas, including per pipeline stage after the tensor split (no torch here)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
-from .family import Family, block_params, chunked_loss_bytes, stage_layers, transformer_layer_activations
+from ..family import (
+    LENGTH_ALTERNATIVES,
+    Family,
+    block_params,
+    chunked_loss_bytes,
+    stage_layers,
+    transformer_layer_activations,
+)
 
 # GPT-3 paper, Table 2.1: layers, width, heads, batch in tokens (here in 2048-token sequences:
 # 0.5M -> 256, 1M -> 512, 2M -> 1024, 3.2M -> 1536 as Megatron runs it) and learning rate.
@@ -33,17 +42,17 @@ GPT3_RECIPES = {
     )
 }
 
-# The seeds' Megatron-DeepSpeed layouts (A100 40/80 GB nodes of 8), selectable as copier presets.
+# The seeds' Megatron-DeepSpeed layouts (A100 nodes of 8: 80 GB for 13B, 40 GB for the rest), copier's presets.
 GPT3_LAYOUTS = {
-    "125m-1gpu": {"size": "125M", "nodes": 1, "gpus_per_node": 1, "tp": 1, "pp": 1},
-    "125m-2dp": {"size": "125M", "nodes": 1, "gpus_per_node": 2, "tp": 1, "pp": 1},
-    "125m-4dp": {"size": "125M", "nodes": 1, "gpus_per_node": 4, "tp": 1, "pp": 1},
-    "1.3b-4dp": {"size": "1.3B", "nodes": 1, "gpus_per_node": 4, "tp": 1, "pp": 1},
-    "1.3b-8dp": {"size": "1.3B", "nodes": 1, "gpus_per_node": 8, "tp": 1, "pp": 1},
-    "1.3b-4dp-4pp": {"size": "1.3B", "nodes": 2, "gpus_per_node": 8, "tp": 1, "pp": 4},
-    "13b-4dp-4pp": {"size": "13B", "nodes": 2, "gpus_per_node": 8, "tp": 1, "pp": 4},
-    "13b-4dp-8pp": {"size": "13B", "nodes": 4, "gpus_per_node": 8, "tp": 1, "pp": 8},
-    "13b-4dp-4pp-4tp": {"size": "13B", "nodes": 8, "gpus_per_node": 8, "tp": 4, "pp": 4},
+    "125m-1gpu": {"size": "125M", "nodes": 1, "gpus_per_node": 1, "tp": 1, "pp": 1, "gpu_type": "a100-40gb"},
+    "125m-2dp": {"size": "125M", "nodes": 1, "gpus_per_node": 2, "tp": 1, "pp": 1, "gpu_type": "a100-40gb"},
+    "125m-4dp": {"size": "125M", "nodes": 1, "gpus_per_node": 4, "tp": 1, "pp": 1, "gpu_type": "a100-40gb"},
+    "1.3b-4dp": {"size": "1.3B", "nodes": 1, "gpus_per_node": 4, "tp": 1, "pp": 1, "gpu_type": "a100-40gb"},
+    "1.3b-8dp": {"size": "1.3B", "nodes": 1, "gpus_per_node": 8, "tp": 1, "pp": 1, "gpu_type": "a100-40gb"},
+    "1.3b-4dp-4pp": {"size": "1.3B", "nodes": 2, "gpus_per_node": 8, "tp": 1, "pp": 4, "gpu_type": "a100-40gb"},
+    "13b-4dp-4pp": {"size": "13B", "nodes": 2, "gpus_per_node": 8, "tp": 1, "pp": 4, "gpu_type": "a100-80gb"},
+    "13b-4dp-8pp": {"size": "13B", "nodes": 4, "gpus_per_node": 8, "tp": 1, "pp": 8, "gpu_type": "a100-80gb"},
+    "13b-4dp-4pp-4tp": {"size": "13B", "nodes": 8, "gpus_per_node": 8, "tp": 4, "pp": 4, "gpu_type": "a100-80gb"},
 }
 
 
@@ -86,6 +95,32 @@ class GPT3Family(Family):
     def checkpointed_layer_bytes(self, mode: str) -> float:
         return CHECKPOINT_BYTES[mode]
 
+    def config_settings(self, section: str, answers: dict) -> list[tuple[str | None, Any, str]]:
+        """The paper's recipe for the size: its lr, and a budget of 20 tokens per parameter with GPT-3's
+        warmup over 375M tokens."""
+        size = answers["model_size"]
+        recipe = self.recipe(size)
+        if section == "model":
+            return [
+                ("size", size, f"{' | '.join(self.sizes)} (GPT-3 paper, Table 2.1)"),
+                ("sequence_len", 2048, "GPT-3's context"),
+                ("dropout", None, "hidden dropout (Megatron's 0.1), masks per sample; null = none"),
+                ("attention_dropout", None, "dropout of the attention probabilities (Megatron's 0.1); null = none, which keeps the fused flash kernel"),
+            ]  # fmt: skip
+        if section == "optim":
+            lines = super().config_settings(section, answers)
+            return [lines[0], ("lr", recipe["lr"], f"AdamW peak learning rate (GPT-3 paper for {size})"), *lines[2:]]
+        if section == "schedule":
+            tokens_per_step = recipe["global_batch"] * 2048
+            steps = math.ceil(20 * recipe["params"] / tokens_per_step)
+            return [
+                ("max_steps", steps, "20 tokens per parameter (the seeds' budgets: 125M -> 2.5B, 1.3B -> 26B, 13B -> 260B tokens)"),
+                *LENGTH_ALTERNATIVES,
+                ("warmup_steps", min(math.ceil(375e6 / tokens_per_step), steps // 10), "GPT-3 warmed up over 375M tokens"),
+                ("min_lr_ratio", 0.1, "cosine decays to lr * min_lr_ratio"),
+            ]  # fmt: skip
+        return super().config_settings(section, answers)
+
     def loss_bytes(self, shape: dict, vocab_size: int, tokens: int, softcap: float, chunked: bool = True) -> float:
         if not chunked:  # DeepSpeed's pipeline: its last stage computes the whole logits
             return super().loss_bytes(shape, vocab_size, tokens, softcap, chunked)
@@ -95,10 +130,14 @@ class GPT3Family(Family):
 FAMILY = GPT3Family(
     name="gpt3",
     summary="GPT-3 sizes (125M to 175B) with tensor and pipeline parallelism on DeepSpeed",
-    builder="gpt3:build_gpt3",
-    exporter="gpt3:to_transformers",
+    builder="model:build_gpt3",
+    exporter="model:to_transformers",
+    pipeline_layers="model:pipeline_layers",
     sizes=GPT3_SIZES,
     presets=GPT3_LAYOUTS,
     recipe_by_size=GPT3_RECIPES,
-    layouts=True,
+    title="GPT-3 {size}",
+    default_size="125M",
+    vocab_size=50304,
+    vocab_note="GPT-2's 50257 padded to a multiple of 128",
 )

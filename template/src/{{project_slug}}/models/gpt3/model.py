@@ -11,7 +11,7 @@ weight again). Two ways to run it:
   tensor parallel; strategies/tensor_parallel.py shards each Block after it is built);
 - GPT3 (below) runs them in one process (DDP, ZeRO 0-3, eval, sample).
 Both seed layer i with run.seed + i before building it, so every layout starts from the same
-weights and losses can be compared across layouts. Like models/gpt.py, this file knows nothing
+weights and losses can be compared across layouts. Like models/gpt/model.py, this file knows nothing
 of distribution.
 """
 
@@ -25,9 +25,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-from .gpt3_family import FAMILY
-from .lm_loss import chunked, linear_cross_entropy
-from .sample_dropout import keyed_dropout
+from ..family import PipelineLayers, StageLayer
+from ..lm_loss import chunked, linear_cross_entropy
+from ..sample_dropout import keyed_dropout, samples
+from .descriptor import FAMILY
 
 
 @dataclass
@@ -135,7 +136,7 @@ def seeded(seed: int, build):
 
 
 class GPT3(nn.Module):
-    """The layers in one process: forward(idx, targets) -> loss, like models.gpt.GPT."""
+    """The layers in one process: forward(idx, targets) -> loss, like models.gpt.model.GPT."""
 
     def __init__(self, cfg: GPT3Config, checkpointing: bool = False):
         super().__init__()
@@ -218,6 +219,51 @@ def gpt3_config(cfg, vocab_size: int) -> GPT3Config:
 
 def build_gpt3(cfg, vocab_size: int, load_weights: bool = True) -> GPT3:
     return GPT3(gpt3_config(cfg, vocab_size), cfg.model.activation_checkpointing)
+
+
+# The pipeline's stages pass (hidden states, dropout keys) along: a stage works on several micro
+# batches in turn (1F1B), and each layer needs the keys of the samples in front of it
+# (models/sample_dropout.py). The layers are GPT3's, with their weights and names; only forward's
+# arguments differ.
+
+
+class KeyedEmbedding(Embedding):
+    def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        idx, keys = inputs
+        with samples(keys):
+            return super().forward(idx), keys
+
+
+class KeyedBlock(Block):
+    def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        x, keys = inputs
+        with samples(keys):  # also when activation checkpointing recomputes the block in backward
+            return super().forward(x), keys
+
+
+class KeyedFinalNorm(FinalNorm):
+    def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return super().forward(inputs[0])
+
+
+def pipeline_layers(cfg, vocab_size: int) -> PipelineLayers:
+    """Embedding, blocks, final norm, tied head: GPT3's order (and seeds), as a pipeline's layers.
+    Megatron's tensor split: qkv and fc by output features, proj and fc2 by input features."""
+    c = gpt3_config(cfg, vocab_size)
+    embedding = {"tied": "embed", "tied_weights": ("wte.weight",)}
+    return PipelineLayers(
+        layers=[
+            StageLayer(KeyedEmbedding, (c,), prefix="embed.", **embedding),
+            *[StageLayer(KeyedBlock, (c, i), prefix=f"blocks.{i}.", block=True) for i in range(c.n_layer)],
+            StageLayer(KeyedFinalNorm, (c.n_embd,), prefix="norm."),
+            StageLayer(KeyedEmbedding, (c,), forward=head_logits, **embedding),
+        ],
+        loss=lm_loss,
+        whole=lambda: GPT3(c),
+        column_parallel=("qkv", "fc"),
+        row_parallel=("proj", "fc2"),
+        block_norms=("ln1", "ln2"),
+    )
 
 
 def to_transformers(model: GPT3):

@@ -191,7 +191,7 @@ def test_data_parallel_ranks_draw_different_masks_for_their_samples(pkg, tmp_pat
     assert torch.equal(loss(0), loss(0))
     kinds = {type(m).__name__ for m in model.modules() if isinstance(m, torch.nn.Dropout)}
     assert kinds == {"KeyedDropout", "Dropout"}  # Dropout: attention's, whose p the keyed attention reads
-    assert model.mlm.config._attn_implementation == pkg.module("models.bert").KEYED_ATTENTION
+    assert model.mlm.config._attn_implementation == pkg.module("models.bert.model").KEYED_ATTENTION
 
 
 @pytest.mark.parametrize("run", ["ddp_run", "zero3_run"])

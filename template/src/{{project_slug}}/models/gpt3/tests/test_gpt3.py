@@ -256,7 +256,7 @@ def test_tensor_ranks_draw_one_mask_for_replicated_activations_and_their_own_for
     """Attention probabilities are split by heads over the tensor ranks: each rank's heads get the
     masks one process draws for those heads (so the ranks differ); the block's outputs, replicated
     on every tensor rank, get one mask whatever the rank."""
-    gpt3 = pkg.module("models.gpt3")
+    gpt3 = pkg.module("models.gpt3.model")
     dropout = pkg.module("models.sample_dropout")
     config = gpt3.GPT3Config(vocab_size=64, sequence_len=8, n_layer=1, n_embd=32, n_head=4, dropout=0.5)
     probs = torch.ones(2, 4, 8, 8)

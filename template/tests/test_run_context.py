@@ -1,0 +1,116 @@
+"""A run is resolved once: at its start training/train.py builds the Run (runtime/distributed.py
+resolve_run: family, precision, device, parallel sizes, batch arithmetic) and everything below reads
+it. Read from the source (nothing imported but the package for one small Run):
+
+    - no module calls resolve_precision or Config.data_parallel_size but resolve_run's own, and
+      planning's, which asks them of other configs and world sizes (plan, check, fit, scaling);
+    - on the run's path (runtime, checkpoints, strategies, training) nobody looks the family up again
+      (family(<cfg>.model.arch)), except where the config is not the run's (listed below).
+
+    python -m pytest -q tests/test_run_context.py
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE_DIR = next(p.parent for p in (Path(__file__).resolve().parents[1] / "src").glob("*/cli.py"))
+CONTEXT_MODULE = "runtime/distributed.py"  # resolve_run: the one place a run is resolved
+RESOLVERS = ("resolve_precision", "data_parallel_size")
+RUN_PATH = ("runtime", "checkpoints", "strategies", "training")
+# Functions on the run's path that look a family up for a config that is not the running one.
+FAMILY_ELSEWHERE = {
+    ("strategies/memory.py", "uses_pipeline_engine"): "plan and check ask it of any config; a run passes its family",
+    ("strategies/pipeline.py", "read_checkpoint"): "a saved checkpoint's config, read by eval and sample",
+}
+
+
+def sources() -> dict[str, ast.Module]:
+    """Path inside the package ("strategies/ddp.py") -> its syntax tree; tests left out."""
+    return {
+        path.relative_to(PACKAGE_DIR).as_posix(): ast.parse(path.read_text())
+        for path in sorted(PACKAGE_DIR.rglob("*.py"))
+        if "tests" not in path.relative_to(PACKAGE_DIR).parts
+    }
+
+
+def calls_with_function(tree: ast.Module):
+    """(call, name of the innermost enclosing function or None) for every call in the module."""
+
+    def walk(node, function):
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+            if isinstance(child, ast.Call):
+                yield child, function
+            yield from walk(child, inner)
+
+    yield from walk(tree, None)
+
+
+def called_name(call: ast.Call) -> str | None:
+    func = call.func
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+
+
+def reads_model_arch(node: ast.AST) -> bool:
+    """`<anything>.model.arch`."""
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == "arch"
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "model"
+    )
+
+
+def test_precision_and_data_parallel_size_are_resolved_in_one_place():
+    found = []
+    for path, tree in sources().items():
+        if path.startswith("planning/") or path == CONTEXT_MODULE:
+            continue
+        for call, _ in calls_with_function(tree):
+            if called_name(call) in RESOLVERS:
+                found.append(f"{path}:{call.lineno} calls {called_name(call)}")
+    assert not found, "resolved again outside resolve_run (read the Run instead): " + "; ".join(found)
+
+
+def test_the_runs_path_reads_the_family_from_the_run():
+    found = []
+    for path, tree in sources().items():
+        if path.split("/")[0] not in RUN_PATH or path == CONTEXT_MODULE:
+            continue
+        for call, function in calls_with_function(tree):
+            looked_up = called_name(call) == "family" and call.args and reads_model_arch(call.args[0])
+            if looked_up and (path, function) not in FAMILY_ELSEWHERE:
+                found.append(f"{path}:{call.lineno} ({function})")
+    assert not found, "family(<cfg>.model.arch) on the run's path (read run.family): " + "; ".join(found)
+
+
+def test_only_resolve_run_builds_a_run():
+    """Run(...) is constructed by resolve_run alone, so every Run holds the same resolution."""
+    found = [
+        f"{path}:{call.lineno}"
+        for path, tree in sources().items()
+        for call, function in calls_with_function(tree)
+        if called_name(call) == "Run" and not (path == CONTEXT_MODULE and function == "resolve_run")
+    ]
+    assert not found, found
+
+
+def test_a_tiny_cpu_run_resolves_to_fp32_and_the_data_parallel_share(pkg, cfg_with):
+    import torch
+
+    dist = pkg.distributed
+    cfg = cfg_with(
+        "model.arch=gpt",
+        "run.dtype=auto",
+        "batch.global_batch_size=32",
+        "batch.micro_batch_size=2",
+        "batch.grad_accum_steps=null",
+    )
+    info = dist.DistInfo(rank=3, local_rank=1, world_size=8, device=torch.device("cpu"))
+    run = pkg.module("training.train").start(cfg, info)  # as `train` resolves it
+    assert run.precision == "fp32" and run.family.name == "gpt" and not run.is_main
+    assert run.data_parallel_size == 8 // (cfg.parallel.tensor * cfg.parallel.pipeline)
+    assert run.global_batch_size == run.micro_batch_size * run.grad_accum * run.data_parallel_size == 32
+    assert dist.resolve_run(cfg, info).grad_accum is None  # eval and sample take no optimizer steps
