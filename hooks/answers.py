@@ -109,13 +109,11 @@ def layouts(model: str) -> dict[str, dict]:
     fam = _family(model)
     if fam is None or not fam.presets:
         return {}
-    custom = {"size": fam.default_size, "nodes": 1, "gpus_per_node": 8, "tp": 1, "pp": 1, "gpu_type": DEFAULT_GPU}
-    return {**{name: {"gpu_type": DEFAULT_GPU, **row} for name, row in fam.presets.items()}, CUSTOM_LAYOUT: custom}
+    custom = {"size": fam.default_size, "nodes": 1, "gpus_per_node": 8, "tp": 1, "pp": 1, "gpu_type": fam.gpu_type}
+    return {**{name: {"gpu_type": fam.gpu_type, **row} for name, row in fam.presets.items()}, CUSTOM_LAYOUT: custom}
 
 
 # --- what a family's descriptor tells copier ----------------------------------------------------------
-
-DEFAULT_GPU = "h100-80gb"  # gpu_type's default where a family's preset names none
 
 
 def _family(model: str):
@@ -139,6 +137,7 @@ def facts(model: str) -> dict:
         "summary": fam.summary,
         "default_size": fam.default_size or next(iter(fam.sizes), ""),
         "default_strategy": fam.default_strategy,
+        "gpu_type": fam.gpu_type,
         "recipes": list(fam.recipes),
         "layouts": fam.layouts,
         "presets": bool(fam.presets),
@@ -157,7 +156,7 @@ def facts(model: str) -> dict:
 # the descriptor's own, else the value of a family without either.
 PRESET_KEYS = {"model_size": "size", "nodes": "nodes", "gpus_per_node": "gpus_per_node", "tensor_parallel": "tp",
                "pipeline_parallel": "pp", "gpu_type": "gpu_type"}  # fmt: skip
-PLAIN_DEFAULTS = {"nodes": 1, "gpus_per_node": 8, "tensor_parallel": 1, "pipeline_parallel": 1, "gpu_type": DEFAULT_GPU}
+PLAIN_DEFAULTS = {"nodes": 1, "gpus_per_node": 8, "tensor_parallel": 1, "pipeline_parallel": 1}
 
 
 def family_default(question: str, model: str, layout: str = ""):
@@ -172,6 +171,8 @@ def family_default(question: str, model: str, layout: str = ""):
         return row[PRESET_KEYS[question]]
     if question == "model_size":
         return known["default_size"]
+    if question == "gpu_type":
+        return known["gpu_type"]
     return PLAIN_DEFAULTS[question]
 
 
@@ -528,10 +529,11 @@ def unknown_name_problem(name: str) -> str:
     return f"unknown answer '{name}': no question has that name (README.md lists them)"
 
 
-def _choices(question: dict) -> list:
+def _choices(question: dict, answers: dict | None = None) -> list:
+    """A question's choices; rendered ones (a family's layouts, the families) for the answers given."""
     choices = question.get("choices") or []
-    if isinstance(choices, str):  # rendered by copier into YAML (a family's layouts)
-        choices = yaml.safe_load(_default_template(choices).render())
+    if isinstance(choices, str):  # rendered by copier into YAML
+        choices = yaml.safe_load(_default_template(choices).render(answers or {}))
     return list(choices.values()) if isinstance(choices, dict) else list(choices)
 
 
@@ -574,7 +576,9 @@ def given_problems(data: dict) -> list[tuple[str, str]]:
         if unknown:
             found.append((name, unknown))
             continue
-        question, allowed = questions()[name], _choices(questions()[name])
+        # a family's layouts are the choices of gpt3_layout: the model given, else the default one
+        context = {"model": data.get("model", questions()["model"].get("default"))}
+        question, allowed = questions()[name], _choices(questions()[name], context)
         if value is None and question.get("type", "yaml") not in ("yaml", "json"):  # `name:` in a --data-file
             found.append((name, f"{name} has no value; give one or leave {name} out for its default"))
             continue

@@ -158,16 +158,16 @@ def test_conflicting_edit_leaves_markers_and_check_fails(tmp_path):
     commit_all(tpl, "template", tag="v0.1.0")
     project = generate(tmp_path, tpl)
     cfg_path = project / "config/train.yaml"
-    edit(cfg_path, "max_steps: 20000", "max_steps: 30000")
-    commit_all(project, "user: longer run")
-    edit(tpl / "template/config/train.yaml.jinja", "max_steps: 20000", "max_steps: 25000")
+    edit(cfg_path, "keep_last: 3", "keep_last: 5")
+    commit_all(project, "user: more checkpoints kept")
+    edit(tpl / "template/config/train.yaml.jinja", "keep_last: 3", "keep_last: 4")
     commit_all(tpl, "template: new default", tag="v0.2.0")
 
     update = copier(project, "update", "--defaults", "--trust", "--conflict", "inline")
     assert update.returncode == 0, update.stdout + update.stderr
     text = cfg_path.read_text()
     assert "<<<<<<<" in text and ">>>>>>>" in text, text
-    assert "max_steps: 30000" in text and "max_steps: 25000" in text, "both sides must be kept"
+    assert "keep_last: 5" in text and "keep_last: 4" in text, "both sides must be kept"
     checked = check(project)
     assert checked.returncode == 1, checked.stdout + checked.stderr
     assert "unresolved merge conflict markers in" in checked.stderr and "config/train.yaml" in checked.stderr
@@ -549,7 +549,7 @@ def test_update_keeps_older_kubeflow_manifests_then_takes_placement_answers(tmp_
 BATCH_BEFORE_0_2 = """{#- The family's global batch (sequences), rounded to whole micro batches x data-parallel ranks. #}
 {%- set world = nodes * gpus_per_node %}
 {%- set dp = [1, world // (tp * pp)] | max %}
-{%- set accum = [1, paper_batch // (micro * dp)] | max %}
+{%- set accum = [1, recipe.global_batch // (micro * dp)] | max %}
 
 batch:
   global_batch_size: {{ micro * dp * accum }}   # sequences per optimizer step, all ranks together
@@ -636,15 +636,16 @@ def test_a_gpt_project_made_before_gpt_recipe_keeps_its_recipe_until_it_opts_in(
     old = re.sub(r"\ngpt_recipe:\n.*?\n(?=zero_stage:\n)", "\n", questions, flags=re.S)
     assert old != questions and "\ngpt_recipe:" not in old
     (tpl / "copier.yml").write_text(old)
-    yaml_jinja = tpl / "template/config/train.yaml.jinja"
-    recipe_jinja = yaml_jinja.read_text()
-    yaml_jinja.write_text(recipe_jinja.replace("gpt_recipe == 'nanochat'", "false"))
+    descriptor = tpl / "template/src/{{project_slug}}/models/gpt/descriptor.py"  # writes gpt's train.yaml lines
+    recipe_py = descriptor.read_text()
+    descriptor.write_text(recipe_py.replace('answers.get("gpt_recipe", "nanochat") == "nanochat"', "False"))
+    assert descriptor.read_text() != recipe_py
     commit_all(tpl, "template before gpt_recipe was asked", tag="v0.3.0")
     project = generate(tmp_path, tpl, platforms="[devmachine]")
     before = yaml.safe_load((project / "config/train.yaml").read_text())
     assert before["optim"]["optimizer"] == "adamw" and before["schedule"]["decay"] == "cosine"
     (tpl / "copier.yml").write_text(questions)
-    yaml_jinja.write_text(recipe_jinja)
+    descriptor.write_text(recipe_py)
     commit_all(tpl, "gpt_recipe asked", tag="v0.4.0")
 
     update = copier(project, "update", "--defaults", "--trust", "--conflict", "inline")

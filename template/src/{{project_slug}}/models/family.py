@@ -149,6 +149,7 @@ class Family:
     title: str = ""  # the README's "A <title> trained with ...": {size} is the size answer
     default_size: str = ""  # model_size's default (a preset's size, for a family with presets)
     default_strategy: str = "deepspeed"  # the strategy question's default: ddp | deepspeed
+    gpu_type: str = "h100-80gb"  # gpu_type's default (a preset names its own)
     recipes: tuple[str, ...] = ()  # gpt_recipe's choices, for a family with more than one recipe
     vocab_size: int = 32768  # data.vocab_size: the tokenizer prepare-data trains
     vocab_note: str = ""  # why that size, in train.yaml's comment
