@@ -52,7 +52,7 @@ def test_fp8_leaves_the_head_and_odd_sizes_in_bf16(pkg, cfg_with):
     models = import_module(f"{pkg.name}.models")
     dist = pkg.distributed
     cfg = cfg_with("model.arch=gpt", "model.size=tiny", "run.fp8=tensorwise", "run.dtype=bf16", "run.compile=false")
-    run = dist.resolve_run(cfg, dist.one_process(torch.device("cpu")))
+    run = pkg.run_context.resolve_run(cfg, dist.one_process(torch.device("cpu")))
     model = fp8.to_float8(models.build_model(cfg, 512), run)
     kinds = {name: type(m).__name__ for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     assert kinds.pop("lm_head") == "Linear"

@@ -303,7 +303,7 @@ def test_optimizer_skips_weight_decay_on_the_embedding(pkg, gpt, tmp_path):
     empty.write_text("")
     cfg = pkg.config.load_config(empty, ["optim.weight_decay=0.25"])
     model = make(gpt)
-    run = pkg.distributed.resolve_run(cfg, pkg.distributed.one_process(torch.device("cpu")))
+    run = pkg.run_context.resolve_run(cfg, pkg.distributed.one_process(torch.device("cpu")))
     opt = pkg.module("strategies.optimizer").build_optimizer(model, run)
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] == 0.25 for p in g["params"]}
     assert id(model.wte.weight) not in decayed
@@ -325,7 +325,7 @@ def test_muon_steps_the_blocks_matrices_and_adamw_the_rest_at_the_derived_rates(
     model = pkg.module("models").build_model(cfg, VOCAB)
     optimizer = pkg.module("strategies.optimizer")
     opt = optimizer.build_optimizer(
-        model, pkg.distributed.resolve_run(cfg, pkg.distributed.one_process(torch.device("cpu")))
+        model, pkg.run_context.resolve_run(cfg, pkg.distributed.one_process(torch.device("cpu")))
     )
     names = {id(p): n for n, p in model.named_parameters()}
     grouped = [names[id(p)] for g in opt.param_groups for p in g["params"]]

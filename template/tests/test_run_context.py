@@ -1,4 +1,4 @@
-"""A run is resolved once: at its start training/train.py builds the Run (runtime/distributed.py
+"""A run is resolved once: at its start training/train.py builds the Run (runtime/run_context.py
 resolve_run: family, precision, device, parallel sizes, batch arithmetic) and everything below reads
 it. Read from the source (nothing imported but the package for one small Run):
 
@@ -16,7 +16,7 @@ import ast
 from pathlib import Path
 
 PACKAGE_DIR = next(p.parent for p in (Path(__file__).resolve().parents[1] / "src").glob("*/cli.py"))
-CONTEXT_MODULE = "runtime/distributed.py"  # resolve_run: the one place a run is resolved
+CONTEXT_MODULE = "runtime/run_context.py"  # resolve_run: the one place a run is resolved
 RESOLVERS = ("resolve_precision", "data_parallel_size")
 RUN_PATH = ("runtime", "checkpoints", "strategies", "training")
 # Functions on the run's path that look a family up for a config that is not the running one.
@@ -113,4 +113,4 @@ def test_a_tiny_cpu_run_resolves_to_fp32_and_the_data_parallel_share(pkg, cfg_wi
     assert run.precision == "fp32" and run.family.name == "gpt" and not run.is_main
     assert run.data_parallel_size == 8 // (cfg.parallel.tensor * cfg.parallel.pipeline)
     assert run.global_batch_size == run.micro_batch_size * run.grad_accum * run.data_parallel_size == 32
-    assert dist.resolve_run(cfg, info).grad_accum is None  # eval and sample take no optimizer steps
+    assert pkg.run_context.resolve_run(cfg, info).grad_accum is None  # eval and sample take no optimizer steps

@@ -29,9 +29,9 @@ from ..runtime.distributed import (
     autocast_context,
     init_distributed,
     print0,
-    resolve_run,
     shutdown,
 )
+from ..runtime.run_context import resolve_run
 from ..settings.bounds import count
 from ..settings.config import Config, ConfigError
 from . import tasks

@@ -23,7 +23,8 @@ import torch
 
 from ..data.tokens import bos_id, data_tokenizer
 from ..models.family import families, family
-from ..runtime.distributed import autocast_context, one_process, pick_device, resolve_run
+from ..runtime.distributed import autocast_context, one_process, pick_device
+from ..runtime.run_context import resolve_run
 from ..settings.bounds import ANY_TEXT, count, non_negative_float, non_negative_int
 from ..settings.config import Config, ConfigError
 from .trained_model import load_trained_model

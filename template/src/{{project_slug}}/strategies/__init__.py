@@ -7,7 +7,7 @@ backward and the optimizer step (accumulation, clipping), setting the learning r
 checkpoint format: writing it, resuming from it, and reading it back for eval and sample
 (read_checkpoint, which trained_model.py picks by what is on disk). train.py keeps the loop, the
 data stream, logging and evaluation. What each strategy keeps on a GPU and allows, for plan and
-check without torch: memory.py. run: runtime.distributed.Run, what the run is on this process,
+check without torch: memory.py. run: runtime.run_context.Run, what the run is on this process,
 resolved once at its start; the strategies read its family, precision and sizes (this package
 imports no torch until a strategy is built).
 """

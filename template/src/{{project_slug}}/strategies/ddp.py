@@ -18,7 +18,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..checkpoints import checkpoint, checkpoint_files
-from ..runtime.distributed import Run, print0, share_from_main
+from ..runtime.distributed import print0, share_from_main
+from ..runtime.run_context import Run
 from ..runtime.unrecoverable import raise_on_every_rank
 from ..settings.config import ConfigError
 from ..settings.precision import INITIAL_SCALE_POWER, SCALE_WINDOW

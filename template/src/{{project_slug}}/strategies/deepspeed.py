@@ -37,7 +37,8 @@ import torch
 
 from ..checkpoints import checkpoint, checkpoint_files, universal_checkpoint
 from ..runtime import faults
-from ..runtime.distributed import Run, barrier, gather_objects, print0, share_from_main
+from ..runtime.distributed import barrier, gather_objects, print0, share_from_main
+from ..runtime.run_context import Run
 from ..runtime.unrecoverable import raise_on_every_rank
 from ..settings.config import Config, ConfigError
 from ..settings.packages import require_package

@@ -17,7 +17,8 @@ import dataclasses
 
 import torch
 
-from ..runtime.distributed import Run, gpu_capability
+from ..runtime.distributed import gpu_capability
+from ..runtime.run_context import Run
 from ..settings import precision
 from ..settings.config import ConfigError
 from .common import compiled

@@ -28,7 +28,7 @@ import torch.utils.checkpoint
 
 from ..checkpoints import universal_checkpoint
 from ..models.family import PipelineLayers, family
-from ..runtime.distributed import Run
+from ..runtime.run_context import Run
 from ..settings.config import Config, ModelConfig
 from .common import clip_gradients, compiled, global_grad_norm, param_groups
 from .deepspeed import (

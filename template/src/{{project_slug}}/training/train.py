@@ -52,17 +52,16 @@ from ..planning.rules import at_world_size, require_valid, resolve_grad_accum, s
 from ..runtime import faults
 from ..runtime.distributed import (
     DistInfo,
-    Run,
     all_reduce_mean,
     autocast_context,
     collective_timeout,
     finish,
     init_distributed,
     print0,
-    resolve_run,
     share_from_main,
     shutdown,
 )
+from ..runtime.run_context import Run, resolve_run
 from ..runtime.unrecoverable import SharedFailure, raise_on_every_rank
 from ..settings.config import Config, ConfigError, changed, save_config
 from ..settings.precision import fp8_note
@@ -107,7 +106,7 @@ def run_training(cfg: Config) -> int:
 def start(cfg: Config, info: DistInfo) -> Run:
     """The run resolved once, before the folder is claimed (a mistake leaves no trace there): the
     config checked, at this world's global batch (batch.scaling=weak) and with the steps
-    schedule.epochs or tokens_per_param give; then what the run is here (distributed.resolve_run),
+    schedule.epochs or tokens_per_param give; then what the run is here (run_context.resolve_run),
     which everything below reads."""
     require_valid(cfg, info.world_size)
     cfg = at_world_size(cfg, info.world_size)
