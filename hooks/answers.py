@@ -126,8 +126,10 @@ def _family(model: str):
         return None
 
 
+@functools.cache
 def facts(model: str) -> dict:
-    """What copier.yml and the templates ask of a family instead of testing its name."""
+    """What copier.yml and the templates ask of a family instead of testing its name (asked dozens of
+    times a render: read once per family; the templates only read it)."""
     fam = _family(model) or package()["family"].Family(name=str(model), summary="", builder="")
     readme = PACKAGE_DIR / "models" / fam.name / "README.md.jinja"
     return {

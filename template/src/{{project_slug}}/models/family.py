@@ -318,7 +318,7 @@ class Family:
     # --- the model -----------------------------------------------------------------------------------
 
     def _function(self, named: str):
-        """The function "<module>:<function>" names, in the family's folder (or beside a one-file family)."""
+        """The function "<module>:<function>" names, in the family's folder."""
         module, _, function = named.partition(":")
         package = (_HOMES.get(self.name) or type(self).__module__).rpartition(".")[0]
         return getattr(importlib.import_module(f".{module}", package), function)
@@ -362,12 +362,10 @@ _HOMES: dict[str, str] = {}  # family name -> the module defining it (plain Fami
 
 @functools.cache
 def family_modules() -> tuple[str, ...]:
-    """The modules of models/ that define a family ("gpt3.descriptor", or "llama" for a one-file
-    family), found without importing them (once)."""
-    files = [*MODELS.glob(f"*/{DESCRIPTOR}.py"), *MODELS.glob("*.py")]
-    found = [p.relative_to(MODELS).with_suffix("").as_posix().replace("/", ".") for p in files
-             if _DEFINES_FAMILY.search(p.read_text())]  # fmt: skip
-    return tuple(sorted(found))
+    """The descriptor modules of models/ that define a family ("gpt3.descriptor"), found without
+    importing them (once)."""
+    files = MODELS.glob(f"*/{DESCRIPTOR}.py")
+    return tuple(sorted(f"{p.parent.name}.{DESCRIPTOR}" for p in files if _DEFINES_FAMILY.search(p.read_text())))
 
 
 def families() -> dict[str, Family]:
@@ -390,10 +388,8 @@ def family(name: str) -> Family:
     if name in _FOUND:
         return _FOUND[name]
     modules = family_modules()
-    for module in (m for m in (f"{name}.{DESCRIPTOR}", name) if m in modules):
-        found = _load(module)
-        if found.name == name:
-            return found
+    if f"{name}.{DESCRIPTOR}" in modules and (found := _load(f"{name}.{DESCRIPTOR}")).name == name:
+        return found
     names = sorted({*_FOUND, *(m.removesuffix(f".{DESCRIPTOR}") for m in modules)})
     raise ConfigError(
         f"model.arch={name!r} is not a model family; use one of {', '.join(names)} "

@@ -2,7 +2,7 @@
 ZeRO-3, 2 processes, Gloo), eval, fill-mask sampling, fine-tuning from a local folder, and the
 masked batches being a pure function of the sequence index.
 
-    python -m pytest -q tests/test_bert.py       # about 2 minutes on 2 cores
+    python -m pytest -q src/<package>/models/bert/tests/test_bert.py       # about 2 minutes on 2 cores
 
 Every setting that matters is pinned here (BERT), so edits to config/train.yaml do not change the
 tests. Measured on a 2-core CPU: the logged loss falls from 7.48 (step 5) to 6.21 (step 40), a
@@ -293,7 +293,7 @@ def test_masked_batches_are_a_pure_function_of_the_index(pkg, tmp_path, bert_dat
     for a, b in zip(one, two):
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     # The masking itself: [CLS] ... [SEP], 10 of 64 positions predicted in every row (80% [MASK], 10%
-    # random, 10% kept), specials never (tests/test_bert_input.py checks the recipe on rows made for it).
+    # random, 10% kept), specials never (test_bert_input.py beside it checks the recipe on rows made for it).
     xs, ys = first.batch(0, 200)
     original = torch.stack([torch.from_numpy(first.tokens(i)) for i in range(200)])
     assert (original[:, 0] == 2).all() and (original[:, -1] == 3).all()

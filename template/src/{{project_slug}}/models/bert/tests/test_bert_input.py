@@ -2,7 +2,7 @@
 predictions per row, and a micro batch of the default shape (16 x 512) is read and masked in under
 5% of the GPU step it feeds.
 
-    python -m pytest -q tests/test_bert_input.py      # seconds; no data to prepare
+    python -m pytest -q src/<package>/models/bert/tests/test_bert_input.py      # seconds; no data to prepare
 
 The budget: BERT-large's forward and backward on a 16 x 512 micro batch in bf16 is estimated at
 about 28 ms on one H100 (transformers' BertForMaskedLM with SDPA; the template's roofline estimate,

@@ -1,6 +1,6 @@
 """model.arch=gpt3 layouts on CPU: real DeepSpeed pipeline engine and tensor-parallel layers under torchrun.
 
-    python -m pytest -q tests/test_gpt3.py      # about 1-2 min on two cores
+    python -m pytest -q src/<package>/models/gpt3/tests/test_gpt3.py      # about 1-2 min on two cores
 
 Every layout seeds layer i with run.seed + i, so all of them start from the same weights and see
 the same global batches: pipeline 2, tensor 2 and pipeline 2 x data 2 must reproduce the
