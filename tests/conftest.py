@@ -87,8 +87,9 @@ def git(cwd: Path, *args: str) -> str:
 # Tests that share a service one per machine run one after another on one worker (a scope of
 # GroupScheduling each), by node id prefix: the Slurm cluster, podman's API with the registry on :5000,
 # Open MPI (mpirun and its stand-in hosts share /tmp), Ray (`ray stop --force` ends every Ray cluster
-# here). Every other test is a scope of its own. (Two "lanes" that held all the long work, one per
-# worker, were slower: the short tests waited for a lane to end, and the two CPU-bound lanes fought.)
+# here); and tests that read one costly module fixture, made once that way. Every other test is a
+# scope of its own. (Two "lanes" that held all the long work, one per worker, were slower: the short
+# tests waited for a lane to end, and the two CPU-bound lanes fought.)
 GROUPS = {
     "slurm": ["tests/test_slurm.py"],
     "registry": ["tests/test_image_build.py"],
@@ -98,6 +99,8 @@ GROUPS = {
         "tests/test_tione.py::test_mpi_",
     ],
     "ray": ["tests/test_tione.py::test_ray_on_a_cluster", "tests/test_tione.py::test_ray_script"],
+    # One worker trains test_tione.py's ddp_task run once for the tests that read it.
+    "tione-ddp": ["tests/test_tione.py::test_ddp_task_", "tests/test_tione.py::test_status_of_a_task_the_api"],
 }
 
 

@@ -1228,3 +1228,58 @@ def test_status_logs_cancel_without_a_recorded_task_are_one_line(api_projects, e
         line = one_line_error(tione(project, env, "--action", action, "--endpoint", endpoint.url))
         assert "no tione job submitted from this project yet" in line and "--id" in line, line
     assert endpoint.calls == []
+
+
+def test_status_of_a_task_the_api_no_longer_has_answers_from_the_records(api_projects, endpoint, ddp_task, tmp_path):
+    """A task deleted from TI-ONE after it ended: status answers from what the project holds, and says
+    so: the state status last saw, the last training line and last word logs printed, and the run
+    folder (here the storage is mounted on this machine: ddp_task's finished 8-step run). A task of
+    which the project holds nothing is exit 1, said in words."""
+    root, _, straight = ddp_task
+    run_dir = root / "straight"
+    project = fresh_project(api_projects, "ddp", tmp_path)
+    mount_storage_at(project, root)
+    env = api_env(project, tmp_path / "home")
+    task_id = submit(project, env, endpoint, f"run.output_dir={run_dir}", "schedule.max_steps=8")
+    assert (
+        recorded(project)[-1]["extra"] | {"output_dir": str(run_dir), "max_steps": 8} == recorded(project)[-1]["extra"]
+    )
+    instance, pod = f"{task_id}-run1", f"{task_id}-worker-0"
+    endpoint.tasks[task_id].update(Status="RUNNING", LatestInstanceId=instance, StartTime=rfc3339(T0))
+    training = "step      8/8 | loss 6.1234 | lr 3.00e-04 | 1,234 tok/s | 120 ms/step"
+    done = f"done: metrics in {run_dir}/metrics.jsonl, checkpoints in {run_dir}/checkpoints"
+    endpoint.logs[instance] = [
+        log_line(instance, 1, pod, "[default0]:step      4/8 | loss 7.0000 | lr 3.00e-04 | 1,200 tok/s | 121 ms/step"),
+        log_line(instance, 2, pod, f"[default0]:{training}"),
+        log_line(instance, 3, pod, f"[default0]:{done}"),
+    ]
+    assert tione(project, env, "--action", "logs").returncode == 0
+    endpoint.tasks[task_id]["Status"] = "SUCCEED"
+    assert "  state:    SUCCEED (succeeded)\n" in tione(project, env, "--action", "status").stdout
+    del endpoint.tasks[task_id]  # deleted in the console
+
+    result = tione(project, env, "--action", "status")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(f"tione job {task_id} ("), lines
+    assert lines[1].startswith(f"  TI-ONE has no task {task_id} in {REGION} any more (deleted, or created in"), lines
+    assert "ResourceNotFound" in lines[1], lines
+    assert lines[2] == "  from this project's records:", lines
+    assert re.fullmatch(r"  last seen: SUCCEED at \S+Z \(--action status\)", lines[3]), lines
+    assert lines[4:7] == [f"  last line: {training}", f"  last word: {done}", f"  run folder: {run_dir}"], lines
+    trained = losses(run_dir)
+    assert lines[7].startswith(f"  latest: step      8/8 | loss {trained[8][0]:.4f} | "), lines
+    assert sorted(trained) == sorted(straight) == [2, 4, 6, 8]
+    validation = [record for record in metrics(run_dir) if "val_loss" in record][-1]  # the run's final evaluation
+    assert lines[8:] == [
+        f"  validation: step 8, loss {validation['val_loss']:.4f}",
+        f"  checkpoint: {run_dir / 'checkpoints' / 'step_00000008.pt'}",
+        "  finished: reached max_steps 8",
+    ], lines
+
+    # A task the API never had and this project holds nothing of: exit 1, in words.
+    nothing = tione(project, env, "--action", "status", "--id", "train-never", "--endpoint", endpoint.url)
+    assert nothing.returncode == 1, nothing.stdout + nothing.stderr
+    assert nothing.stdout.splitlines()[-1] == (
+        "  and this project holds nothing of it: no status or logs seen, no log line, no run folder here"
+    ), nothing.stdout

@@ -22,6 +22,7 @@ from typing import ClassVar
 from ..settings.bounds import job_name
 from ..settings.config import Config, ConfigError
 from . import jobs
+from .job_history import LogWatcher
 from .jobs import Job
 
 ACTIONS = ("submit", "status", "logs", "cancel")
@@ -166,9 +167,12 @@ def tail_lines(path: Path, count: int) -> str:
         return ""
 
 
-def print_file(path: Path, follow: bool, running: Callable[[], bool], poll_seconds: float = 2.0) -> None:
+def print_file(
+    path: Path, follow: bool, running: Callable[[], bool], poll_seconds: float = 2.0, watcher: LogWatcher | None = None
+) -> None:
     """Print a log file; with follow, keep printing what is appended while running() says so (and
-    once more after it ends, for the last lines). A file that does not exist yet is waited for."""
+    once more after it ends, for the last lines). A file that does not exist yet is waited for.
+    The watcher, if given, sees every chunk printed."""
     offset = 0
     while True:
         alive = running() if follow else False
@@ -180,8 +184,11 @@ def print_file(path: Path, follow: bool, running: Callable[[], bool], poll_secon
         except FileNotFoundError:
             chunk = b""
         if chunk:
-            sys.stdout.write(chunk.decode("utf-8", errors="replace"))
+            text = chunk.decode("utf-8", errors="replace")
+            sys.stdout.write(text)
             sys.stdout.flush()
+            if watcher is not None:
+                watcher.feed(text)
         if not alive:
             return
         time.sleep(poll_seconds)

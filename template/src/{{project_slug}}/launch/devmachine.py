@@ -23,11 +23,10 @@ from functools import partial
 from pathlib import Path
 
 from ..cluster.torchrun import run_torchrun, train_entry
-from ..data.epochs import steps_where_known
 from ..settings.bounds import count, count_in, host, node_count, non_negative_int, positive_float, tcp_port
 from ..settings.config import Config, ConfigError, under_root
 from ..settings.topology import Topology, default_nproc
-from . import deepspeed_launcher, jobs
+from . import deepspeed_launcher, job_history, jobs
 from .base import Platform, print_file
 from .jobs import Job
 
@@ -68,7 +67,7 @@ def process_alive(pid: int) -> bool:
 
 class DevMachine(Platform):
     name = "devmachine"
-    extra_fields = {"output_dir": str, "how": str, "max_steps": (int, None)}
+    extra_fields = {"how": str, **job_history.RUN_FIELDS}
     needs_launch_files = False  # torchrun needs nothing generated; launch/devmachine/ only holds scripts
 
     @staticmethod
@@ -125,12 +124,7 @@ class DevMachine(Platform):
                 f"{host}:{os.getpid()}",
                 name=self.args.name or host,
                 where=host,
-                extra={
-                    "output_dir": str(under_root(self.cfg.run.output_dir)),
-                    "how": how,
-                    # schedule.epochs: the steps the prepared data gives (None until it is prepared)
-                    "max_steps": steps_where_known(self.cfg, under_root(self.cfg.data.dir))[0].schedule.max_steps,
-                },
+                extra={"how": how, **job_history.run_fields(self.cfg, under_root(self.cfg.run.output_dir))},
             )
         )
 
@@ -148,12 +142,9 @@ class DevMachine(Platform):
         return pid is not None and process_alive(pid)
 
     def status(self, job: Job) -> int:
-        from ..checkpoints.checkpoint_files import named_by_latest
         from ..cluster.local_ranks import descends_from, find_ranks
-        from ..training.metrics import format_step, latest_records
-        from ..training.preemption import read_marker
 
-        output_dir = Path(job.extra.get("output_dir") or under_root(self.cfg.run.output_dir))
+        output_dir = job_history.run_folder(job, under_root(self.cfg.run.output_dir))
         print(job.describe())
         pid = self._pid_here(job)
         if pid is None:
@@ -163,21 +154,12 @@ class DevMachine(Platform):
             print(f"  process: running (launcher pid {pid}; {len(ranks)} training process(es) on this machine)")
         else:
             print(f"  process: not running (launcher pid {pid} has exited)")
-        train, val = latest_records(output_dir)
-        max_steps = job.extra.get("max_steps") or self.cfg.schedule.max_steps or "?"
-        print(
-            f"  latest: {format_step(train, max_steps)}"
-            if train
-            else f"  latest: no step logged yet in {output_dir}/metrics.jsonl"
-        )
-        if val:
-            print(f"  validation: step {val['step']}, loss {val['val_loss']:.4f}")
-        latest = named_by_latest(output_dir / "checkpoints")  # None when damaged
-        if latest is not None:
-            print(f"  checkpoint: {latest}")
-        stop = read_marker(output_dir, since=0.0)  # a damaged marker is a warning
-        if stop:
-            print(f"  stopped by {stop['signal']} at step {stop['step']} (saved; run again to resume)")
+        max_steps = job.extra.get("max_steps") or self.cfg.schedule.max_steps
+        lines = job_history.run_lines(output_dir, max_steps)
+        if not any(line.startswith("latest: ") for line in lines):
+            print(f"  latest: no step logged yet in {output_dir}/metrics.jsonl")
+        for line in lines:
+            print(f"  {line}")
         return 0
 
     def logs(self, job: Job) -> int:

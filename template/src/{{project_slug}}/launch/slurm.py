@@ -44,7 +44,7 @@ from ..planning.slurm_partition import partition_problem, requested
 from ..runtime import process_exit
 from ..settings.bounds import count_in, scheduler_option, signal_name, slurm_name, slurm_time
 from ..settings.config import Config, ConfigError, project_root, under_root
-from . import code_copy, jobs
+from . import code_copy, job_history, jobs
 from .base import Platform, print_file, tail_lines
 from .deepspeed_launcher import LAUNCHER
 from .jobs import Job
@@ -218,6 +218,14 @@ def accounting_fields(job_id: str) -> dict[str, str]:
     return dict(zip(columns, lines[-1].split("|"))) if lines else {}
 
 
+def state_words(state: dict[str, str]) -> str | None:
+    """A job's state as a record keeps it: RUNNING, or CANCELLED exit 143:0 once it ended."""
+    name = state.get("JobState")
+    if not name:
+        return None
+    return name if name in ACTIVE else f"{name} exit {state.get('ExitCode', '?')}"
+
+
 def require_slurm(program: str) -> None:
     if shutil.which(program) is None:
         raise ConfigError(
@@ -239,7 +247,7 @@ def cluster_name() -> str:
 class Slurm(Platform):
     name = "slurm"
     action_options = {"signal": ("--signal", ("cancel",)), "wait": ("--wait", ("submit",))}
-    extra_fields = {"script": str, "stdout": str, "stderr": str}
+    extra_fields = {"script": str, "stdout": str, "stderr": str, **job_history.RUN_FIELDS}
     add_arguments = staticmethod(add_arguments)
 
     def _command(self) -> tuple[Path, list[str]]:
@@ -314,7 +322,12 @@ class Slurm(Platform):
             name=fields.get("JobName", args.name or ""),
             where=cluster_name(),
             code_copy=str(copy or ""),
-            extra={"script": str(relative), "stdout": stdout, "stderr": stderr},
+            extra={
+                "script": str(relative),
+                "stdout": stdout,
+                "stderr": stderr,
+                **job_history.run_fields(cfg, under_root(cfg.run.output_dir)),
+            },
         )
         jobs.record(job)
         print(f"submitted job {job_id}\n  log:    {stdout}\n  errors: {stderr}", flush=True)
@@ -380,21 +393,26 @@ class Slurm(Platform):
         state = self._state(job)
         if not state:
             log = job.extra.get("stdout")
-            print(
-                f"  Slurm does not know job {job.id}: a mistyped id, or it ended more than MinJobAge ago on a cluster "
-                "without accounting (`squeue --me` lists your jobs)" + (f"; its log: {log}" if log else "")
+            return job_history.answer_from_records(
+                job,
+                f"Slurm no longer knows job {job.id}: it ended more than MinJobAge ago on a cluster without "
+                "accounting, or the id is mistyped (`squeue --me` lists your jobs)",
+                log=Path(log) if log else None,
+                # Records before output_dir was kept: the log lies in <output_dir>/slurm/.
+                output_dir=job_history.run_folder(job, Path(log).parent.parent if log else None),
             )
-            return 1
         reason = state.get("Reason", "None")
+        ended = state.get("JobState") not in ACTIVE
         print(f"  state:    {state.get('JobState')}" + (f" ({reason})" if reason not in ("None", "") else ""))
         print(f"  nodes:    {state.get('NumNodes', '?')} {state.get('NodeList', '')}".rstrip())
         print(
             f"  elapsed:  {state.get('RunTime', '?')}" + (f" of {state['TimeLimit']}" if state.get("TimeLimit") else "")
         )
         print(f"  requeued: {state.get('Restarts', '0')} time(s)")
-        if state.get("JobState") not in ACTIVE:
+        if ended:
             print(f"  exit:     {state.get('ExitCode', '?')} (code:signal)")
         print(f"  log:      {state.get('StdOut') or job.extra.get('stdout', '?')}")
+        job_history.remember(job, "status", state_words(state))
         return 0
 
     def logs(self, job: Job) -> int:
@@ -409,13 +427,18 @@ class Slurm(Platform):
             )
 
         def running() -> bool:
-            return self._state(job).get("JobState") in ACTIVE
+            state.clear()
+            state.update(self._state(job))
+            return state.get("JobState") in ACTIVE
 
+        watcher = job_history.LogWatcher()
         print(f"--- {out}", file=sys.stderr, flush=True)
         try:
-            print_file(Path(out), self.args.follow, running)
+            print_file(Path(out), self.args.follow, running, watcher=watcher)
         except KeyboardInterrupt as exc:
             return process_exit.interrupted_code(exc)
+        finally:
+            job_history.remember(job, "logs", state_words(state), watcher)
         if err and err != out and Path(err).is_file() and Path(err).stat().st_size:
             print(f"--- {err}", file=sys.stderr, flush=True)
             print_file(Path(err), False, running)

@@ -21,6 +21,7 @@ import yaml
 
 from ...settings.config import ConfigError
 from ...settings.packages import require_package
+from ..job_history import LogWatcher
 
 REQUEST_TIMEOUT = 30  # seconds for one API call (not for streaming logs)
 
@@ -137,13 +138,16 @@ class Cluster:
         self.group, self.version, self.plural = resource(manifest)
         self.host = self.api_client.configuration.host
 
-    def call(self, what: str, fn, *a, **kw):
+    def call(self, what: str, fn, *a, absent_ok: bool = False, **kw):
+        """fn(*a, **kw); absent_ok: None when the API server has no such object (HTTP 404)."""
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
         try:
             return fn(*a, **kw)
         except ApiException as exc:
+            if absent_ok and exc.status == 404:
+                return None
             raise self.explain(what, exc) from None
         except (HTTPError, OSError) as exc:
             raise ConfigError(
@@ -213,6 +217,17 @@ class Cluster:
         )
 
     def get(self) -> dict:
+        job = self.find()
+        if job is None:
+            raise ConfigError(
+                f"{self.kind} {self.namespace}/{self.name} not found: submit it first, or pass the --namespace/"
+                f"--name it was submitted with (`kubectl get {self.plural} -A` lists them)"
+            )
+        return job
+
+    def find(self) -> dict | None:
+        """The job as the API server has it; None when it has none of that name (never submitted, or
+        deleted: by its TTL after it ended, by `--action cancel`, by hand)."""
         return self.call(
             "read",
             self.custom().get_namespaced_custom_object,
@@ -221,6 +236,7 @@ class Cluster:
             self.namespace,
             self.plural,
             self.name,
+            absent_ok=True,
             _request_timeout=REQUEST_TIMEOUT,
         )
 
@@ -265,7 +281,8 @@ class Cluster:
         # After a restart the newest pod is the live one.
         return max(pods, key=lambda p: p.metadata.creation_timestamp) if pods else None
 
-    def stream_log(self, pod: str, container: str, follow: bool) -> None:
+    def stream_log(self, pod: str, container: str, follow: bool, watcher: LogWatcher | None = None) -> None:
+        """Print the pod's log (with follow: until the container ends); the watcher sees what is printed."""
         response = self.call(
             "read the log of",
             self.core().read_namespaced_pod_log,
@@ -277,7 +294,10 @@ class Cluster:
         )
         try:
             for chunk in response.stream(64 * 1024):
-                sys.stdout.write(chunk.decode("utf-8", errors="replace"))
+                text = chunk.decode("utf-8", errors="replace")
+                sys.stdout.write(text)
                 sys.stdout.flush()
+                if watcher is not None:
+                    watcher.feed(text)
         finally:
             response.release_conn()

@@ -33,7 +33,7 @@ from ...runtime import process_exit
 from ...settings.bounds import kubernetes_name, non_negative_float, non_negative_int
 from ...settings.config import ConfigError, project_root
 from ...settings.stored_files import read_yaml
-from .. import code_copy, jobs
+from .. import code_copy, job_history, jobs
 from ..base import Platform
 from ..jobs import Job
 from .kubernetes_api import Cluster, context_problem
@@ -176,8 +176,7 @@ def prepared_manifest(args: Namespace) -> dict:
 # --- Actions ---------------------------------------------------------------------------------------
 
 
-def status(cluster: Cluster) -> int:
-    job = cluster.get()
+def status(cluster: Cluster, job: dict) -> int:
     state = job.get("status") or {}
     conditions = state.get("conditions") or []
     print(f"{cluster.kind} {cluster.namespace}/{cluster.name}")
@@ -197,7 +196,18 @@ def status(cluster: Cluster) -> int:
     return 0
 
 
-def logs(cluster: Cluster, args: Namespace) -> int:
+def state_words(job: dict) -> str | None:
+    """The job's state as a record keeps it: its newest true condition (Created, Running, Restarting,
+    Succeeded, Failed, Suspended) with that condition's reason."""
+    true = [c for c in (job.get("status") or {}).get("conditions") or [] if c.get("status") == "True"]
+    if not true:
+        return None
+    newest = max(true, key=lambda c: c.get("lastTransitionTime") or "")
+    return newest.get("type", "?") + (f" ({newest['reason']})" if newest.get("reason") else "")
+
+
+def logs(cluster: Cluster, args: Namespace, record: Job | None = None) -> int:
+    """Node `--node-rank`'s pod log; what it shows of training is kept in the record's history."""
     nodes, _ = node_count(cluster.manifest)
     node_rank = args.node_rank or 0
     wait = LOGS_WAIT_SECONDS if args.wait is None else args.wait
@@ -208,7 +218,7 @@ def logs(cluster: Cluster, args: Namespace) -> int:
         )
     if not 0 <= node_rank < nodes:
         raise ConfigError(f"--node-rank {node_rank} must be between 0 and {nodes - 1} for this {nodes}-node job")
-    cluster.get()  # a clear "not found" before waiting for pods
+    job = cluster.get()  # a clear "not found" before waiting for pods
     selector, container = cluster.node_selector(node_rank)
     deadline = time.monotonic() + wait
     said = None
@@ -230,10 +240,14 @@ def logs(cluster: Cluster, args: Namespace) -> int:
             said = phase
         time.sleep(POLL_SECONDS)
     print(f"--- {pod.metadata.name} ({phase})", file=sys.stderr, flush=True)
+    watcher = job_history.LogWatcher()
     try:
-        cluster.stream_log(pod.metadata.name, container, args.follow)
+        cluster.stream_log(pod.metadata.name, container, args.follow, watcher)
     except KeyboardInterrupt as exc:
         return process_exit.interrupted_code(exc)
+    finally:
+        if record is not None:
+            job_history.remember(record, "logs", state_words(job), watcher)
     return 0
 
 
@@ -264,7 +278,7 @@ def run_from_copy(manifest: dict, copy: Path, image: str | None, package: str) -
 class Kubeflow(Platform):
     name = "kubeflow"
     action_options = {"node_rank": ("--node-rank", ("logs",)), "wait": ("--wait", ("logs",))}
-    extra_fields = {"manifest": str, "kind": str, "namespace": str}
+    extra_fields = {"manifest": str, "kind": str, "namespace": str, **job_history.RUN_FIELDS}
     add_arguments = staticmethod(add_arguments)
 
     def _manifest(self) -> tuple[dict, Path | None]:
@@ -306,7 +320,12 @@ class Kubeflow(Platform):
             where=cluster.host,
             image=first_image(manifest),
             code_copy=str(copy or ""),
-            extra={"manifest": self.args.manifest, "kind": cluster.kind, "namespace": cluster.namespace},
+            extra={
+                "manifest": self.args.manifest,
+                "kind": cluster.kind,
+                "namespace": cluster.namespace,
+                **job_history.run_fields(self.cfg),
+            },
         )
         jobs.record(job)
         nodes, nproc = node_count(manifest)
@@ -346,10 +365,22 @@ class Kubeflow(Platform):
     def status(self, job: Job) -> int:
         if job.submitted:
             print(job.describe())
-        return status(self._cluster(job))
+        cluster = self._cluster(job)
+        found = cluster.find()
+        if found is None:
+            return job_history.answer_from_records(
+                job,
+                f"the cluster has no {cluster.kind} {cluster.namespace}/{cluster.name}: deleted (by its TTL after "
+                "it ended, by `--action cancel`, by hand) or never submitted there "
+                f"(`kubectl get {cluster.plural} -A` lists them)",
+                output_dir=job_history.run_folder(job),
+            )
+        code = status(cluster, found)
+        job_history.remember(job, "status", state_words(found))
+        return code
 
     def logs(self, job: Job) -> int:
-        return logs(self._cluster(job), self.args)
+        return logs(self._cluster(job), self.args, job)
 
     def cancel(self, job: Job) -> int:
         return cancel(self._cluster(job))

@@ -39,7 +39,7 @@ from ...settings.bounds import endpoint as api_endpoint
 from ...settings.config import ConfigError, project_root
 from ...settings.packages import require_package
 from ...settings.topology import tione_variables
-from .. import code_copy, jobs
+from .. import code_copy, job_history, jobs
 from ..base import Platform
 from ..jobs import Job
 from .console import print_console_settings, start_script
@@ -57,6 +57,14 @@ STATES = {
     "SUBMIT_FAILED": "submission failed",
 }
 ACTIVE = {"SUBMITTING", "STARTING", "RUNNING", "STOPPING"}
+# The error codes (tione 2021-11-11's errorcodes) of a task the API does not have (any more).
+NOT_FOUND = ("ResourceNotFound", "FailedOperation.RecordNotFound")
+
+
+class TaskNotFound(ConfigError):
+    """The API has no task of that id: deleted, or of another region or project."""
+
+
 POLL_SECONDS = 5
 
 
@@ -159,7 +167,7 @@ class Api:
                     "network (or --endpoint)"
                 ) from None
             fix = " (the secret id/key are wrong or expired)" if code and code.startswith("AuthFailure") else ""
-            raise ConfigError(
+            raise (TaskNotFound if code in NOT_FOUND else ConfigError)(
                 f"TI-ONE {action} failed: {code}: {message}{fix}"
                 + (f" (request id {request_id})" if request_id else "")
             ) from None
@@ -198,10 +206,15 @@ def image_type(image: str) -> str:
     return "TCR" if registry.endswith(".tencentcloudcr.com") else "CUSTOM"
 
 
+def state_words(detail) -> str:
+    """A task's state as a record keeps it: RUNNING, or FAILED with its reason."""
+    return (detail.Status or "?") + (f" ({detail.FailureReason})" if detail.FailureReason else "")
+
+
 class Tione(Platform):
     name = "tione"
     action_options = {"pod": ("--pod", ("logs",))}
-    extra_fields = {"region": str, "endpoint": str, "project": str, "mode": (str, None)}
+    extra_fields = {"region": str, "endpoint": str, "project": str, "mode": (str, None), **job_history.RUN_FIELDS}
     add_arguments = staticmethod(add_arguments)
 
     @property
@@ -292,6 +305,7 @@ class Tione(Platform):
                 "endpoint": endpoint or "",
                 "project": request.get("TiProjectId") or "",
                 "mode": request.get("TrainingMode"),
+                **job_history.run_fields(self.cfg),
             },
         )
         jobs.record(job)
@@ -315,7 +329,17 @@ class Tione(Platform):
 
     def status(self, job: Job) -> int:
         api, scope = self._api(job)
-        detail = self._detail(api, scope, job)
+        try:
+            detail = self._detail(api, scope, job)
+        except TaskNotFound as exc:
+            if job.submitted:
+                print(job.describe())
+            return job_history.answer_from_records(
+                job,
+                f"TI-ONE has no task {job.id} in {api.region} any more (deleted, or created in another region or "
+                f"project): {exc}",
+                output_dir=job_history.run_folder(job),
+            )
         if job.submitted:
             print(job.describe())
         state = detail.Status or "?"
@@ -340,6 +364,7 @@ class Tione(Platform):
         ):
             if text:
                 print(f"  {label + ':':<9} {text}")
+        job_history.remember(job, "status", state_words(detail))
         return 0
 
     def logs(self, job: Job) -> int:
@@ -364,17 +389,22 @@ class Tione(Platform):
             return process_exit.interrupted_code(exc)
         start = detail.StartTime or detail.CreateTime or rfc3339(datetime.now(timezone.utc) - timedelta(hours=1))
         seen: set[str] = set()
+        watcher = job_history.LogWatcher()
         try:
             while True:
-                start = self._log_pages(api, scope, detail.LatestInstanceId, start, seen)
+                start = self._log_pages(api, scope, detail.LatestInstanceId, start, seen, watcher)
                 if not self.args.follow or detail.Status not in ACTIVE:
                     return 0
                 time.sleep(POLL_SECONDS)
                 detail = self._detail(api, scope, job)
         except KeyboardInterrupt as exc:
             return process_exit.interrupted_code(exc)
+        finally:
+            job_history.remember(job, "logs", state_words(detail), watcher)
 
-    def _log_pages(self, api: Api, scope: dict, instance: str, start: str, seen: set[str]) -> str:
+    def _log_pages(
+        self, api: Api, scope: dict, instance: str, start: str, seen: set[str], watcher: job_history.LogWatcher
+    ) -> str:
         """Print every log line from `start` to now, page by page (DescribeLogs' Context); returns the
         newest timestamp printed, where the next poll starts (lines seen already are skipped)."""
         fields = {
@@ -398,6 +428,7 @@ class Tione(Platform):
                 seen.add(key)
                 newest = max(newest, line.Timestamp or newest, key=instant)
                 print(f"[{line.PodName}] {line.Message}" if line.PodName else line.Message, flush=True)
+                watcher.feed(f"{line.Message}\n")
             if not page.Content or not page.Context:
                 return newest
             fields["Context"] = page.Context
