@@ -172,7 +172,9 @@ def test_submit_refusals_are_one_line_fixes(project, kube, tmp_path):
     wrong = cli_env(project, None, tmp_path / "wrong")
     wrong["KUBECONFIG"] = str(kube.kubeconfig(tmp_path / "wrong" / "kubeconfig", token="expired"))
     error = one_line_error(launch(project, wrong, "--name", "expired"))
-    assert error.startswith("error: not allowed to submit PyTorchJob default/expired: Unauthorized."), error
+    assert error.startswith("error: the API server at http://127.0.0.1:"), error
+    assert "did not accept your credentials to submit PyTorchJob default/expired (Unauthorized)" in error, error
+    assert "RBAC" not in error, error
     # A cluster without Kubeflow Trainer: the plural is not served.
     with FakeKubernetes(resources={"pytorchjobs.kubeflow.org/v1"}) as bare:
         error = one_line_error(
@@ -294,6 +296,15 @@ def test_logs_of_each_node_and_follow_until_the_pod_ends(project, kube, tmp_path
     assert queries(kube, "GET", "/api/v1/namespaces/default/pods/lg-1-worker-0/log") == [
         {"container": "pytorch", "follow": "false"}
     ]
+    # The pod replaced between the listing and the read: said of the pod, not as a missing job.
+    kube.errors["log"] = (404, "NotFound", 'pods "lg-1-worker-0" not found')
+    gone = launch(project, env, "--action", "logs", "--name", "lg-1", "--node-rank", "1")
+    assert gone.returncode == 1 and gone.stdout == "", gone.stdout + gone.stderr
+    assert gone.stderr.splitlines()[1:] == [
+        'error: the pod of PyTorchJob default/lg-1 is gone (pods "lg-1-worker-0" not found): it was replaced or '
+        "the job ended; `--action status` shows the pods there are now"
+    ], gone.stderr
+    del kube.errors["log"]
 
     # --follow prints each line as the pod writes it and ends when the pod does.
     proc = subprocess.Popen(
@@ -372,7 +383,7 @@ def test_trainjob_status_logs_and_cancel(project, kube, tmp_path):
 
     # The actions find the kind in the record: no --manifest needed.
     out = ok(launch(project, env, "--action", "status", "--name", "tj-1"))
-    assert "TrainJob default/tj-1\n" in out and "  no conditions yet" in out, out
+    assert "TrainJob default/tj-1\n" in out and "no conditions yet" not in out, out  # its replicas say it runs
     assert "  node: ready 2, succeeded 0, failed 0, active 2, suspended 0\n" in out, out
     assert "  tj-1-node-0-1-fghij  Running" in out, out
     assert queries(kube, "GET", "/api/v1/namespaces/default/pods")[0] == {

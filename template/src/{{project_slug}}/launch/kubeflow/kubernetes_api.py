@@ -179,12 +179,23 @@ class Cluster:
                 f"the cluster does not know {self.plural}.{self.group}/{self.version}: install "
                 f"{operator}, see launch/kubeflow/README.md ({message})"
             )
+        if exc.status == 404 and what == "read the log of":  # the pod went between listing and reading
+            return ConfigError(
+                f"the pod of {job} is gone ({message}): it was replaced or the job ended; "
+                "`--action status` shows the pods there are now"
+            )
         if exc.status == 404:
             return ConfigError(
                 f"{job} not found ({message}): submit it first, or pass the --namespace/--name it "
                 f"was submitted with (`kubectl get {self.plural} -A` lists them)"
             )
-        if exc.status in (401, 403):
+        if exc.status == 401:  # who you are was not accepted: credentials, not rights
+            return ConfigError(
+                f"the API server at {self.host} did not accept your credentials to {what} {job} ({message}): "
+                "the kubeconfig's token or certificate is wrong or expired; log in again (your cluster's "
+                "login command, or a fresh kubeconfig)"
+            )
+        if exc.status == 403:
             return ConfigError(
                 f"not allowed to {what} {job}: {message}. Ask for RBAC rights on {self.plural}."
                 f"{self.group} (and pods, pods/log) in namespace {self.namespace}"

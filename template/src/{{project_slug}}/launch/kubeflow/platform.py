@@ -180,7 +180,7 @@ def status(cluster: Cluster, job: dict) -> int:
     state = job.get("status") or {}
     conditions = state.get("conditions") or []
     print(f"{cluster.kind} {cluster.namespace}/{cluster.name}")
-    if not conditions:
+    if not conditions and not (state.get("replicaStatuses") or state.get("jobsStatus")):
         print("  no conditions yet (the operator has not picked the job up: is it running?)")
     for c in conditions:
         print(
