@@ -24,7 +24,8 @@ sbatch --wait (Slurm 22.05, measured) keeps waiting while a requeued job is pend
 and returns the final run's exit status; the end line counts the restarts.
 
 Status reads `scontrol show job` (Slurm keeps a job there MinJobAge seconds, 300 by default, after it
-ends), then `sacct` where the cluster keeps accounting.
+ends), then `sacct` where the cluster keeps accounting, then what the project holds of it
+(job_history.py: the state last seen, its log, its run folder).
 """
 
 from __future__ import annotations
