@@ -95,8 +95,31 @@ def remember(job: Job, action: str, state: str | None = None, watcher: LogWatche
         path.parent.mkdir(exist_ok=True)
         with open(path, "a") as f:
             f.write(json.dumps(entry) + "\n")
+            grown = f.tell() > COMPACT_BYTES
+        if grown:
+            compact(path)
     except OSError:
         pass  # the answer was printed; only a later answer from the records misses it
+
+
+# `watch launch slurm --action status` appends a line every few seconds: past this size the file is
+# rewritten with one line per job (its newest state, line and end).
+COMPACT_BYTES = 1 << 20
+
+
+def compact(path: Path) -> None:
+    records, _ = read_json_lines(path, SEEN_KEYS, SEEN_OPTIONAL)
+    merged: dict[str, dict] = {}
+    for entry in records:
+        kept = merged.setdefault(entry["id"], {})
+        if entry.get("state"):
+            kept.update(id=entry["id"], at=entry["at"], action=entry.get("action", ""), state=entry["state"])
+        kept.update({key: entry[key] for key in ("line", "end") if entry.get(key)})
+        kept.setdefault("id", entry["id"])
+        kept.setdefault("at", entry["at"])
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text("".join(json.dumps(entry) + "\n" for entry in merged.values()))
+    partial.replace(path)
 
 
 @dataclass
