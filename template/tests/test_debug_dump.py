@@ -34,8 +34,61 @@ def wait_for_text(log: Path, text: str, proc: subprocess.Popen, timeout: float =
         time.sleep(0.2)
 
 
+def rank_pid(output_dir: Path, rank: int) -> int | None:
+    """The pid of the training rank `rank` writing to output_dir (None: not started yet)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                environ = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if (
+                b"train" in argv
+                and f"run.output_dir={output_dir}".encode() in argv
+                and f"RANK={rank}".encode() in environ
+            ):
+                return int(entry.name)
+    return None
+
+
+def training_step(threads: list[dict], pid: int, stacks) -> int | None:
+    """The `step` local of the training loop's frame in the main thread (py-spy --locals), if any."""
+    thread = stacks.main_thread(threads, pid) or {}
+    for frame in thread.get("frames", []):
+        if (frame.get("filename") or "").endswith("/training/train.py"):
+            for var in frame.get("locals") or []:
+                if var.get("name") == "step" and str(var.get("repr", "")).isdigit():
+                    return int(var["repr"])
+    return None
+
+
+def wait_in_collective(pkg, output_dir: Path, rank: int, step: int, proc: subprocess.Popen, timeout: float = 180):
+    """Until rank `rank` waits in a collective of optimizer step `step`, as py-spy sees it: the state the
+    dump must show. (A rank on its way there, or still leaving the previous step's all-reduce, is not.)"""
+    dump, stacks = pkg.module("diagnostics.debug_dump"), pkg.module("diagnostics.rank_stacks")
+    py_spy = dump.find_py_spy()
+    deadline, seen = time.monotonic() + timeout, None
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(f"the job exited ({proc.returncode}) before rank {rank} waited in step {step}")
+        pid = rank_pid(output_dir, rank)
+        if pid is not None:
+            try:
+                threads = dump.py_spy_dump(py_spy, pid, True, False)
+            except RuntimeError as exc:  # a dump that raced the process' start: try again
+                seen = str(exc)
+            else:
+                seen = (stacks.where(threads, pid), training_step(threads, pid, stacks))
+                if seen[0]["in_collective"] and seen[1] == step:
+                    return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"rank {rank} not waiting in a collective of step {step} within {timeout} s: {seen}")
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="module")
-def hung_job(tmp_path_factory, cli, demo_data):
+def hung_job(tmp_path_factory, cli, demo_data, pkg):
     """Rank 1 sleeps forever before step 3; rank 0 waits for its gradients (collective timeout 30 min:
     nothing times out while the test looks). A flight-recorder folder named by the ranks' environment
     holds one file, as NCCL ranks would leave after a timeout (Gloo on CPU writes none)."""
@@ -61,16 +114,21 @@ def hung_job(tmp_path_factory, cli, demo_data):
     )
     try:
         wait_for_text(log, "rank 1 hangs before step 3", proc)
-        time.sleep(2)  # rank 0 reaches the first collective of step 3
+        wait_in_collective(pkg, out, 0, 3, proc)  # rank 0 waits for rank 1 in step 3
         yield out, trace, proc
     finally:
         cli.stop(proc)
 
 
-def test_debug_dump_shows_the_hung_rank_and_the_waiting_one(cli, hung_job):
+def test_debug_dump_shows_the_hung_rank_and_the_waiting_one(cli, hung_job, pkg):
     out, trace, proc = hung_job
+    pids = [rank_pid(out, 0), rank_pid(out, 1)]
+    # Without --pid, debug-dump takes every training rank on the machine: this job's two are among them.
+    # (The suite's other tests train beside this one, so the dump itself names this job's ranks.)
+    found = {p.pid: (p.rank, p.local_rank, p.world_size) for p in pkg.module("cluster.local_ranks").find_ranks()}
+    assert [found.get(pid) for pid in pids] == [(0, 0, 2), (1, 1, 2)], (pids, found)
     started = time.monotonic()
-    result = cli("debug-dump")  # no --out: the folder comes from the ranks' run.output_dir
+    result = cli("debug-dump", "--pid", pids[0], "--pid", pids[1])  # no --out: the ranks' run.output_dir
     seconds = time.monotonic() - started
     text = result.stdout
     (folder,) = (out / "debug-dump").iterdir()
@@ -101,18 +159,8 @@ def test_debug_dump_shows_the_hung_rank_and_the_waiting_one(cli, hung_job):
 
 def test_named_pids_with_locals_into_a_chosen_folder(cli, hung_job, tmp_path):
     out, _, _ = hung_job
-    pids = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-                environ = (entry / "environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if f"run.output_dir={out}".encode() in argv and b"RANK=1" in environ:
-                pids[1] = int(entry.name)
     dest = tmp_path / "dump"
-    result = cli("debug-dump", "--pid", pids[1], "--locals", "--out", dest)
+    result = cli("debug-dump", "--pid", rank_pid(out, 1), "--locals", "--out", dest)
     assert sorted(p.name for p in dest.iterdir()) == ["rank1.txt", "summary.json", "summary.txt"], result.stdout
     # --locals: the hook's arguments, the hung rank and the step.
     assert re.search(r"^ +rank \(arg\) = 1$", (dest / "rank1.txt").read_text(), re.MULTILINE)

@@ -112,21 +112,30 @@ def test_export_into_a_folder_holding_files_is_refused_and_leaves_it(run_2proc, 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP])
 def test_a_stop_signal_during_an_export_leaves_nothing_as_ctrl_c_does(
-    run_2proc, demo_data, cli, tmp_path, tiny_model, stop
+    run_2proc, demo_data, cli, tmp_path, tmp_path_factory, tiny_model, stop
 ):
     """A scheduler's stop or a closed terminal in the middle of the save (runtime/process_exit.py): the
     partial folder, as large as the model, is removed; one line; 128 + the signal's number."""
     out = tmp_path / "export"
     args = cli.command("export", out, f"data.dir={demo_data}", f"run.output_dir={run_2proc[0]}", *tiny_model)
     env = subprocess_env({"TRAIN_FAULT_PAUSE_BEFORE_COMMIT": "60"})
-    proc = subprocess.Popen(args, cwd=cli.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not any(tmp_path.glob(".export.partial-*/README.md")) and proc.poll() is None:
-        assert time.monotonic() < deadline, "the export never reached its pause"
-        time.sleep(0.05)
-    time.sleep(0.5)  # into the pause, after its message
-    proc.send_signal(stop)
-    stdout, stderr = proc.communicate(timeout=60)
+    errors = tmp_path_factory.mktemp("export-stderr") / "stderr"  # outside tmp_path, which must end empty
+    with open(errors, "w") as err:
+        proc = subprocess.Popen(args, cwd=cli.root, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        # The pause's own message (faults.pause_before_commit), printed once the partial folder is written.
+        deadline = time.monotonic() + 180
+        while "pausing 60 s before the rename" not in errors.read_text():
+            assert proc.poll() is None, f"the export exited ({proc.returncode}) before its pause:\n{errors.read_text()}"
+            assert time.monotonic() < deadline, f"the export never reached its pause:\n{errors.read_text()}"
+            time.sleep(0.1)
+        proc.send_signal(stop)
+        stdout, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stderr = errors.read_text()
     assert proc.returncode == 128 + stop, (proc.returncode, stdout, stderr)
     assert stderr.strip().splitlines()[-1] == f"export: stopped by {signal.Signals(stop).name}", stderr
     assert "Traceback" not in stderr, stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from argparse import Namespace
 
 import pytest
 import torch
+from conftest import subprocess_env
 
 
 def torchrun_args(stdout: str) -> list[str]:
@@ -147,45 +149,72 @@ def steps_logged(out) -> int:
     return sum(1 for line in lines if '"loss"' in line)
 
 
+def own_project(cli, folder):
+    """A project folder of this test's own (config/ and launch/ copied; the package from the source tree
+    through PYTHONPATH): its .jobs/ records only the runs started there. The suite's other tests launch
+    runs from the shared project folder at the same time, and a verb without --id takes the newest record."""
+    for part in ("config", "launch"):
+        shutil.copytree(cli.root / part, folder / part)
+    return folder
+
+
+def run_in(folder, cli, *args, timeout: float = 240) -> subprocess.CompletedProcess:
+    """`python -m <package> ARGS` from folder; fails the test with its output unless it exits 0."""
+    result = subprocess.run(
+        cli.command(*args), cwd=folder, env=subprocess_env(), capture_output=True, text=True, timeout=timeout
+    )
+    assert result.returncode == 0, f"{args}: exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result
+
+
 def test_status_logs_and_cancel_of_a_real_run(cli, demo_data, train_overrides, tmp_path):
     out = tmp_path / "run"
-    launched = cli.start(
-        "launch",
-        "devmachine",
-        "--nproc-per-node",
-        "2",
-        *train_overrides,
-        f"data.dir={demo_data}",
-        f"run.output_dir={out}",
-        "schedule.max_steps=100000",
-        "logging.every_steps=1",
-        log=tmp_path / "launch.log",
-    )
+    project = own_project(cli, tmp_path / "project")
+    with open(tmp_path / "launch.log", "w") as log:
+        launched = subprocess.Popen(
+            cli.command(
+                "launch",
+                "devmachine",
+                "--nproc-per-node",
+                "2",
+                *train_overrides,
+                f"data.dir={demo_data}",
+                f"run.output_dir={out}",
+                "schedule.max_steps=100000",
+                "logging.every_steps=1",
+            ),
+            cwd=project,
+            env=subprocess_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         wait_for(lambda: steps_logged(out) >= 3, 180, "three logged steps")
-        record = json.loads((cli.root / ".jobs" / "devmachine.jsonl").read_text().splitlines()[-1])
+        record = json.loads((project / ".jobs" / "devmachine.jsonl").read_text().splitlines()[-1])
         assert record["id"] == f"{socket.gethostname()}:{launched.pid}" and record["extra"]["output_dir"] == str(out)
-        status = cli("launch", "devmachine", "--action", "status").stdout
+        status = run_in(project, cli, "launch", "devmachine", "--action", "status").stdout
         assert f"process: running (launcher pid {launched.pid}; 2 training process(es)" in status, status
         assert "latest: step" in status and "/100000 | loss " in status and "tok/s" in status, status
         # Rank 0's own log file, written by torchrun beside the terminal's copy.
-        logs = cli("launch", "devmachine", "--action", "logs").stdout
+        logs = run_in(project, cli, "launch", "devmachine", "--action", "logs").stdout
         assert f"{out}/logs/{socket.gethostname()}/" in logs and "step" in logs and "loss" in logs, logs
-        assert "would cancel devmachine job" in cli("launch", "devmachine", "--action", "cancel", "--dry-run").stdout
+        dry = run_in(project, cli, "launch", "devmachine", "--action", "cancel", "--dry-run").stdout
+        assert "would cancel devmachine job" in dry
         assert launched.poll() is None
-        cancel = cli("launch", "devmachine", "--action", "cancel").stdout
+        cancel = run_in(project, cli, "launch", "devmachine", "--action", "cancel").stdout
         assert "sent SIGTERM" in cancel
         assert launched.wait(timeout=120) == 143  # saved, then stopped: the preempted exit code
     finally:
         cli.stop(launched)
     marker = json.loads((out / "preempted.json").read_text())
-    after = cli("launch", "devmachine", "--action", "status").stdout
+    after = run_in(project, cli, "launch", "devmachine", "--action", "status").stdout
     assert "process: not running" in after and f"stopped by SIGTERM at step {marker['step']}" in after, after
     assert f"checkpoint: {out / 'checkpoints'}" in after
     # Following the logs of a run that has ended prints them once and returns.
-    followed = cli("launch", "devmachine", "--action", "logs", "--follow", timeout=60).stdout
+    followed = run_in(project, cli, "launch", "devmachine", "--action", "logs", "--follow", timeout=60).stdout
     assert followed.count(f"step {marker['step']:>6}/100000") <= 1 and "loss" in followed
-    nothing = cli("launch", "devmachine", "--action", "cancel").stdout
+    nothing = run_in(project, cli, "launch", "devmachine", "--action", "cancel").stdout
     assert "is not running; nothing to cancel" in nothing
 
 

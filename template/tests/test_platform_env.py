@@ -86,13 +86,21 @@ def overrides(tiny_model, demo_data, tmp_path) -> list[str]:
     return [*tiny_model, *RUN_OVERRIDES, f"data.dir={demo_data}", f"run.output_dir={tmp_path / 'run'}"]
 
 
-def run_nodes(cli, tmp_path: Path, nodes: list[tuple[str, dict, float]], args: list[str]) -> dict[str, tuple]:
-    """Start `<package> node ARGS` once per (name, variables, delay in s after the previous one),
-    wait for all; returns {name: (exit code, log text)}. Every process group is killed at the end."""
+def run_nodes(cli, tmp_path: Path, nodes: list[tuple[str, dict, str | None]], args: list[str]) -> dict[str, tuple]:
+    """Start `<package> node ARGS` once per (name, variables, after), where `after` is a text the node
+    started before must have logged first (None: start at once); wait for all; returns
+    {name: (exit code, log text)}. Every process group is killed at the end."""
     procs, logs = {}, {}
     try:
-        for name, variables, delay in nodes:
-            time.sleep(delay)
+        for name, variables, after in nodes:
+            if after is not None:
+                previous = list(procs)[-1]
+                deadline = time.monotonic() + JOB_TIMEOUT
+                while after not in logs[previous].read_text():
+                    text = logs[previous].read_text()[-3000:]
+                    assert procs[previous].poll() is None, f"node {previous} exited before {after!r}:\n{text}"
+                    assert time.monotonic() < deadline, f"node {previous} did not log {after!r}:\n{text}"
+                    time.sleep(0.2)
             logs[name] = tmp_path / f"{name}.log"
             procs[name] = cli.start("node", "--wait-timeout", 90, *args, log=logs[name], env=node_env(variables))
         deadline = time.monotonic() + JOB_TIMEOUT
@@ -143,7 +151,9 @@ def test_kubeflow_pytorchjob_worker_starts_first(cli, tmp_path, overrides, metri
         "PYTHONUNBUFFERED": "1",
     }
     worker = {**master, "PET_NODE_RANK": "1", "RANK": "1"}
-    results = run_nodes(cli, tmp_path, [("worker", worker, 0), ("master", master, 4)], overrides)
+    # The master starts once the worker waits for it (the order the test is about, whatever the load).
+    waiting = f"waiting for master 127.0.0.1:{port} ..."
+    results = run_nodes(cli, tmp_path, [("worker", worker, None), ("master", master, waiting)], overrides)
 
     worker_log = results["worker"][1]
     assert f"waiting for master 127.0.0.1:{port} ..." in worker_log, worker_log[-3000:]
@@ -169,7 +179,10 @@ def test_tione_ddp_counts_nodes_not_processes(cli, tmp_path, overrides, metrics)
         "GPU_NUM": "2",
         "GPU_NUM_PER_NODE": "1",
     }
-    nodes = [("node1", {**common, "RANK": "1", "INDEX": "1"}, 0), ("node0", {**common, "RANK": "0", "INDEX": "0"}, 0)]
+    nodes = [
+        ("node1", {**common, "RANK": "1", "INDEX": "1"}, None),
+        ("node0", {**common, "RANK": "0", "INDEX": "0"}, None),
+    ]
     results = run_nodes(cli, tmp_path, nodes, overrides)
     for name in ("node0", "node1"):
         assert "tione-ddp" in results[name][1].split("$ ")[0]
@@ -205,7 +218,7 @@ def test_tione_ps_worker(cli, tmp_path, overrides, metrics):
     assert "$ " not in ps.stdout and not (tmp_path / "run").exists()
 
     results = run_nodes(
-        cli, tmp_path, [("worker1", task("worker", 1), 0), ("worker0", task("worker", 0), 0)], overrides
+        cli, tmp_path, [("worker1", task("worker", 1), None), ("worker0", task("worker", 0), None)], overrides
     )
     for name in ("worker0", "worker1"):
         args = torchrun_args(results[name][1])

@@ -56,6 +56,23 @@ def fabric_env() -> dict[str, str]:
     return read_env_file(project_root() / "config" / "nccl.env")
 
 
+WORKER_LINE = "ray worker rank {rank}/{world} on node {node} (local rank {local})"
+"""Each worker's placement, printed once by the worker and streamed to the head's terminal."""
+KEEP_WORKER_LINES = r"ray worker rank \d+/\d+ on node "
+
+
+def keep_worker_lines() -> None:
+    """Ray's driver folds lines that differ only in their numbers, from several workers, into the last
+    one seen ("[repeated Nx across cluster]"): every worker's placement line but one would be dropped,
+    and which one is left depends on the order the nodes' log monitors send them. Exempt those lines
+    (RAY_DEDUP_LOGS_ALLOW_REGEX, read when ray is imported: call this first)."""
+    theirs = os.environ.get("RAY_DEDUP_LOGS_ALLOW_REGEX")
+    if not theirs:
+        os.environ["RAY_DEDUP_LOGS_ALLOW_REGEX"] = KEEP_WORKER_LINES
+    elif KEEP_WORKER_LINES not in theirs:
+        os.environ["RAY_DEDUP_LOGS_ALLOW_REGEX"] = f"(?:{theirs})|{KEEP_WORKER_LINES}"
+
+
 def train_worker(payload: dict) -> None:
     """Body of every Ray Train worker: the process group exists already (init_distributed sees it)."""
     apply_nccl_env(values=payload["fabric_env"])  # a platform's own NCCL_* (TI-ONE's HCC machines) wins
@@ -64,11 +81,11 @@ def train_worker(payload: dict) -> None:
     from ..training.train import run_training
 
     ctx = ray.train.get_context()
-    print(
-        f"ray worker rank {ctx.get_world_rank()}/{ctx.get_world_size()} on node "
-        f"{ray.get_runtime_context().get_node_id()[:12]} (local rank {ctx.get_local_rank()})",
-        flush=True,
+    node = ray.get_runtime_context().get_node_id()[:12]
+    line = WORKER_LINE.format(
+        rank=ctx.get_world_rank(), world=ctx.get_world_size(), node=node, local=ctx.get_local_rank()
     )
+    print(line, flush=True)
     code = run_training(payload["cfg"])
     if code:
         raise RuntimeError(f"training exited with status {code} on rank {ctx.get_world_rank()}")
@@ -122,6 +139,7 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
     print(plan, flush=True)
     if args.dry_run:
         return 0
+    keep_worker_lines()
     ray = require_package("ray", "ray", "ray-train")
     require_package("ray.train.torch", "ray", "ray-train")
     from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -147,6 +165,10 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
         trainer = TorchTrainer(
             train_worker,
             train_loop_config={"cfg": cfg, "fabric_env": fabric_env()},
+            # Ray's default placement, PACK: as few nodes as the workers fit on. cluster.nodes x
+            # cluster.gpus_per_node workers of one GPU each fill every GPU node (one worker group per
+            # node, Ray numbers the ranks node by node); where the cluster has more room than the job
+            # asks, they stay on fewer, fuller nodes. SPREAD would scatter them over partly used nodes.
             scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu),
             # Ray's own records go beside the run on the shared storage every node mounts.
             run_config=RunConfig(
