@@ -291,6 +291,11 @@ def test_mpi_launcher_and_worker_instances(tmp_path, data_dir):
 # Ray: a real two-node Ray cluster on this machine
 
 
+# Ten tiny steps take seconds; starting them does not: on two loaded cores Ray's own processes, the
+# controller and two workers importing torch took 4-6 minutes (100 s to start the worker group alone).
+RAY_TRAINING_SECONDS = 700
+
+
 def ray_nodes_of(output: str) -> dict[int, str]:
     """Worker rank -> the Ray node id it reported (ray_train.WORKER_LINE). Each line reaches the head's
     output through a log monitor: two Ray nodes on one machine share the log folder, so both of theirs
@@ -336,7 +341,7 @@ def test_ray_on_a_cluster_tione_started(tmp_path, data_dir):
         result = sh(
             ["bash", str(project / "launch" / "tione" / "start-ray.sh"), *TRAIN],
             clean_env(HEAD_ADDR="127.0.0.1", HEAD_PORT=str(port), RANK="0"),
-            timeout=400,
+            timeout=RAY_TRAINING_SECONDS,
         )
         out = result.stdout + result.stderr
         assert result.returncode == 0, out[-6000:]
@@ -362,8 +367,8 @@ def test_ray_script_starts_head_and_worker_joins(tmp_path, data_dir):
             ["bash", script, *TRAIN], env={**env, "RANK": "1"}, stdout=log, stderr=subprocess.STDOUT
         )
     try:
-        head = sh(["bash", script, *TRAIN], {**env, "RANK": "0"}, timeout=400)
-        worker_rc = worker.wait(timeout=60)
+        head = sh(["bash", script, *TRAIN], {**env, "RANK": "0"}, timeout=RAY_TRAINING_SECONDS)
+        worker_rc = worker.wait(timeout=120)  # 3 missed probes of the head, then its own `ray stop`
         out, worker_out = head.stdout + head.stderr, worker_log.read_text()
         assert head.returncode == 0, out[-6000:]
         assert "Ray runtime started" in out and "a Ray cluster answers" not in out

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import subprocess_env
 from test_bad_input import assert_one_line, tree_hashes
 
 UNWRITABLE = "/sys/kernel/run"  # EACCES/EPERM for root as for anyone
@@ -60,22 +62,28 @@ def test_every_command_refuses_a_folder_it_cannot_write(command, cli, demo_data,
     data_dir = tmp_path / "data"
     shutil.copytree(demo_data, data_dir)
     other = tmp_path / "other_run"
-    cases = bad_folders(tmp_path, cli.root, data_dir)
+    # The commands run in a project folder of their own (config/ and launch/ copied, the package from the
+    # source tree): the suite's other tests write into the shared one meanwhile (a launch's job record).
+    project = tmp_path / "project"
+    for part in ("config", "launch"):
+        shutil.copytree(cli.root / part, project / part)
+    cases = bad_folders(tmp_path, project, data_dir)
     if key == "data.dir":  # prepare-data: its folder as the run's, in place of data.dir as its own
         cases["the data folder"] = (str(other), "is also run.output_dir")
         other.mkdir()
-    before = snapshot(cli.root, tmp_path)
+    before = snapshot(tmp_path)
     tried = 0
     for case, (folder, words) in cases.items():
         if key == "out_dir" and case in ("empty", "the data folder"):
             continue  # export takes a folder argument, compared with neither
         argv = [a.format(folder=folder, other=other) for a in arguments]
         data = [] if key == "data.dir" else [f"data.dir={data_dir}"]
-        proc = cli(*argv, *train_overrides, *data, expect=None, timeout=120)
+        command = cli.command(*argv, *train_overrides, *data)
+        proc = subprocess.run(command, cwd=project, env=subprocess_env(), capture_output=True, text=True, timeout=120)
         assert proc.returncode in (1, 2), (case, proc.returncode, proc.stdout + proc.stderr)
         line = assert_one_line(proc, [words])
         assert line.startswith(f"error: {key}"), (case, line)
-        assert snapshot(cli.root, tmp_path) == before, case  # nothing written, nothing lost
+        assert snapshot(tmp_path) == before, case  # nothing written, nothing lost (the project folder included)
         tried += 1
     assert tried == (4 if key == "out_dir" else 6)
 

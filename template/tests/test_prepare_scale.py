@@ -131,12 +131,15 @@ def start_and_wait_for_parts(cli, data_dir: Path, workers: int, parts: int) -> s
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 120
-    while (
-        finished_parts(data_dir / ".prepare-data" / "parts") < parts
-        and proc.poll() is None
-        and time.monotonic() < deadline
-    ):
+    # The tokenizer is trained before the first part: on two loaded cores that alone took minutes.
+    deadline = time.monotonic() + 600
+    while finished_parts(data_dir / ".prepare-data" / "parts") < parts:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+            pytest.fail(
+                f"prepare-data did not finish {parts} part(s) and keep going:\n{stdout[-3000:]}{stderr[-3000:]}"
+            )
         time.sleep(0.01)
     return proc
 

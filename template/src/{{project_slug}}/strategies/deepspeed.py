@@ -339,7 +339,9 @@ class DeepSpeedStrategy:
             "LOCAL_RANK": "0",
             "WORLD_SIZE": "1",
             "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": "29500",
+            # A lone process waits for nobody: any free port (0), so two of them on one machine (a
+            # second run, an eval beside training) do not both ask for 29500.
+            "MASTER_PORT": "0",
         }.items():
             os.environ.setdefault(key, value)  # a single process started without torchrun
         # Reuses the group distributed.init_distributed made (Gloo on CPU, NCCL on CUDA).
