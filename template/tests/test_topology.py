@@ -535,7 +535,8 @@ def test_wait_for_master_times_out_with_what_to_check(topology, network, closed_
     start = time.monotonic()
     with pytest.raises(topology.TopologyError) as err:
         network.wait_for_master("127.0.0.1", port, timeout=2, log=lambda m: None)
-    assert time.monotonic() - start < 6
+    waited = time.monotonic() - start
+    assert 2 <= waited < 60, waited  # waited its timeout out, and did not hang
     message = str(err.value)
     assert f"127.0.0.1:{port}" in message and "within 2 s" in message
     # What to check: the master's own start, name resolution/reachability, the port between nodes.
