@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..settings.config import Config, under_root
@@ -132,7 +132,6 @@ class Seen:
     line: str | None = None
     end: str | None = None
     entries: int = 0
-    actions: set[str] = field(default_factory=set)
 
 
 def last_seen(job: Job) -> Seen:
