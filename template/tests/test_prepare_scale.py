@@ -122,11 +122,13 @@ def finished_parts(parts_dir: Path) -> int:
 
 
 def start_and_wait_for_parts(cli, data_dir: Path, workers: int, parts: int) -> subprocess.Popen:
-    """prepare-data started in the background, returned once `parts` parts are finished."""
+    """prepare-data started in the background, returned once `parts` parts are finished. Each part
+    then waits a second (faults.py), so a signal sent now lands before the next one or two finish:
+    unslowed, the six parts took a second in all and the run could end before the signal."""
     proc = subprocess.Popen(
         cli.command("prepare-data", f"data.dir={data_dir}", *PREPARE, "--workers", str(workers)),
         cwd=cli.root,
-        env=subprocess_env(),
+        env=subprocess_env({"TRAIN_FAULT_PART_SECONDS": "1"}),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -14,6 +14,7 @@ import os
 import random
 import shutil
 import signal
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -95,6 +96,10 @@ def encode_part(tok, part: Part, index: int, settings: EncodeSettings, parts_dir
     (folder / DONE).write_text(json.dumps(done))
     shutil.rmtree(final, ignore_errors=True)
     folder.replace(final)
+    # Fault injection (runtime/faults.py's list): a slow prepare-data, to interrupt between parts.
+    slow = float(os.environ.get("TRAIN_FAULT_PART_SECONDS", "0") or 0)
+    if slow > 0:
+        time.sleep(slow)
     return done
 
 

@@ -8,6 +8,8 @@ Each hook reads one environment variable and does nothing when it is unset.
                                          so the others wait in their next collective (DDP's buffer
                                          broadcast before the forward; try `debug-dump`)
     TRAIN_FAULT_STEP_SECONDS=0.5         every step sleeps this long (a slow job to signal or kill)
+    TRAIN_FAULT_PART_SECONDS=1           prepare-data sleeps this long after each part it finishes
+                                         (data/encode_parts.py: data/ sits below runtime/)
     TRAIN_FAULT_OVERFLOW=STEP[,STEP...]  the loss that optimizer step STEP (0-based) backpropagates is
                                          multiplied by inf on every rank, as an fp16 overflow makes it:
                                          under fp16 the step is skipped and counted, the weights kept
