@@ -129,6 +129,9 @@ def start_and_wait_for_parts(cli, data_dir: Path, workers: int, parts: int) -> s
         cli.command("prepare-data", f"data.dir={data_dir}", *PREPARE, "--workers", str(workers)),
         cwd=cli.root,
         env=subprocess_env({"TRAIN_FAULT_PART_SECONDS": "1"}),
+        # Ctrl-C's SIGINT as a terminal delivers it, even where the suite itself runs with SIGINT
+        # ignored (started in the background: `cmd &`, nohup), which Python would inherit and obey.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
