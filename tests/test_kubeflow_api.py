@@ -352,6 +352,10 @@ def test_cancel_deletes_the_job_and_its_pods(project, kube, tmp_path):
     assert code == 404 and answer["reason"] == "NotFound", answer
     assert answer["message"] == 'pytorchjobs.kubeflow.org "cn-1" not found'
     assert list(kube.pods) == [("default", "other-master-0")]
+    # The cluster has forgotten it at once; status says the cancel deleted it.
+    lines = ok(launch(project, env, "--action", "status", "--name", "cn-1")).splitlines()
+    assert lines[2] == "  from this project's records:", lines
+    assert re.fullmatch(r"  last seen: deleted at \S+Z \(--action cancel\)", lines[3]), lines
     # Cancelled twice: the server's 404 as one line.
     error = one_line_error(launch(project, env, "--action", "cancel", "--name", "cn-1"))
     assert error.startswith('error: PyTorchJob default/cn-1 not found (pytorchjobs.kubeflow.org "cn-1" not found)')

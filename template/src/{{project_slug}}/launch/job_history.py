@@ -4,8 +4,8 @@ Slurm forgets a job MinJobAge after it ends (300 s by default) on a cluster with
 Kubeflow job is deleted after its TTL or by hand, a TI-ONE task can be deleted: `--action status`
 then answers from what this project holds, and says so:
 
-    .jobs/<platform>-seen.jsonl     one line each time status or logs saw the job: its state, and
-                                    the last training line and end line logs printed
+    .jobs/<platform>-seen.jsonl     one line each time status or logs saw the job (its state, the
+                                    last training line and end line logs printed) or cancel acted
     the job's log file              (Slurm: on the shared file system) its last training line
     <run.output_dir>/               metrics.jsonl's last step, the newest checkpoint, preempted.json,
                                     eval.json: where the run is, whether it reached max_steps
@@ -81,7 +81,8 @@ class LogWatcher:
 
 
 def remember(job: Job, action: str, state: str | None = None, watcher: LogWatcher | None = None) -> None:
-    """Append what status or logs just saw of the job; a project that cannot be written only loses it."""
+    """Append what status or logs just saw of the job, or what cancel did to it; a project that cannot be
+    written only loses it."""
     if watcher is not None:
         watcher.close()
     entry = {"id": job.id, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "action": action}

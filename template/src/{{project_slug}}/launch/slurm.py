@@ -462,9 +462,12 @@ class Slurm(Platform):
         if result.returncode != 0:
             raise ConfigError(f"scancel {job.id} failed: {result.stderr.strip() or result.stdout.strip()}")
         if self.args.signal:
-            print(f"sent SIG{self.args.signal.upper().removeprefix('SIG')} to job {job.id}'s steps")
+            sent = f"SIG{self.args.signal.upper().removeprefix('SIG')}"
+            print(f"sent {sent} to job {job.id}'s steps")
         else:
+            sent = "scancel"
             print(f"cancelled job {job.id}: its ranks get SIGTERM, save at the next step, and the job ends CANCELLED")
+        job_history.remember(job, "cancel", f"{sent} sent while {state}")
         return 0
 
 

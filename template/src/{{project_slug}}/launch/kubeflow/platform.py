@@ -383,7 +383,9 @@ class Kubeflow(Platform):
         return logs(self._cluster(job), self.args, job)
 
     def cancel(self, job: Job) -> int:
-        return cancel(self._cluster(job))
+        code = cancel(self._cluster(job))
+        job_history.remember(job, "cancel", "deleted")  # the cluster forgets it now: status answers from this
+        return code
 
 
 PLATFORM = Kubeflow

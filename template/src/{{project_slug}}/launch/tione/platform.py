@@ -440,6 +440,7 @@ class Tione(Platform):
             f"stopping TI-ONE task {job.id} (request id {response.RequestId}): its instances get SIGTERM, the "
             "ranks save at the next step; starting the task again resumes from that checkpoint"
         )
+        job_history.remember(job, "cancel", "stop requested")
         return 0
 
 
