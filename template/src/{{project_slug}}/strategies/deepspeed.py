@@ -30,6 +30,7 @@ import math
 import os
 import shutil
 import tempfile
+import time
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -60,23 +61,44 @@ def import_deepspeed():
     return require_package("deepspeed", "deepspeed", "run.strategy=deepspeed (no CUDA toolkit needed to install it)")
 
 
-def refuse_stale_build_locks(folder: Path) -> None:
+def refuse_stale_build_locks(folder: Path, settle_seconds: float = 1.0) -> None:
     """A ConfigError for an op build's lock that no process on this node holds. torch's cpp_extension
     holds `<op>/lock` open while it builds and removes it when done; a build killed midway (an OOM,
-    a pod deleted) leaves it, and every later run waits on it forever without a word."""
+    a pod deleted) leaves it, and every later run waits on it forever without a word. A build that
+    ends closes the lock before it removes it, so an unheld lock is looked at again settle_seconds
+    later: only the same file, still there and still unheld, is a killed build's."""
     locks = [p for p in folder.glob("*/lock") if p.is_file()] if folder.is_dir() else []
-    if not locks:
+    unheld = {lock: identity for lock in unheld_files(locks) if (identity := file_identity(lock))}
+    if not unheld:
         return
-    held = set()
-    for fd in Path("/proc").glob("[0-9]*/fd/*"):
-        with contextlib.suppress(OSError):  # processes come and go while this reads
-            held.add(os.readlink(fd))
-    stale = [lock for lock in locks if str(lock.resolve()) not in held]
+    time.sleep(settle_seconds)
+    stale = [lock for lock in unheld_files(list(unheld)) if file_identity(lock) == unheld[lock]]
     if stale:
         raise ConfigError(
             f"{stale[0]} is the lock of a DeepSpeed op build that was killed (no process on this node holds it): "
             f"the run would wait on it forever; delete it (rm {stale[0]}) and start again"
         )
+
+
+def unheld_files(paths: list[Path]) -> list[Path]:
+    """The paths that no process on this node has open."""
+    if not paths:
+        return []
+    held = set()
+    for fd in Path("/proc").glob("[0-9]*/fd/*"):
+        with contextlib.suppress(OSError):  # processes come and go while this reads
+            held.add(os.readlink(fd))
+    return [path for path in paths if str(path.resolve()) not in held]
+
+
+def file_identity(path: Path) -> tuple[int, int, int] | None:
+    """(device, inode, change time) of a file, None once it is gone: a lock removed and made again
+    by the next build is another file."""
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino, info.st_ctime_ns
 
 
 def zero_compiled(cfg: Config, device) -> tuple[bool, str]:
