@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from test_bad_input import assert_one_line
 
 
 @pytest.fixture
@@ -204,3 +207,63 @@ def test_check_refuses_pretrained_weights_missing_where_their_storage_is_mounted
     assert f"model.pretrained='{missing}' does not exist ({tmp_path} does)" in proc.stderr, proc.stderr
     elsewhere = cli("check", *bert, f"model.pretrained={tmp_path}/not-mounted/bert-base", expect=None)
     assert "does not exist" not in elsewhere.stderr, elsewhere.stderr
+
+
+def test_yaml_words_and_numbers_keep_what_was_written(pkg, load):
+    """YAML 1.1 reads an unquoted off, no or false as a boolean, and 1.10 or 0755 as numbers: a setting
+    whose choices have an off state takes such a word as it (file and command line alike), a text
+    setting keeps the text as written, and a refusal quotes what was written."""
+    for word in ("off", "Off", "no", "false", "FALSE"):
+        assert load(f"run:\n  fp8: {word}\n").run.fp8 == "off", word
+    assert load("", ["run.fp8=false"]).run.fp8 == "off" and load("", ["run.fp8=no"]).run.fp8 == "off"
+    cfg = load("run:\n  output_dir: 1.10\ndata:\n  dir: 0755\n  raw: 2024-01-01\ncluster:\n  gpu_type: 4090\n")
+    assert (cfg.run.output_dir, cfg.data.dir, cfg.data.raw, cfg.cluster.gpu_type) == (
+        "1.10",
+        "0755",
+        "2024-01-01",
+        "4090",
+    )
+    with pytest.raises(pkg.config.ConfigError) as err:
+        load("run:\n  device: off\n")  # no off state among auto, cuda and cpu
+    assert str(err.value) == "run.device='off' is not one of auto, cuda, cpu"
+    with pytest.raises(pkg.config.ConfigError) as err:
+        load("run:\n  fp8: on\n")  # on: which of tensorwise and rowwise?
+    assert str(err.value) == "run.fp8='on' is not one of off, tensorwise, rowwise"
+    assert (
+        load("run:\n  seed: 0007\n  compile: off\n").run.seed == 7
+    )  # the same number in either base; a bool stays one
+
+
+@pytest.mark.parametrize("written", ["off", "false", "no"])
+def test_check_takes_fp8_off_unquoted_as_off(cli, tmp_path, written):
+    text = (cli.root / "config" / "train.yaml").read_text()
+    assert '  fp8: "off"' in text
+    config = tmp_path / "train.yaml"
+    config.write_text(text.replace('  fp8: "off"', f"  fp8: {written}"))
+    proc = cli("check", "--config", config)
+    assert proc.stdout.startswith("config OK for ") and "fp8" not in proc.stdout + proc.stderr, (
+        proc.stdout + proc.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    "line, words",
+    [
+        ("seed: 0123", ["run.seed in ", "YAML reads 0123 as 83", "seed: 83 if that is what you meant"]),
+        ("nodes: 0x2", ["cluster.nodes in ", "YAML reads 0x2 as 2"]),
+        ("lr: 1:30.0", ["optim.lr in ", "YAML reads 1:30.0 as 90.0", "decimal digits"]),
+    ],
+)
+def test_a_number_yaml_reads_in_another_base_is_one_line(cli, tmp_path, line, words):
+    """YAML 1.1 reads 0123 as octal, 0x2 as hex and 1:30.0 in base 60: the run would use another number
+    than the one written, so check refuses it in one line and writes nothing."""
+    config = tmp_path / "train.yaml"
+    key = line.partition(":")[0]
+    text, found = re.subn(
+        rf"^  {key}: .*$", f"  {line}", (cli.root / "config" / "train.yaml").read_text(), count=1, flags=re.M
+    )
+    assert found == 1
+    config.write_text(text)
+    proc = cli("check", "--config", config, expect=1)
+    assert_one_line(proc, [str(config), *words])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.yaml"]

@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
 import os
 import re
 import types
@@ -335,6 +336,9 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    # Not a field (no annotation): the "section.key"s the file and the command line gave, so a rule can
+    # tell a setting written at its default from one left out. Empty for a Config built in code.
+    given_keys = frozenset()
 
     def data_parallel_size(self, world_size: int) -> int:
         """Ranks that hold a full model replica: world / (tensor x pipeline)."""
@@ -445,13 +449,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise ConfigError(f"{path} must hold a mapping of sections (model:, data:, ...)")
-    cfg = Config()
+    cfg, given, written = Config(), set(), _as_written(text)
     for section_name, values in raw.items():
         section = _section(cfg, section_name, str(path))
         if not isinstance(values, dict):
             raise ConfigError(f"{section_name} in {path} must be a mapping of keys, got {values!r}")
+        texts = written.get(section_name) if isinstance(section_name, str) else None
         for key, value in values.items():
-            _assign(section, section_name, key, value, source=str(path), from_text=False)
+            text = texts.get(key) if isinstance(texts, dict) and isinstance(key, str) else None
+            _assign(section, section_name, key, value, source=str(path), from_text=False, written=text)
+            given.add(f"{section_name}.{key}")
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or "." not in key:
@@ -459,8 +466,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
         section_name, _, name = key.strip().partition(".")
         section = _section(cfg, section_name, "the command line")
         _assign(section, section_name, name, text.strip(), source="the command line", from_text=True)
+        given.add(f"{section_name}.{name}")
     _check_choices(cfg)
+    cfg.given_keys = frozenset(given)
     return cfg
+
+
+def _as_written(text: str) -> dict:
+    """The YAML document with every value as the text written (YAML's BaseLoader reads no types): where
+    YAML 1.1 read an unquoted word or number as something else (off as false, 1.10 as 1.1, 010 as 8)."""
+    try:
+        document = yaml.load(text, Loader=yaml.BaseLoader)  # builds only str, list and dict
+    except yaml.YAMLError:
+        return {}
+    return document if isinstance(document, dict) else {}
 
 
 def save_config(cfg: Config, path: Path, comment: str = "") -> None:
@@ -477,7 +496,10 @@ def _section(cfg: Config, name: str, source: str):
     return getattr(cfg, name)
 
 
-def _assign(section, section_name: str, key: str, value: Any, source: str, from_text: bool) -> None:
+def _assign(
+    section, section_name: str, key: str, value: Any, source: str, from_text: bool, written: str | None = None
+) -> None:
+    """Set one setting from YAML (written: its text, where YAML read a type) or the command line."""
     fields = {f.name: f for f in dataclasses.fields(section)}
     if key not in fields:
         raise ConfigError(
@@ -485,7 +507,36 @@ def _assign(section, section_name: str, key: str, value: Any, source: str, from_
             f"keys of {section_name}: {', '.join(fields)}"
         )
     hint = typing.get_type_hints(type(section))[key]
-    setattr(section, key, _coerce(value, hint, f"{section_name}.{key}", source, from_text))
+    name = f"{section_name}.{key}"
+    value = _coerce(value, hint, name, source, from_text, written)
+    allowed = CHOICES.get(name, ())
+    if isinstance(value, str) and value not in allowed:
+        value = _switch_choice(value, allowed)
+    setattr(section, key, value)
+
+
+# What YAML 1.1 reads as false or true: a setting whose choices name an off (or on) state takes them
+# as that state (`fp8: off` unquoted is YAML's false, and so is `fp8: no`).
+FALSE_WORDS = ("false", "no", "off")
+TRUE_WORDS = ("true", "yes", "on")
+OFF_CHOICES = ("off", "none", "disabled")
+ON_CHOICES = ("on", "enabled")
+
+
+def _switch_choice(text: str, allowed: tuple) -> str:
+    """The off (on) choice for a false (true) word where the choices have one; else the text."""
+    for words, states in ((FALSE_WORDS, OFF_CHOICES), (TRUE_WORDS, ON_CHOICES)):
+        if text.lower() in words:
+            return next((choice for choice in allowed if choice in states), text)
+    return text
+
+
+def _decimal_reading(text: str, value: float) -> bool:
+    """Whether `text` read as decimal digits is `value` (not YAML 1.1's octal 010, hex 0x10, base-60 1:30)."""
+    try:
+        return float(text.replace("_", "")) == value
+    except ValueError:
+        return False
 
 
 # Digits as Python reads them, underscores only between groups of three (1_000_000): "1_0" is a
@@ -494,13 +545,20 @@ DIGITS = r"(?:[0-9]+|[0-9]{1,3}(?:_[0-9]{3})+)"
 THOUSANDS_FLOAT = rf"\s*[+-]?{DIGITS}(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?\s*"
 
 
-def _coerce(value: Any, hint: Any, name: str, source: str, from_text: bool) -> Any:
-    """Turn a YAML value or command-line text into the field's type, or raise naming the key."""
+def _coerce(value: Any, hint: Any, name: str, source: str, from_text: bool, written: str | None = None) -> Any:
+    """Turn a YAML value (written: its text) or command-line text into the field's type, or raise naming the key."""
     optional = isinstance(hint, types.UnionType) and type(None) in typing.get_args(hint)
     base = next((a for a in typing.get_args(hint) if a is not type(None)), hint) if optional else hint
     if optional and (value is None or (from_text and str(value).lower() in ("null", "none", ""))):
         return None
     wrong = ConfigError(f"{name} in {source}: expected {_type_word(base, optional)}, got {value!r}", key=name)
+    number = base in (int, float) and isinstance(value, (int, float)) and not isinstance(value, bool)
+    if number and isinstance(written, str) and math.isfinite(value) and not _decimal_reading(written, value):
+        raise ConfigError(
+            f"{name} in {source}: YAML reads {written} as {value} (an octal, hex or base-60 number); write it in "
+            f"decimal digits ({name.partition('.')[2]}: {value} if that is what you meant)",
+            key=name,
+        )
     if base is bool:
         if isinstance(value, bool):
             return value
@@ -526,6 +584,8 @@ def _coerce(value: Any, hint: Any, name: str, source: str, from_text: bool) -> A
     if base is str:
         if isinstance(value, (dict, list)) or value is None:
             raise wrong
+        if not isinstance(value, str) and isinstance(written, str):
+            return written  # an unquoted off, yes, 1.10 or 0755 that YAML read as a bool or a number
         return str(value)
     raise AssertionError(f"unsupported field type {hint} for {name}")
 
@@ -540,20 +600,23 @@ def _did_you_mean(name: str, options: list[str], prefix: str = "") -> str:
     return f" (did you mean '{prefix}{close[0]}'?)" if close else ""
 
 
+# The settings that take one of a few words (or numbers).
+CHOICES = {
+    "run.device": ("auto", "cuda", "cpu"),
+    "run.dtype": ("auto", "bf16", "fp16", "fp32"),
+    "run.fp8": ("off", "tensorwise", "rowwise"),
+    "run.strategy": ("ddp", "deepspeed"),
+    "optim.optimizer": ("adamw", "muon"),
+    "schedule.decay": ("cosine", "warmdown"),
+    "data.rows": ("windows", "documents"),
+    "model.init": ("unit", "scaled"),
+    "batch.scaling": ("strong", "weak"),
+    "deepspeed.zero_stage": (0, 1, 2, 3),
+}
+
+
 def _check_choices(cfg: Config) -> None:
-    choices = {
-        "run.device": ("auto", "cuda", "cpu"),
-        "run.dtype": ("auto", "bf16", "fp16", "fp32"),
-        "run.fp8": ("off", "tensorwise", "rowwise"),
-        "run.strategy": ("ddp", "deepspeed"),
-        "optim.optimizer": ("adamw", "muon"),
-        "schedule.decay": ("cosine", "warmdown"),
-        "data.rows": ("windows", "documents"),
-        "model.init": ("unit", "scaled"),
-        "batch.scaling": ("strong", "weak"),
-        "deepspeed.zero_stage": (0, 1, 2, 3),
-    }
-    for name, allowed in choices.items():
+    for name, allowed in CHOICES.items():
         section, key = name.split(".")
         value = getattr(getattr(cfg, section), key)
         if value not in allowed:
