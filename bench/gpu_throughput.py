@@ -206,6 +206,19 @@ def project_families(project: Path, package: str) -> dict:
     return importlib.import_module(f"{package}.models.family").families()
 
 
+def unread_model_settings(package: str, arch: str) -> list[str]:
+    """The model settings family `arch` does not read, at their defaults: the rendered project's train.yaml
+    holds its own family's switches, which `train` refuses on another family (planning/rules.py)."""
+    rules = importlib.import_module(f"{package}.planning.rules")
+    defaults = importlib.import_module(f"{package}.settings.config").ModelConfig()
+    written = {True: "true", False: "false", None: "null"}
+    return [
+        f"model.{name}={written.get(value, value) if isinstance(value, (bool, type(None))) else value}"
+        for name, value in vars(defaults).items()
+        if name not in rules.family_settings(arch)
+    ]
+
+
 def compiled_frames(log: str) -> list[str]:
     """The frames torch.compile traced, from a TORCH_LOGS=dynamo log ("name file"), without the
     per-sample dropout kernel that models/sample_dropout.py compiles on CUDA whatever run.compile
@@ -576,6 +589,7 @@ def main() -> None:
         overrides = [*overrides, *common]
         if not family(overrides).muon or option(overrides, "run.strategy") == "deepspeed":
             overrides.append("optim.optimizer=adamw")  # Muon steps a muon family's named matrices, under DDP only
+        overrides = [*unread_model_settings(package, family(overrides).name), *overrides]
         results[name] = train_row(project, package, data, overrides, args.steps, args.log_every, out)
         show(name, reference)
 

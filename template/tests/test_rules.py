@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 
 @pytest.mark.parametrize(
@@ -344,3 +345,104 @@ def test_weak_scaling_checks_the_config_in_its_own_shape(pkg, cfg_with):
     assert len(problems) == 1 and "in the config's shape (batch.scaling=weak)" in problems[0]
     with pytest.raises(pkg.config.ConfigError, match=r"batch.scaling='sideways' is not one of strong, weak"):
         cfg_with("batch.scaling=sideways")
+
+
+# --- settings that would change nothing: another family's switches, learning rates of 0 ------------
+
+
+def check_with(cli, tmp_path, text: str, *overrides: str, expect: int):
+    """`check --config FILE` (FILE holding text, with the project's folders, which its launch files
+    judge) from the project, and what it left in tmp_path: nothing but FILE."""
+    config = tmp_path / "train.yaml"
+    config.write_text(text)
+    shipped = yaml.safe_load((cli.root / "config" / "train.yaml").read_text())
+    folders = [f"run.output_dir={shipped['run']['output_dir']}", f"data.dir={shipped['data']['dir']}"]
+    proc = cli("check", "--config", config, *folders, *overrides, expect=expect)
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["train.yaml"]
+    return proc
+
+
+@pytest.mark.parametrize("arch, size", [("gpt3", "125M"), ("bert", "base")])
+@pytest.mark.parametrize(
+    "switch, default", [("value_embeddings=true", "false"), ("smear=true", "false"), ("window_pattern=SSSL", "L")]
+)
+def test_a_switch_the_family_does_not_read_is_refused_or_warned(cli, tmp_path, arch, size, switch, default):
+    """nanochat's switches set on a gpt3 or bert run would be ignored: refused in one line naming the
+    key and the family; written at the default they change nothing, and check warns in one line."""
+    key = f"model.{switch.partition('=')[0]}"
+    text = f"model:\n  arch: {arch}\n  size: {size}\n  sequence_len: 512\n"
+    proc = check_with(cli, tmp_path, text, f"model.{switch}", expect=1)
+    assert proc.stderr.splitlines() == [
+        "config check failed (1 problem(s)):",
+        f"  - model.{switch} does not apply to model.arch={arch}: {arch} does not read it, so the run would "
+        f"train without it; remove it (or set it to {default})",
+    ]
+    proc = check_with(cli, tmp_path, text + f"  {key.partition('.')[2]}: {default}\n", expect=0)
+    assert proc.stderr.splitlines() == [
+        f"warning: {key}={default}: model.arch={arch} does not read it (ignored); remove it"
+    ] and proc.stdout.startswith("config OK")
+    proc = check_with(cli, tmp_path, f"model:\n  arch: gpt\n  size: d4\n  {switch.replace('=', ': ')}\n", expect=0)
+    assert proc.stderr == ""  # the family that reads it
+
+
+def test_a_run_start_refuses_a_switch_its_family_does_not_read(cli, tmp_path, demo_data):
+    """`train` judges the same rules before anything starts: one line, no run folder."""
+    # The project's file may hold its family's switches: those at their defaults, and smear on.
+    gpt3 = ["model.arch=gpt3", "model.size=tiny", "model.sequence_len=64", "model.pretrained=", "model.n_kv_head=null"]
+    gpt3 += ["model.value_embeddings=false", "model.residual_scalars=false", "model.qk_scale=1.0"]
+    gpt3 += ["model.rotary_base=10000", "model.vocab_multiple=1", "optim.optimizer=adamw", "model.smear=true"]
+    run = ["cluster.nodes=1", "cluster.gpus_per_node=1", "batch.global_batch_size=4", "batch.micro_batch_size=4"]
+    run += ["batch.grad_accum_steps=null", "run.device=cpu", "run.strategy=ddp"]
+    out = tmp_path / "run"
+    proc = cli("train", *gpt3, *run, f"data.dir={demo_data}", f"run.output_dir={out}", expect=1)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: model.smear=true does not apply to model.arch=gpt3"), lines
+    assert not out.exists()
+
+
+MUON = "model:\n  arch: gpt\n  size: d4\n  residual_scalars: true\noptim:\n  optimizer: muon\n"
+
+
+@pytest.mark.parametrize(
+    "text, overrides, words",
+    [
+        (
+            "optim:\n  optimizer: adamw\n",
+            ["optim.lr=0"],
+            ["optim.lr=0: the run's only learning rate is 0", "optim.lr=0.0003"],
+        ),
+        (
+            MUON,
+            ["optim.matrix_lr=0", "optim.embedding_lr=0.0", "optim.unembedding_lr=0", "optim.scalar_lr=0"],
+            [
+                "optim.matrix_lr=0, optim.embedding_lr=0, optim.unembedding_lr=0 and optim.scalar_lr=0: every learning "
+                "rate the run reads is 0 (optim.optimizer=muon), so nothing would train",
+                "optim.matrix_lr=0.02",
+            ],
+        ),
+        (  # without residual scalars Muon's recipe reads no optim.scalar_lr: the three it reads are 0
+            MUON.replace("true", "false"),
+            ["optim.matrix_lr=0", "optim.embedding_lr=0", "optim.unembedding_lr=0"],
+            ["optim.matrix_lr=0, optim.embedding_lr=0 and optim.unembedding_lr=0: every learning rate"],
+        ),
+    ],
+    ids=["adamw", "muon", "muon without scalars"],
+)
+def test_every_learning_rate_zero_is_refused(cli, tmp_path, text, overrides, words):
+    proc = check_with(cli, tmp_path, text, *overrides, expect=1)
+    lines = proc.stderr.splitlines()
+    assert lines[0] == "config check failed (1 problem(s)):" and len(lines) == 2, lines
+    for word in words:
+        assert word in lines[1], (word, lines[1])
+
+
+def test_one_learning_rate_zero_among_several_is_a_warning(cli, tmp_path):
+    """Freezing the embeddings under Muon may be meant: check passes and says it in one line."""
+    proc = check_with(cli, tmp_path, MUON, "optim.embedding_lr=0", expect=0)
+    assert proc.stdout.startswith("config OK") and proc.stderr.splitlines() == [
+        "warning: optim.embedding_lr=0: the parameters it steers stay as they are while the others train; set a "
+        "rate above 0 unless they are meant to stay frozen"
+    ]
+    # Under Muon optim.lr is AdamW's rate of another choice: 0 there changes nothing.
+    assert check_with(cli, tmp_path, MUON, "optim.lr=0", expect=0).stderr == ""

@@ -9,6 +9,8 @@ rules pass, plan's memory estimate for the configured nodes x gpus_per_node must
 else it exits 1 with "does not fit: <figures>; smallest change: <what to change>". No torch here.
 Where sinfo answers (a Slurm login node), launch/slurm/train.sbatch's request must also fit a node
 of its partition (slurm_partition.py); elsewhere, and in the generation check, that is skipped.
+What changes nothing but may be meant (a setting the family does not read, written at its default;
+one learning rate of 0 among others) is a `warning:` line that does not fail the check.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ..settings.config import Config, project_root
 from ..settings.precision import on_gpu_type
 from .estimates import ASSUMED_MFU, GIB, STOP_WAIT_SHARE, memory, stop_reaction
 from .fit import fit_problem
-from .rules import at_world_size, check_config, resolve_grad_accum
+from .rules import at_world_size, check_config, config_warnings, resolve_grad_accum
 from .slurm_partition import partition_problem, requested
 from .storage_paths import launch_file_problems
 
@@ -76,6 +78,8 @@ def run_check(cfg: Config, world_size: int | None = None, quiet: bool = False) -
     weights_problem = None if quiet else pretrained_problem(cfg.model.pretrained)
     if weights_problem:
         problems.append(weights_problem)
+    for warning in [] if quiet else config_warnings(cfg):
+        print(f"warning: {warning}", file=sys.stderr)
     if problems:
         print(f"config check failed ({len(problems)} problem(s)):", file=sys.stderr)
         for p in problems:

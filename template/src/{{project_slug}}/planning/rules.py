@@ -14,7 +14,7 @@ import math
 
 from ..models.family import families, family, model_shape
 from ..settings.bounds import MAX_COUNT, bound_problems
-from ..settings.config import Config, ConfigError, Problem
+from ..settings.config import Config, ConfigError, ModelConfig, OptimConfig, Problem, changed
 from ..settings.gpus import find_answer
 from ..settings.precision import bf16_refusal, fp8_problem
 from ..strategies import memory as strategy
@@ -29,6 +29,8 @@ __all__ = [
     "at_world_size",
     "scaling_note",
     "check_config",
+    "config_warnings",
+    "family_settings",
     "parallel_problems",
     "precision_problems",
     "require_valid",
@@ -176,7 +178,11 @@ def check_config(cfg: Config, world_size: int | None = None) -> list[Problem]:
         return problems + [Problem(str(exc), exc.key or "model.size", "model.arch")]
     problems += parallel_problems(cfg, shape, world)
     problems += precision_problems(cfg)
-    problems += family(cfg.model.arch).problems(cfg, shape)
+    own = family(cfg.model.arch).problems(cfg, shape)
+    problems += own
+    said = {p.fix_key for p in own}  # the family's own rules name some settings it does not read
+    problems += [p for p in unread_setting_problems(cfg)[0] if p.fix_key not in said]
+    problems += learning_rate_problems(cfg, shape)[0]
     if cfg.eval.tasks_every_steps and strategy.uses_pipeline_engine(cfg):
         problems.append(
             Problem(
@@ -198,6 +204,7 @@ def check_config(cfg: Config, world_size: int | None = None) -> list[Problem]:
                 "model.arch",
             )
         )
+    problems += divergence_guard_problems(cfg)
     counts = (
         cfg.batch.micro_batch_size,
         cfg.batch.global_batch_size,
@@ -231,6 +238,150 @@ def check_config(cfg: Config, world_size: int | None = None) -> list[Problem]:
                 )
             )
     return problems
+
+
+def divergence_guard_problems(cfg: Config) -> list[Problem]:
+    """The loss-spike test of the divergence guard (training/divergence.py): a factor of 1 or less would
+    leave out every step whose loss is at or above its running mean; DeepSpeed's engine applies its
+    update before a verdict could leave a step out (it leaves out non-finite ones itself)."""
+    factor = cfg.optim.loss_spike_factor
+    if not factor or not math.isfinite(factor):
+        return []
+    if factor <= 1:
+        return [
+            Problem(
+                f"optim.loss_spike_factor={factor:g} would leave out every step whose loss is above "
+                f"{factor:g} x its running mean; use 0 (off) or a factor above 1 (e.g. 3)",
+                "optim.loss_spike_factor",
+            )
+        ]
+    if strategy.on_deepspeed(cfg):
+        return [
+            Problem(
+                f"optim.loss_spike_factor={factor:g}: under DeepSpeed the engine applies each update before a "
+                "verdict could leave a spiking step out (it leaves out steps with non-finite gradients itself); "
+                "set optim.loss_spike_factor=0, or run.strategy=ddp",
+                "optim.loss_spike_factor",
+                "run.strategy",
+            )
+        ]
+    return []
+
+
+def config_warnings(cfg: Config) -> list[str]:
+    """What `check` says without refusing: a setting the family does not read, written at its default;
+    a learning rate of 0 among others (its parameters stay as they are, which may be meant)."""
+    try:
+        shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch, cfg.model)
+    except ConfigError:  # check_config reports it
+        return []
+    return unread_setting_problems(cfg)[1] + learning_rate_problems(cfg, shape)[1]
+
+
+# model.* settings every family reads; the rest are a family's own (family_settings).
+COMMON_MODEL_SETTINGS = ("arch", "size", "sequence_len", "dropout", "activation_checkpointing")
+
+
+def family_settings(arch: str) -> set[str]:
+    """The model.* keys family `arch` reads: the common ones, those its descriptor writes into a new
+    project's config/train.yaml, and those its flags say apply (grouped-query heads, attention
+    dropout, local weights)."""
+    fam = family(arch)
+    answers = {
+        "model_size": fam.default_size or next(iter(fam.sizes), ""),
+        "strategy": fam.default_strategy,
+        "gpt_recipe": fam.recipes[0] if fam.recipes else "",
+        "pretrained_dir": "",
+    }
+    written = {key for key, _, _ in fam.config_settings("model", answers) if key}
+    flags = {"n_kv_head": fam.grouped_query, "attention_dropout": fam.attention_dropout, "pretrained": fam.pretrained}
+    return {*COMMON_MODEL_SETTINGS, *written, *(key for key, applies in flags.items() if applies)}
+
+
+def _as_written(value) -> str:
+    """A setting's value as train.yaml writes it (true, not True)."""
+    return str(value).lower() if isinstance(value, bool) or value is None else str(value)
+
+
+def unread_setting_problems(cfg: Config) -> tuple[list[Problem], list[str]]:
+    """(refusals, warnings) for model.* settings model.arch does not read (a gpt switch on gpt3 or
+    bert): set to anything but its default it would be ignored, which is refused; written at its
+    default it changes nothing, which is one warning for them all."""
+    arch, defaults = cfg.model.arch, ModelConfig()
+    reads = family_settings(arch)
+    refused, ignored = [], []
+    for setting in dataclasses.fields(ModelConfig):
+        if setting.name in reads:
+            continue
+        key, value, default = f"model.{setting.name}", getattr(cfg.model, setting.name), getattr(defaults, setting.name)
+        if value != default:
+            refused.append(
+                Problem(
+                    f"{key}={_as_written(value)} does not apply to model.arch={arch}: {arch} does not read it, so the "
+                    f"run would train without it; remove it (or set it to {_as_written(default)})",
+                    key,
+                    "model.arch",
+                )
+            )
+        elif key in cfg.given_keys:
+            ignored.append(f"{key}={_as_written(value)}")
+    if not ignored:
+        return refused, []
+    them = "them" if len(ignored) > 1 else "it"
+    return refused, [f"{', '.join(ignored)}: model.arch={arch} does not read {them} (ignored); remove {them}"]
+
+
+# The learning rates optim holds: AdamW reads lr; Muon's recipe the *_lr its family's roles derive theirs from.
+RATE_KEYS = tuple(f"optim.{f.name}" for f in dataclasses.fields(OptimConfig) if f.name.endswith("lr"))
+
+
+def learning_rates(cfg: Config, shape: dict) -> dict[str, float]:
+    """{optim key: peak rate} of the learning rates this run reads: optim.lr under AdamW; under Muon
+    each optim.*_lr that some parameter role's rate follows (found by changing it: no role names here)."""
+    if cfg.optim.optimizer != "muon":
+        return {"optim.lr": cfg.optim.lr}
+    fam = family(cfg.model.arch)
+    if not fam.muon:  # refused by the family's rules
+        return {}
+
+    def rates(c: Config) -> dict[str, float]:
+        return {role: group["lr"] for role, group in fam.optimizer_groups(c, shape).items()}
+
+    given = rates(cfg)
+    read = {}
+    for key in RATE_KEYS:
+        value = getattr(cfg.optim, key.partition(".")[2])
+        if rates(changed(cfg, **{key: value + 1.0})) != given:
+            read[key] = value
+    return read
+
+
+def learning_rate_problems(cfg: Config, shape: dict) -> tuple[list[Problem], list[str]]:
+    """(refusals, warnings): every learning rate the run reads at 0 trains nothing, refused; some at 0
+    among others freeze their parameters, which may be meant (warned)."""
+    rates = learning_rates(cfg, shape)
+    zero = [key for key, value in rates.items() if value == 0]
+    if not zero:
+        return [], []
+    defaults = OptimConfig()
+    named = ", ".join(f"{key}=0" for key in zero[:-1]) + (" and " if len(zero) > 1 else "") + f"{zero[-1]}=0"
+    if len(zero) == len(rates):
+        example = ", ".join(f"{key}={getattr(defaults, key.partition('.')[2]):g}" for key in zero)
+        every = "every learning rate the run reads" if len(zero) > 1 else "the run's only learning rate"
+        return [
+            Problem(
+                f"{named}: {every} is 0 (optim.optimizer={cfg.optim.optimizer}), so nothing would train; "
+                f"set {'them' if len(zero) > 1 else 'it'} above 0 (e.g. {example})",
+                zero[0],
+                *zero,
+                "optim.optimizer",
+            )
+        ], []
+    steer = "they steer" if len(zero) > 1 else "it steers"
+    return [], [
+        f"{named}: the parameters {steer} stay as they are while the others train; set a rate above 0 "
+        "unless they are meant to stay frozen"
+    ]
 
 
 def parallel_problems(cfg: Config, shape: dict, world: int) -> list[Problem]:
