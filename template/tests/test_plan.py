@@ -489,6 +489,36 @@ def test_time_scales_with_nodes(pkg, cli):
     assert r["time"][3]["gpu_hours"] == pytest.approx(r["time"][0]["gpu_hours"])
 
 
+@pytest.mark.parametrize(
+    "refusal, words",
+    [
+        (["cluster.gpu_type=a100-80gb"], "has no fp8 matmuls"),  # no fp8 on the GPU
+        (["run.strategy=deepspeed", "deepspeed.zero_stage=3"], "needs the model compiled"),  # ZeRO-3 runs eager
+    ],
+    ids=["a100", "zero3"],
+)
+def test_a_refused_fp8_run_is_priced_without_fp8(cli, empty_config, refusal, words):
+    """The rules refuse run.fp8 on this layout, so the run trains without it: plan's time table, the
+    stop's wait and the scaling rows are those of run.fp8=off, and the time line says why."""
+    base = ["--config", empty_config, "--tokens", "1e10", *refusal]
+    off = json.loads(cli("plan", "--json", *base).stdout)
+    refused = json.loads(cli("plan", "--json", *base, "run.fp8=tensorwise", expect=1).stdout)
+    assert refused["fp8_counted"] is False and any(words in p for p in refused["memory"]["problems"])
+    assert (refused["time"], refused["stop"], refused["scaling"]) == (off["time"], off["stop"], off["scaling"])
+    text = cli("plan", *base, "run.fp8=tensorwise", expect=1).stdout
+    assert "faster with fp8" not in text and ", without fp8 tensorwise (refused: see the verdict)" in text, text
+    # Where the rules allow it (an H100, ZeRO 1), the same report counts it everywhere.
+    allowed = ["--config", empty_config, "--tokens", "1e10"]
+    bf16 = json.loads(cli("plan", "--json", *allowed).stdout)
+    fp8 = json.loads(cli("plan", "--json", *allowed, "run.fp8=tensorwise").stdout)
+    assert fp8["fp8_counted"] is True
+    speedup = bf16["time"][0]["hours"] / fp8["time"][0]["hours"]
+    assert speedup == pytest.approx(1.15)
+    row = lambda r: r["scaling"]["rows"][0]["strong"]["step_seconds"]  # noqa: E731
+    assert row(bf16) / row(fp8) == pytest.approx(speedup)
+    assert bf16["stop"]["step_seconds"] / fp8["stop"]["step_seconds"] == pytest.approx(speedup)
+
+
 def test_plan_bounds_the_wait_of_a_stop_signal(cli, empty_config, pkg):
     """The ranks agree on a stop at logging steps, and after fewer steps where those would take over a
     quarter of cluster.stop_grace_seconds (estimates.stop_wait_steps, which preemption.py follows with

@@ -239,11 +239,19 @@ ASSUMED_MFU = 0.4  # plan's default: DDP measured 39-46% on one H100 (GPT, GPT-3
 FP8_SPEEDUP = 1.15
 
 
+def fp8_counted(cfg: Config) -> bool:
+    """Whether run.fp8 speeds the estimate: not where the rules refuse it (a GPU without fp8, fp16,
+    ZeRO-3's eager model, tensor parallelism), which plan's verdict says; such a run trains without it."""
+    if cfg.run.fp8 == "off":
+        return False
+    return not any("run.fp8" in p.keys for p in precision_problems(cfg, on_gpu_type(cfg)))
+
+
 def step_speed(cfg: Config) -> float:
     """Dense FLOP/s per GPU at 100% MFU for cfg's precision: the bf16 (or fp16) peak, times
-    FP8_SPEEDUP under run.fp8."""
+    FP8_SPEEDUP under a run.fp8 the rules allow."""
     _, peak = gpu_spec(cfg.cluster.gpu_type, on_gpu_type(cfg))
-    return peak * (FP8_SPEEDUP if cfg.run.fp8 != "off" else 1.0)
+    return peak * (FP8_SPEEDUP if fp8_counted(cfg) else 1.0)
 
 
 def timing(cfg: Config, tokens: float, mfu: float) -> list[dict]:

@@ -26,7 +26,7 @@ from ..settings.bounds import fraction, positive_float
 from ..settings.config import Config, ConfigError, changed
 from ..settings.precision import on_gpu_type
 from ..strategies.memory import at_stage, describe, zero_stage
-from .estimates import ASSUMED_MFU, FP8_SPEEDUP, GIB, RESERVE, gpu_spec, memory, stop_reaction, timing
+from .estimates import ASSUMED_MFU, FP8_SPEEDUP, GIB, RESERVE, fp8_counted, gpu_spec, memory, stop_reaction, timing
 from .fit import suggest
 from .scaling import render_rows, scaling_rows
 
@@ -109,6 +109,7 @@ def build(cfg: Config, args: argparse.Namespace) -> dict:
         "suggestion": None if mem["fits"] else ("; ".join(mem["problems"]) if mem["problems"] else suggest(cfg)),
         "precision": precision,  # bf16, or fp16 (loss-scaled) on a GPU without bf16; fp32 if asked
         "fp8": cfg.run.fp8,
+        "fp8_counted": fp8_counted(cfg),  # False where the rules refuse it: the times are bf16's
         "peak_flops": gpu_spec(cfg.cluster.gpu_type, precision)[1],  # dense, per GPU, for the time table
         "steps_line": steps_line,  # how schedule.epochs gave the steps, or that prepare-data will
         "tokens": tokens,
@@ -182,7 +183,12 @@ def render(r: dict) -> str:
             "",
             f"time to train {r['tokens']:.3g} tokens at MFU {r['mfu']:.2f} of the {r['peak_flops'] / 1e12:.0f} "
             f"TFLOP/s dense {kind} peak per GPU"
-            + (f", {FP8_SPEEDUP:.2f}x faster with fp8 {r['fp8']} matmuls" if r["fp8"] != "off" else ""),
+            + (f", {FP8_SPEEDUP:.2f}x faster with fp8 {r['fp8']} matmuls" if r["fp8_counted"] else "")
+            + (
+                f", without fp8 {r['fp8']} (refused: see the verdict)"
+                if r["fp8"] != "off" and not r["fp8_counted"]
+                else ""
+            ),
             "  nodes  GPUs     hours  GPU-hours",
         ]
     else:

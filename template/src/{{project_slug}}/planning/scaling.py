@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from ..models.family import model_shape
 from ..settings.config import Config, ConfigError
-from .estimates import flops_per_token, gpu_spec
+from .estimates import flops_per_token, step_speed
 from .rules import at_world_size, micro_batch_at, per_rank_batch, resolve_grad_accum
 
 NODE_FACTORS = (1, 2, 4)
@@ -28,9 +28,8 @@ NODE_FACTORS = (1, 2, 4)
 def step_seconds(cfg: Config, global_batch: int, gpus: int, mfu: float) -> float:
     """Estimated seconds of one optimizer step of global_batch sequences on gpus GPUs."""
     shape = model_shape(cfg.model.size, cfg.model.n_kv_head, cfg.model.arch, cfg.model)
-    _, peak = gpu_spec(cfg.cluster.gpu_type)
     per_token = flops_per_token(shape, cfg.data.vocab_size, cfg.model.sequence_len, cfg.model.arch)
-    return global_batch * cfg.model.sequence_len * per_token / (gpus * peak * mfu)
+    return global_batch * cfg.model.sequence_len * per_token / (gpus * step_speed(cfg) * mfu)  # as timing's
 
 
 def scaling_rows(cfg: Config, mfu: float) -> list[dict]:
