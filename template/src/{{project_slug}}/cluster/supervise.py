@@ -53,14 +53,28 @@ def _stop_with_parent(supervisor_pid: int) -> None:
         os._exit(EXIT_PREEMPTED)
 
 
-def _wait_for_group(pgid: int, seconds: float) -> None:
-    """Until no process of the group is left (the ranks finishing their save), at most `seconds`."""
+def signal_group(leader: subprocess.Popen, signum: int) -> bool:
+    """Send signum to the process group `leader` leads; whether it was sent. Until the leader is
+    reaped its number is held, and after that for as long as the group has members; once they are
+    gone the number is free, and a new process given it that leads a group of its own (a shell, a
+    daemon) owns that group. So once the leader is reaped, a process holding its number means the
+    group is no longer this one: nothing is sent."""
+    if leader.returncode is not None and Path(f"/proc/{leader.pid}").exists():
+        return False
+    try:
+        os.killpg(leader.pid, signum)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _wait_for_group(leader: subprocess.Popen, seconds: float) -> None:
+    """Until no process of the leader's group is left (the ranks finishing their save), at most `seconds`."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
+            if not signal_group(leader, 0):
+                return
         except PermissionError:
             pass
         time.sleep(0.2)
@@ -96,7 +110,7 @@ def _end_orphans(own: set[int], seconds: float, log) -> None:
             log(f"process {pid}, left behind by the launcher, ended {how}")
         if time.monotonic() > deadline and not killed:
             killed = True
-            for pid in _children() - own:
+            for pid in _children() - own:  # children not reaped yet: their numbers cannot be reused
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         time.sleep(0.2)
@@ -118,7 +132,7 @@ def _wait_ending_on_failure(child: subprocess.Popen, failure_path: str, whole_gr
             stop_at = float("inf")  # once
             try:
                 if whole_group:
-                    os.killpg(child.pid, signal.SIGTERM)
+                    os.killpg(child.pid, signal.SIGTERM)  # child is not reaped yet: the group is its own
                 else:
                     child.terminate()
             except ProcessLookupError:
@@ -158,13 +172,10 @@ def run_supervised(
         def on_signal(signum, frame):
             if not forward_signals:
                 return
-            try:
-                if whole_group_seconds is not None:
-                    os.killpg(child.pid, signum)
-                elif child.poll() is None:
-                    child.send_signal(signum)
-            except ProcessLookupError:
-                pass
+            if whole_group_seconds is not None:
+                signal_group(child, signum)
+            else:
+                child.send_signal(signum)  # Popen sends nothing once it has reaped the child
 
         previous = {sig: signal.signal(sig, on_signal) for sig in FORWARDED}
         try:
@@ -172,7 +183,7 @@ def run_supervised(
             if code < 0 or whole_group:  # the launcher died: its ranks, saving, are this process' children now
                 _end_orphans(own_children, grace_seconds + FAILURE_GRACE_SECONDS, log)
             if whole_group:  # where no process can adopt (not Linux)
-                _wait_for_group(child.pid, whole_group_seconds)
+                _wait_for_group(child, whole_group_seconds)
         finally:
             adopt_orphans(False)
             for sig, handler in previous.items():
