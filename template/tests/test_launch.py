@@ -167,6 +167,29 @@ def run_in(folder, cli, *args, timeout: float = 240) -> subprocess.CompletedProc
     return result
 
 
+def rewrite_record(project, change) -> dict:
+    """The newest devmachine record after change(record) edited it in place, as another run's or an
+    older version's record would read."""
+    path = project / ".jobs" / "devmachine.jsonl"
+    lines = path.read_text().splitlines()
+    record = json.loads(lines[-1])
+    change(record)
+    path.write_text("\n".join([*lines[:-1], json.dumps(record)]) + "\n")
+    return record
+
+
+def without_identity(record: dict) -> None:
+    """A record as written before launcher identities were kept: the pid (in the id) alone."""
+    del record["extra"]["launcher"]
+
+
+def give_pid_to(record: dict, pid: int) -> None:
+    """The record of a run that ended, once its launcher's number went to pid."""
+    record["id"] = f"{record['id'].rpartition(':')[0]}:{pid}"
+    if "launcher" in record["extra"]:
+        record["extra"]["launcher"]["pid"] = pid
+
+
 def test_status_logs_and_cancel_of_a_real_run(cli, demo_data, train_overrides, tmp_path):
     out = tmp_path / "run"
     project = own_project(cli, tmp_path / "project")
@@ -193,9 +216,16 @@ def test_status_logs_and_cancel_of_a_real_run(cli, demo_data, train_overrides, t
         wait_for(lambda: steps_logged(out) >= 3, 180, "three logged steps")
         record = json.loads((project / ".jobs" / "devmachine.jsonl").read_text().splitlines()[-1])
         assert record["id"] == f"{socket.gethostname()}:{launched.pid}" and record["extra"]["output_dir"] == str(out)
+        launcher = record["extra"]["launcher"]
+        assert launcher["pid"] == launched.pid and launcher["cmdline"][-len(record["command"]) :] == record["command"]
         status = run_in(project, cli, "launch", "devmachine", "--action", "status").stdout
         assert f"process: running (launcher pid {launched.pid}; 2 training process(es)" in status, status
         assert "latest: step" in status and "/100000 | loss " in status and "tok/s" in status, status
+        # A record from before identities were kept: the live launcher runs its command and started before it.
+        rewrite_record(project, without_identity)
+        legacy = run_in(project, cli, "launch", "devmachine", "--action", "status").stdout
+        assert f"process: running (launcher pid {launched.pid}; 2 training process(es)" in legacy, legacy
+        rewrite_record(project, lambda r: r["extra"].update(launcher=launcher))
         # Rank 0's own log file, written by torchrun beside the terminal's copy.
         logs = run_in(project, cli, "launch", "devmachine", "--action", "logs").stdout
         assert f"{out}/logs/{socket.gethostname()}/" in logs and "step" in logs and "loss" in logs, logs
@@ -215,7 +245,53 @@ def test_status_logs_and_cancel_of_a_real_run(cli, demo_data, train_overrides, t
     followed = run_in(project, cli, "launch", "devmachine", "--action", "logs", "--follow", timeout=60).stdout
     assert followed.count(f"step {marker['step']:>6}/100000") <= 1 and "loss" in followed
     nothing = run_in(project, cli, "launch", "devmachine", "--action", "cancel").stdout
-    assert "is not running; nothing to cancel" in nothing
+    assert nothing == f"job {record['id']} ended: pid {launched.pid} has exited; nothing signalled\n", nothing
+
+
+def test_a_finished_run_whose_pid_was_reused_is_not_signalled(cli, demo_data, train_overrides, tmp_path):
+    """pids wrap and a restarted container numbers from 1: the recorded launcher's pid, once its run
+    has finished, may name an unrelated process. Neither cancel nor status may take it for the run."""
+    out = tmp_path / "run"
+    project = own_project(cli, tmp_path / "project")
+    short = [*train_overrides, "schedule.max_steps=2", "schedule.warmup_steps=1", f"run.output_dir={out}"]
+    run_in(project, cli, "launch", "devmachine", "--nproc-per-node", "1", *short, f"data.dir={demo_data}")
+    host = socket.gethostname()
+    stranger = subprocess.Popen(["sleep", "300"])  # a process the number went to after the run ended
+    try:
+        rewrite_record(project, lambda record: give_pid_to(record, stranger.pid))
+        cancel = run_in(project, cli, "launch", "devmachine", "--action", "cancel").stdout
+        line = f"job {host}:{stranger.pid} ended: pid {stranger.pid} is now another process (started "
+        assert cancel.startswith(line) and cancel.endswith(", `sleep 300`); nothing signalled\n"), cancel
+        assert len(cancel.splitlines()) == 1 and stranger.poll() is None
+        status = run_in(project, cli, "launch", "devmachine", "--action", "status").stdout
+        assert f"process: not running (launcher pid {stranger.pid} is now another process (started " in status
+        assert "process: running" not in status and "finished: reached max_steps 2" in status, status
+
+        # An older record (the pid alone): `sleep 300` is not the recorded launch command.
+        rewrite_record(project, without_identity)
+        legacy = run_in(project, cli, "launch", "devmachine", "--action", "cancel").stdout
+        assert legacy.startswith(line) and len(legacy.splitlines()) == 1 and stranger.poll() is None, legacy
+        assert "process: running" not in run_in(project, cli, "launch", "devmachine", "--action", "status").stdout
+
+        # An older record that names neither the command nor when it was written: no telling, so no signal.
+        rewrite_record(project, lambda record: record.update(command=[], submitted=""))
+        refused = subprocess.run(
+            cli.command("launch", "devmachine", "--action", "cancel"),
+            cwd=project,
+            env=subprocess_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        assert f"pid {stranger.pid} runs `sleep 300`" in refused.stderr, refused.stderr
+        assert f"nothing signalled: if it is this run, stop it with `kill -TERM {stranger.pid}`" in refused.stderr
+        assert "Traceback" not in refused.stderr and stranger.poll() is None
+        unknown = run_in(project, cli, "launch", "devmachine", "--action", "status").stdout
+        assert f"process: unknown (pid {stranger.pid} runs `sleep 300`" in unknown, unknown
+    finally:
+        stranger.kill()
+        stranger.wait()
 
 
 def test_verbs_without_a_recorded_run_say_how_to_start_one(cli, tmp_path):

@@ -8,21 +8,28 @@
     <package> launch devmachine --action logs [--rank 1] [--follow]   # a rank's own log file
     <package> launch devmachine --action cancel                   # SIGTERM: the ranks save, then stop
 
-The run is the job: it is recorded (jobs.py) as <host>:<pid of this launcher> with its output_dir.
+The run is the job: it is recorded (jobs.py) as <host>:<pid of this launcher> with its output_dir,
+and the launcher's identity (runtime/process_identity.py: its start time, the boot, its command line):
+status and cancel act on the pid only while it is still that process. A record written before
+identities were kept is taken for its launcher where the live process runs the recorded command and
+started before the record was written.
 torchrun writes every rank's output to <output_dir>/logs/<host>/<run id>/attempt_<n>/<local rank>/
 as well as to the terminal (lines there start with [default<local rank>]:).
 """
 
 from __future__ import annotations
 
+import calendar
 import os
 import signal
 import socket
+import time
 from argparse import ArgumentParser, Namespace
 from functools import partial
 from pathlib import Path
 
 from ..cluster.torchrun import run_torchrun, train_entry
+from ..runtime import process_identity
 from ..settings.bounds import count, count_in, host, node_count, non_negative_int, positive_float, tcp_port
 from ..settings.config import Config, ConfigError, under_root
 from ..settings.topology import Topology, default_nproc
@@ -55,19 +62,17 @@ def rank_logs_dir(output_dir: str | Path, host: str | None = None) -> Path:
     return under_root(output_dir) / "logs" / (host or socket.gethostname())
 
 
-def process_alive(pid: int) -> bool:
+def submitted_at(job: Job) -> float | None:
+    """When the record was written, in seconds since the epoch (None when it does not say)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        return calendar.timegm(time.strptime(job.submitted, "%Y-%m-%dT%H:%M:%SZ"))
+    except ValueError:
+        return None
 
 
 class DevMachine(Platform):
     name = "devmachine"
-    extra_fields = {"how": str, **job_history.RUN_FIELDS}
+    extra_fields = {"how": str, "launcher": dict, **job_history.RUN_FIELDS}
     needs_launch_files = False  # torchrun needs nothing generated; launch/devmachine/ only holds scripts
 
     @staticmethod
@@ -124,7 +129,11 @@ class DevMachine(Platform):
                 f"{host}:{os.getpid()}",
                 name=self.args.name or host,
                 where=host,
-                extra={"how": how, **job_history.run_fields(self.cfg, under_root(self.cfg.run.output_dir))},
+                extra={
+                    "how": how,
+                    "launcher": process_identity.record(os.getpid()),
+                    **job_history.run_fields(self.cfg, under_root(self.cfg.run.output_dir)),
+                },
             )
         )
 
@@ -137,9 +146,17 @@ class DevMachine(Platform):
         host, _, pid = job.id.rpartition(":")
         return count_in(pid) if host == socket.gethostname() else None
 
+    @staticmethod
+    def _launcher(job: Job, pid: int) -> dict:
+        """The launcher's identity as recorded, for pid (the id names it); the pid alone in older records."""
+        return {**(job.extra.get("launcher") or {}), "pid": pid}
+
+    def _verdict(self, job: Job, pid: int) -> process_identity.Verdict:
+        return process_identity.check(self._launcher(job, pid), submitted_at(job), job.command)
+
     def _running(self, job: Job) -> bool:
         pid = self._pid_here(job)
-        return pid is not None and process_alive(pid)
+        return pid is not None and self._verdict(job, pid).running is True
 
     def status(self, job: Job) -> int:
         from ..cluster.local_ranks import descends_from, find_ranks
@@ -149,11 +166,13 @@ class DevMachine(Platform):
         pid = self._pid_here(job)
         if pid is None:
             print(f"  process: on {job.id.rpartition(':')[0]}, not this machine: run this there to see it")
-        elif process_alive(pid):
+        elif (verdict := self._verdict(job, pid)).running:
             ranks = [rank for rank in find_ranks(self.package) if descends_from(rank.pid, pid)]  # this run's only
             print(f"  process: running (launcher pid {pid}; {len(ranks)} training process(es) on this machine)")
+        elif verdict.running is False:
+            print(f"  process: not running (launcher {verdict.why})")
         else:
-            print(f"  process: not running (launcher pid {pid} has exited)")
+            print(f"  process: unknown ({verdict.why})")
         max_steps = job.extra.get("max_steps") or self.cfg.schedule.max_steps
         lines = job_history.run_lines(output_dir, max_steps)
         if not any(line.startswith("latest: ") for line in lines):
@@ -186,10 +205,18 @@ class DevMachine(Platform):
         pid = self._pid_here(job)
         if pid is None:
             raise ConfigError(f"{job.id} ran on another machine: run this there, or press Ctrl-C in its terminal")
-        if not process_alive(pid):
-            print(f"{job.id} is not running; nothing to cancel")
+        launcher = self._launcher(job, pid)
+        try:
+            verdict = process_identity.send_signal(launcher, signal.SIGTERM, submitted_at(job), job.command)
+        except PermissionError:
+            raise ConfigError(f"{job.id}: pid {pid} belongs to another user; run the cancel as that user") from None
+        if verdict.running is None:
+            raise ConfigError(
+                f"{job.id}: {verdict.why}; nothing signalled: if it is this run, stop it with `kill -TERM {pid}`"
+            )
+        if not verdict.running:
+            print(f"job {job.id} ended: {verdict.why}; nothing signalled")
             return 0
-        os.kill(pid, signal.SIGTERM)
         print(
             f"sent SIGTERM to {job.id}: the ranks save a checkpoint at the next step and exit 143; "
             "the same launch command resumes from it"
