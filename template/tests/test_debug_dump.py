@@ -187,6 +187,39 @@ def test_clear_errors_when_there_is_nothing_to_dump(cli, tmp_path):
         sleeper.wait()
 
 
+def test_a_rank_whose_pid_went_to_another_process_is_not_attached_to(cli, pkg, tmp_path):
+    """Ranks are found first and dumped one after another: one that ends meanwhile may leave its pid
+    to another process, which is neither attached to nor reported as the rank."""
+    py_spy_installed()
+    dump = pkg.module("diagnostics.debug_dump")
+    stranger = subprocess.Popen(["sleep", "300"])
+    ended = subprocess.Popen(["true"])
+    try:
+        found = pkg.module("cluster.local_ranks").read_process(stranger.pid)
+        identity = dump.identify(found)
+        earlier = {**identity, "start_ticks": identity["start_ticks"] - 1}  # the rank that held the number
+        with pytest.raises(RuntimeError) as refused:
+            dump.dump_process(dump.find_py_spy(), found, earlier, False, False)
+        assert str(refused.value).startswith(
+            f"ended before it could be dumped: pid {stranger.pid} is now another process (started "
+        ), refused.value
+        assert str(refused.value).endswith(", `sleep 300`); nothing attached") and stranger.poll() is None
+
+        # Through the command: a process that has ended (a zombie its parent has not waited for yet).
+        deadline = time.monotonic() + 60  # only against a hang
+        while Path(f"/proc/{ended.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+            assert time.monotonic() < deadline, "`true` did not end"
+            time.sleep(0.05)
+        result = cli("debug-dump", "--pid", ended.pid, "--out", tmp_path / "dump", expect=1)
+        line = f"NOT DUMPED: ended before it could be dumped: pid {ended.pid} has exited; nothing attached"
+        assert line in result.stdout, result.stdout
+        assert sorted(p.name for p in (tmp_path / "dump").iterdir()) == ["summary.json", "summary.txt"]
+    finally:
+        stranger.kill()
+        stranger.wait()
+        ended.wait()
+
+
 def test_a_rank_in_our_data_modules_waits_in_data_loading(pkg):
     """The token stream and the masked-LM batches are data loading wherever the package keeps them."""
     for module in ("data/tokens.py", "data/masked.py", "training/prefetch.py"):

@@ -16,7 +16,9 @@ are NOT in a collective while the others are are the ones to look at. Also lists
 recorder dumps (TORCH_NCCL_DEBUG_INFO_TEMP_FILE) when there are any. Exit 0 when every rank was dumped.
 
 local_ranks.py finds the ranks, rank_stacks.py reads where each one is; here py-spy runs and the files
-and the summary are written.
+and the summary are written. Each rank's identity (runtime/process_identity.py) is taken when it is
+found and checked before and after its dump: a rank that ended meanwhile, its pid taken by another
+process, is not attached to, and a stack read across such a change is not kept.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import sys
 from pathlib import Path
 
 from ..cluster.local_ranks import RankProcess, find_ranks, read_process
+from ..runtime import process_identity
 from ..settings.bounds import process_id
 from .rank_stacks import render_threads, where
 
@@ -101,6 +104,26 @@ def py_spy_dump(py_spy: str, pid: int, local_vars: bool, native: bool) -> list[d
     if not Path(f"/proc/{pid}").exists():
         raise RuntimeError(f"process {pid} ended before it could be dumped")
     raise RuntimeError(first or f"py-spy exited {result.returncode}")
+
+
+def identify(process: RankProcess) -> dict:
+    """The identity of the process found as `process`: its command line as found, so that a number
+    taken by another process between finding and now does not pass for the rank."""
+    identity = process_identity.record(process.pid)
+    return {**identity, "cmdline": process.argv} if "start_ticks" in identity else identity
+
+
+def dump_process(py_spy: str, process: RankProcess, identity: dict, local_vars: bool, native: bool) -> list[dict]:
+    """py_spy_dump of the process identity names; RuntimeError (nothing attached, or the stack
+    dropped) when its pid names another process before or after the dump."""
+    before = process_identity.check(identity)
+    if before.running is False:
+        raise RuntimeError(f"ended before it could be dumped: {before.why}; nothing attached")
+    threads = py_spy_dump(py_spy, process.pid, local_vars, native)
+    after = process_identity.check(identity)
+    if after.running is False:
+        raise RuntimeError(f"ended while it was dumped: {after.why}; its stack is not kept")
+    return threads
 
 
 # ---------------------------------------------------------------------------------------------- context
@@ -184,6 +207,7 @@ def collect(args: argparse.Namespace, package: str = PACKAGE) -> list[RankProces
 def run(cfg, args: argparse.Namespace) -> int:
     try:
         ranks = collect(args)
+        identities = {process.pid: identify(process) for process in ranks}
         py_spy = find_py_spy()
     except DumpError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -206,7 +230,7 @@ def run(cfg, args: argparse.Namespace) -> int:
             "pid": process.pid,
         }
         try:
-            threads = py_spy_dump(py_spy, process.pid, args.local_vars, args.native)
+            threads = dump_process(py_spy, process, identities[process.pid], args.local_vars, args.native)
         except (PermissionError, RuntimeError) as exc:
             failed.append(process)
             record["error"] = str(exc)
