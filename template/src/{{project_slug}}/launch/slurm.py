@@ -41,6 +41,7 @@ import time
 from argparse import ArgumentParser, Namespace
 from pathlib import Path
 
+from ..planning import storage_paths
 from ..planning.slurm_partition import partition_problem, requested
 from ..runtime import process_exit
 from ..settings.bounds import count_in, scheduler_option, signal_name, slurm_name, slurm_time
@@ -268,7 +269,13 @@ class Slurm(Platform):
                 "--image: on Slurm the nodes' Python is the image; choose it with PYTHON=/path/to/python in the "
                 "environment of `launch slurm` (sbatch passes it on)"
             )
-        return code_copy.copy_project(self.cfg, dry_run=self.args.dry_run) if from_storage else None
+        if not from_storage:
+            return None
+        # Written from here at submit: a dry run refuses what the submission would fail on.
+        storage_paths.require_writable_folder(
+            "the project's copy", code_copy.copy_project(self.cfg, dry_run=True).parent
+        )
+        return code_copy.copy_project(self.cfg, dry_run=self.args.dry_run)
 
     def dry_run(self) -> int:
         relative, cmd = self._command()

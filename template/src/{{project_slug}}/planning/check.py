@@ -27,7 +27,7 @@ from .estimates import ASSUMED_MFU, GIB, STOP_WAIT_SHARE, memory, stop_reaction
 from .fit import fit_problem
 from .rules import at_world_size, check_config, config_warnings, resolve_grad_accum
 from .slurm_partition import partition_problem, requested
-from .storage_paths import launch_file_problems
+from .storage_paths import launch_file_note, launch_file_problems
 
 
 def summary(cfg: Config, world: int) -> str:
@@ -97,6 +97,9 @@ def run_check(cfg: Config, world_size: int | None = None, quiet: bool = False) -
                 f"memory fits: {m['total'] / GIB:.1f} of {m['usable'] / GIB:.1f} GiB usable per {cfg.cluster.gpu_type} "
                 f"in {on_gpu_type(cfg)} (`plan` for the details)"
             )
+            note = launch_file_note(cfg, project_root())
+            if note:
+                print(f"note: {note}")
             stop = stop_reaction(cfg, ASSUMED_MFU)
             if stop["tight"]:
                 print(

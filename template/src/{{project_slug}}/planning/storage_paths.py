@@ -2,14 +2,20 @@
 (--code-from-storage) must lie on the storage the platform mounts in every pod or instance (the
 Kubeflow manifests' volume mounts, TI-ONE's task.yaml DataConfigs), or the job would write its
 checkpoints into a container that vanishes with it, or find no data. The paths are judged normalised
-(/mnt/shared/../etc is /etc). `check` judges them against the Kubeflow manifests
-(launch_file_problems), each launch against its own files before submitting; the copy is also written from this machine, at the same path:
-a folder under a file or on read-only storage is refused before anything is copied.
+(/mnt/shared/../etc is /etc), and where the storage is mounted on this machine too, through the
+links they pass below a mount, followed as a node follows them (the storage holds the same links
+there): /mnt/shared/runs -> /home/me/runs lies off the storage whatever its text says. Where the
+storage is not mounted here the links cannot be followed, which `check` says in a note
+(unfollowed_note). `check` judges the paths against the Kubeflow manifests (launch_file_problems),
+each launch against its own files before submitting; the copy is also written from this machine, at
+the same path: a folder under a file or on read-only storage (tried with a file made and removed:
+root passes os.access on a read-only mount) is refused before anything is copied.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from ..settings.config import Config, ConfigError
@@ -49,11 +55,57 @@ def lies_under(path: str, mount: str) -> bool:
     return path == mount or path.startswith(mount.rstrip("/") + "/")
 
 
+MAX_LINKS = 40  # links followed in one path, as Linux follows at most (ELOOP)
+
+
+def followed_on_the_nodes(path: str, mounts: list[str]) -> tuple[str, str | None]:
+    """(where `path` leads on the nodes, the last link below a mount on the way or None): each link
+    below a mount (the mount point itself aside: it is this machine's arrangement) followed from the
+    left, its target read as a node reads it (an absolute one from the root of the pod, which
+    mounts the same storage at the same path); links elsewhere are left alone."""
+    path, via = normalised(path), None
+    for _ in range(MAX_LINKS):
+        parts = Path(path).parts
+        for depth in range(2, len(parts) + 1):
+            prefix = os.path.join(*parts[:depth])
+            below = any(lies_under(prefix, m) and normalised(m) != prefix for m in mounts)
+            if below and os.path.islink(prefix):
+                target = os.readlink(prefix)
+                via = f"{prefix} -> {target}"
+                path = normalised(os.path.join(os.path.dirname(prefix), target, *parts[depth:]))
+                break
+        else:
+            return path, via
+    return path, via  # a loop of links: judged where it stands
+
+
+def unfollowed_note(paths: list[tuple[str, str]], mounts: list[str]) -> str | None:
+    """A note naming the mounts that hold some of `paths` (field, value) but are not mounted here:
+    links on those paths cannot be followed from this machine; None when every one could be."""
+    absent = sorted(
+        {m for _, value in paths for m in mounts if value and lies_under(value, m) and not os.path.isdir(m)}
+    )
+    if not absent:
+        return None
+    fields = " and ".join(dict.fromkeys(f for f, value in paths if any(lies_under(value, m) for m in absent)))
+    return (
+        f"{' and '.join(absent)} {'is' if len(absent) == 1 else 'are'} not mounted on this machine, so links on "
+        f"{fields} were not followed: run check where the storage is mounted to judge them too"
+    )
+
+
 def outside_problem(field: str, value: str, mounts: list[str], where: str) -> str | None:
     """Why `field` (a path a job uses) is not on the mounted storage, or None."""
     normal = normalised(value) if value else value
     if value and os.path.isabs(value) and any(lies_under(value, m) for m in mounts):
-        return None
+        reached, via = followed_on_the_nodes(value, mounts)
+        if via is None or any(lies_under(reached, m) for m in mounts):
+            return None
+        return (
+            f"{field}={value!r} leads off the storage the job's nodes mount ({', '.join(mounts)}, {where}) through "
+            f"the link {via}: on the nodes that is {reached}, inside the pod or instance, where nothing is kept or "
+            f"shared; set {field} to a folder on the storage itself, or point that link under {mounts[0]}"
+        )
     said = f"{field}={value!r}" + (
         f" (that is {normal})" if normal != value else ""
     )  # whole: a path cut short names nothing
@@ -80,6 +132,15 @@ def launch_file_problems(cfg: Config, root: Path) -> list[str]:
     return problems
 
 
+def launch_file_note(cfg: Config, root: Path) -> str | None:
+    """unfollowed_note for run.output_dir and data.dir against the project's Kubeflow manifests."""
+    mounts: list[str] = []
+    for path in sorted((root / "launch" / "kubeflow").glob("*.yaml")):
+        mounts += manifest_mounts(read_yaml(path, "correct that line, or re-render it with `copier update`"))
+    paths = [("run.output_dir", cfg.run.output_dir), ("data.dir", cfg.data.dir)]
+    return unfollowed_note(paths, list(dict.fromkeys(mounts)))
+
+
 def require_on_storage(cfg: Config, mounts: list[str], where: str, copy: Path | None = None) -> None:
     """ConfigError for the first of run.output_dir, data.dir and the copy that lies off the mounts."""
     paths = [("run.output_dir", cfg.run.output_dir), ("data.dir", cfg.data.dir)]
@@ -92,14 +153,20 @@ def require_on_storage(cfg: Config, mounts: list[str], where: str, copy: Path | 
 
 
 def require_writable_folder(what: str, folder: Path) -> None:
-    """ConfigError where `folder` could not be made and written from here: under a file, or read-only."""
+    """ConfigError where `folder` could not be made and written from here: under a file, or read-only
+    (tried: a file made in the nearest folder that exists, and removed)."""
     existing = folder
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
         raise ConfigError(f"{what} {folder} lies under {existing}, which is a file: set run.output_dir elsewhere")
-    if not os.access(existing, os.W_OK | os.X_OK):
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".write-test-", dir=existing)
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as exc:
         raise ConfigError(
-            f"{what} {folder} cannot be written: {existing} is read-only here; mount the shared storage "
-            "writable on this machine at the same path as on the nodes, or set run.output_dir on storage that is"
-        )
+            f"{what} {folder} cannot be written: {existing} refuses new files here ({exc.strerror}); mount the "
+            "shared storage writable on this machine at the same path as on the nodes, or set run.output_dir on "
+            "storage that is"
+        ) from None
