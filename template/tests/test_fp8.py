@@ -7,10 +7,11 @@ output head in bf16, and writes a checkpoint a plain model loads. The GPU rules 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
-from conftest import launch_training
+from conftest import TRAIN_OVERRIDES, launch_training
 
 FP8_RUN = ["run.dtype=bf16", "schedule.max_steps=12", "logging.every_steps=4", "checkpoint.every_steps=0"]
 
@@ -90,3 +91,23 @@ def test_plan_counts_fp8s_speedup(cli, empty_config):
     plain, fp8 = (json.loads(cli(*base, "--json", f"run.fp8={v}").stdout) for v in ("off", "tensorwise"))
     assert plain["time"][0]["hours"] / fp8["time"][0]["hours"] == pytest.approx(1.15)
     assert "1.15x faster with fp8 tensorwise matmuls" in cli(*base, "run.fp8=tensorwise").stdout
+
+
+def test_fp8_where_torchao_cannot_be_imported_is_one_line_and_no_restart(cli, demo_data, tmp_path):
+    """A torchao without torchao.float8 (one from before float8 training, or one another torch broke)
+    first on the path: every rank would fail at its import and torchrun restart them into it; instead
+    the job ends at its first attempt in one line naming the package and the fixes, nothing saved."""
+    site = tmp_path / "site"
+    (site / "torchao").mkdir(parents=True)
+    (site / "torchao" / "__init__.py").write_text("")
+    out = tmp_path / "run"
+    args = ["launch", "devmachine", "--nproc-per-node", 2, *TRAIN_OVERRIDES, f"data.dir={demo_data}"]
+    args += [f"run.output_dir={out}", *FP8_RUN, "run.fp8=tensorwise", "cluster.max_restarts=3"]
+    proc = cli(*args, env={"PYTHONPATH": os.pathsep.join([str(cli.root / "src"), str(site)])}, expect=1)
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    for words in ("run.fp8=tensorwise needs the torchao package", "torchao.float8", "pip install", "run.fp8=off"):
+        assert words in lines[0], lines[0]
+    assert {p.name for p in (out / "logs").rglob("attempt_*")} == {"attempt_0"}
+    assert not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()

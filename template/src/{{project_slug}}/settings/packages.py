@@ -1,10 +1,12 @@
 """The packages a project installs only for some of its uses (pyproject.toml's extras: deepspeed,
-bert, export, image, kubeflow, ray, tione), each imported through require_package: a missing one is
-one line naming what needs it, the extra and the package, never a ModuleNotFoundError from deep
+bert, export, image, kubeflow, ray, tione), and those of its own dependencies imported only when a
+setting asks (torchao for run.fp8), each imported through require_package: a missing or broken one
+is one line naming what needs it, the extra and the package, never a ModuleNotFoundError from deep
 inside a command (a dry run included). Such a failure is one a restart cannot fix (a ConfigError).
 
     transformers = require_package("transformers", "bert", "BERT models and vocab.txt tokenizers")
     require_package("kubernetes", "kubeflow", "launch kubeflow", "or print the manifest with --dry-run")
+    require_package("torchao.float8", "", "run.fp8=rowwise", "or set run.fp8=off")  # "": not an extra
 
 Plain Python, without torch: the launchers, the image builder, the strategies and the models all
 ask it, before anything heavier is imported.
@@ -26,15 +28,20 @@ INSTALL = {
 
 
 def require_package(module: str, extra: str, purpose: str, alternative: str = "") -> ModuleType:
-    """The imported module, or a ConfigError: `purpose` needs it; install the project's `extra` (or
-    the package alone); `alternative`, if given, what works without it."""
+    """The imported module, or a ConfigError: `purpose` needs it; install the project's `extra` (""
+    for a package of the project's own dependencies) or the package alone; `alternative`, if given,
+    what works without it. A package that is there but fails as it is imported (built for another
+    torch, a version without the module) is said in the same line, with its own error."""
+    top = module.split(".")[0]
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        top = module.split(".")[0]
-        how = INSTALL.get(top, f"pip install {top}")
-        instead = f"; {alternative}" if alternative else ""
-        raise ConfigError(
-            f"{purpose} needs the {top} package, which is not installed here ({exc.msg}): "
-            f"`pip install -e '.[{extra}]'` in the project, or `{how}`{instead}"
-        ) from None
+        installed = exc.name != top  # it is there, but a module of it or one it imports is not
+        why = f"which fails to import here ({exc.msg})" if installed else f"which is not installed here ({exc.msg})"
+    except Exception as exc:  # noqa: BLE001 - whatever its import raises, the line names it
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        why = f"which fails to import here ({type(exc).__name__}: {first})"
+    how = INSTALL.get(top, f"pip install {top}")
+    project = f"`pip install -e '.[{extra}]'`" if extra else "`pip install -e .`"
+    instead = f"; {alternative}" if alternative else ""
+    raise ConfigError(f"{purpose} needs the {top} package, {why}: {project} in the project, or `{how}`{instead}")

@@ -21,6 +21,7 @@ from ..runtime.distributed import gpu_capability
 from ..runtime.run_context import Run
 from ..settings import precision
 from ..settings.config import ConfigError
+from ..settings.packages import require_package
 from .common import compiled
 
 HEAD_NAMES = ("lm_head", "decoder")  # gpt's output head, BERT's masked-LM decoder
@@ -53,8 +54,8 @@ def convertible(module: torch.nn.Module, name: str) -> bool:
 def to_float8(model: torch.nn.Module, run: Run) -> torch.nn.Module:
     """The model with its convertible linear layers multiplying in fp8 (in place), per run.fp8."""
     require_fp8(run)
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # its import noise: cli.QUIET_LOGGERS
-
-    recipe = Float8LinearConfig.from_recipe_name(run.cfg.run.fp8)
+    # A project's own dependency, imported only here; its import noise: cli.QUIET_LOGGERS.
+    float8 = require_package("torchao.float8", "", f"run.fp8={run.cfg.run.fp8}", "or set run.fp8=off")
+    recipe = float8.Float8LinearConfig.from_recipe_name(run.cfg.run.fp8)
     config = dataclasses.replace(recipe, emulate=run.device.type != "cuda")
-    return convert_to_float8_training(model, config=config, module_filter_fn=convertible)
+    return float8.convert_to_float8_training(model, config=config, module_filter_fn=convertible)
