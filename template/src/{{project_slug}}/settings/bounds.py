@@ -36,6 +36,8 @@ class Range:
     low_open: bool = False
     """The low end itself is outside (a fraction above 0, a timeout longer than 0)."""
     high_open: bool = False
+    high_words: str = ""
+    """What the high end is in the user's terms ("a week"), said beside its number."""
 
     def holds(self, value: float) -> bool:
         if value == 0 and math.copysign(1.0, value) < 0 <= self.low:
@@ -47,7 +49,8 @@ class Range:
     def words(self) -> str:
         ends = [f"{'above' if self.low_open else 'at least'} {_number(self.low)}"]
         if self.high != math.inf:
-            ends.append(f"{'below' if self.high_open else 'at most'} {_number(self.high)}")
+            named = f" ({self.high_words})" if self.high_words else ""
+            ends.append(f"{'below' if self.high_open else 'at most'} {_number(self.high)}{named}")
         return " and ".join(ends)
 
 
@@ -68,6 +71,13 @@ MAX_GPUS_PER_NODE = 16
 MAX_COUNT = 10**12
 """Steps, tokens, batch sizes: far beyond any run, far below where float arithmetic loses whole numbers."""
 
+# A wait longer than these is no wait a run means; far longer ones overflow what takes them
+# (threading.Timer's TIMEOUT_MAX, signal.alarm's unsigned int) in a thread or a handler, where the
+# overflow would end the watchdog or the stop instead of the run.
+WEEK_MINUTES = 7 * 24 * 60
+DAY_SECONDS = 24 * 60 * 60
+TIMEOUT_MINUTES = Range(0, WEEK_MINUTES, low_open=True, high_words="a week")
+
 COUNT = Range(1, MAX_COUNT)
 NON_NEGATIVE = Range(0, MAX_COUNT)
 POSITIVE = Range(0, MAX_COUNT, low_open=True)
@@ -78,7 +88,7 @@ BOUNDS: dict[str, Range] = {
     "cluster.nodes": Range(1, MAX_NODES),
     "cluster.gpus_per_node": Range(1, MAX_GPUS_PER_NODE),
     "cluster.max_restarts": NON_NEGATIVE,
-    "cluster.stop_grace_seconds": NON_NEGATIVE,
+    "cluster.stop_grace_seconds": Range(0, DAY_SECONDS, high_words="a day"),
     "model.n_kv_head": COUNT,
     "model.sequence_len": COUNT,
     "model.softcap": NON_NEGATIVE,
@@ -97,6 +107,8 @@ BOUNDS: dict[str, Range] = {
     "optim.beta2": BETA,
     "optim.eps": NON_NEGATIVE,
     "optim.grad_clip": NON_NEGATIVE,
+    "optim.max_skipped_steps": NON_NEGATIVE,
+    "optim.loss_spike_factor": NON_NEGATIVE,
     "optim.matrix_lr": NON_NEGATIVE,
     "optim.embedding_lr": NON_NEGATIVE,
     "optim.unembedding_lr": NON_NEGATIVE,
@@ -119,9 +131,10 @@ BOUNDS: dict[str, Range] = {
     "eval.tasks_max_per_task": COUNT,
     # numpy seeds each rank with seed + rank, and numpy takes at most 2**32 - 1
     "run.seed": Range(0, 2**31 - 1),
-    "run.collective_timeout_minutes": POSITIVE,
-    "run.debug_timeout_minutes": POSITIVE,
-    "run.first_step_timeout_minutes": NON_NEGATIVE,
+    "run.collective_timeout_minutes": TIMEOUT_MINUTES,
+    "run.debug_timeout_minutes": TIMEOUT_MINUTES,
+    "run.start_timeout_minutes": TIMEOUT_MINUTES,
+    "run.first_step_timeout_minutes": Range(0, WEEK_MINUTES, high_words="a week; 0 turns the watchdog off"),
     "parallel.tensor": COUNT,
     "parallel.pipeline": COUNT,
 }

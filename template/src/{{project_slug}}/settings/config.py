@@ -163,6 +163,13 @@ class OptimConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0
     """Global gradient-norm clip; 0 disables."""
+    max_skipped_steps: int = 3
+    """The divergence guard (training/divergence.py): a step whose loss or gradient norm is not finite
+    is not applied, and this many such steps in a row stop the run with one line naming the newest
+    checkpoint to resume from with a lower rate (checked at the logging steps); 0: skip them, never stop."""
+    loss_spike_factor: float = 0.0
+    """Also leave out a step whose loss exceeds this factor times the running mean of the applied
+    steps' losses (e.g. 3); 0: off. DDP only (DeepSpeed applies its update before a verdict)."""
 
 
 @dataclass
@@ -282,6 +289,10 @@ class RunConfig:
     """How long a collective may wait for the other ranks before the process group aborts."""
     debug_timeout_minutes: float = 2.0
     """The collective timeout under run.debug / TRAIN_DEBUG=1: a hang surfaces (and dumps) sooner."""
+    start_timeout_minutes: float = 3.0
+    """How long a rank waits for the process group to start (every rank at the store, then the
+    backend's connections) before it exits 1 in one line naming whom it waited for, so torchrun's
+    next restart or the job's end follows; at most half the collective timeout in force."""
     first_step_timeout_minutes: float = 30.0
     """A rank that has not finished its first step this long after it started (loading, compiling,
     the first collectives) prints its Python stacks and exits 1, so the platform's restart policy can

@@ -49,6 +49,34 @@ def clip_gradients(
     return norm
 
 
+def skip_step(optimizer: torch.optim.Optimizer, skip: torch.Tensor, update, scaled: bool = False) -> None:
+    """Run update() (the optimizer's step, maybe through the loss scaler) so that it changes nothing
+    where skip (a device bool tensor) is set, decided on the device: the host never waits for the
+    verdict. Optimizers that take `found_inf` (ours; torch's fused ones, unless the loss scaler hands
+    them its own: scaled) leave the step out themselves. For any other (torch's unfused AdamW, which
+    this package builds on a CPU only) the weights and state the step changed are put back; state the
+    step created (its first) goes back to AdamW's start, zeros."""
+    if getattr(optimizer, "takes_found_inf", False) or (optimizer.defaults.get("fused") and not scaled):
+        optimizer.found_inf = skip.to(torch.float32)
+        try:
+            update()
+        finally:
+            del optimizer.found_inf
+        return
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    with torch.no_grad():
+        before = {id(t): t.clone() for t in params + _state_tensors(optimizer)}
+    update()
+    with torch.no_grad():
+        for t in params + _state_tensors(optimizer):
+            old = before.get(id(t))
+            t.copy_(torch.where(skip.to(t.device), old if old is not None else torch.zeros_like(t), t))
+
+
+def _state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
+
+
 def param_groups(model, weight_decay: float) -> list[dict]:
     """AdamW groups: weight decay shrinks matrices toward zero; on embedding tables it only hurts rare tokens."""
 

@@ -23,7 +23,7 @@ from ..runtime.run_context import Run
 from ..runtime.unrecoverable import raise_on_every_rank
 from ..settings.config import ConfigError
 from ..settings.precision import INITIAL_SCALE_POWER, SCALE_WINDOW
-from .common import clip_gradients, compiled
+from .common import clip_gradients, compiled, skip_step
 from .optimizer import build_optimizer, groups_line, peak_lrs, set_schedule
 
 
@@ -82,12 +82,15 @@ class DDPStrategy:
     def backward(self, loss: torch.Tensor, micro: int) -> None:
         self.scaler.scale(loss / self.accum).backward()
 
-    def step(self) -> torch.Tensor:
-        """Unscale, clip, update (skipped by the scaler if the gradients overflowed), clear; returns
-        the gradient norm before clipping (inf or NaN on a skipped step)."""
+    def step(self, judge) -> torch.Tensor:
+        """Unscale, clip, update unless judge(norm) (the divergence guard's verdict, a device tensor)
+        says not to or the scaler finds the gradients overflowed, clear; returns the gradient norm
+        before clipping (inf or NaN on a skipped step)."""
         self.scaler.unscale_(self.optimizer)
         grad_norm = clip_gradients(self.module.parameters(), self.cfg.optim.grad_clip)
-        self.scaler.step(self.optimizer)
+        skip_step(
+            self.optimizer, judge(grad_norm), lambda: self.scaler.step(self.optimizer), scaled=self.scaler.is_enabled()
+        )
         self.scaler.update()
         if self.scaler.is_enabled():  # the scaler skips exactly the steps with a non-finite gradient
             self.skipped += ~torch.isfinite(grad_norm)
@@ -140,5 +143,6 @@ class DDPStrategy:
             self.scaler.load_state_dict(state["grad_scaler"])
         self.skipped.fill_(state.get("skipped_steps", 0))
         checkpoint.restore_rank_rng(state["rng"], self.run.rank, self.cfg.run.seed)
+        self.resumed_state = {"divergence": state.get("divergence")}  # the loop's own state
         print0(f"resumed from {latest} at step {state['step']}" + "".join(f"; {n}" for n in notes))
         return state["step"]

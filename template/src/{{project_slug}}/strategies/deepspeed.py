@@ -44,7 +44,7 @@ from ..runtime.unrecoverable import raise_on_every_rank
 from ..settings.config import Config, ConfigError
 from ..settings.packages import require_package
 from ..settings.precision import HYSTERESIS, INITIAL_SCALE_POWER, MIN_LOSS_SCALE, SCALE_WINDOW, fp16_zero0_refusal
-from .common import clip_gradients, compiled, param_groups
+from .common import clip_gradients, compiled, param_groups, skip_step
 
 STAGING = ".staging"  # where a save is written before it is renamed into place
 
@@ -394,20 +394,29 @@ class DeepSpeedStrategy:
         return nullcontext()  # DeepSpeed skips the all-reduce off the accumulation boundary itself
 
     def backward(self, loss: torch.Tensor, micro: int) -> None:
-        """engine.backward scales by 1/accum; engine.step updates only on the accumulation boundary."""
+        """engine.backward scales by 1/accum; engine.step updates only on the accumulation boundary,
+        which step() reaches after the guard's verdict."""
         self.engine.backward(loss)
         last = micro == self.accum - 1
         assert self.engine.is_gradient_accumulation_boundary() == last
-        if last and self.clips_itself:
-            # ZeRO 0 in fp32 neither clips nor reports a norm (deepspeed_config gives it no clipping);
-            # the gradients are already all-reduced at this point.
-            self._grad_norm = clip_gradients(self.module.parameters(), self.cfg.optim.grad_clip)
-        self.engine.step()
+        if not last:
+            self.engine.step()  # counts the micro step; no update
 
-    def step(self) -> torch.Tensor:
-        """The update already happened in the last backward; returns the norm before clipping, the
-        one the gradients were clipped by."""
-        return norm_tensor(self._grad_norm if self.clips_itself else self.engine.get_global_grad_norm())
+    def step(self, judge) -> torch.Tensor:
+        """The update, on the accumulation boundary; returns the norm before clipping, the one the
+        gradients were clipped by. ZeRO 1-3 leave out a step with non-finite gradients themselves (in
+        every precision: DeepSpeed's overflow check), so judge(norm) only records the verdict there.
+        ZeRO 0 in fp32 neither clips nor reports a norm (deepspeed_config gives it no clipping): the
+        strategy clips, with the gradients already all-reduced, and leaves out a step judge refuses
+        (common.skip_step)."""
+        if not self.clips_itself:
+            self.engine.step()
+            norm = norm_tensor(self.engine.get_global_grad_norm())
+            judge(norm)
+            return norm
+        self._grad_norm = clip_gradients(self.module.parameters(), self.cfg.optim.grad_clip)
+        skip_step(self.engine.optimizer, judge(self._grad_norm), self.engine.step)
+        return norm_tensor(self._grad_norm)
 
     def loss_scaling(self) -> dict:
         """{"loss_scale", "skipped"} under fp16 (skipped: steps of the run so far); {} otherwise."""
@@ -498,6 +507,7 @@ class DeepSpeedStrategy:
                 if isinstance(state.get("step"), torch.Tensor):
                     state["step"] = state["step"].clone()
         checkpoint.restore_rank_rng(client["rng"], self.run.rank, self.cfg.run.seed)
+        self.resumed_state = {"divergence": client.get("divergence")}  # the loop's own state
         notes = "".join(f"; {n}" for n in self.resume_notes)
         print0(f"resumed from {self.resume_point} at step {client['step']}{notes}")
         return client["step"]

@@ -59,7 +59,13 @@ def orthogonalize(g: torch.Tensor) -> torch.Tensor:
 
 class MuonAdamW(torch.optim.Optimizer):
     """Groups of kind "muon" (matrices of one shape: lr, momentum, beta2, weight_decay) and of kind
-    "adamw" (lr, betas, eps, weight_decay), stepped together."""
+    "adamw" (lr, betas, eps, weight_decay), stepped together.
+
+    A caller may set `found_inf` (a 0-dim float tensor on the device, torch's name for it) before a
+    step: where it is 1 the step changes nothing, weights and state alike, decided on the device
+    (training/divergence.py)."""
+
+    takes_found_inf = True
 
     def __init__(self, groups: list[dict], world_size: int = 1, rank: int = 0, fused: bool = False):
         super().__init__(groups, defaults={})
@@ -67,13 +73,14 @@ class MuonAdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        found_inf = getattr(self, "found_inf", None)
         for group in self.param_groups:
             if group["kind"] == "muon":
-                self._muon_step(group)
+                self._muon_step(group, found_inf)
             else:
-                self._adamw_step(group)
+                self._adamw_step(group, found_inf)
 
-    def _adamw_step(self, group: dict) -> None:
+    def _adamw_step(self, group: dict, found_inf: torch.Tensor | None) -> None:
         params = [p for p in group["params"] if p.grad is not None]
         if not params:
             return
@@ -84,6 +91,8 @@ class MuonAdamW(torch.optim.Optimizer):
                 state["exp_avg"] = torch.zeros_like(p)
                 state["exp_avg_sq"] = torch.zeros_like(p)
         beta1, beta2 = group["betas"]
+        if found_inf is not None and not self.fused and found_inf.item():
+            return  # only the fused kernels take found_inf (this path: Apple's MPS, where reading it is cheap)
         adamw(
             params,
             [p.grad for p in params],
@@ -100,13 +109,20 @@ class MuonAdamW(torch.optim.Optimizer):
             weight_decay=group["weight_decay"],
             eps=group["eps"],
             maximize=False,
+            **({"found_inf": found_inf} if found_inf is not None and self.fused else {}),
         )
 
-    def _muon_step(self, group: dict) -> None:
+    def _muon_step(self, group: dict, found_inf: torch.Tensor | None) -> None:
         params = group["params"]
         if params[0].grad is None:
             return
         grads = torch.stack([p.grad for p in params])
+        # A step not to apply: zero gradients, the state's rates and the step times 0 (all finite, so the
+        # product is exactly 0); the same numbers as without found_inf when it is 0.
+        applied = None
+        if found_inf is not None:
+            applied = (found_inf == 0).to(grads.dtype)
+            grads.masked_fill_(found_inf != 0, 0.0)
         state = self.state[params[0]]  # the group's state, kept with its first matrix
         if not state:
             rows, cols = params[0].shape
@@ -115,7 +131,7 @@ class MuonAdamW(torch.optim.Optimizer):
             state["second_moment"] = grads.new_zeros((len(params), rows, 1) if rows >= cols else (len(params), 1, cols))
         momentum = group["momentum"]
         buf = state["momentum_buffer"]
-        buf.lerp_(grads, 1 - momentum)
+        buf.lerp_(grads, 1 - momentum if applied is None else (1 - momentum) * applied)
         update = self._orthogonalized(grads.lerp_(buf, momentum))  # Nesterov: the gradient pulled toward the momentum
 
         rows, cols = update.shape[-2:]
@@ -123,7 +139,7 @@ class MuonAdamW(torch.optim.Optimizer):
         v_mean = update.square().mean(dim=reduce_dim, keepdim=True)
         norm_before = (v_mean.sum(dim=(-2, -1), keepdim=True) * update.size(reduce_dim)).sqrt()
         second = state["second_moment"]
-        second.lerp_(v_mean, 1 - group["beta2"])
+        second.lerp_(v_mean, 1 - group["beta2"] if applied is None else (1 - group["beta2"]) * applied)
         scale = second.clamp_min(1e-10).rsqrt()
         norm_after = ((v_mean * update.size(reduce_dim)) * scale.square()).sum(dim=(-2, -1), keepdim=True).sqrt()
         update = update * (scale * (norm_before / norm_after.clamp_min(1e-10)))
@@ -131,7 +147,8 @@ class MuonAdamW(torch.optim.Optimizer):
         lr = group["lr"] * math.sqrt(max(1.0, rows / cols))
         weights = torch.stack([p.detach() for p in params])
         agree = (update * weights) >= 0  # cautious weight decay
-        weights.sub_(lr * update + (lr * group["weight_decay"]) * weights * agree)
+        delta = lr * update + (lr * group["weight_decay"]) * weights * agree
+        weights.sub_(delta if applied is None else delta * applied)
         for p, new in zip(params, weights):
             p.copy_(new)
 

@@ -117,4 +117,7 @@ def format_step(record: dict, max_steps: int) -> str:
     parts.append(f"{1000 * record['step_time']:.0f} ms/step")
     if "loss_scale" in record:
         parts.append(f"loss scale {record['loss_scale']:g}, {record.get('skipped', 0)} skipped")
+    if record.get("not_applied"):
+        n = record["not_applied"]
+        parts.append(f"{n} step{'s' if n > 1 else ''} not applied")
     return " | ".join(parts)

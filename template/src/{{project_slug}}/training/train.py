@@ -52,7 +52,6 @@ from ..planning.rules import at_world_size, require_valid, resolve_grad_accum, s
 from ..runtime import faults
 from ..runtime.distributed import (
     DistInfo,
-    all_reduce_mean,
     autocast_context,
     collective_timeout,
     finish,
@@ -67,6 +66,7 @@ from ..settings.config import Config, ConfigError, changed, save_config
 from ..settings.precision import fp8_note
 from ..strategies import build_strategy
 from . import preemption, prefetch, run_lock, schedule
+from .divergence import DivergenceGuard, weights_are_finite
 from .metrics import MetricsLogger, format_step, mfu, peak_flops
 
 
@@ -184,6 +184,10 @@ def _train_steps(run: Run, resume: bool, lock: run_lock.RunLock | None, watchdog
     strategy = build_strategy(run, meta["vocab_size"], resume)
     num_params, flops_per_token, peak = strategy.num_params, strategy.flops_per_token, peak_flops(device, precision)
     start_step = strategy.resume(ckpt_dir, resume)
+    # Under fp16 an overflowing gradient is the loss scaler's to skip; a pipeline engine reports the
+    # norm after its update (or none): there the guard judges the loss.
+    guard = DivergenceGuard(cfg, device, run.is_main, judges_norm=precision != "fp16" and not strategy.consumes_batches)
+    guard.load_state_dict(getattr(strategy, "resumed_state", {}).get("divergence"))
     stop = preemption.StopRequest(cfg.cluster.stop_grace_seconds, cfg.logging.every_steps)
     if run.is_main:  # the first writes of this run to the folder, after every refusal
         out.mkdir(parents=True, exist_ok=True)
@@ -208,13 +212,26 @@ def _train_steps(run: Run, resume: bool, lock: run_lock.RunLock | None, watchdog
         print0(f"already trained to step {start_step} (schedule.max_steps={s.max_steps}); nothing to do")
         return 0
 
+    def newest_checkpoint():
+        """Collective (every rank asks at once, about to stop): rank 0's reading, the message every rank raises."""
+        return share_from_main(checkpoint.named_by_latest(ckpt_dir) if run.is_main else None)
+
     def save(done: int) -> None:
+        guard.check(newest_checkpoint)
+        # Belt and braces: no checkpoint of weights that are not finite, whatever the guard let through.
+        if not bool(weights_are_finite(getattr(p, "ds_tensor", p) for p in strategy.module.parameters())):
+            raise_on_every_rank(
+                f"the weights are not finite at step {done}: nothing saved; the newest checkpoint, "
+                f"{newest_checkpoint()}, is the one to resume from with a lower learning rate",
+                run.is_main,
+                key="optim.lr",
+            )
         positions = [
             micro_batch_start(done, 0, r, run.global_batch_size, run.micro_batch_size, accum)
             for r in range(data_parallel)
         ]
         state = checkpoint.run_state(cfg, done, run.world_size, data_parallel, positions, trained_on)
-        strategy.save(ckpt_dir, done, state)
+        strategy.save(ckpt_dir, done, {**state, "divergence": guard.state_dict()})
 
     # Records after the checkpoint's step were written by the attempt that died: they are redone.
     logger = MetricsLogger(out, run.is_main, cfg.logging.tensorboard, resume_step=start_step)
@@ -233,7 +250,8 @@ def _train_steps(run: Run, resume: bool, lock: run_lock.RunLock | None, watchdog
         lr = strategy.peak_lr * point.lr_factor
         if strategy.consumes_batches:  # a pipeline engine schedules the micro batches over its stages itself
             loss_sum, grad_norm = strategy.train_batch(batches)
-            loss_sum = loss_sum * accum
+            guard.observe_loss(loss_sum)
+            guard.judge(step, None)
         else:
             loss_sum = torch.zeros((), device=device)
             for micro, (x, y, keys) in enumerate(batches):
@@ -243,7 +261,9 @@ def _train_steps(run: Run, resume: bool, lock: run_lock.RunLock | None, watchdog
                         loss = strategy.runnable(x, y)
                     strategy.backward(faults.overflow(loss, step, micro), micro)
                 loss_sum += loss.detach()
-            grad_norm = strategy.step()  # clip, update, clear; the norm before clipping
+            guard.observe_loss(loss_sum / accum)
+            # clip, update unless the guard says not to, clear; the norm before clipping
+            grad_norm = strategy.step(functools.partial(guard.judge, step))
         done, window_steps = step + 1, window_steps + 1
         last = done == s.max_steps
 
@@ -251,7 +271,8 @@ def _train_steps(run: Run, resume: bool, lock: run_lock.RunLock | None, watchdog
         # queues work ahead and the losses and norms stay on the device.
         logged = done % cfg.logging.every_steps == 0 or last
         if logged:
-            loss_value = all_reduce_mean(loss_sum / accum).item()  # .item() also waits for the GPU
+            skipped = guard.check(newest_checkpoint)  # also waits for the device
+            loss_value = guard.loss.item()
             step_time = (time.perf_counter() - window_start) / window_steps
             record = {
                 "step": done,
@@ -263,6 +284,7 @@ def _train_steps(run: Run, resume: bool, lock: run_lock.RunLock | None, watchdog
                 "step_time": step_time,
                 "tokens": done * tokens_per_step,
                 **strategy.loss_scaling(),  # fp16: loss_scale, skipped (steps of the run so far)
+                **({"not_applied": skipped} if skipped else {}),  # the divergence guard's, in this attempt
             }
             logger.log(record)
             print0(format_step(record, s.max_steps))
