@@ -6,6 +6,7 @@ verbs every platform has (status, logs, cancel) against a real 2-process run, an
 
 from __future__ import annotations
 
+import ast
 import json
 import shlex
 import shutil
@@ -329,24 +330,93 @@ def test_sinfo_lines_of_every_shape(pkg):
 
 
 # What a broken or hostile sinfo prints: other scripts' digits, a count of 5000 digits (int() refuses
-# past 4300), bytes decoded with replacement characters. Each such line is skipped, or its part read as none.
+# past 4300), more GPUs or CPUs than any node holds, bytes decoded with replacement characters. A node
+# line with such a count is no node that can be judged (a 5000-digit GPU count is not 0 GPUs).
 ODD_SINFO = [
     "gpu*|n1|\u00b2\u00b2|1000|gpu:4",  # superscript digits: str.isdigit says yes, int() says no
     "gpu*|n2|\u0663\u0662|1000|gpu:4",  # Arabic-Indic digits
     f"gpu*|n3|{'9' * 5000}|1000|gpu:4",
-    f"gpu*|n4|8|{'9' * 5000}|gpu:{'9' * 5000}",
+    f"gpu*|n4|8|1000|gpu:{'9' * 5000}",
     "gpu*|n5|8|1000|gpu:\u00b2",
+    "gpu*|n6|8|1000|gpu:a100:129",  # 16 GPUs of 7 MIG slices are 112
+    "gpu*|n7|99999|1000|gpu:4",
     "\ufffd\ufffd|\ufffd|8|\ufffd|\ufffd",
 ]
 
 
-def test_odd_sinfo_lines_are_skipped_not_a_traceback(pkg):
+def test_odd_sinfo_lines_are_unreadable_nodes_not_a_traceback(pkg):
     nodes = pkg.slurm_partition.parse_sinfo("\n".join(ODD_SINFO))
-    assert [(n.name, n.cpus, n.memory_mb, n.gpus) for n in nodes] == [
-        ("n4", 8, 0, {}),
-        ("n5", 8, 1000, {}),
-        ("\ufffd", 8, 0, {}),
+    assert [(n.name, n.unreadable) for n in nodes] == [
+        ("n1", "CPUs (%c) '\u00b2\u00b2'"),
+        ("n2", "CPUs (%c) '\u0663\u0662'"),
+        ("n3", f"CPUs (%c) '{'9' * 20}'... (5000 characters)"),
+        ("n4", f"generic resources (%G) 'gpu:{'9' * 16}'... (5004 characters)"),
+        ("n5", "generic resources (%G) 'gpu:\u00b2'"),
+        ("n6", "generic resources (%G) 'gpu:a100:129'"),
+        ("n7", "CPUs (%c) '99999'"),
+        ("\ufffd", "memory in MB (%m) '\ufffd'"),
     ]
+    mig = pkg.slurm_partition.parse_sinfo("gpu*|m1|224|2000000|gpu:1g.10gb:112(S:0-1)")
+    assert [(n.gpus, n.unreadable) for n in mig] == [({"1g.10gb": 112}, "")]
+
+
+def test_a_partition_with_a_node_sinfo_cannot_count_is_not_judged(pkg):
+    """A 5000-digit GPU count read as 0 GPUs gave the advice to ask for 0: the partition is not
+    judged (sbatch judges the request), and the caller's warning names the node and the value."""
+    partition = pkg.slurm_partition
+    nodes = partition.parse_sinfo(f"gpu*|g1|64|512000|gpu:{'9' * 5000}\ncpu|c1|64|256000|(null)\n")
+    notes: list[str] = []
+    assert partition.partition_problem(partition.requested(SEED_SCRIPT, []), nodes, notes) is None
+    assert notes == [
+        f"slurm default partition gpu: sinfo reports generic resources (%G) 'gpu:{'9' * 16}'... (5004 characters) "
+        "for node g1, which is no count a node can hold, so the request is not checked against the partition "
+        "(sbatch judges it)"
+    ]
+    # Another partition's nodes are judged as before.
+    cpu_job = partition.requested(SEED_SCRIPT, ["--partition=cpu", "--gpus-per-node=0", "--cpus-per-task=128"])
+    assert "(c1) has 64" in partition.partition_problem(cpu_job, nodes, notes) and len(notes) == 1
+
+
+NOT_UTF8 = b"JobId=7 JobName=caf\xe9 JobState=RUNNING Restarts=0\n   StdOut=/runs/caf\xe9 log-7.out\n"
+
+
+def test_every_slurm_client_output_is_read_as_text_whatever_its_bytes(pkg, tmp_path):
+    """scontrol, sacct and sinfo print a job's or node's name in the bytes it was given: output that is
+    not UTF-8 reads with replacement characters (slurm_output), never a UnicodeDecodeError."""
+    partition, slurm = pkg.slurm_partition, pkg.module("launch.slurm")
+    printer = [sys.executable, "-c", f"import sys; sys.stdout.buffer.write({NOT_UTF8!r})"]
+    out = partition.slurm_output(printer)
+    assert out.returncode == 0 and "caf\ufffd" in out.stdout
+    fields = slurm.parse_job_fields(out.stdout)
+    assert (fields["JobId"], fields["JobName"], fields["JobState"]) == ("7", "caf\ufffd", "RUNNING")
+    assert fields["StdOut"] == "/runs/caf\ufffd log-7.out"
+    assert partition.slurm_output([str(tmp_path / "no-such-client")]) is None
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    assert partition.slurm_output(sleeper, timeout=0.5) is None  # does not answer: None, not a traceback
+    # sacct's -P lines: a warning, a line cut short and an empty state are no job's line.
+    columns = "|".join(slurm.ACCOUNTING_COLUMNS)
+    assert slurm.parse_accounting("sacct: error: Problem talking to the database\n7|x|\n7|x||1|n1|00:01|0:0\n") == {}
+    row = slurm.parse_accounting(f"{columns}\n7|caf\ufffd|COMPLETED|1|n1|00:01:02|0:0\n")
+    assert row["State"] == "COMPLETED" and row["JobName"] == "caf\ufffd"
+
+
+def test_slurm_clients_are_all_run_through_one_reader(pkg):
+    """Every subprocess the Slurm modules start decodes its output as slurm_output does (the fix once
+    made for sinfo alone): inside slurm_output, or with its SLURM_TEXT."""
+    for name in ("planning.slurm_partition", "launch.slurm"):
+        path = pkg.module(name).__file__
+        tree = ast.parse(open(path).read())
+        helpers = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "slurm_output"]
+        inside = {id(n) for helper in helpers for n in ast.walk(helper)}
+        for call in ast.walk(tree):
+            starts = isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+            if not (starts and isinstance(call.func.value, ast.Name) and call.func.value.id == "subprocess"):
+                continue
+            spread = [k.value for k in call.keywords if k.arg is None]
+            shared = any(isinstance(v, ast.Name) and v.id == "SLURM_TEXT" for v in spread)
+            assert id(call) in inside or shared, (
+                f"{path}:{call.lineno}: subprocess.{call.func.attr} outside slurm_output"
+            )
 
 
 @pytest.mark.parametrize(

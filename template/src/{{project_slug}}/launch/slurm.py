@@ -25,7 +25,8 @@ and returns the final run's exit status; the end line counts the restarts.
 
 Status reads `scontrol show job` (Slurm keeps a job there MinJobAge seconds, 300 by default, after it
 ends), then `sacct` where the cluster keeps accounting, then what the project holds of it
-(job_history.py: the state last seen, its log, its run folder).
+(job_history.py: the state last seen, its log, its run folder). Every Slurm client's output is read
+as planning/slurm_partition.py's slurm_output reads it: bytes that are not UTF-8 do not break it.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from argparse import ArgumentParser, Namespace
 from pathlib import Path
 
 from ..planning import storage_paths
-from ..planning.slurm_partition import partition_problem, requested
+from ..planning.slurm_partition import SLURM_TEXT, partition_problem, requested, slurm_output
 from ..runtime import process_exit
 from ..settings.bounds import count_in, scheduler_option, signal_name, slurm_name, slurm_time
 from ..settings.config import Config, ConfigError, project_root, under_root
@@ -155,18 +156,18 @@ def sbatch_command(args: Namespace, cfg: Config, script: Path) -> list[str]:
 def job_fields(job_id: str) -> dict[str, str]:
     """`scontrol show job` as a dict (JobState, Restarts, NumNodes, NodeList, RunTime, ExitCode, Reason,
     StdOut and StdErr with %x and %j expanded, ...); empty where scontrol does not know the job."""
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "job", job_id], check=False, capture_output=True, text=True, timeout=30
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
+    out = slurm_output(["scontrol", "show", "job", job_id])
+    return parse_job_fields(out.stdout) if out is not None else {}
+
+
+def parse_job_fields(text: str) -> dict[str, str]:
+    """`scontrol show job`'s words KEY=VALUE as a dict (the first of each key; StdOut and StdErr whole)."""
     fields = {}
-    for word in out.stdout.split():
+    for word in text.split():
         key, sep, value = word.partition("=")
         if sep and key not in fields:
             fields[key] = value
-    for line in out.stdout.splitlines():
+    for line in text.splitlines():
         key, sep, value = line.strip().partition("=")
         if sep and key in ("StdOut", "StdErr"):  # alone on their lines, so a path may hold spaces
             fields[key] = value
@@ -205,19 +206,19 @@ ACTIVE = SETTLING | set(
 
 def accounting_fields(job_id: str) -> dict[str, str]:
     """The job's line in `sacct` (clusters with accounting keep jobs after scontrol forgets them); {} without."""
-    columns = ("JobID", "JobName", "State", "NNodes", "NodeList", "Elapsed", "ExitCode")
-    try:
-        out = subprocess.run(
-            ["sacct", "-j", job_id, "-X", "-n", "-P", "-o", ",".join(columns)],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    lines = [line for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
-    return dict(zip(columns, lines[-1].split("|"))) if lines else {}
+    out = slurm_output(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", ",".join(ACCOUNTING_COLUMNS)])
+    return parse_accounting(out.stdout) if out is not None and out.returncode == 0 else {}
+
+
+ACCOUNTING_COLUMNS = ("JobID", "JobName", "State", "NNodes", "NodeList", "Elapsed", "ExitCode")
+
+
+def parse_accounting(text: str) -> dict[str, str]:
+    """The last of sacct's `-P` lines that is a job's (every column, a state), as a dict; {} without
+    (a warning line, a line cut short)."""
+    rows = [line.split("|") for line in text.splitlines()]
+    jobs = [row for row in rows if len(row) == len(ACCOUNTING_COLUMNS) and row[2].split()]
+    return dict(zip(ACCOUNTING_COLUMNS, jobs[-1])) if jobs else {}
 
 
 def state_words(state: dict[str, str]) -> str | None:
@@ -238,11 +239,8 @@ def require_slurm(program: str) -> None:
 
 def cluster_name() -> str:
     """ClusterName of `scontrol show config`, else this login node's host name."""
-    try:
-        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        out = ""
-    found = re.search(r"^ClusterName\s*=\s*(\S+)", out, re.M)
+    out = slurm_output(["scontrol", "show", "config"])
+    found = re.search(r"^ClusterName\s*=\s*(\S+)", out.stdout if out is not None else "", re.M)
     return found.group(1) if found else socket.gethostname()
 
 
@@ -258,8 +256,11 @@ class Slurm(Platform):
 
     def _partition_problem(self, relative: Path, cmd: list[str]) -> str | None:
         """What no node of the job's partition can hold (sinfo), before sbatch refuses it in its own words."""
-        options = cmd[1 : cmd.index(str(relative))]
-        return partition_problem(requested((project_root() / relative).read_text(), options))
+        options, notes = cmd[1 : cmd.index(str(relative))], []
+        problem = partition_problem(requested((project_root() / relative).read_text(), options), notes=notes)
+        for note in notes:  # sinfo said something no node holds: sbatch judges the request itself
+            print(f"warning: {note}", file=sys.stderr)
+        return problem
 
     def _code_copy(self) -> Path | None:
         """The project's copy on shared storage the job runs from (None: the checkout, as submitted)."""
@@ -312,7 +313,7 @@ class Slurm(Platform):
         # From the project root (or its copy): the job's SLURM_SUBMIT_DIR, where the script finds config/
         # and src/. CODE_COPY tells the script to run the copy's node start (sbatch passes the environment on).
         env = {**os.environ, "CODE_COPY": str(copy)} if copy else None
-        proc = subprocess.Popen(cmd, cwd=copy or root, env=env, stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(cmd, cwd=copy or root, env=env, stdout=subprocess.PIPE, **SLURM_TEXT)
         assert proc.stdout is not None
         first = proc.stdout.readline().strip()
         job_id = first.split(";")[0]
@@ -353,7 +354,7 @@ class Slurm(Platform):
             )
             return process_exit.interrupted_code(exc)
         end = final_job_fields(job_id)
-        state, restarts = end.get("JobState", ""), int(end.get("Restarts", "0") or 0)
+        state, restarts = end.get("JobState", ""), count_in(end.get("Restarts", "0")) or 0
         print(
             f"job {job_id} ended: exit {code}"
             + (f", {state}" if state else "")
@@ -369,10 +370,13 @@ class Slurm(Platform):
             return Job(self.name, job_id)
         if name:  # the newest of this user's jobs with that name
             require_slurm("squeue")
-            out = subprocess.run(
-                ["squeue", "--me", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True, timeout=30
-            ).stdout.split()
-            return Job(self.name, out[-1], name=name) if out else None
+            out = slurm_output(["squeue", "--me", "-h", "-n", name, "-o", "%i"])
+            if out is None:
+                raise ConfigError(
+                    f"squeue did not answer within 30 s for the job named {name}; try again, or pass its --id"
+                )
+            ids = out.stdout.split()
+            return Job(self.name, ids[-1], name=name) if ids else None
         return None
 
     def _state(self, job: Job) -> dict[str, str]:
@@ -465,7 +469,12 @@ class Slurm(Platform):
             return 0
         cmd = ["scancel", *([f"--signal={self.args.signal}"] if self.args.signal else []), job.id]
         print("$ " + shlex.join(cmd), flush=True)
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        result = slurm_output(cmd, timeout=60)
+        if result is None:
+            raise ConfigError(
+                f"scancel {job.id} did not answer within 60 s: the job may or may not have been told; "
+                f"`{self.package} launch slurm --action status --id {job.id}` says where it stands"
+            )
         if result.returncode != 0:
             raise ConfigError(f"scancel {job.id} failed: {result.stderr.strip() or result.stdout.strip()}")
         if self.args.signal:

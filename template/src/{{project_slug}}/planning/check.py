@@ -46,11 +46,16 @@ def summary(cfg: Config, world: int) -> str:
 
 
 def slurm_partition_problem() -> str | None:
-    """launch/slurm/train.sbatch against the nodes sinfo lists; None without the script or sinfo."""
+    """launch/slurm/train.sbatch against the nodes sinfo lists; None without the script or sinfo (and a
+    warning where sinfo reports a node that cannot be judged)."""
     script = project_root() / "launch" / "slurm" / "train.sbatch"
     if not script.is_file():
         return None
-    return partition_problem(requested(script.read_text(), []))
+    notes: list[str] = []
+    problem = partition_problem(requested(script.read_text(), []), notes=notes)
+    for note in notes:
+        print(f"warning: {note}", file=sys.stderr)
+    return problem
 
 
 def pretrained_problem(folder: str) -> str | None:

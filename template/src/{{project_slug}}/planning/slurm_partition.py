@@ -11,7 +11,13 @@ naming the answer or option to change; `check` says the same on a machine where 
 The nodes are read with one `sinfo -h -N -o <format>` call: one line per node and partition, fields
 split by '|', CPUs (%c), memory in MB (%m) and generic resources (%G: gpu:4, gpu:v100:4(S:0-1),
 several separated by commas, or (null)). A node's state is not looked at: a node down now is
-back later, and Slurm itself judges by the configured nodes.
+back later, and Slurm itself judges by the configured nodes. A node whose count is no number, or
+more than any node holds (a 5000-digit GPU count is not 0 GPUs), cannot be judged: its partition's
+check is skipped, and the caller warns in one line naming the value (partition_problem's notes).
+
+Every Slurm client's output (sinfo here, scontrol, sacct, squeue, scancel and sbatch in
+launch/slurm.py) is read by slurm_output: bytes that are not UTF-8 (a job or node name in another
+encoding) become U+FFFD, never a traceback.
 """
 
 from __future__ import annotations
@@ -21,12 +27,28 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-from ..settings.bounds import count_in
+from ..settings.bounds import MAX_GPUS_PER_NODE, count_in, shown
 
 SINFO_FORMAT = "%P|%N|%c|%m|%G"
 # One GPU item of %G: gpu[:type]:count, followed by a socket list "(S:0-1)" or the next item.
-GPU_ITEM = re.compile(r"(?:^|,)gpu(?::([A-Za-z0-9_.-]+))?:([0-9]{1,12})(?![0-9])")
+GPU_ITEM = re.compile(r"(?:^|,)gpu(?::([^:,(]+))?:([^:,(]*)")
 MEMORY_UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+# What a node may hold: the largest machines have a few thousand CPUs and tens of TiB; GPUs as
+# gres count MIG slices too (7 per GPU).
+MOST_CPUS = 2**14
+MOST_MEMORY_MB = 2**26
+MOST_GPUS = MAX_GPUS_PER_NODE * 8
+# How Slurm's clients' output is decoded (subprocess's text mode): see slurm_output.
+SLURM_TEXT = {"encoding": "utf-8", "errors": "replace"}
+
+
+def slurm_output(command: list[str], timeout: float = 30) -> subprocess.CompletedProcess | None:
+    """A Slurm client's exit status and output as text (SLURM_TEXT); None where it cannot be started or
+    does not answer within `timeout` seconds."""
+    try:
+        return subprocess.run(command, capture_output=True, timeout=timeout, check=False, **SLURM_TEXT)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
 
 
 @dataclass(frozen=True)
@@ -38,36 +60,55 @@ class Node:
     memory_mb: int
     gpus: dict[str, int] = field(default_factory=dict)
     """GPUs by type ('' for untyped ones)."""
+    unreadable: str = ""
+    """What sinfo said of the node that is no plausible count ('' when all of it reads): the node
+    cannot be judged, nor its partition."""
 
     def gpu_count(self, gpu_type: str | None) -> int:
         return self.gpus.get(gpu_type, 0) if gpu_type else sum(self.gpus.values())
 
 
-def parse_gres(text: str) -> dict[str, int]:
-    """%G of one node: {'v100': 4} for gpu:v100:4(S:0-1), {'': 4} for gpu:4, {} for (null)."""
+def plausible(text: str, most: int) -> int | None:
+    """The count sinfo printed, or None where it is no count or more than any node holds."""
+    count = count_in(text.strip())
+    return count if count is not None and count <= most else None
+
+
+def parse_gres(text: str) -> dict[str, int] | None:
+    """%G of one node: {'v100': 4} for gpu:v100:4(S:0-1), {'': 4} for gpu:4, {} for (null); None
+    where a GPU count is no plausible count (parse_sinfo names it)."""
     gpus: dict[str, int] = {}
-    for gpu_type, count in GPU_ITEM.findall(text.strip()):
-        gpus[gpu_type] = gpus.get(gpu_type, 0) + int(count)
-    return gpus
+    for gpu_type, written in GPU_ITEM.findall(text.strip()):
+        count = plausible(written, MOST_GPUS)
+        if count is None:
+            return None
+        gpus[gpu_type] = gpus.get(gpu_type, 0) + count
+    return gpus if sum(gpus.values()) <= MOST_GPUS else None
 
 
 def parse_sinfo(text: str) -> list[Node]:
-    """The lines of `sinfo -h -N -o SINFO_FORMAT`; a line that is not one (a warning) is skipped."""
+    """The lines of `sinfo -h -N -o SINFO_FORMAT`; a line that is not one (a warning) is skipped, a
+    node line with a count that cannot be its own is kept as unreadable."""
     nodes = []
     for line in text.splitlines():
         fields = line.strip().split("|")
-        cpus = count_in(fields[2]) if len(fields) == 5 else None
-        if cpus is None:
+        if len(fields) != 5:
             continue
-        partition, name, _, memory, gres = fields
+        partition, name, cpus, memory, gres = fields
+        counts = (plausible(cpus, MOST_CPUS), plausible(memory, MOST_MEMORY_MB), parse_gres(gres))
+        words = ("CPUs (%c)", "memory in MB (%m)", "generic resources (%G)")
+        unreadable = next(
+            (f"{word} {shown(value)}" for word, value, n in zip(words, fields[2:], counts) if n is None), ""
+        )
         nodes.append(
             Node(
                 name=name,
                 partition=partition.rstrip("*"),
                 default_partition=partition.endswith("*"),
-                cpus=cpus,
-                memory_mb=count_in(memory) or 0,
-                gpus=parse_gres(gres),
+                cpus=counts[0] or 0,
+                memory_mb=counts[1] or 0,
+                gpus=counts[2] or {},
+                unreadable=unreadable,
             )
         )
     return nodes
@@ -77,18 +118,8 @@ def read_nodes() -> list[Node] | None:
     """Every node of every partition from sinfo; None where sinfo is missing or does not answer."""
     if shutil.which("sinfo") is None:
         return None
-    try:
-        out = subprocess.run(
-            ["sinfo", "-h", "-N", "-o", SINFO_FORMAT],
-            capture_output=True,
-            text=True,
-            errors="replace",  # bytes that are no UTF-8 make lines parse_sinfo skips, not a traceback
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return parse_sinfo(out.stdout) if out.returncode == 0 else None
+    out = slurm_output(["sinfo", "-h", "-N", "-o", SINFO_FORMAT])
+    return parse_sinfo(out.stdout) if out is not None and out.returncode == 0 else None
 
 
 # --- The request --------------------------------------------------------------------------------
@@ -189,9 +220,10 @@ def change(request: Request, option: str, answer: str, option_value: int | str, 
     return f"{answer}={answer_value} (`copier update --data {answer}={answer_value}`; for one job --sbatch-arg=--{option}={option_value})"
 
 
-def partition_problem(request: Request, nodes: list[Node] | None = None) -> str | None:
+def partition_problem(request: Request, nodes: list[Node] | None = None, notes: list[str] | None = None) -> str | None:
     """One line naming what no node of the partition holds and the answer to change; None when the
-    request fits, or when sinfo cannot tell (not on PATH, no answer, a partition it does not list)."""
+    request fits, or when sinfo cannot tell (not on PATH, no answer, a partition it does not list, a
+    node it reports no plausible count of: then one line on `notes` names the value, for a warning)."""
     nodes = read_nodes() if nodes is None else nodes
     if not nodes:
         return None
@@ -203,6 +235,14 @@ def partition_problem(request: Request, nodes: list[Node] | None = None) -> str 
         where = f"default partition {members[0].partition}" if members else ""
     if not members:
         return None  # sbatch names an unknown partition itself
+    unreadable = next((n for n in members if n.unreadable), None)
+    if unreadable is not None:
+        if notes is not None:
+            notes.append(
+                f"slurm {where}: sinfo reports {unreadable.unreadable} for node {unreadable.name}, which is no count "
+                "a node can hold, so the request is not checked against the partition (sbatch judges it)"
+            )
+        return None
     gpus, kind = request.gpus_per_node, request.gpu_type
     gpu_words = f"{gpus} GPU(s)" + (f" of type {kind}" if kind else "")
     with_gpus = [n for n in members if n.gpu_count(kind) >= gpus]
