@@ -134,7 +134,7 @@ def facts(model: str) -> dict:
     readme = PACKAGE_DIR / "models" / fam.name / "README.md.jinja"
     return {
         "name": fam.name,
-        "families": " | ".join(package()["family"].families()),
+        "families": " | ".join(package()["family"].families(strict=True)),  # a broken family folder: its one line
         "title": fam.title or fam.name,
         "summary": fam.summary,
         "default_size": fam.default_size or next(iter(fam.sizes), ""),
@@ -180,7 +180,7 @@ def family_default(question: str, model: str, layout: str = ""):
 
 def family_choices() -> dict[str, str]:
     """The model question's menu, summary -> name, from every family's descriptor."""
-    return {fam.summary: name for name, fam in package()["family"].families().items()}
+    return {fam.summary: name for name, fam in package()["family"].families(strict=True).items()}
 
 
 # train.yaml's values copier writes quoted, as answers are (a size such as 1.3B stays a string to any reader).

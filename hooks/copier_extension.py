@@ -71,6 +71,7 @@ The cross-field rules come from hooks/answers.py, which runs the generated packa
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -454,6 +455,20 @@ def _compiled_once(from_string):
     return cached
 
 
+def _refusing_config_errors(function):
+    """`function`, with a ConfigError of the package (a family folder of the template that cannot be
+    loaded, named by its file) stopping copier in that one line instead of a traceback through Jinja."""
+
+    @functools.wraps(function)  # keeps jinja's pass_context mark
+    def refusing(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except _answers_module().package()["config"].ConfigError as exc:
+            raise _refusal()(str(exc)) from None
+
+    return refusing
+
+
 class RulesExtension(Extension):
     """Adds the rules' globals (listed in the module's docstring) to copier's Jinja environment."""
 
@@ -482,3 +497,6 @@ class RulesExtension(Extension):
         environment.globals["family_recipe"] = family_recipe
         environment.globals["micro_batch_at"] = micro_batch_at
         environment.globals["family_layout_choices"] = family_layout_choices
+        for name, function in list(environment.globals.items()):
+            if getattr(function, "__module__", None) == __name__:  # this module's, each of them
+                environment.globals[name] = _refusing_config_errors(function)

@@ -199,10 +199,9 @@ LLAMA = ["model.arch=llama", "model.size=tiny", "model.sequence_len=64", "batch.
          "cluster.nodes=1", "cluster.gpus_per_node=2", "run.device=cpu"]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def template_with_llama(tmp_path_factory) -> Path:
-    """A copy of this template with the llama family's one folder added, and nothing else changed."""
-    copy = tmp_path_factory.mktemp("template-with-llama")
+def copy_with_llama(copy: Path, descriptor: str = DESCRIPTOR) -> Path:
+    """A copy of this template at `copy` with a llama folder holding `descriptor`; the folder."""
+    copy.mkdir(parents=True, exist_ok=True)
     for name in ("copier.yml", "hooks", "template", "migrations"):
         source = TEMPLATE / name
         if source.is_dir():
@@ -212,7 +211,15 @@ def template_with_llama(tmp_path_factory) -> Path:
     folder = copy / "template" / "src" / "{{project_slug}}" / "models" / "llama"
     (folder / "tests").mkdir(parents=True)
     (folder / "__init__.py").write_text('"""The LLaMA-style family."""\n')
-    (folder / "descriptor.py").write_text(DESCRIPTOR)
+    (folder / "descriptor.py").write_text(descriptor)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def template_with_llama(tmp_path_factory) -> Path:
+    """A copy of this template with the llama family's one folder added, and nothing else changed."""
+    copy = tmp_path_factory.mktemp("template-with-llama")
+    folder = copy_with_llama(copy)
     (folder / "model.py").write_text(MODEL)
     (folder / "README.md.jinja").write_text(README)
     (folder / "tests" / "test_llama.py").write_text(FAMILY_TESTS)
@@ -230,6 +237,34 @@ def llama_project(template_with_llama, tmp_path_factory, demo_corpus) -> Path:
     done = run([*cmd, str(template_with_llama), str(root / "project")])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return root / "project"
+
+
+@pytest.mark.parametrize(
+    "broken, words",
+    [
+        ("a syntax error", ["line 28: SyntaxError: '(' was never closed"]),
+        ("a field of another type", ["FAMILY.rotary='yes' is not true or false"]),
+    ],
+)
+def test_copier_refuses_a_fork_whose_family_folder_cannot_be_loaded_in_one_line(tmp_path, broken, words):
+    """A family folder of the template broken as a user's edit breaks it: copier stops in one line
+    naming the descriptor and what is wrong in it (it was a hundred-line traceback through the copier
+    extension), and writes nothing."""
+    if broken == "a syntax error":
+        descriptor = DESCRIPTOR.rstrip().removesuffix(")")
+    else:
+        descriptor = DESCRIPTOR.replace("rotary=True", 'rotary="yes"')
+    folder = copy_with_llama(tmp_path / "fork", descriptor)
+    answers = ["--data", "project_name=Fork Run", "--data", f"data_dir={tmp_path / 'data'}"]
+    answers += ["--data", f"output_dir={tmp_path / 'runs'}"]
+    copier = [str(BIN / "copier"), "copy", "--trust", "--defaults", *answers]
+    done = run([*copier, str(tmp_path / "fork"), str(tmp_path / "project")])
+    output = done.stdout + done.stderr
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert done.returncode == 1 and len(lines) == 1, output[-3000:]
+    assert lines[0].startswith(f"{folder / 'descriptor.py'} cannot be loaded: "), lines[0]
+    assert all(word in lines[0] for word in words), lines[0]
+    assert not (tmp_path / "project").exists()
 
 
 # The exported folder's logits against the trained model's, as the project loads it for eval.

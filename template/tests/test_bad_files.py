@@ -310,3 +310,123 @@ if LAUNCH_FILES:  # a project with Kubeflow or TI-ONE launch files (the default 
         assert proc.returncode == 1, proc.stdout + proc.stderr
         assert len(lines) == 1 and lines[0].startswith(f"error: {path}") and words in lines[0], lines
         assert tree_hashes(tmp_path) == before
+
+
+# A family folder a user added or edited (models/<name>/descriptor.py and the model it names), broken:
+# named by its file, in one line, by the commands that need that family; the others go on, and a
+# command that lists every family (sample's help) names it in one warning.
+FORMULAS = """from dataclasses import dataclass
+
+from ..family import Family
+
+
+@dataclass(frozen=True)
+class Mine(Family):
+    def num_params(self, shape, vocab_size, sequence_len):
+        return 12 * shape["n_layer"] * shape["n_embd"] ** 2 + 2 * vocab_size * shape["n_embd"]
+
+    def flops_per_token(self, shape, vocab_size, sequence_len):
+        return 6 * self.num_params(shape, vocab_size, sequence_len)
+
+    def layer_activations(self, shape, seq, micro, tp, mode, scores_stored):
+        return 34 * seq * micro * shape["n_embd"]
+"""
+TINY = '{"tiny": {"n_layer": 2, "n_embd": 64, "n_head": 4}}'
+DESCRIPTOR = FORMULAS + f'\n\nFAMILY = Mine(name="mine", summary="mine", builder="model:build", sizes={TINY})\n'
+FAMILY_LINE = DESCRIPTOR.splitlines().index(DESCRIPTOR.splitlines()[-1]) + 1
+BROKEN_DESCRIPTORS = {
+    "a syntax error": ('FAMILY = Family(name="mine"\n', "line 1: SyntaxError: '(' was never closed"),
+    "an import error": (
+        "import a_module_nobody_has\nFAMILY = 1\n",
+        "line 1: ModuleNotFoundError: No module named 'a_module_nobody_has'",
+    ),
+    "an error as it runs": (
+        DESCRIPTOR.replace('name="mine"', "name=mine"),
+        f"line {FAMILY_LINE}: NameError: name 'mine' is not defined",
+    ),
+    "FAMILY of another type": ('FAMILY = {"name": "mine"}\n', "FAMILY is dict, not a Family"),
+    "named otherwise than its folder": (
+        DESCRIPTOR.replace('name="mine"', 'name="yours"'),
+        "FAMILY.name 'yours' is not its folder's name 'mine'",
+    ),
+    "a field of another type": (
+        DESCRIPTOR.replace("sizes=", 'sample_top_k="5", sizes='),
+        "FAMILY.sample_top_k='5' is not a whole number",
+    ),
+    "sizes of another shape": (DESCRIPTOR.replace(TINY, '["tiny"]'), "FAMILY.sizes=['tiny'] is not of the type dict"),
+    "a size without its heads": (
+        DESCRIPTOR.replace(', "n_head": 4', ""),
+        "FAMILY.sizes['tiny'] needs n_layer, n_embd, n_head as whole numbers",
+    ),
+    "a formula left out": (
+        DESCRIPTOR.replace("= Mine(", "= Family("),
+        "FAMILY's class defines no num_params(...) of its own",
+    ),
+}
+
+
+def project_with_family(folder: Path, descriptor: str, model: str | None = None) -> Path:
+    """A copy of the project (its source, config/ and launch/) in folder with a family folder
+    models/mine holding `descriptor` (and model.py, if given); the descriptor's path."""
+    shutil.copytree(ROOT / "src", folder / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    mine = folder / "src" / PACKAGE / "models" / "mine"
+    mine.mkdir()
+    (mine / "__init__.py").write_text("")
+    (mine / "descriptor.py").write_text(descriptor)
+    if model is not None:
+        (mine / "model.py").write_text(model)
+    run_in(folder, "--help")  # config/ and launch/
+    return mine / "descriptor.py"
+
+
+def run_copy(folder: Path, *args) -> subprocess.CompletedProcess:
+    """`python -m <package> ARGS` of the copy in folder (nothing of it compiled to __pycache__)."""
+    env = subprocess_env({"PYTHONPATH": str(folder / "src"), "PYTHONDONTWRITEBYTECODE": "1"})
+    return subprocess.run(Cli().command(*args), cwd=folder, env=env, capture_output=True, text=True, timeout=240)
+
+
+@pytest.mark.parametrize("damage", BROKEN_DESCRIPTORS)
+def test_a_family_folder_that_cannot_be_loaded_is_named_and_stops_only_its_own_commands(tmp_path, damage):
+    text, words = BROKEN_DESCRIPTORS[damage]
+    descriptor = project_with_family(tmp_path, text)
+    before = tree_hashes(tmp_path)
+    said = f"{descriptor} cannot be loaded: {words}"
+
+    proc = run_copy(tmp_path, "plan", "model.arch=mine", "model.size=tiny")  # the family's own command
+    lines = stderr_lines(proc)
+    assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith(f"error: {said}"), lines
+
+    proc = run_copy(tmp_path, "check")  # the project's family: not touched by the broken folder
+    assert proc.returncode == 0 and not stderr_lines(proc) and "config OK" in proc.stdout, proc.stdout + proc.stderr
+
+    proc = run_copy(tmp_path, "sample", "--help")  # every family's top-k: the broken one left out, named
+    lines = stderr_lines(proc)
+    assert proc.returncode == 0 and "--top-k" in proc.stdout, proc.stdout + proc.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"warning: {said}") and "family mine left out" in lines[0], lines
+    assert tree_hashes(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "model, words",
+    [
+        (None, "model.py does not exist (the descriptor names 'model:build')"),
+        (
+            "def build(cfg, vocab_size, load_weights=True):\n    return (\n",
+            "model.py cannot be imported: line 2: Syntax",
+        ),
+        ("def make(cfg, vocab_size, load_weights=True):\n    pass\n", "model.py has no function build"),
+    ],
+)
+def test_a_family_whose_model_cannot_be_built_is_one_line_from_train(
+    tmp_path, demo_data, train_overrides, model, words
+):
+    """The model the descriptor names, missing or broken: `train` refuses in one line before it writes anything."""
+    project_with_family(tmp_path, DESCRIPTOR, model)
+    before = tree_hashes(tmp_path)
+    out = tmp_path / "run"
+    args = [*train_overrides, f"data.dir={demo_data}", f"run.output_dir={out}", "model.arch=mine", "model.size=tiny"]
+    proc = run_copy(tmp_path, "train", *args)
+    lines = stderr_lines(proc)
+    assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: model.arch=mine: "), lines
+    assert words in lines[0], lines[0]
+    assert tree_hashes(tmp_path) == before and not out.exists()

@@ -15,21 +15,34 @@ its own rules. A family is one folder of models/ whose descriptor.py defines `FA
 
     family("gpt3").shape("1.3B")            # {"n_layer": 24, "n_embd": 2048, ...}
     family(cfg.model.arch).build(cfg, vocab) # the nn.Module, on the CPU
+
+A folder is checked as it is loaded: a descriptor that does not import (a syntax error, a missing
+module), a FAMILY that is no Family or is named otherwise than its folder, a field of another type
+than Family declares, a formula left to Family's NotImplementedError. Each is one line naming the
+file (and the line): a command that needs that family refuses with it, families() warns with it and
+leaves the family out so that commands about the others go on, and copier (families(strict=True))
+refuses the template with it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import re
+import traceback
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..settings.bounds import shown
 from ..settings.config import ConfigError, Problem
+from ..settings.stored_files import warn
 
 MODELS = Path(__file__).resolve().parent
-_DEFINES_FAMILY = re.compile(r"^FAMILY\s*=", re.M)
+_DEFINES_FAMILY = re.compile(r"^FAMILY\s*[:=]", re.M)
 DESCRIPTOR = "descriptor"  # the module of a family's folder that defines FAMILY
 
 # models/lm_loss.py's CHUNK_LOGITS and CHUNKS_PER_HEAD_GRADIENT, repeated here where torch is not
@@ -318,10 +331,23 @@ class Family:
     # --- the model -----------------------------------------------------------------------------------
 
     def _function(self, named: str):
-        """The function "<module>:<function>" names, in the family's folder."""
+        """The function "<module>:<function>" names, in the family's folder; a ConfigError naming the
+        module's file where it cannot be imported or lacks the function."""
         module, _, function = named.partition(":")
         package = (_HOMES.get(self.name) or type(self).__module__).rpartition(".")[0]
-        return getattr(importlib.import_module(f".{module}", package), function)
+        path = MODELS / package.rpartition(".")[2] / f"{module.replace('.', '/')}.py"
+        if not path.is_file() and not path.with_suffix("").is_dir():
+            raise ConfigError(f"model.arch={self.name}: {path} does not exist (the descriptor names {named!r}); "
+                              "write it or correct the descriptor", key="model.arch")  # fmt: skip
+        try:
+            found = getattr(importlib.import_module(f".{module}", package), function, None)
+        except Exception as exc:  # noqa: BLE001 - a user's file: whatever its import raises is named with it
+            raise ConfigError(f"model.arch={self.name}: {path} cannot be imported: {_import_failure(exc, path)}; "
+                              "fix it", key="model.arch") from None  # fmt: skip
+        if not callable(found):
+            raise ConfigError(f"model.arch={self.name}: {path} has no function {function} (the descriptor names "
+                              f"{named!r}); define it or correct the descriptor", key="model.arch")  # fmt: skip
+        return found
 
     def build(self, cfg, vocab_size: int, load_weights: bool = True):
         """A freshly initialised model on the CPU (with model.pretrained and load_weights: loaded)."""
@@ -358,6 +384,7 @@ def check_vocab(pretrained: str, model_vocab: int, tokenizer_vocab: int) -> None
 
 _FOUND: dict[str, Family] = {}
 _HOMES: dict[str, str] = {}  # family name -> the module defining it (plain Family instances)
+_BROKEN: dict[str, str] = {}  # descriptor module -> why it cannot be loaded, said once per process
 
 
 @functools.cache
@@ -365,31 +392,147 @@ def family_modules() -> tuple[str, ...]:
     """The descriptor modules of models/ that define a family ("gpt3.descriptor"), found without
     importing them (once)."""
     files = MODELS.glob(f"*/{DESCRIPTOR}.py")
-    return tuple(sorted(f"{p.parent.name}.{DESCRIPTOR}" for p in files if _DEFINES_FAMILY.search(p.read_text())))
+    return tuple(
+        sorted(
+            f"{p.parent.name}.{DESCRIPTOR}"
+            for p in files
+            if _DEFINES_FAMILY.search(p.read_bytes().decode("utf-8", errors="replace"))
+        )
+    )
 
 
-def families() -> dict[str, Family]:
-    """Every family, by model.arch name (imports each family's module)."""
+def families(strict: bool = False) -> dict[str, Family]:
+    """Every family, by model.arch name (imports each family's module). A folder whose descriptor
+    cannot be loaded is left out with a warning naming its file, so that commands about the other
+    families go on; strict (copier, where the template itself is judged): its ConfigError."""
     for module in family_modules():
-        _load(module)
+        try:
+            _load(module)
+        except ConfigError as exc:
+            if strict:
+                raise
+            if module not in _WARNED:
+                _WARNED.add(module)
+                warn(f"{exc} (family {module.partition('.')[0]} left out)")
     return dict(sorted(_FOUND.items()))
 
 
+_WARNED: set[str] = set()
+
+
 def _load(module: str) -> Family:
-    imported = importlib.import_module(f".{module}", __package__)
-    found = imported.FAMILY
-    _FOUND[found.name] = found
-    _HOMES[found.name] = imported.__name__
-    return found
+    """The FAMILY of a descriptor module, checked; a ConfigError naming its file otherwise."""
+    folder = module.partition(".")[0]
+    path = MODELS / folder / f"{DESCRIPTOR}.py"
+    if module not in _BROKEN:
+        try:
+            imported = importlib.import_module(f".{module}", __package__)
+        except Exception as exc:  # noqa: BLE001 - a user's file: whatever its import raises is named with it
+            _BROKEN[module] = _import_failure(exc, path)
+        else:
+            problem = descriptor_problem(getattr(imported, "FAMILY", None), folder)
+            if problem:
+                _BROKEN[module] = problem
+            else:
+                _FOUND[folder] = imported.FAMILY
+                _HOMES[folder] = imported.__name__
+                return imported.FAMILY
+    raise ConfigError(
+        f"{path} cannot be loaded: {_BROKEN[module]}; fix it, or move the folder {path.parent} out of models/",
+        key="model.arch",
+    )
+
+
+def _import_failure(exc: Exception, path: Path) -> str:
+    """Where and why importing `path` failed: the line of a SyntaxError, else the deepest line of its
+    family's folder that the error passed through."""
+    if isinstance(exc, SyntaxError):
+        where = "" if exc.filename == str(path) else f"{exc.filename}, "
+        return f"{where}line {exc.lineno}: {type(exc).__name__}: {exc.msg}"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith(str(path.parent))]
+    where = ""
+    if frames:
+        where = ("" if frames[-1].filename == str(path) else f"{frames[-1].filename}, ") + f"line {frames[-1].lineno}: "
+    text = " ".join(str(exc).split())
+    return f"{where}{type(exc).__name__}" + (f": {shown(text, quoted=False)}" if text else "")
+
+
+# What a descriptor's fields may hold beyond their types: the choices the project reads them against.
+FIELD_CHOICES = {"tokenizer": ("bpe", "wordpiece"), "default_strategy": ("ddp", "deepspeed")}
+_FUNCTION = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
+SHAPE_KEYS = ("n_layer", "n_embd", "n_head")
+FORMULAS = ("num_params", "flops_per_token", "layer_activations")  # Family's own raise NotImplementedError
+
+
+def descriptor_problem(found, folder: str) -> str:
+    """Why a descriptor's FAMILY cannot serve as the family of its folder, "" when it can: a Family
+    (or subclass) named as its folder, each field of the type Family declares, the functions it names
+    written "<module>:<function>", each size a shape of whole numbers."""
+    if not isinstance(found, Family):
+        return f"FAMILY is {type(found).__name__ if found is not None else 'not defined'}, not a Family (FAMILY = Family(...), or a subclass's)"
+    if found.name != folder:
+        return f"FAMILY.name {shown(repr(found.name), quoted=False)} is not its folder's name {folder!r}"
+    hints = _field_types()
+    for item in dataclasses.fields(Family):
+        value = getattr(found, item.name)
+        if not _holds(value, hints[item.name]):
+            return f"FAMILY.{item.name}={shown(repr(value), quoted=False)} is not {_type_words(hints[item.name])}"
+        if item.name in FIELD_CHOICES and value not in FIELD_CHOICES[item.name]:
+            return f"FAMILY.{item.name}={value!r} is not one of {', '.join(FIELD_CHOICES[item.name])}"
+    for name in ("builder", "exporter", "pipeline_layers"):
+        value = getattr(found, name)
+        if (value or name == "builder") and not _FUNCTION.fullmatch(value):
+            return f'FAMILY.{name}={value!r} is not "<module>:<function>" of its folder (e.g. "model:build")'
+    for formula in FORMULAS + (("optimizer_groups",) if found.muon else ()):
+        if getattr(type(found), formula) is getattr(Family, formula):
+            return (f"FAMILY's class defines no {formula}(...) of its own, which every family gives (a subclass "
+                    "of Family with its formulas, as models/gpt3/descriptor.py has)")  # fmt: skip
+    for size, shape in found.sizes.items():
+        if not all(_holds(shape.get(key), int) and shape[key] >= 1 for key in SHAPE_KEYS):
+            return f"FAMILY.sizes[{size!r}] needs {', '.join(SHAPE_KEYS)} as whole numbers of at least 1"
+    return ""
+
+
+@functools.cache
+def _field_types() -> dict[str, Any]:
+    return typing.get_type_hints(Family)
+
+
+def _holds(value, hint) -> bool:
+    """Whether `value` is of the declared type `hint` (the forms Family's fields use)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_holds(value, arg) for arg in args)
+    if hint is type(None):
+        return value is None
+    if hint in (int, float):  # a bool is no count; an int is a float's value too
+        return isinstance(value, (int, float) if hint is float else int) and not isinstance(value, bool)
+    if origin is dict:
+        return isinstance(value, dict) and all(_holds(k, args[0]) and _holds(v, args[1]) for k, v in value.items())
+    if origin is tuple:  # tuple[X, ...]; a list serves as well
+        return isinstance(value, (tuple, list)) and all(_holds(v, args[0]) for v in value)
+    return isinstance(value, origin or hint)
+
+
+def _type_words(hint) -> str:
+    words = {str: "text", bool: "true or false", int: "a whole number", float: "a number"}
+    return words.get(hint) or f"of the type {str(hint).replace('typing.', '')}"
 
 
 def family(name: str) -> Family:
-    """The family model.arch names; a ConfigError listing the families for any other name."""
+    """The family model.arch names; a ConfigError listing the families for any other name, or naming
+    the file of the family's folder that cannot be loaded."""
     if name in _FOUND:
         return _FOUND[name]
     modules = family_modules()
-    if f"{name}.{DESCRIPTOR}" in modules and (found := _load(f"{name}.{DESCRIPTOR}")).name == name:
-        return found
+    if f"{name}.{DESCRIPTOR}" in modules:
+        return _load(f"{name}.{DESCRIPTOR}")
+    descriptor = MODELS / name / f"{DESCRIPTOR}.py"
+    if name.isidentifier() and descriptor.is_file():
+        raise ConfigError(f"model.arch={name!r}: {descriptor} defines no FAMILY; end it with FAMILY = Family(...)",
+                          key="model.arch")  # fmt: skip
     names = sorted({*_FOUND, *(m.removesuffix(f".{DESCRIPTOR}") for m in modules)})
     raise ConfigError(
         f"model.arch={name!r} is not a model family; use one of {', '.join(names)} "
