@@ -185,6 +185,10 @@ BROKEN = {
         lambda root: _spec(root, continuation_delimiter=None),
         "continuation_delimiter None is not text; leave it out for one space",
     ),
+    "an empty choice": (
+        lambda root: _items(root, [{"query": "q", "choices": ["a", " "], "gold": 0}]),
+        "mc.jsonl:1: the item choices holds an empty option: there is nothing to score for it",
+    ),
     "num_fewshot [true]": (
         lambda root: _spec(root, num_fewshot=[True]),
         "num_fewshot True is not a whole number >= 0",
@@ -281,6 +285,47 @@ def test_a_task_list_that_names_no_task_is_one_line(cli, demo_data, tiny_model):
     """`--tasks ','` scored every task of the bundle as if asked for `core`."""
     proc = cli("eval", "--tasks", ",", *tiny_model, f"data.dir={demo_data}", expect=1)
     assert proc.stderr.strip() == "error: --tasks ',' names no task; give 'core' (every task) or labels a,b"
+
+
+@pytest.mark.parametrize("kind", ["lm", "schema"])
+def test_an_item_with_an_empty_continuation_is_one_line_naming_its_file_and_line(
+    run_2proc, demo_data, cli, tmp_path, tiny_model, kind
+):
+    """Nothing to score: no token (a traceback from the loss), or only the delimiter (a score of how
+    often a space comes next). Refused before any item is scored, naming the file and its line;
+    eval.json is not written."""
+    bundle = demo_bundle(tmp_path / "bundle")
+    path = bundle / "eval_data" / f"{kind}.jsonl"
+    lines = path.read_text().splitlines()
+    lines[3] = json.dumps({**json.loads(lines[3]), "continuation": ""})
+    path.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "run"
+    out.mkdir()
+    ckpt = run_2proc[0] / "checkpoints" / "step_00000030.pt"
+    args = ["eval", "--tasks", "core", "--bundle", bundle, "--checkpoint", ckpt, *tiny_model, f"data.dir={demo_data}"]
+    proc = cli(*args, f"run.output_dir={out}", "run.device=cpu", expect=1)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == (
+        f"error: {path}:4: the item continuation '' is empty: there is nothing to score; correct or remove that line"
+    ), proc.stderr
+    assert list(out.iterdir()) == []
+
+
+def test_a_continuation_the_tokenizer_drops_is_named_by_its_file_and_line(pkg, tmp_path):
+    """A continuation of characters the tokenizer leaves out adds no token to its context: the item is
+    named instead of scoring the loss of nothing."""
+    from tokenizers import normalizers
+
+    items = [{"context": "x", "continuation": "y"}, {"context": "x", "continuation": "~~"}]
+    root = write_bundle(tmp_path / "bundle", {"lm": ("language_modeling", 0, items)}, {"lm": 0})
+    tasks = pkg.tasks.load_bundle(root)
+    tok = word_tokenizer()
+    tok.normalizer = normalizers.Replace("~", "")
+    info = SimpleNamespace(rank=0, world_size=1, device=torch.device("cpu"))
+    with pytest.raises(pkg.config.ConfigError) as refused:
+        pkg.tasks.evaluate_tasks(Bigram(), tok, 0, tasks, 16, info, nullcontext())
+    assert str(refused.value).startswith(f"{root / 'eval_data' / 'lm.jsonl'}:2: the item cannot be scored: "), refused
+    assert "adds no token" in str(refused.value)
 
 
 def test_a_result_that_is_not_finite_leaves_eval_json_as_it_was(pkg):

@@ -58,6 +58,11 @@ class Task:
     delimiter: str
     baseline: float  # random accuracy, a fraction
     items: list[dict] = field(default_factory=list)
+    path: Path | None = None  # the task file, and each item's line in it, to name an item that cannot be scored
+    lines: list[int] = field(default_factory=list)
+
+    def where(self, index: int) -> str:
+        return f"{self.path}:{self.lines[index]}" if self.path and index < len(self.lines) else f"task {self.label}"
 
 
 TEXT_FIELDS = ("query", "context", "continuation")  # text the model reads: a number would be scored as its digits
@@ -75,6 +80,11 @@ def _item_problem(kind: str, item) -> str:
             return f"{name} {shown(repr(item[name]), quoted=False)} is not text"
         if name in OPTION_FIELDS and isinstance(item[name], list) and not all(isinstance(o, str) for o in item[name]):
             return f"{name} holds an option that is not text"
+    # What is scored: an empty one has no tokens to score (the loss of nothing), or only the delimiter.
+    if "continuation" in FIELDS[kind] and not item["continuation"].strip():
+        return f"continuation {shown(repr(item['continuation']), quoted=False)} is empty: there is nothing to score"
+    if kind == "multiple_choice" and isinstance(item["choices"], list) and not all(c.strip() for c in item["choices"]):
+        return "choices holds an empty option: there is nothing to score for it"
     options = item.get("choices", item.get("context_options"))
     if kind != "language_modeling":
         if not isinstance(options, list) or not options:
@@ -85,10 +95,11 @@ def _item_problem(kind: str, item) -> str:
     return ""
 
 
-def _read_items(path: Path, kind: str) -> list[dict]:
+def _read_items(path: Path, kind: str) -> tuple[list[dict], list[int]]:
+    """The file's items and the line each stands on."""
     if not path.is_file():
         raise ConfigError(f"task file {path} is missing (dataset_uri in core.yaml, under eval_data/)")
-    items = []
+    items, lines = [], []
     for number, line in enumerate(read_text(path, "save it as UTF-8 JSON lines").splitlines(), 1):
         if not line.strip():
             continue
@@ -97,11 +108,12 @@ def _read_items(path: Path, kind: str) -> list[dict]:
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{path}:{number}: not JSON ({exc.msg})") from None
         if wrong := _item_problem(kind, item):
-            raise ConfigError(f"{path}:{number}: the item {wrong}")
+            raise ConfigError(f"{path}:{number}: the item {wrong}; correct or remove that line")
         items.append(item)
+        lines.append(number)
     if not items:
         raise ConfigError(f"{path} holds no items")
-    return items
+    return items, lines
 
 
 def _baselines(path: Path) -> dict[str, float]:
@@ -176,8 +188,9 @@ def load_bundle(bundle: Path, wanted: list[str] | None = None) -> list[Task]:
                 f"{spec_path}: task {label}: continuation_delimiter {shown(repr(delimiter), quoted=False)} is not text; "
                 "leave it out for one space"
             )
-        items = _read_items(bundle / "eval_data" / uri, kind)
-        tasks.append(Task(label, kind, shots, delimiter, baselines[label], items))
+        path = bundle / "eval_data" / uri
+        items, lines = _read_items(path, kind)
+        tasks.append(Task(label, kind, shots, delimiter, baselines[label], items, path, lines))
     return tasks
 
 
@@ -205,10 +218,13 @@ def options(task: Task, index: int) -> tuple[list[tuple[str, str]], int]:
 
 def encode_option(tok, bos: int, context: str, continuation: str, limit: int) -> tuple[list[int], int]:
     """Tokens of context + continuation after the separator, cut from the left to `limit` + 1, and
-    where the continuation starts (the first token where they differ from the context's own)."""
+    where the continuation starts (the first token where they differ from the context's own).
+    ValueError where the continuation adds no token (a tokenizer that drops its characters)."""
     ctx = tok.encode(context, add_special_tokens=False).ids
     full = tok.encode(context + continuation, add_special_tokens=False).ids
     start = next((i for i, (a, b) in enumerate(zip(ctx, full)) if a != b), min(len(ctx), len(full)))
+    if start >= len(full):
+        raise ValueError(f"the continuation {shown(continuation)} adds no token to its context")
     ids = [bos, *full]
     start += 1
     cut = max(0, len(ids) - (limit + 1))
@@ -230,7 +246,12 @@ def rows_of(tok, bos: int, tasks: list[Task], jobs: list[tuple[int, int]], limit
     for job, (t, i) in enumerate(jobs):
         opts, gold = options(tasks[t], i)
         golds.append(gold)
-        rows += [Row(job, *encode_option(tok, bos, c, k, limit)) for c, k in opts]
+        try:
+            rows += [Row(job, *encode_option(tok, bos, c, k, limit)) for c, k in opts]
+        except ValueError as exc:
+            raise ConfigError(
+                f"{tasks[t].where(i)}: the item cannot be scored: {exc} under this tokenizer; correct or remove that line"
+            ) from None
     return rows, golds
 
 
