@@ -1,16 +1,18 @@
 """Answer migrations that `copier update` runs in a generated project (copier.yml `_migrations`).
 
-Run by copier in the project's root, before the update renders anything, so the new template
-version reads the migrated answers. Every command is idempotent (a second run changes nothing)
-and takes its arguments as a list (no shell, so no quoting issues).
+Run by copier in the project's root on every update, before it renders anything, so the new
+template reads the migrated answers. Every command does nothing where it does not apply (the answer
+is recorded already, a condition does not hold), so a second run changes nothing; each takes its
+arguments as a list (no shell, so no quoting issues).
 
     python migrations/answers.py rename OLD NEW
         the answer OLD becomes NEW (value kept), unless NEW is already recorded
-    python migrations/answers.py adopt ANSWER SECTION.KEY [--if NAME=VALUE]
+    python migrations/answers.py adopt ANSWER SECTION.KEY [--if NAME=VALUE] [--unless NAME]
         record ANSWER from config/train.yaml's SECTION.KEY when the answers file lacks it
         (an answer that used to live only in the config file), optionally only when another
-        answer has a given value
-    python migrations/answers.py keep ANSWER VALUE [--if NAME=VALUE]
+        answer has a given value, or only when another answer is not recorded (a question asked
+        at the same time, which tells a project made since from one made before)
+    python migrations/answers.py keep ANSWER VALUE [--if NAME=VALUE] [--unless NAME]
         record ANSWER=VALUE when the answers file lacks it: a new question whose default would change
         what an existing project does keeps the project where it was
 """
@@ -55,10 +57,13 @@ def rename(old: str, new: str) -> str:
     return f"answer {old!r} renamed to {new!r} (value {value!r})"
 
 
-def _not_applying(answers: dict, answer: str, condition: str | None) -> str | None:
-    """Why ANSWER is left alone: already recorded, or the condition NAME=VALUE does not hold."""
+def _not_applying(answers: dict, answer: str, condition: str | None, unless: str | None = None) -> str | None:
+    """Why ANSWER is left alone: already recorded, the condition NAME=VALUE does not hold, or the
+    answer UNLESS is recorded (the project was made when ANSWER was asked, and it was not asked)."""
     if answer in answers:
         return f"answer {answer!r} already recorded"
+    if unless and unless in answers:
+        return f"answer {answer!r} does not apply ({unless} is recorded)"
     if condition:
         name, _, value = condition.partition("=")
         if str(answers.get(name)) != value:
@@ -66,18 +71,18 @@ def _not_applying(answers: dict, answer: str, condition: str | None) -> str | No
     return None
 
 
-def keep(answer: str, value: str, condition: str | None) -> str:
+def keep(answer: str, value: str, condition: str | None, unless: str | None = None) -> str:
     answers = _load(ANSWERS)
-    if why := _not_applying(answers, answer, condition):
+    if why := _not_applying(answers, answer, condition, unless):
         return why
     answers[answer] = value
     _save(answers)
     return f"answer {answer!r} = {value!r}: the project keeps what it had before the question was asked"
 
 
-def adopt(answer: str, dotted: str, condition: str | None) -> str:
+def adopt(answer: str, dotted: str, condition: str | None, unless: str | None = None) -> str:
     answers = _load(ANSWERS)
-    if why := _not_applying(answers, answer, condition):
+    if why := _not_applying(answers, answer, condition, unless):
         return why
     node = _load(CONFIG)
     for part in dotted.split("."):
@@ -99,10 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     p_adopt.add_argument("answer")
     p_adopt.add_argument("dotted")
     p_adopt.add_argument("--if", dest="condition")
+    p_adopt.add_argument("--unless")
     p_keep = sub.add_parser("keep")
     p_keep.add_argument("answer")
     p_keep.add_argument("value")
     p_keep.add_argument("--if", dest="condition")
+    p_keep.add_argument("--unless")
     args = parser.parse_args(argv)
     if not ANSWERS.is_file():
         print(
@@ -112,9 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "rename":
         message = rename(args.old, args.new)
     elif args.command == "keep":
-        message = keep(args.answer, args.value, args.condition)
+        message = keep(args.answer, args.value, args.condition, args.unless)
     else:
-        message = adopt(args.answer, args.dotted, args.condition)
+        message = adopt(args.answer, args.dotted, args.condition, args.unless)
     print(f"migration: {message}", file=sys.stderr)
     return 0
 
