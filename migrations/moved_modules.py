@@ -1,35 +1,46 @@
-"""Keep a user's edits to package modules that a template release moved (copier.yml `_migrations`).
+"""Keep a user's edits to project files that a template update moves or removes (copier.yml `_migrations`).
 
-`copier update` removes a module that the new template no longer has at that path, edited or not;
-the user's edit would be lost. Run on every update, in the project's root:
+`copier update` deletes every file the project's template commit wrote that the new commit no longer
+writes at that path, edited or not: the user's edit would be lost without a word. Run on every
+update (copier runs it whatever the two commits are, tagged or not), in the project's root:
 
     python migrations/moved_modules.py save TEMPLATE_CLONE OLD_REF    (before the update)
-        every module of MOVED that the project has and the user edited (it differs from the template
-        at OLD_REF): the template's version and the user's are kept under .git/, and the user's
-        file is set back to the template's (in the index too), so copier's own diff holds no edit
-        to a path it is about to remove
+        the files the template wrote at OLD_REF that its clone at the new commit no longer writes
+        and that the project still holds: where one differs from what OLD_REF wrote (the user
+        edited it), both versions are kept in the project's git folder, and the user's file is set
+        back to the template's (in the index too), so copier's own diff holds no edit to a path
+        it is about to remove
     python migrations/moved_modules.py restore                        (after the update)
-        each kept edit is merged into the module's new home (git merge-file: the template's old
-        version is the base, so only the user's changes move; a clash is marked inline and named).
-        A module merged into a larger one cannot take a three-way merge: the user's changes are
-        written beside it as <new home>.<old name>.diff, and a line says so.
+        each kept edit goes to the file's new home (MOVED): merged in with git merge-file (the
+        template's old version is the base, so only the user's changes move; a clash is marked
+        inline and named). A file merged into a larger one cannot take a three-way merge, and a
+        removed file has no home: the user's changes are written as a diff (beside the new home,
+        or at the old path) and a line names it.
 
-Idempotent: with nothing kept, restore does nothing. An update across several releases that moved
-modules runs save once per release, with the same OLD_REF: what the first run kept stays (the user's
-file was set back by it), and MOVED names each module's newest home, so one restore merges every
-edit where the module lives now. A save for another OLD_REF overwrites what an earlier update kept.
+What was written at OLD_REF is found by rendering that commit with copier (only when the project
+holds a file the new commit drops), so a file rendered from Jinja counts as edited only where the
+user changed it. Idempotent: save again keeps what it kept (the user's file was set back by the first
+run); with nothing kept, restore does nothing; a save for another OLD_REF drops what an earlier,
+unfinished update kept.
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+import jinja2
 import yaml
+
+ANSWERS = Path(".copier-answers.yml")
+PACKAGE = "{package}"  # in MOVED: the project's src/<project_slug>
 
 # Old path -> new path, inside src/<package>/. "+" marks a module merged into another one.
 MOVED = {
@@ -57,6 +68,8 @@ MOVED = {
     "distributed.py": "runtime/distributed.py",
     "unrecoverable.py": "runtime/unrecoverable.py",
     "faults.py": "runtime/faults.py",
+    "runtime/interrupts.py": "+runtime/process_exit.py",
+    "runtime/optional_packages.py": "+settings/packages.py",
     "checkpoint.py": "checkpoints/checkpoint.py",
     "checkpoint_files.py": "checkpoints/checkpoint_files.py",
     "strategies/compilation.py": "+strategies/common.py",
@@ -95,6 +108,13 @@ MOVED = {
     "verdicts.py": "+diagnostics/__init__.py",
     "image.py": "image/build.py",
     "image_plan.py": "image/plan.py",
+    # the flat launch modules became the launch/ package (rewritten, so merged rather than moved)
+    "launch.py": "+launch/__init__.py",
+    "launch_slurm.py": "+launch/slurm.py",
+    "launch_tione.py": "+launch/tione/platform.py",
+    "launch_kubeflow.py": "launch/kubeflow/platform.py",
+    "launch_kubeflow_restarts.py": "launch/kubeflow/restarts.py",
+    "launch_deepspeed.py": "launch/deepspeed_launcher.py",
     # 0.5.0: a folder per model family, checkpoints in one folder, a folder per launch platform
     "models/gpt.py": "models/gpt/model.py",
     "models/gpt_family.py": "models/gpt/descriptor.py",
@@ -116,91 +136,185 @@ MOVED = {
     "launch/tione_console.py": "launch/tione/console.py",
     "launch/tione_request.py": "launch/tione/request.py",
 }
-KEPT = Path(".git/moved-module-edits")  # inside .git: never part of the project's tree or copier's diff
-TEMPLATE_PACKAGE = "template/src/{{project_slug}}"
+# The same for files outside the package, by their path in the project.
+MOVED_IN_PROJECT = {
+    "launch/devmachine/cpu-smoke.sh": "scripts/cpu-smoke.sh",
+    "tests/conftest.py": "conftest.py",  # the fixtures moved up beside the families' own tests
+    "tests/test_bert.py": f"{PACKAGE}/models/bert/tests/test_bert.py",
+    "tests/test_bert_input.py": f"{PACKAGE}/models/bert/tests/test_bert_input.py",
+    "tests/test_gpt3.py": f"{PACKAGE}/models/gpt3/tests/test_gpt3.py",
+}
+PATH_JINJA = jinja2.Environment(autoescape=False, keep_trailing_newline=True)
 
 
 def git(*args: str, cwd: Path | str = ".", check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=check)
 
 
-def package_dir() -> Path:
-    answers = yaml.safe_load(Path(".copier-answers.yml").read_text()) or {}
-    return Path("src") / answers["project_slug"]
+def load_answers() -> dict:
+    answers = yaml.safe_load(ANSWERS.read_text()) if ANSWERS.is_file() else None
+    return answers if isinstance(answers, dict) else {}
+
+
+def kept_folder() -> Path:
+    """Inside the project's git folder (a worktree's or a monorepo's too): never part of its tree or copier's diff."""
+    return Path(git("rev-parse", "--git-path", "moved-module-edits").stdout.strip())
+
+
+def home_of(path: str, package: str) -> str | None:
+    """The project path an edit of PATH goes to ("+" first: merged into that file), None when removed."""
+    prefix = f"{package}/"
+    if path.startswith(prefix) and path[len(prefix) :] in MOVED:
+        new = MOVED[path[len(prefix) :]]
+        return ("+" if new.startswith("+") else "") + prefix + new.lstrip("+")
+    new = MOVED_IN_PROJECT.get(path)
+    return new.replace(PACKAGE, package) if new else None
+
+
+def template_settings(copier_yml: str) -> tuple[str, str]:
+    """The folder the template's files live in and the suffix of its Jinja files, from its copier.yml."""
+
+    def setting(name: str, default: str) -> str:
+        found = re.search(rf"^_{name}:[ \t]*[\"']?([^\"'\s#]*)", copier_yml, re.M)
+        return found.group(1) if found else default
+
+    return setting("subdirectory", "").strip("/"), setting("templates_suffix", ".jinja")
+
+
+def written_paths(clone: str, ref: str, answers: dict) -> set[str]:
+    """The project paths the template at REF writes with these answers: its file names rendered as
+    copier renders them (a part that renders empty is not written; a name these answers cannot render
+    is left out, so at worst a file is kept that copier writes again, and restore merges it back)."""
+    shown = (git("show", f"{ref}:{name}", cwd=clone, check=False) for name in ("copier.yml", "copier.yaml"))
+    copier_yml = next((found.stdout for found in shown if found.returncode == 0), "")
+    subdirectory, suffix = template_settings(copier_yml)
+    listed = git("ls-tree", "-r", "--name-only", ref, "--", subdirectory or ".", cwd=clone).stdout
+    context = {**answers, "_copier_conf": {"answers_file": str(ANSWERS)}}
+    paths = set()
+    for raw in listed.splitlines():
+        relative = raw[len(subdirectory) + 1 :] if subdirectory else raw
+        try:
+            parts = [PATH_JINJA.from_string(part).render(context) for part in relative.split("/")]
+        except jinja2.TemplateError:
+            continue
+        if all(parts):
+            path = "/".join(parts)
+            paths.add(path[: -len(suffix)] if suffix and path.endswith(suffix) else path)
+    return paths
+
+
+def render_at(ref: str, answers: dict, into: Path) -> None:
+    """The project as the template at REF wrote it, as copier renders the old side of an update."""
+    from copier import run_copy  # the copier running this update
+
+    run_copy(
+        src_path=answers["_src_path"],
+        dst_path=into,
+        data={key: value for key, value in answers.items() if not key.startswith("_")},
+        vcs_ref=ref,
+        defaults=True,
+        overwrite=True,
+        quiet=True,
+        skip_tasks=True,
+        unsafe=True,
+    )
 
 
 def save(template_clone: str, old_ref: str) -> None:
-    stamp = KEPT / "old_ref"
-    if not (stamp.is_file() and stamp.read_text() == old_ref):  # kept by an earlier update: not this one's
-        shutil.rmtree(KEPT, ignore_errors=True)
-    KEPT.mkdir(parents=True, exist_ok=True)
+    kept = kept_folder()
+    stamp = kept / "old_ref"
+    if not (stamp.is_file() and stamp.read_text() == old_ref):  # left by an update that did not finish
+        shutil.rmtree(kept, ignore_errors=True)
+    answers = load_answers()
+    dropped = written_paths(template_clone, old_ref, answers) - written_paths(template_clone, "HEAD", answers)
+    candidates = sorted(path for path in dropped if Path(path).is_file() and Path(path) != ANSWERS)
+    if not candidates:
+        return
+    kept.mkdir(parents=True, exist_ok=True)
     stamp.write_text(old_ref)
-    package = package_dir()
-    kept = []
-    for old, new in MOVED.items():
-        path = package / old
-        if not path.is_file() or (KEPT / old.replace("/", "__")).is_dir():
-            continue
-        shown = git("show", f"{old_ref}:{TEMPLATE_PACKAGE}/{old}", cwd=template_clone, check=False)
-        if shown.returncode != 0:
-            continue  # not a template module at that release: the user's own, which copier leaves alone
-        base, yours = shown.stdout, path.read_text()
-        if base == yours:
-            continue
-        folder = KEPT / old.replace("/", "__")
-        folder.mkdir(parents=True)
-        (folder / "base").write_text(base)
-        (folder / "yours").write_text(yours)
-        (folder / "where.json").write_text(json.dumps({"old": old, "new": new}))
-        path.write_text(base)  # copier now sees no edit to a path the new release removes
-        git("add", "--", str(path))
-        kept.append(old)
-    if kept:
-        print(
-            f"modules this release moves, with your edits (merged into their new homes after the update): {', '.join(kept)}"
-        )
+    saved = []
+    with tempfile.TemporaryDirectory(prefix="old-render-") as old_render:
+        try:
+            render_at(old_ref, answers, Path(old_render))
+        except Exception as error:  # copier's own errors have no common base; nothing is changed yet
+            why = f"migration: cannot render the template at {old_ref} to find your edits: {error}"
+            raise SystemExit(why) from None
+        for path in candidates:
+            written = Path(old_render, path)
+            if not written.is_file():
+                continue  # not the template's at OLD_REF: the user's own file, which copier leaves alone
+            base, yours = written.read_bytes(), Path(path).read_bytes()
+            folder = kept / hashlib.sha1(path.encode()).hexdigest()[:16]
+            if base == yours:
+                continue  # unedited, or set back by an earlier save of this update
+            folder.mkdir(exist_ok=True)
+            (folder / "base").write_bytes(base)
+            (folder / "yours").write_bytes(yours)
+            (folder / "where.json").write_text(json.dumps({"path": path}))
+            Path(path).write_bytes(base)  # copier now sees no edit to a path the new commit drops
+            git("add", "--", path)
+            saved.append(path)
+    if saved:
+        print(f"edited files this update moves or removes (your edits are placed after it): {', '.join(saved)}")
+
+
+def write_diff(folder: Path, path: str, patch: Path) -> None:
+    def lines(name: str) -> list[str]:
+        return (folder / name).read_bytes().decode("utf-8", errors="replace").splitlines(True)
+
+    patch.parent.mkdir(parents=True, exist_ok=True)
+    patch.write_text("".join(difflib.unified_diff(lines("base"), lines("yours"), path, path)))
 
 
 def restore() -> int:
-    if not KEPT.is_dir():
+    kept = kept_folder()
+    if not kept.is_dir():
         return 0
-    package = package_dir()
+    package = f"src/{load_answers().get('project_slug', '')}"
     clashes = []
-    for folder in sorted(p for p in KEPT.iterdir() if p.is_dir()):
-        where = json.loads((folder / "where.json").read_text())
-        old, new = where["old"], where["new"]
-        merged = new.startswith("+")
-        target = package / new.lstrip("+")
-        if merged or not target.is_file():
-            patch = (
-                target.with_name(f"{target.name}.{Path(old).stem}.diff")
-                if target.parent.is_dir()
-                else package / f"{old}.diff"
-            )
-            base, yours = (folder / "base").read_text(), (folder / "yours").read_text()
-            patch.write_text("".join(difflib.unified_diff(base.splitlines(True), yours.splitlines(True), old, old)))
-            print(f"{old} is now part of {target}: apply your edits there by hand; they are in {patch}")
+    for folder in sorted(p for p in kept.iterdir() if p.is_dir()):
+        path = json.loads((folder / "where.json").read_text())["path"]
+        home = path if Path(path).is_file() else home_of(path, package)  # written again: the edit goes back
+        if home is None:
+            patch = Path(f"{path}.diff")
+            write_diff(folder, path, patch)
+            print(f"{path} is no longer part of the template: your edits to it are kept in {patch}")
             continue
-        result = git("merge-file", "-L", "after updating", "-L", f"{old} before updating", "-L", f"your {old}",
+        target = Path(home.lstrip("+"))
+        if not target.is_file():
+            patch = Path(f"{path}.diff")
+            write_diff(folder, path, patch)
+            print(f"{path} moved to {target}, which this project does not hold: your edits to it are kept in {patch}")
+            continue
+        if home.startswith("+"):
+            patch = target.with_name(f"{target.name}.{Path(path).stem}.diff")
+            write_diff(folder, path, patch)
+            print(f"{path} is now part of {target}: apply your edits there by hand; they are in {patch}")
+            continue
+        result = git("merge-file", "-L", "after updating", "-L", f"{path} before updating", "-L", f"your {path}",
                      str(target), str(folder / "base"), str(folder / "yours"), check=False)  # fmt: skip
         if result.returncode < 0 or result.returncode > 127:
-            print(f"could not merge your edits to {old} into {target}: {result.stderr.strip()}", file=sys.stderr)
+            print(f"could not merge your edits to {path} into {target}: {result.stderr.strip()}", file=sys.stderr)
             return 1
         if result.returncode:
             clashes.append(str(target))
-        print(f"your edits to {old} now live in {target}")
-    shutil.rmtree(KEPT)
+        print(f"your edits to {path} now live in {target}")
+    shutil.rmtree(kept)
     if clashes:
-        print(f"edits that clash with the new release are marked inline (<<<<<<<) in: {', '.join(clashes)}")
+        print(f"edits that clash with the new template are marked inline (<<<<<<<) in: {', '.join(clashes)}")
     return 0
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["save"] and len(argv) == 3:
-        save(argv[1], argv[2])
-        return 0
-    if argv == ["restore"]:
-        return restore()
+    try:
+        if argv[:1] == ["save"] and len(argv) == 3:
+            save(argv[1], argv[2])
+            return 0
+        if argv == ["restore"]:
+            return restore()
+    except subprocess.CalledProcessError as error:  # save stops before it sets back any file
+        print(f"migration: {' '.join(error.cmd)} failed: {error.stderr.strip()}", file=sys.stderr)
+        return 1
     print(__doc__, file=sys.stderr)
     return 2
 
