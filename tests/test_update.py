@@ -2,14 +2,16 @@
 
     python -m pytest -q tests/test_update.py
 
-The template is copied into tmp, committed and tagged (vX.Y.Z, as the team tags main); a project is
-generated from it, committed, edited as a user would and committed; the template changes and gets
-a newer tag; `copier update` runs in the project. Also: the answer migrations of copier.yml
-(`_migrations`, migrations/answers.py), the message after copy and the generated project's CI.
+The template is copied into tmp, committed and tagged (vX.Y.Z releases) or left untagged as users
+get main (a clone of this repository at an earlier commit); a project is generated from it,
+committed, edited as a user would and committed; the template changes (a newer tag, or the working
+tree as the newest commit); `copier update` runs in the project. Also: the migrations of copier.yml
+(`_migrations`, migrations/), the message after copy and the generated project's CI.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import sys
@@ -17,6 +19,8 @@ from pathlib import Path
 
 import yaml
 from conftest import BIN, TEMPLATE, copier_copy, git, run
+
+MIGRATIONS = TEMPLATE / "migrations"
 
 SLUG = "upd"
 PLATFORMS = "[devmachine,kubeflow,tione,slurm]"
@@ -51,7 +55,7 @@ def check(project: Path):
     return run([sys.executable, "-m", SLUG, "check"], cwd=project, env={"PYTHONPATH": str(project / "src")})
 
 
-def generate(tmp_path: Path, tpl: Path, **extra) -> Path:
+def generate(tmp_path: Path, tpl: Path, vcs_ref: str | None = None, **extra) -> Path:
     project = tmp_path / "project"
     data = {
         "project_name": "Upd",
@@ -62,7 +66,7 @@ def generate(tmp_path: Path, tpl: Path, **extra) -> Path:
         "output_dir": str(tmp_path / "runs"),
         **extra,
     }
-    result = copier_copy(project, data, src=f"git+file://{tpl}")
+    result = copier_copy(project, data, src=f"git+file://{tpl}", extra=[f"--vcs-ref={vcs_ref}"] if vcs_ref else [])
     assert result.returncode == 0, result.stdout + result.stderr
     git(project, "init", "-q", "-b", "main")
     commit_all(project, "generated")
@@ -327,9 +331,9 @@ def template_at(commit: str, dst: Path) -> Path:
     return dst
 
 
-def release_today(tpl: Path, message: str, tag: str = "v0.3.0") -> None:
+def release_today(tpl: Path, message: str, tag: str | None = "v0.3.0") -> None:
     """The template of today, committed over an older one in the same repository as its next release
-    (v0.3.0: the release that moved the package's modules into folders, whose migration runs then)."""
+    (a tag), or as the newest commit of an untagged main (tag None)."""
     for child in tpl.iterdir():
         if child.name != ".git":
             shutil.rmtree(child) if child.is_dir() else child.unlink()
@@ -712,3 +716,97 @@ def test_update_into_family_folders_carries_edits_in_moved_modules(tmp_path):
         proc = run([sys.executable, "-m", SLUG, *command], cwd=project, env=env)
         assert proc.returncode == 0, f"{' '.join(command)} after the update:\n{proc.stdout}\n{proc.stderr}"
     assert check(project).returncode == 0
+
+
+# An untagged commit of main as users copy it: before 0.5.0 gave each family a folder (models/gpt.py,
+# tests/conftest.py, tests/test_new_family.py were there) and before gpt_recipe was asked.
+UNTAGGED_BEFORE_FAMILY_FOLDERS = "e14ff80"
+
+
+def test_update_from_an_untagged_commit_keeps_edits_in_moved_and_removed_files(tmp_path):
+    """The repository carries no tags, so a project records a commit and copier reads both sides of
+    the update as 0.0.0.postN, below every release: the migrations run all the same. Edits in a
+    module that moved (models/gpt.py) and a test file that moved (tests/conftest.py, rendered from
+    Jinja) reach their new homes; an edited test file the template removed is kept as a diff and
+    named; the gpt project keeps the recipe it had before gpt_recipe was asked."""
+    tpl = tmp_path / "template"
+    cloned = run(["git", "clone", "-q", "--no-tags", str(TEMPLATE), str(tpl)])
+    assert cloned.returncode == 0, cloned.stderr
+    assert git(tpl, "tag") == "", "the clone must carry no tags, as users' copies of main"
+    known = run(["git", "cat-file", "-e", f"{UNTAGGED_BEFORE_FAMILY_FOLDERS}^{{commit}}"], cwd=tpl)
+    assert known.returncode == 0, f"{UNTAGGED_BEFORE_FAMILY_FOLDERS} is not in {TEMPLATE}: a full clone is needed"
+    project = generate(tmp_path, tpl, vcs_ref=UNTAGGED_BEFORE_FAMILY_FOLDERS, platforms="[devmachine]")
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    assert answers["_commit"] == UNTAGGED_BEFORE_FAMILY_FOLDERS and "gpt_recipe" not in answers
+    package = project / "src" / SLUG
+    edit(package / "models/gpt.py", "def rms_norm(", "USER_GPT = 'kept in models/gpt/model.py'\n\n\ndef rms_norm(")
+    edit(project / "tests/conftest.py", "import pytest\n", "import pytest\n\nUSER_FIXTURES = 'kept'\n")
+    edit(project / "tests/test_new_family.py", "import pytest\n", "import pytest\n\nUSER_FAMILY = 'kept'\n")
+    before = yaml.safe_load((project / "config/train.yaml").read_text())
+    commit_all(project, "user edits")
+
+    release_today(tpl, "the template of today", tag=None)  # the newest commit of main
+    newest = git(tpl, "rev-parse", "--short", "HEAD").strip()
+
+    update = copier(project, "update", "--defaults", "--trust", "--conflict", "inline")
+    out = update.stdout + update.stderr
+    assert update.returncode == 0, out
+    assert re.search(r"Updating to template version 0\.0\.0\.post\d+", out), out  # untagged on both sides
+    assert yaml.safe_load((project / ".copier-answers.yml").read_text())["_commit"] == newest
+    assert not (package / "models/gpt.py").exists() and not (project / "tests/conftest.py").exists()
+    for home, mark in (
+        (package / "models/gpt/model.py", "USER_GPT = 'kept in models/gpt/model.py'"),
+        (project / "conftest.py", "USER_FIXTURES = 'kept'"),
+    ):
+        text = home.read_text()
+        assert mark in text and "<<<<<<<" not in text, home
+    patch = project / "tests/test_new_family.py.diff"
+    assert not (project / "tests/test_new_family.py").exists()
+    assert "+USER_FAMILY = 'kept'" in patch.read_text()
+    assert "tests/test_new_family.py is no longer part of the template: your edits to it are kept in" in out
+    assert str(patch.relative_to(project)) in out
+    assert not list(project.rglob("*.rej")) and not (project / ".git/moved-module-edits").exists()
+    assert yaml.safe_load((project / ".copier-answers.yml").read_text())["gpt_recipe"] == "adamw"
+    after = yaml.safe_load((project / "config/train.yaml").read_text())
+    assert after["optim"]["optimizer"] == "adamw" and after["optim"]["lr"] == before["optim"]["lr"]  # not muon's
+    assert after["schedule"] == {**before["schedule"], "decay": "cosine"}  # not nanochat's warmdown
+    checked = check(project)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+# Files the template dropped without a successor (their tests went to the template's own tests/):
+# an edit of one is kept as <path>.diff by migrations/moved_modules.py.
+DROPPED_WITHOUT_SUCCESSOR = {"tests/test_layering.py", "tests/test_new_family.py"}
+
+
+def project_path(template_path: str) -> str:
+    """Where a file of template/ lands in a project: its conditions met, the package named PKG."""
+    path = template_path.removeprefix("template/").replace("{{project_slug}}", "PKG")
+    path = re.sub(r"\{%.*?%\}", "", path)
+    return path.removesuffix(".jinja")
+
+
+def test_every_file_the_history_moved_or_removed_is_known_to_the_migration():
+    """A file the template stops writing at a path loses a user's edits unless moved_modules.py knows
+    where it went (MOVED, MOVED_IN_PROJECT) or that it has no successor: read from this repository's
+    history, so a move made without a line in those tables fails here."""
+    spec = importlib.util.spec_from_file_location("moved_modules", MIGRATIONS / "moved_modules.py")
+    moved_modules = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(moved_modules)
+    history = run(
+        ["git", "log", "-M", "--diff-filter=RD", "--name-status", "--format=", "--", "template/"], cwd=TEMPLATE
+    )
+    assert history.returncode == 0 and history.stdout, history.stderr
+    listed = run(["git", "ls-files", "-co", "--exclude-standard", "--", "template/"], cwd=TEMPLATE).stdout
+    written_now = {project_path(path) for path in listed.splitlines()}
+    unknown = set()
+    for line in history.stdout.splitlines():
+        old = project_path(line.split("\t")[1])
+        home = moved_modules.home_of(old, "src/PKG")
+        if old in written_now or old in DROPPED_WITHOUT_SUCCESSOR:
+            continue
+        if home is None:
+            unknown.add(old)
+        else:
+            assert project_path(home.lstrip("+")) in written_now, f"{old}'s home {home} is not in template/"
+    assert not unknown, f"add these to MOVED or MOVED_IN_PROJECT in migrations/moved_modules.py: {sorted(unknown)}"
