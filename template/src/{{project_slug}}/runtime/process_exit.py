@@ -1,11 +1,12 @@
 """How a process ends.
 
-A stop signal as Ctrl-C (stop_like_ctrl_c, every command but `train`): SIGTERM and SIGHUP (a
-scheduler's stop, a `kill`, a closed terminal, an ssh session that drops) raise KeyboardInterrupt
+A stop signal as Ctrl-C (stop_like_ctrl_c, every command but `train`): SIGTERM, SIGHUP and SIGQUIT (a
+scheduler's stop, a `kill`, a closed terminal, an ssh session that drops, Ctrl-\\) raise KeyboardInterrupt
 (Stopped) in the main thread, so every `except BaseException` / `finally` that removes a temporary
 (export's partial folder, prepare-data's staging, a launch's follow) runs, the command says it stopped
 in one line, and exits 128 + the signal's number (143 for SIGTERM, 129 for SIGHUP, 130 for Ctrl-C), as
-a shell reports a process the signal killed. `train` keeps its own: there SIGTERM asks for a
+a shell reports a process the signal killed. Only the first stop counts: a second one while the first
+cleans up, or while the process exits, is let pass. `train` keeps its own: there SIGTERM asks for a
 checkpoint (preemption.py).
 
 A rank that joined a process group (end): its exit hooks run and its output is flushed, then it
@@ -37,7 +38,11 @@ def joined_group() -> None:
 
 
 def end(code: int | None) -> NoReturn:
-    """The process's end with exit code `code` (None: 0), as `raise SystemExit(code)` would."""
+    """The process's end with exit code `code` (None: 0), as `raise SystemExit(code)` would. A stop
+    signal from here on finds nothing left to stop: the exit hooks run undisturbed."""
+    global _stopping
+    _stopping = True
+    _ignore_stops()
     if not _joined_group:
         raise SystemExit(code)
     atexit._run_exitfuncs()  # noqa: SLF001 - what finalization would run first, with the interpreter whole
@@ -49,7 +54,8 @@ def end(code: int | None) -> NoReturn:
     os._exit(code or 0)
 
 
-CAUGHT = (signal.SIGTERM, signal.SIGHUP)
+CAUGHT = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+_stopping = False  # a stop signal was raised: the clean-up it started is under way
 
 
 class Stopped(KeyboardInterrupt):
@@ -61,14 +67,34 @@ class Stopped(KeyboardInterrupt):
 
 
 def _raise_stopped(signum, frame) -> None:
+    """The first stop signal interrupts; the ones after it (a second Ctrl-C, a scheduler's repeated
+    SIGTERM) change nothing, so that they cannot break into the clean-up of the first (a partial folder
+    half removed) or into the exit hooks (an "Exception ignored in atexit" traceback)."""
+    global _stopping
+    if _stopping:
+        return
+    _stopping = True
     raise Stopped(signum)
 
 
 def stop_like_ctrl_c() -> None:
-    """From now on CAUGHT raise Stopped in the main thread (elsewhere signals cannot be caught)."""
+    """From now on CAUGHT, and Ctrl-C where it is not ignored (a job started in the background),
+    raise Stopped in the main thread (elsewhere signals cannot be caught), once."""
     if threading.current_thread() is threading.main_thread():
         for sig in CAUGHT:
             signal.signal(sig, _raise_stopped)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _raise_stopped)
+
+
+def _ignore_stops() -> None:
+    """The signals stop_like_ctrl_c caught, ignored: the interpreter's finalization gives a handler of
+    ours back to the default (a signal then would kill the process during torch's teardown, exit -15
+    instead of its code) but leaves an ignored signal ignored."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (*CAUGHT, signal.SIGINT):
+            if signal.getsignal(sig) is _raise_stopped:
+                signal.signal(sig, signal.SIG_IGN)
 
 
 def interrupted_code(exc: KeyboardInterrupt) -> int:
@@ -78,5 +104,5 @@ def interrupted_code(exc: KeyboardInterrupt) -> int:
 
 def how(exc: KeyboardInterrupt) -> str:
     """'interrupted' for Ctrl-C, 'stopped by SIGTERM' for a caught signal."""
-    signum = getattr(exc, "signum", None)
-    return f"stopped by {signal.Signals(signum).name}" if signum else "interrupted"
+    signum = getattr(exc, "signum", signal.SIGINT)
+    return "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
