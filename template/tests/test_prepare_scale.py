@@ -121,10 +121,11 @@ def finished_parts(parts_dir: Path) -> int:
     return sum(path.parent.name.isdigit() for path in parts_dir.glob("*/done.json"))
 
 
-def start_and_wait_for_parts(cli, data_dir: Path, workers: int, parts: int) -> subprocess.Popen:
+def start_and_wait_for_parts(cli, data_dir: Path, workers: int, parts: int, group: bool = False) -> subprocess.Popen:
     """prepare-data started in the background, returned once `parts` parts are finished. Each part
     then waits a second (faults.py), so a signal sent now lands before the next one or two finish:
-    unslowed, the six parts took a second in all and the run could end before the signal."""
+    unslowed, the six parts took a second in all and the run could end before the signal. group: in
+    a process group of its own, as a terminal's foreground job (its pid is the group's)."""
     proc = subprocess.Popen(
         cli.command("prepare-data", f"data.dir={data_dir}", *PREPARE, "--workers", str(workers)),
         cwd=cli.root,
@@ -135,6 +136,7 @@ def start_and_wait_for_parts(cli, data_dir: Path, workers: int, parts: int) -> s
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=group,
     )
     # The tokenizer is trained before the first part: on two loaded cores that alone took minutes.
     deadline = time.monotonic() + 600
@@ -332,6 +334,40 @@ def test_a_worker_killed_by_the_system_is_one_line_and_the_run_continues(cli, re
     proc = cli("prepare-data", f"data.dir={tmp_path}", *PREPARE)
     assert "parts were finished before" in proc.stdout, proc.stdout
     assert outputs(tmp_path) == outputs(reference)
+
+
+def group_members(group: int) -> list[int]:
+    """The live processes of a process group (zombies, reaped by nobody yet, are gone already)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended while read
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.parametrize("stop", [signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGQUIT], ids=lambda s: s.name)
+def test_a_stop_sent_to_the_whole_process_group_stops_as_ctrl_c_does(cli, reference, tmp_path, stop):
+    """A closed terminal (SIGHUP), Ctrl-C or Ctrl-\\ at a terminal, a scheduler's SIGTERM to the job:
+    each reaches the workers and multiprocessing's resource tracker too. The stop is this process's
+    one line and exit code; the finished parts stay; no helper dies first (a tracker killed by SIGHUP
+    printed a KeyError traceback per queue semaphore) or is left running."""
+    copy_inputs(reference, tmp_path)
+    proc = start_and_wait_for_parts(cli, tmp_path, workers=2, parts=2, group=True)
+    os.killpg(proc.pid, stop)
+    stdout, stderr = proc.communicate(timeout=60)
+    said = "interrupted" if stop == signal.SIGINT else f"stopped by {signal.Signals(stop).name}"
+    assert proc.returncode == 128 + stop and stderr.strip() == f"prepare-data: {said}", stderr
+    kept = finished_parts(tmp_path / ".prepare-data" / "parts")
+    assert kept >= 2 and f"{kept} finished part(s) stay" in stdout, stdout
+    assert not (tmp_path / "meta.json").exists()
+    deadline = time.monotonic() + 60  # the workers, ended by the parent, and the tracker, at its pipe's end
+    while group_members(proc.pid):
+        assert time.monotonic() < deadline, f"left running: {group_members(proc.pid)}"
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("part_bytes", [1, 37, 500, 10**9])

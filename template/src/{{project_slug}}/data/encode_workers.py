@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import queue as queues
 import signal
+import threading
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -64,10 +65,42 @@ def encode_all(
     return [results[index] for index in range(len(parts))], run
 
 
+# A stop that reaches the whole process group (Ctrl-C or Ctrl-\ in a terminal, a closed terminal's
+# SIGHUP, a scheduler's SIGTERM to every process of the job) is this process's to handle: it ends the
+# workers itself (_stop). The helpers ignore it so that none dies first: a worker killed by it would
+# read as a failed part, and multiprocessing's resource tracker (which ignores only SIGINT and SIGTERM)
+# killed by SIGHUP or SIGQUIT is started again and prints a KeyError traceback per queue semaphore.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)  # what process_exit.py stops on
+
+
+def _start_ignoring_stops(*args) -> None:
+    """The pool's initializer: start_worker, in a worker that leaves stop signals to the parent."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    start_worker(*args)
+
+
+def _start_resource_tracker() -> None:
+    """multiprocessing's resource tracker started now, with the stop signals ignored: a process
+    inherits ignored signals, and the tracker otherwise starts with the first queue, unguarded."""
+    from multiprocessing import resource_tracker
+
+    if threading.current_thread() is not threading.main_thread():
+        resource_tracker.ensure_running()
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def _in_workers(parts, todo, settings, parts_dir, tokenizer_path, workers, threads, progress) -> dict[int, dict]:
     context = multiprocessing.get_context("spawn")
+    _start_resource_tracker()
     reports = context.Queue()
-    pool = ProcessPoolExecutor(workers, context, start_worker, (str(tokenizer_path), threads, reports))
+    pool = ProcessPoolExecutor(workers, context, _start_ignoring_stops, (str(tokenizer_path), threads, reports))
     results: dict[int, dict] = {}
     try:
         futures = {pool.submit(run_part, parts[i], i, settings, str(parts_dir)): i for i in todo}
