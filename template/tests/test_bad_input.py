@@ -42,6 +42,20 @@ CONFIG = {
     "check min_lr_ratio 2": (["check", "schedule.min_lr_ratio=2"], ["schedule.min_lr_ratio=2", "at most 1"]),
     "check timeout 0": (["check", "run.collective_timeout_minutes=0"], ["run.collective_timeout_minutes=0", "above 0"]),
     "check seed -1": (["check", "run.seed=-1"], ["run.seed=-1", "at least 0"]),
+    # Waits past what threading.Timer or signal.alarm take: the watchdog's thread died of the overflow
+    # and the run went on without it.
+    "train first-step timeout of a year": (
+        ["train", "run.first_step_timeout_minutes=525600"],
+        ["run.first_step_timeout_minutes=525600", "at most 10080 (a week; 0 turns the watchdog off)"],
+    ),
+    "check collective timeout 1e9": (
+        ["check", "run.collective_timeout_minutes=1e9"],
+        ["run.collective_timeout_minutes=1000000000", "at most 10080 (a week)"],
+    ),
+    "launch stop grace of a year": (
+        ["launch", "devmachine", "--dry-run", "cluster.stop_grace_seconds=31536000"],
+        ["cluster.stop_grace_seconds=31536000", "at most 86400 (a day)"],
+    ),
     "check two at once": (
         ["check", "cluster.nodes=0", "logging.every_steps=0"],
         ["cluster.nodes=0", "logging.every_steps=0"],
@@ -144,6 +158,20 @@ def test_every_number_in_the_config_has_a_range(pkg):
             if types & {int, float}:
                 numbers.add(f"{section.name}.{setting.name}")
     assert numbers - {"deepspeed.zero_stage"} == set(pkg.bounds.BOUNDS)
+
+
+def test_the_longest_waits_allowed_are_waits_their_takers_accept(pkg):
+    """The first-step watchdog's threading.Timer takes run.first_step_timeout_minutes (past
+    threading.TIMEOUT_MAX its thread died of an OverflowError and the run went on unwatched), and
+    preemption's signal.alarm takes cluster.stop_grace_seconds."""
+    import signal
+    import threading
+
+    bounds = pkg.bounds.BOUNDS
+    for key in ("run.first_step_timeout_minutes", "run.collective_timeout_minutes", "run.debug_timeout_minutes"):
+        assert bounds[key].high * 60 <= threading.TIMEOUT_MAX, key
+    assert signal.alarm(int(bounds["cluster.stop_grace_seconds"].high)) == 0
+    assert signal.alarm(0) > 0  # it was armed, and is no more
 
 
 @pytest.mark.parametrize("name", CONFIG)
