@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import subprocess_env
 
 # --- config values: bounds.py, checked by cli.py before any command computes with them ----------
 CONFIG = {
@@ -207,6 +208,22 @@ def test_node_rank_past_the_nodes_and_a_rank_variable_that_is_no_number(cli):
     # `train` started by hand with a broken RANK: refused before any process group is made
     proc = cli("train", env=only({"RANK": "x", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}), expect=1, timeout=120)
     assert_one_line(proc, ["RANK='x'", "whole number"])
+
+
+@pytest.mark.parametrize("command", [["check"], ["plan"], ["launch", "devmachine", "--dry-run"]], ids=" ".join)
+def test_output_whose_reader_has_gone_ends_quietly(cli, command):
+    """`<package> plan | head -1`: the reader closes the pipe while the command still writes. The
+    command ends as a tool that SIGPIPE ended (exit 141), without a BrokenPipeError traceback."""
+    import subprocess
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line is written
+    try:
+        run = {"cwd": cli.root, "env": subprocess_env(), "stderr": subprocess.PIPE, "text": True, "timeout": 240}
+        proc = subprocess.run(cli.command(*command), stdout=write, **run)
+    finally:
+        os.close(write)
+    assert proc.returncode == 128 + 13 and proc.stderr == "", (proc.returncode, proc.stderr)
 
 
 # --- what torchrun would restart into: found before it starts, or ended at once -------------------

@@ -144,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         # One line; in a rank under the node supervisor, handed to it instead (unrecoverable.py)
         return unrecoverable.report(exc)
+    except BrokenPipeError:  # the reader of the output left (`| head`): nothing more to say, to anyone
+        return process_exit.reader_gone()
     except Exception as exc:
         failure = None
         if isinstance(exc, OSError):

@@ -97,6 +97,15 @@ def _ignore_stops() -> None:
                 signal.signal(sig, signal.SIG_IGN)
 
 
+def reader_gone() -> int:
+    """The exit code, once the reader of our output has gone (`<package> plan | head -1`): stdout is
+    pointed at /dev/null, so that what is left in its buffer is not flushed into the closed pipe at
+    exit (a second BrokenPipeError, with a traceback), and the code is a shell's for a process that
+    SIGPIPE ended, as a tool in C would end."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
+
+
 def interrupted_code(exc: KeyboardInterrupt) -> int:
     """128 + the number of the signal that interrupted (Ctrl-C: SIGINT)."""
     return 128 + getattr(exc, "signum", signal.SIGINT)
