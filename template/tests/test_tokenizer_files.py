@@ -161,6 +161,23 @@ def test_tokenizer_files_that_cannot_be_used_are_one_line_errors(pkg, cli, gpt2_
     assert "could not be read by transformers" in refusal(saved)
 
 
+def test_a_vocab_txt_that_is_not_utf8_is_one_line_from_prepare_data(cli, tmp_path):
+    """A vocabulary saved in Latin-1 (an editor's choice): WordPiece's reader raised a bare Exception."""
+    vocab = tmp_path / "tokenizer" / "vocab.txt"
+    vocab.parent.mkdir()
+    vocab.write_bytes("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\ncaf\u00e9\n".encode("latin-1"))
+    data_dir = tmp_path / "data"
+    (data_dir / "raw").mkdir(parents=True)
+    (data_dir / "raw" / "a.txt").write_text("some text")
+    proc = cli("prepare-data", f"data.dir={data_dir}", "data.raw=", f"data.tokenizer={vocab}", expect=1)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"error: tokenizer {vocab} could not be read (Error while initializing WordPiece: stream did not contain "
+        "valid UTF-8); give a vocab.txt of one token a line, in UTF-8"
+    ], proc.stderr
+    assert sorted(p.name for p in data_dir.iterdir()) == ["raw"]
+
+
 def test_prepare_data_with_gpt2_files(cli, gpt2_folder, tmp_path):
     """prepare-data with data.tokenizer at GPT-2's files: the shards hold GPT2TokenizerFast's ids of
     every document, separated by <|endoftext|>, and decode back to the documents."""

@@ -240,11 +240,17 @@ def _wordpiece_from_vocab(vocab: Path):
     from ..models.bert.model import import_transformers
 
     transformers = import_transformers()
-    if vocab.name == "vocab.txt":
-        # The folder's tokenizer_config.json (do_lower_case, special tokens) applies when present.
-        fast = transformers.BertTokenizerFast.from_pretrained(str(vocab.parent), local_files_only=True)
-    else:
-        fast = transformers.BertTokenizerFast(vocab_file=str(vocab))
+    try:
+        if vocab.name == "vocab.txt":
+            # The folder's tokenizer_config.json (do_lower_case, special tokens) applies when present.
+            fast = transformers.BertTokenizerFast.from_pretrained(str(vocab.parent), local_files_only=True)
+        else:
+            fast = transformers.BertTokenizerFast(vocab_file=str(vocab))
+    except Exception as exc:  # tokenizers raises a bare Exception on a file it cannot read (not UTF-8)
+        raise ConfigError(
+            f"tokenizer {vocab} could not be read ({_first_line(exc)}); give a vocab.txt of one token a line, in UTF-8",
+            key="data.tokenizer",
+        ) from None
     # WordPiece maps every word it cannot split to its unknown token; a vocabulary without it makes the
     # tokenizer raise on the first such word, inside prepare-data's workers.
     unknown = fast.unk_token or "[UNK]"
