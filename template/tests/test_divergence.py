@@ -96,7 +96,7 @@ def test_a_step_with_non_finite_gradients_is_not_applied(recipe, cli, demo_data,
     assert all(torch.isfinite(t).all() for t in states[5]["model"].values())
     records = {r["step"]: r for r in metrics(out)[0]}
     assert "not_applied" not in records[2] and records[4]["not_applied"] == 1 and records[6]["not_applied"] == 1
-    assert "1 step not applied" in proc.stdout
+    assert "1 step not applied" in proc.stdout and "; 1 step was not applied (divergence guard)" in proc.stdout
     assert math.isnan(records[4]["grad_norm"]) or math.isinf(records[4]["grad_norm"])
 
 

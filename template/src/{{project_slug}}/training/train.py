@@ -337,7 +337,9 @@ def _train_steps(run: Run, resume: bool, lock: run_lock.RunLock | None, watchdog
             return preemption.EXIT_PREEMPTED
 
     logger.close()
-    print0(f"done: metrics in {out / 'metrics.jsonl'}, checkpoints in {ckpt_dir}")
+    left_out = guard.check(newest_checkpoint)
+    note = f"; {left_out} step{'s were' if left_out > 1 else ' was'} not applied (divergence guard)" if left_out else ""
+    print0(f"done: metrics in {out / 'metrics.jsonl'}, checkpoints in {ckpt_dir}{note}")
     return 0
 
 
