@@ -430,3 +430,35 @@ def test_a_family_whose_model_cannot_be_built_is_one_line_from_train(
     assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: model.arch=mine: "), lines
     assert words in lines[0], lines[0]
     assert tree_hashes(tmp_path) == before and not out.exists()
+
+
+@pytest.mark.parametrize(
+    "module, damage, words",
+    [
+        ("slurm.py", "\ndef broken(:\n", "SyntaxError: invalid syntax"),
+        (
+            "devmachine.py",
+            "\nimport a_module_nobody_has\n",
+            "ModuleNotFoundError: No module named 'a_module_nobody_has'",
+        ),
+    ],
+)
+def test_a_platform_module_that_cannot_be_loaded_stops_only_its_own_launch(tmp_path, module, damage, words):
+    """launch/<platform>.py as an edit left it: `launch <platform>` says so in one line naming the file
+    and the line; the other platforms' launches, and every other command, go on."""
+    project_with_family(tmp_path, DESCRIPTOR)  # a copy of the project (its families intact)
+    path = tmp_path / "src" / PACKAGE / "launch" / module
+    path.write_text(path.read_text() + damage)
+    line = path.read_text().count("\n")
+    before = tree_hashes(tmp_path)
+    name = path.stem
+    proc = run_copy(tmp_path, "launch", name, "--dry-run")
+    lines = stderr_lines(proc)
+    assert proc.returncode == 1 and len(lines) == 1, proc.stdout + proc.stderr
+    assert lines[0] == f"error: {path} cannot be loaded: line {line}: {words}; fix it", lines[0]
+    other = "slurm" if name == "devmachine" else "devmachine"
+    proc = run_copy(tmp_path, "launch", other, "--dry-run")  # runs, or says the project has no launch files for it
+    assert proc.returncode in (0, 1) and "cannot be loaded" not in proc.stdout + proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    assert run_copy(tmp_path, "check").returncode == 0
+    assert tree_hashes(tmp_path) == before

@@ -8,7 +8,9 @@
 One module per platform (launch/<platform>.py here, beside the project's launch/<platform>/ files),
 or one folder for a platform of several modules (kubeflow/, tione/), whose PLATFORM (a folder's
 __init__.py exports it) is a base.Platform: platforms are found by that name, so a new platform is its module
-(plus its topology row and a test). Config overrides (key=value) reach `train` on every node.
+(plus its topology row and a test). Config overrides (key=value) reach `train` on every node. A module
+that cannot be imported (an edit left a syntax error) is named by its file and line by `launch <its
+name>`; the other platforms go on without it.
 deepspeed_launcher.py is DeepSpeed's own launcher for devmachine and slurm (`--launcher deepspeed`),
 not the DeepSpeed strategy (strategies/deepspeed.py).
 """
@@ -19,19 +21,32 @@ import importlib
 import pkgutil
 import sys
 from argparse import ArgumentParser, Namespace
+from pathlib import Path
 
 from ..settings.config import Config, ConfigError, add_config_arguments, project_root
+from ..settings.packages import import_failure
 from .base import add_common_arguments
 from .base import run as run_action
 
 PACKAGE = __package__.rpartition(".")[0]  # the project's package: what every node runs
 
 
+# Module name -> why it cannot be imported (a user's edit): one line naming its file, said by
+# `launch <that name>`; the other platforms go on without it.
+UNLOADABLE: dict[str, str] = {}
+
+
 def find_platforms() -> dict:
     """{platform name: its base.Platform class} of every module here that defines PLATFORM."""
     found = {}
     for module in pkgutil.iter_modules(__path__):
-        platform = getattr(importlib.import_module(f"{__name__}.{module.name}"), "PLATFORM", None)
+        try:
+            imported = importlib.import_module(f"{__name__}.{module.name}")
+        except Exception as exc:  # whatever its import raises is named with its file
+            path = Path(__path__[0]) / (f"{module.name}/__init__.py" if module.ispkg else f"{module.name}.py")
+            UNLOADABLE[module.name] = f"{path} cannot be loaded: {import_failure(exc, path)}; fix it"
+            continue
+        platform = getattr(imported, "PLATFORM", None)
         if platform is not None:
             found[platform.name] = platform
     return dict(sorted(found.items()))
@@ -64,9 +79,15 @@ def add_arguments(p: ArgumentParser) -> None:
         add_common_arguments(q)
         PLATFORMS[name].add_arguments(q)
         add_config_arguments(q)
+    for name in UNLOADABLE.keys() - PLATFORMS.keys():  # parsed, so that `run` says why it cannot run
+        q = platforms.add_parser(name, description=UNLOADABLE[name])
+        add_common_arguments(q)
+        add_config_arguments(q)
 
 
 def run(cfg: Config, args: Namespace) -> int:
+    if args.platform in UNLOADABLE and args.platform not in PLATFORMS:
+        raise ConfigError(UNLOADABLE[args.platform])
     platform = PLATFORMS[args.platform]
     require_generated(args.platform)
     return run_action(platform(cfg, args, PACKAGE))

@@ -30,7 +30,6 @@ import dataclasses
 import functools
 import importlib
 import re
-import traceback
 import types
 import typing
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from typing import Any
 
 from ..settings.bounds import shown
 from ..settings.config import ConfigError, Problem
+from ..settings.packages import import_failure
 from ..settings.stored_files import warn
 
 MODELS = Path(__file__).resolve().parent
@@ -341,8 +341,8 @@ class Family:
                               "write it or correct the descriptor", key="model.arch")  # fmt: skip
         try:
             found = getattr(importlib.import_module(f".{module}", package), function, None)
-        except Exception as exc:  # noqa: BLE001 - a user's file: whatever its import raises is named with it
-            raise ConfigError(f"model.arch={self.name}: {path} cannot be imported: {_import_failure(exc, path)}; "
+        except Exception as exc:  # a user's file: whatever its import raises is named with it
+            raise ConfigError(f"model.arch={self.name}: {path} cannot be imported: {import_failure(exc, path)}; "
                               "fix it", key="model.arch") from None  # fmt: skip
         if not callable(found):
             raise ConfigError(f"model.arch={self.name}: {path} has no function {function} (the descriptor names "
@@ -427,8 +427,8 @@ def _load(module: str) -> Family:
     if module not in _BROKEN:
         try:
             imported = importlib.import_module(f".{module}", __package__)
-        except Exception as exc:  # noqa: BLE001 - a user's file: whatever its import raises is named with it
-            _BROKEN[module] = _import_failure(exc, path)
+        except Exception as exc:  # a user's file: whatever its import raises is named with it
+            _BROKEN[module] = import_failure(exc, path)
         else:
             problem = descriptor_problem(getattr(imported, "FAMILY", None), folder)
             if problem:
@@ -441,20 +441,6 @@ def _load(module: str) -> Family:
         f"{path} cannot be loaded: {_BROKEN[module]}; fix it, or move the folder {path.parent} out of models/",
         key="model.arch",
     )
-
-
-def _import_failure(exc: Exception, path: Path) -> str:
-    """Where and why importing `path` failed: the line of a SyntaxError, else the deepest line of its
-    family's folder that the error passed through."""
-    if isinstance(exc, SyntaxError):
-        where = "" if exc.filename == str(path) else f"{exc.filename}, "
-        return f"{where}line {exc.lineno}: {type(exc).__name__}: {exc.msg}"
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith(str(path.parent))]
-    where = ""
-    if frames:
-        where = ("" if frames[-1].filename == str(path) else f"{frames[-1].filename}, ") + f"line {frames[-1].lineno}: "
-    text = " ".join(str(exc).split())
-    return f"{where}{type(exc).__name__}" + (f": {shown(text, quoted=False)}" if text else "")
 
 
 # What a descriptor's fields may hold beyond their types: the choices the project reads them against.

@@ -15,8 +15,11 @@ ask it, before anything heavier is imported.
 from __future__ import annotations
 
 import importlib
+import traceback
+from pathlib import Path
 from types import ModuleType
 
+from .bounds import shown
 from .config import ConfigError
 
 # The distribution to install where it is not the module's name, and how where plain pip is not enough.
@@ -38,10 +41,25 @@ def require_package(module: str, extra: str, purpose: str, alternative: str = ""
     except ImportError as exc:
         installed = exc.name != top  # it is there, but a module of it or one it imports is not
         why = f"which fails to import here ({exc.msg})" if installed else f"which is not installed here ({exc.msg})"
-    except Exception as exc:  # noqa: BLE001 - whatever its import raises, the line names it
+    except Exception as exc:  # whatever its import raises, the line names it
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         why = f"which fails to import here ({type(exc).__name__}: {first})"
     how = INSTALL.get(top, f"pip install {top}")
     project = f"`pip install -e '.[{extra}]'`" if extra else "`pip install -e .`"
     instead = f"; {alternative}" if alternative else ""
     raise ConfigError(f"{purpose} needs the {top} package, {why}: {project} in the project, or `{how}`{instead}")
+
+
+def import_failure(exc: Exception, path: Path) -> str:
+    """Where and why importing the project's file `path` failed (a family's descriptor, a platform's
+    module, as a user's edit left it): the line of a SyntaxError, else the deepest line of the file's
+    folder that the error passed through, with the error's first words."""
+    if isinstance(exc, SyntaxError):
+        where = "" if exc.filename == str(path) else f"{exc.filename}, "
+        return f"{where}line {exc.lineno}: {type(exc).__name__}: {exc.msg}"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith(str(path.parent))]
+    where = ""
+    if frames:
+        where = ("" if frames[-1].filename == str(path) else f"{frames[-1].filename}, ") + f"line {frames[-1].lineno}: "
+    text = " ".join(str(exc).split())
+    return f"{where}{type(exc).__name__}" + (f": {shown(text, quoted=False)}" if text else "")
