@@ -8,17 +8,23 @@ on this process, resolved once at its start, is run_context.py's Run.
 from __future__ import annotations
 
 import os
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
 
 from ..settings import precision
-from ..settings.config import ConfigError, debug_requested
+from ..settings.config import ConfigError, RunConfig, debug_requested
 from ..settings.topology import process_ranks
-from . import process_exit
+from . import faults, process_exit
 
 
 @dataclass(frozen=True)
@@ -77,8 +83,19 @@ def collective_timeout(cfg) -> timedelta:
     return timedelta(minutes=minutes)
 
 
-def init_distributed(device_preference: str = "auto", timeout: timedelta | None = None) -> DistInfo:
-    """Join the process group when launched with several processes; no-op for one process."""
+def start_timeout(cfg) -> timedelta:
+    """How long a rank waits for its process group to start (run.start_timeout_minutes), for
+    init_distributed, which holds it to half the collective timeout at most."""
+    return timedelta(minutes=cfg.run.start_timeout_minutes)
+
+
+def init_distributed(
+    device_preference: str = "auto", timeout: timedelta | None = None, start_timeout: timedelta | None = None
+) -> DistInfo:
+    """Join the process group when launched with several processes; no-op for one process.
+    timeout: how long a collective waits (collective_timeout); start_timeout: how long the group's
+    start may take (start_timeout(cfg); default: run.start_timeout_minutes's default, at most half
+    of timeout) before this rank exits 1 in one line."""
     rank, local_rank, world_size = process_ranks(os.environ)
     if world_size > 1:
         # Libraries that read the variables themselves (DeepSpeed: LOCAL_RANK picks its device and is
@@ -88,17 +105,188 @@ def init_distributed(device_preference: str = "auto", timeout: timedelta | None 
     if dist.is_initialized():  # Ray Train sets up the group before calling the training function
         rank, world_size = dist.get_rank(), dist.get_world_size()
     elif world_size > 1:
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        # Rendezvous at MASTER_ADDR:MASTER_PORT. device_id lets NCCL bind this GPU eagerly.
-        dist.init_process_group(
-            backend=backend,
-            rank=rank,
-            world_size=world_size,
-            timeout=timeout,
+        timeout = timeout or default_pg_timeout
+        wanted = start_timeout or timedelta(minutes=RunConfig.start_timeout_minutes)
+        # Well under the collective timeout, which is also the backend's own connect timeout: the
+        # bound's one line, not a Gloo error or a long wait, ends a start that cannot complete.
+        bound = (
+            (wanted, "run.start_timeout_minutes")
+            if wanted <= timeout / 2
+            else (timeout / 2, "half the collective timeout")
+        )
+        faults.before_group_start(rank)
+        start_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            rank,
+            world_size,
+            timeout,
+            bound,
+            # device_id lets NCCL bind this GPU eagerly.
             device_id=device if device.type == "cuda" else None,
         )
         process_exit.joined_group()
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+
+
+ATTEMPT_KEY = "group_start/attempt"
+"""The store key under which global rank 0 names the attempt its group belongs to."""
+
+
+def start_group(
+    backend: str, rank: int, world_size: int, timeout: timedelta, bound: tuple[timedelta, str], device_id=None
+) -> None:
+    """init_process_group at MASTER_ADDR:MASTER_PORT, its keys in a namespace of this attempt's own,
+    within `bound` (the time, and the setting it comes from) or this rank exits 1 in one line
+    (StartWatch).
+
+    Plain torchrun hands every attempt's ranks the same store, its agent's, and the keys of the
+    attempt before remain there (pytorch#135712; `launch` and `node` avoid it with
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, a fresh store per attempt): a restarted rank read its dead
+    peer's Gloo address, retried a closed port and its peer waited for it, both silent until the
+    collective timeout. torchrun's restart count cannot name the attempt (each node's agent counts
+    its own), so global rank 0 makes a token per attempt (join_attempt)."""
+    watch = StartWatch(rank, world_size, bound, backend, os.environ)
+    try:
+        store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
+        watch.stage = "ranks"
+        token = join_attempt(store, rank, world_size, watch)
+        watch.stage = "group"
+        dist.init_process_group(
+            backend,
+            store=dist.PrefixStore(f"group_start/{token}/group", store),
+            rank=rank,
+            world_size=world_size,
+            timeout=timeout,
+            device_id=device_id,
+        )
+    finally:
+        watch.stop()
+
+
+def join_attempt(store, rank: int, world_size: int, watch: StartWatch) -> str:
+    """The token this attempt's ranks agree on. Rank 0 writes a new one, waits for every other
+    rank's join under it and then lists the joiners' ids; a rank that read an earlier attempt's
+    token (the store outlived it) misses its id in that list, or never sees one, and reads again."""
+    if rank == 0:
+        token = uuid.uuid4().hex
+        watch.token = token
+        store.set(ATTEMPT_KEY, token)
+        joins = [_joined_key(token, r) for r in range(1, world_size)]
+        store.wait(joins)
+        store.set(f"group_start/{token}/admitted", b",".join(store.multi_get(joins)))
+        return token
+    me, joined_under = uuid.uuid4().hex, None
+    while True:
+        token = store.get(ATTEMPT_KEY).decode()  # waits for a rank 0 of some attempt
+        if token != joined_under:
+            store.set(_joined_key(token, rank), me)
+            joined_under = watch.token = token
+        admitted = f"group_start/{token}/admitted"
+        if store.check([admitted]) and me in store.get(admitted).decode().split(","):
+            return token
+        # Polled, not waited on with a timeout: each expired wait prints a warning from c10d.
+        time.sleep(0.2)
+
+
+def _joined_key(token: str, rank: int) -> str:
+    return f"group_start/{token}/joined/{rank}"
+
+
+class StartWatch:
+    """Ends the process in one line when its group has not started within `bound`: a rank that
+    cannot join would otherwise wait without a word as long as a collective may. `stage` says what
+    the start waits for: "store" (the TCPStore at MASTER_ADDR:MASTER_PORT), "ranks" (every rank's
+    join), "group" (the backend's connections)."""
+
+    def __init__(self, rank: int, world_size: int, bound: tuple[timedelta, str], backend: str, env: Mapping[str, str]):
+        self.rank, self.world_size, self.backend = rank, world_size, backend
+        self.bound, self.bound_source = bound
+        self.host, self.port = env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
+        self.agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        self.attempt = torchrun_attempt(env)
+        self.stage, self.token = "store", None
+        self._done, self._deciding = threading.Event(), threading.Lock()
+        threading.Thread(target=self._watch, name="group-start-watch", daemon=True).start()
+
+    def stop(self) -> None:
+        with self._deciding:  # once the watch has decided to end the process, this waits for the end
+            self._done.set()
+
+    def _watch(self) -> None:
+        if self._done.wait(self.bound.total_seconds()):
+            return
+        line = self.line()
+        with self._deciding:
+            if self._done.is_set():
+                return
+            print(line, file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(1)  # the main thread sits in C++ (a socket wait) where no exception reaches it
+
+    def line(self) -> str:
+        then = "exit 1"
+        if self.attempt:
+            attempt, attempts = self.attempt
+            left = attempts - attempt
+            then += f" (attempt {attempt} of {attempts} under torchrun): " + (
+                f"torchrun starts the group again, {left} restart(s) left" if left else "no restarts left, the job ends"
+            )
+        return (
+            f"rank {self.rank}: the process group did not start within {self.bound.total_seconds():g} s "
+            f"({self.bound_source}): {self.waiting_for()}; {then}"
+        )
+
+    def waiting_for(self) -> str:
+        where = f"{self.host}:{self.port}"
+        if self.stage == "store":
+            if self.agent_store:
+                return f"waiting for torchrun's store at {where}"
+            if self.rank == 0:
+                return f"waiting for the other {self.world_size - 1} rank(s) to reach the store it hosts at {where}"
+            return f"waiting for rank 0's store at {where}"
+        if self.stage == "group":
+            interface = "NCCL_SOCKET_IFNAME" if self.backend == "nccl" else "GLOO_SOCKET_IFNAME"
+            return (
+                f"all {self.world_size} ranks reached the store at {where}; waiting for {self.backend}'s "
+                f"connections between them (a firewall, or {interface} naming another network)"
+            )
+        missing, current = self.missing_ranks()
+        if missing is None:
+            return f"waiting for the other ranks at {where}"
+        if self.rank != 0 and (not current or not missing):
+            return f"waiting for rank 0 at {where}"
+        return f"waiting for {_ranks_words(missing)} to reach the store at {where}"
+
+    def missing_ranks(self) -> tuple[list[int] | None, bool]:
+        """(the ranks whose join under this rank's token is not in the store, whether that token is
+        the store's current one), through a connection of the watch's own; (None, False) when the
+        store does not answer."""
+        if self.token is None:
+            return [], False
+        try:
+            probe = dist.TCPStore(
+                self.host, int(self.port), is_master=False, timeout=timedelta(seconds=10), wait_for_workers=False
+            )
+            current = probe.check([ATTEMPT_KEY]) and probe.get(ATTEMPT_KEY).decode() == self.token
+            others = [r for r in range(1, self.world_size) if r != self.rank]
+            return [r for r in others if not probe.check([_joined_key(self.token, r)])], current
+        except (RuntimeError, ValueError):  # c10d's errors are RuntimeErrors
+            return None, False
+
+
+def _ranks_words(ranks: list[int], shown: int = 8) -> str:
+    """'rank 3', 'ranks 1, 2', 'ranks 1, 2, ... and 120 more'."""
+    words = ", ".join(map(str, ranks[:shown])) + (f" and {len(ranks) - shown} more" if len(ranks) > shown else "")
+    return f"rank {words}" if len(ranks) == 1 else f"ranks {words}"
+
+
+def torchrun_attempt(env: Mapping[str, str]) -> tuple[int, int] | None:
+    """(this attempt, all attempts torchrun may make), counted from 1, from the variables torchrun
+    gives its ranks; None elsewhere."""
+    try:
+        return int(env["TORCHELASTIC_RESTART_COUNT"]) + 1, int(env["TORCHELASTIC_MAX_RESTARTS"]) + 1
+    except (KeyError, ValueError):
+        return None
 
 
 def finish() -> None:

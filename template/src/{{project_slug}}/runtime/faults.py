@@ -8,6 +8,9 @@ Each hook reads one environment variable and does nothing when it is unset.
                                          so the others wait in their next collective (DDP's buffer
                                          broadcast before the forward; try `debug-dump`)
     TRAIN_FAULT_STEP_SECONDS=0.5         every step sleeps this long (a slow job to signal or kill)
+    TRAIN_FAULT_START_DELAY=RANK:SECONDS that global rank waits this long before it starts the process
+                                         group, at every attempt (a restarted rank 0 that comes late:
+                                         the others wait for it, or past run.start_timeout_minutes exit)
     TRAIN_FAULT_PART_SECONDS=1           prepare-data sleeps this long after each part it finishes
                                          (data/encode_parts.py: data/ sits below runtime/)
     TRAIN_FAULT_OVERFLOW=STEP[,STEP...]  the loss that optimizer step STEP (0-based) backpropagates is
@@ -54,3 +57,14 @@ def before_step(rank: int, step: int) -> None:
             print(f"fault injection: rank {rank} hangs before step {step}", file=sys.stderr, flush=True)
             while True:
                 time.sleep(3600)
+
+
+def before_group_start(rank: int) -> None:
+    spec = os.environ.get("TRAIN_FAULT_START_DELAY", "")
+    if spec:
+        late_rank, _, seconds = spec.partition(":")
+        if int(late_rank) == rank:
+            print(
+                f"fault injection: rank {rank} starts the process group {seconds} s late", file=sys.stderr, flush=True
+            )
+            time.sleep(float(seconds))
