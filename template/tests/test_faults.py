@@ -7,6 +7,7 @@ bitwise equal)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -82,10 +83,31 @@ def launch_args(demo_data: Path, out: Path, nproc: int, *extra: str) -> list[str
     ]
 
 
+def ended(proc: subprocess.Popen, logs: list[Path], timeout: float = 240) -> int:
+    """proc's exit code, or the test fails naming the wait and showing the logs' ends (a run that
+    hangs fails with what it printed, not with a bare TimeoutExpired)."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still running after {timeout} s:\n" + "".join(log.read_text()[-4000:] for log in logs))
+
+
 def test_a_killed_rank_is_restarted_and_the_run_ends_as_if_never_killed(cli, demo_data, run_2proc, metrics, tmp_path):
-    out = tmp_path / "run"
-    log = tmp_path / "log"
-    proc = cli.start(*launch_args(demo_data, out, 2), log=log, env=SLOW)
+    """kill -9 of rank 1 under plain `torchrun --max-restarts 3`, whose agent hands every attempt's
+    ranks one store: the restarted ranks start their group in a namespace of their own
+    (runtime/distributed.py start_group) and the run ends with the uninterrupted run's numbers.
+    Rank 0 starts its group 2 s late at every attempt, so the restarted rank 1 meets the start of
+    the attempt it replaces first (its dead peer's address once made both ranks wait, silent, until
+    the collective timeout). A start that cannot complete ends in one line within half the
+    collective timeout (here 30 s), well inside this test's limit."""
+    out, log = tmp_path / "run", tmp_path / "log"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    train = ["-m", cli.package, "train", *TRAIN_OVERRIDES, f"data.dir={demo_data}", f"run.output_dir={out}"]
+    cmd = [*torchrun, "--max-restarts", "3", *train, "run.collective_timeout_minutes=1"]
+    # What `launch` sets (a fresh store per attempt) is left out: the shared store is the case here.
+    env = subprocess_env({**SLOW, "TRAIN_FAULT_START_DELAY": "0:2", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": None})
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, cwd=cli.root, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for(
             lambda: (out / "checkpoints" / "step_00000010.pt").exists() and len(rank_pids(out)) == 2,
@@ -93,15 +115,100 @@ def test_a_killed_rank_is_restarted_and_the_run_ends_as_if_never_killed(cli, dem
             proc,
             log,
         )
-        victim = rank_pids(out)[1]
-        os.kill(victim, signal.SIGKILL)
-        assert proc.wait(timeout=240) == 0, log.read_text()[-4000:]
+        os.kill(rank_pids(out)[1], signal.SIGKILL)
+        code = ended(proc, [log])
     finally:
         cli.stop(proc)
     text = log.read_text()
-    assert "resumed from" in text and "--max-restarts 3" in text
-    assert victim not in rank_pids(out)
+    assert code == 0, text[-4000:]
+    # One restart, and its start completed: the first restarted group resumed.
+    assert text.count("resumed from") == 1 and "did not start" not in text, text[-4000:]
     assert_same_run(metrics, out, run_2proc[0])
+
+
+def test_a_rank_whose_group_cannot_start_says_whom_it_waited_for_and_exits(cli, demo_data, tmp_path):
+    """Rank 0 starts its group 10 minutes late: rank 1 waits for rank 0's store no longer than half
+    the collective timeout (here 3 s), says so in one line and exits 1; with no restart left the
+    job ends, instead of waiting without a word."""
+    out = tmp_path / "run"
+    extra = ["cluster.max_restarts=0", "run.collective_timeout_minutes=0.1", "cluster.stop_grace_seconds=3"]
+    proc = cli(
+        *launch_args(demo_data, out, 2, *extra), env={"TRAIN_FAULT_START_DELAY": "0:600"}, expect=None, timeout=120
+    )
+    assert proc.returncode != 0, (proc.stdout + proc.stderr)[-3000:]
+    # Rank 1's whole output (`launch devmachine` keeps each rank's in a file of its own).
+    (rank_1,) = (out / "logs").rglob("attempt_0/1/stderr.log")
+    assert re.fullmatch(
+        r"rank 1: the process group did not start within 3 s \(half the collective timeout\): waiting for "
+        r"rank 0's store at [\w.]+:\d+; exit 1 \(attempt 1 of 1 under torchrun\): no restarts left, the job ends\n",
+        rank_1.read_text(),
+    ), rank_1.read_text()
+
+
+START = """
+import sys
+from datetime import timedelta
+from {package}.runtime.distributed import init_distributed
+info = init_distributed("cpu", timedelta(minutes=1), timedelta(seconds=float(sys.argv[1])))
+print("started rank", info.rank)
+"""
+
+
+def _ranks_on_an_agent_store(cli, store, world: int, ranks: list[int], bound: float, env=None) -> dict[int, tuple]:
+    """Start `ranks` of a world of `world` as torchrun's second attempt starts them when its agent
+    shares its store (`store`, hosted by the test); rank -> (exit code, stdout, stderr)."""
+    procs = {}
+    for rank in ranks:
+        agent = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1"}
+        agent.update(MASTER_PORT=str(store.port), TORCHELASTIC_USE_AGENT_STORE="True")
+        agent.update(TORCHELASTIC_RESTART_COUNT="1", TORCHELASTIC_MAX_RESTARTS="3")
+        procs[rank] = subprocess.Popen(
+            [sys.executable, "-c", START.format(package=cli.package), str(bound)],
+            cwd=cli.root,
+            env=subprocess_env({**agent, **(env or {})}),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    try:
+        return {rank: (p.wait(timeout=120), *p.communicate()) for rank, p in procs.items()}
+    finally:
+        for p in procs.values():
+            p.kill()
+
+
+def _agent_store():
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=60), wait_for_workers=False)
+
+
+def test_restarted_ranks_that_read_the_attempt_before_still_start_together(cli, pkg):
+    """The agent's store still holds the start of the attempt before (its token, the ranks it
+    admitted): rank 1 reads it first, rank 0 comes a second later, and both start their group."""
+    store = _agent_store()
+    store.set(pkg.distributed.ATTEMPT_KEY, "earlier")
+    store.set("group_start/earlier/admitted", "a-rank-that-died")
+    done = _ranks_on_an_agent_store(cli, store, 2, [1, 0], 60, env={"TRAIN_FAULT_START_DELAY": "0:1"})
+    assert {rank: (code, out) for rank, (code, out, _) in done.items()} == {
+        0: (0, "started rank 0\n"),
+        1: (0, "started rank 1\n"),
+    }, done
+
+
+def test_ranks_name_the_rank_that_never_came(cli):
+    """Rank 2 of 3 never starts: ranks 0 and 1 each name it in one line after the bound."""
+    store = _agent_store()
+    done = _ranks_on_an_agent_store(cli, store, 3, [0, 1], 2)
+    for rank, (code, out, err) in done.items():
+        assert code == 1 and out == "", (rank, out, err)
+        assert err.splitlines() == [
+            f"rank {rank}: the process group did not start within 2 s (run.start_timeout_minutes): waiting for "
+            f"rank 2 to reach the store at 127.0.0.1:{store.port}; exit 1 (attempt 2 of 4 under torchrun): "
+            "torchrun starts the group again, 2 restart(s) left"
+        ], err
 
 
 def test_a_killed_rank_on_another_node_restarts_both_nodes(cli, demo_data, run_2proc, metrics, tmp_path, port):
