@@ -358,6 +358,12 @@ BROKEN_DESCRIPTORS = {
         DESCRIPTOR.replace(', "n_head": 4', ""),
         "FAMILY.sizes['tiny'] needs n_layer, n_embd, n_head as whole numbers",
     ),
+    "a recipe without its learning rate": (
+        DESCRIPTOR.replace(
+            "sizes=", 'recipe_defaults={"global_batch": 8, "micro_batch": 4, "sequence_len": 64}, sizes='
+        ),
+        "FAMILY.recipe_defaults lacks lr",
+    ),
     "a formula left out": (
         DESCRIPTOR.replace("= Mine(", "= Family("),
         "FAMILY's class defines no num_params(...) of its own",

@@ -447,6 +447,8 @@ def _load(module: str) -> Family:
 FIELD_CHOICES = {"tokenizer": ("bpe", "wordpiece"), "default_strategy": ("ddp", "deepspeed")}
 _FUNCTION = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
 SHAPE_KEYS = ("n_layer", "n_embd", "n_head")
+RECIPE_KEYS = ("global_batch", "micro_batch", "lr", "sequence_len")
+PRESET_KEYS = ("size", "nodes", "gpus_per_node", "tp", "pp")
 FORMULAS = ("num_params", "flops_per_token", "layer_activations")  # Family's own raise NotImplementedError
 
 
@@ -473,6 +475,12 @@ def descriptor_problem(found, folder: str) -> str:
         if getattr(type(found), formula) is getattr(Family, formula):
             return (f"FAMILY's class defines no {formula}(...) of its own, which every family gives (a subclass "
                     "of Family with its formulas, as models/gpt3/descriptor.py has)")  # fmt: skip
+    missing = [key for key in RECIPE_KEYS if key not in found.recipe_defaults]
+    if missing:
+        return f"FAMILY.recipe_defaults lacks {', '.join(missing)} (a new project's train.yaml is written from them)"
+    for name, row in found.presets.items():
+        if not all(key in row for key in PRESET_KEYS):
+            return f"FAMILY.presets[{name!r}] needs {', '.join(PRESET_KEYS)} (copier's layout question reads them)"
     for size, shape in found.sizes.items():
         if not all(_holds(shape.get(key), int) and shape[key] >= 1 for key in SHAPE_KEYS):
             return f"FAMILY.sizes[{size!r}] needs {', '.join(SHAPE_KEYS)} as whole numbers of at least 1"
