@@ -248,7 +248,7 @@ def test_a_killed_rank_on_another_node_restarts_both_nodes(cli, demo_data, run_2
         )
         node1_rank = next(pid for pid in rank_pids(out).values() if _launched_by(pid, nodes[1].pid))
         os.kill(node1_rank, signal.SIGKILL)
-        codes = [node.wait(timeout=300) for node in nodes]
+        codes = [ended(node, logs, 300) for node in nodes]
     finally:
         for node in nodes:
             cli.stop(node)
