@@ -229,9 +229,9 @@ def test_yaml_words_and_numbers_keep_what_was_written(pkg, load):
     with pytest.raises(pkg.config.ConfigError) as err:
         load("run:\n  fp8: on\n")  # on: which of tensorwise and rowwise?
     assert str(err.value) == "run.fp8='on' is not one of off, tensorwise, rowwise"
-    assert (
-        load("run:\n  seed: 0007\n  compile: off\n").run.seed == 7
-    )  # the same number in either base; a bool stays one
+    # The same number in either base; a bool stays one; a number no float holds (bounds.py refuses it).
+    assert load("run:\n  seed: 0007\n  compile: off\n").run.seed == 7
+    assert load(f"cluster:\n  nodes: 1{'0' * 400}\n").cluster.nodes == 10**400
 
 
 @pytest.mark.parametrize("written", ["off", "false", "no"])

@@ -437,6 +437,14 @@ def test_every_learning_rate_zero_is_refused(cli, tmp_path, text, overrides, wor
         assert word in lines[1], (word, lines[1])
 
 
+def test_learning_rates_of_a_config_out_of_range_are_not_derived(pkg, cfg_with):
+    """Muon's rates follow the batch: a batch past its range is refused by bounds.py alone, not an
+    OverflowError deriving the rates (the copier hooks judge such answers too)."""
+    cfg = cfg_with("optim.optimizer=muon", f"batch.global_batch_size=1{'0' * 400}", "optim.matrix_lr=0")
+    keys = [p.fix_key for p in pkg.rules.check_config(cfg)]
+    assert "batch.global_batch_size" in keys and not any(key.endswith("lr") for key in keys), keys
+
+
 def test_one_learning_rate_zero_among_several_is_a_warning(cli, tmp_path):
     """Freezing the embeddings under Muon may be meant: check passes and says it in one line."""
     proc = check_with(cli, tmp_path, MUON, "optim.embedding_lr=0", expect=0)

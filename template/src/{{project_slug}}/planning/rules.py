@@ -341,7 +341,7 @@ def learning_rates(cfg: Config, shape: dict) -> dict[str, float]:
     if cfg.optim.optimizer != "muon":
         return {"optim.lr": cfg.optim.lr}
     fam = family(cfg.model.arch)
-    if not fam.muon:  # refused by the family's rules
+    if not fam.muon or bound_problems(cfg):  # refused by the family's rules, or values out of range
         return {}
 
     def rates(c: Config) -> dict[str, float]:

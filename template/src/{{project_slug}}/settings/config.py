@@ -544,9 +544,10 @@ def _switch_choice(text: str, allowed: tuple) -> str:
 
 def _decimal_reading(text: str, value: float) -> bool:
     """Whether `text` read as decimal digits is `value` (not YAML 1.1's octal 010, hex 0x10, base-60 1:30)."""
+    digits = text.replace("_", "")
     try:
-        return float(text.replace("_", "")) == value
-    except ValueError:
+        return (int(digits) if isinstance(value, int) else float(digits)) == value
+    except (ValueError, OverflowError):
         return False
 
 
@@ -564,7 +565,8 @@ def _coerce(value: Any, hint: Any, name: str, source: str, from_text: bool, writ
         return None
     wrong = ConfigError(f"{name} in {source}: expected {_type_word(base, optional)}, got {value!r}", key=name)
     number = base in (int, float) and isinstance(value, (int, float)) and not isinstance(value, bool)
-    if number and isinstance(written, str) and math.isfinite(value) and not _decimal_reading(written, value):
+    finite = number and (isinstance(value, int) or math.isfinite(value))  # .inf and .nan: bounds.py refuses them
+    if finite and isinstance(written, str) and not _decimal_reading(written, value):
         raise ConfigError(
             f"{name} in {source}: YAML reads {written} as {value} (an octal, hex or base-60 number); write it in "
             f"decimal digits ({name.partition('.')[2]}: {value} if that is what you meant)",
