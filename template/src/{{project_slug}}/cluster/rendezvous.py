@@ -117,10 +117,9 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
 def main(argv: list[str] | None = None) -> None:
     from torch.distributed.run import main as torchrun_main
 
-    # Each attempt's ranks get a store of their own rather than the agent's: keys in the shared one
-    # outlive an attempt, and restarted ranks would read the dead ranks' addresses (pytorch#135712:
-    # "Connection refused" after a restart). torchrun.py sets it too; here the printed command needs
-    # nothing else.
+    # Each attempt's ranks get a store of their own rather than the agent's, whose keys outlive an
+    # attempt (pytorch#135712; runtime/distributed.py's namespace per attempt guards the shared one).
+    # torchrun.py sets it too; here the printed command needs nothing else.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     rendezvous_handler_registry.register(ORDERED_RENDEZVOUS, create_handler)
     torchrun_main(argv)

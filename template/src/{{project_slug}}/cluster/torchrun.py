@@ -163,9 +163,10 @@ def run_torchrun(
         apply_nccl_env()
         if topo.nnodes > 1 and topo.node_rank != 0:
             wait_for_master(topo.master_addr, topo.master_port, wait_timeout, log=lambda m: print(m, flush=True))
-        # Restarted ranks must not share the agent's rendezvous store: its keys outlive an attempt and
-        # the new ranks would read the dead ranks' addresses (pytorch/pytorch#135712: "Connection
-        # refused" after a restart). Each attempt then gets a fresh store of its own.
+        # Each attempt's ranks get a fresh store of their own rather than the agent's, whose keys outlive
+        # an attempt (pytorch/pytorch#135712: restarted ranks read the dead ranks' addresses). Under
+        # plain torchrun, which shares it, runtime/distributed.py starts each attempt's group in a
+        # namespace of its own.
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         if log_dir:
             print(f"every rank's output also goes to {log_dir}/<run>/attempt_<n>/<local rank>/", flush=True)
