@@ -1,5 +1,7 @@
 """Process-level distributed setup: reads RANK, LOCAL_RANK, WORLD_SIZE (set by torchrun),
-picks the device and backend (NCCL on CUDA, Gloo on CPU) and offers small collective helpers.
+picks the device and backend (NCCL on CUDA, Gloo on CPU), starts the process group (in a store
+namespace of the attempt's own, within run.start_timeout_minutes or one line and exit 1) and offers
+small collective helpers.
 
 The training code only sees this module; it never learns which platform started it. What a run is
 on this process, resolved once at its start, is run_context.py's Run.
