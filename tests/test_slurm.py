@@ -1157,6 +1157,29 @@ def test_cancel_of_an_unknown_job_id_fails(slurm_cluster, slurm_project):
     )
 
 
+def test_a_job_named_in_another_encoding_is_read_not_a_traceback(slurm_cluster, slurm_project, tmp_path):
+    """sbatch takes a job name's bytes as given (here latin-1) and scontrol prints them so: status reads
+    Slurm's output with replacement characters (slurm_output), not a UnicodeDecodeError."""
+    log = tmp_path / "job.out"
+    name = os.fsdecode(b"caf\xe9")  # passed on to sbatch as the byte 0xe9
+    sbatch = ["sbatch", "--parsable", f"--job-name={name}", f"--output={log}", "--wrap", "sleep 300"]
+    submitted = run(sbatch, env=slurm_cluster)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip().split(";")[0]
+    try:
+        raw = subprocess.run(
+            ["scontrol", "show", "job", job_id], env={**os.environ, **slurm_cluster}, capture_output=True
+        )
+        assert b"JobName=caf\xe9\n" in raw.stdout, raw.stdout[:200]  # not UTF-8: what broke status
+        status = cli(slurm_project, "launch", "slurm", "--action", "status", "--id", job_id, env=slurm_cluster)
+        assert status.returncode == 0 and "Traceback" not in status.stderr, status.stdout + status.stderr
+        assert re.search(r"state: +(PENDING|RUNNING)", status.stdout) and f"log:      {log}" in status.stdout
+    finally:
+        # Slurm shows an ended job for MinJobAge: under an ASCII name, for the other tests' own readers.
+        run(["scontrol", "update", f"JobId={job_id}", "JobName=renamed"], env=slurm_cluster)
+        run(["scancel", job_id], env=slurm_cluster)
+
+
 # --- The partition's limits, read with sinfo before submitting ------------------------------------
 
 
