@@ -30,7 +30,7 @@ import yaml
 
 from ...planning import storage_paths
 from ...runtime import process_exit
-from ...settings.bounds import kubernetes_name, non_negative_float, non_negative_int
+from ...settings.bounds import MAX_NODES, kubernetes_name, non_negative_float, non_negative_int
 from ...settings.config import ConfigError, project_root
 from ...settings.stored_files import read_yaml
 from .. import code_copy, job_history, jobs
@@ -104,20 +104,39 @@ def load_manifest(path: Path) -> dict:
         raise ConfigError(
             f"{path}: kind {manifest['kind']!r} is not handled here; use a PyTorchJob, TrainJob or MPIJob"
         )
+    node_count(manifest, str(path))  # its pod counts are numbers
     return manifest
 
 
-def node_count(manifest: dict) -> tuple[int, str]:
-    """(nodes, processes per node) the manifest asks for."""
+def pod_count(value, field: str, where: str) -> int:
+    """A count of pods manifest `where` gives at `field`: a whole number up to MAX_NODES, else one line."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_NODES:
+        return value
+    written = f"{value!r}" if not isinstance(value, int) or value.bit_length() < 64 else "a number of 20 digits or more"
+    raise ConfigError(
+        f"{where}: {field} is {written}, not a number of pods from 0 to {MAX_NODES}; correct it, or "
+        "re-render the manifest with `copier update`"
+    )
+
+
+def node_count(manifest: dict, where: str = "the manifest") -> tuple[int, str]:
+    """(nodes, processes per node) the manifest (file `where`) asks for."""
     spec = manifest["spec"]
     if manifest["kind"] == "TrainJob":
         trainer = spec.get("trainer", {})
-        return int(trainer.get("numNodes", 1)), str(trainer.get("numProcPerNode", "auto"))
+        return pod_count(trainer.get("numNodes", 1), "spec.trainer.numNodes", where), str(
+            trainer.get("numProcPerNode", "auto")
+        )
     if manifest["kind"] == "MPIJob":  # the Launcher trains nowhere: the Workers are the nodes
         worker = spec.get("mpiReplicaSpecs", {}).get("Worker", {})
-        return int(worker.get("replicas", 1)), str(spec.get("slotsPerWorker", 1))
-    replicas = spec.get("pytorchReplicaSpecs", {})
-    return sum(int(r.get("replicas", 1)) for r in replicas.values()), str(spec.get("nprocPerNode", "auto"))
+        replicas = pod_count(worker.get("replicas", 1), "spec.mpiReplicaSpecs.Worker.replicas", where)
+        return replicas, str(spec.get("slotsPerWorker", 1))
+    groups = spec.get("pytorchReplicaSpecs", {})
+    nodes = sum(
+        pod_count(r.get("replicas", 1), f"spec.pytorchReplicaSpecs.{kind}.replicas", where)
+        for kind, r in groups.items()
+    )
+    return nodes, str(spec.get("nprocPerNode", "auto"))
 
 
 def training_containers(manifest: dict) -> list[dict]:
