@@ -186,11 +186,11 @@ def _agent_store():
 
 
 def test_restarted_ranks_that_read_the_attempt_before_still_start_together(cli, pkg):
-    """The agent's store still holds the start of the attempt before (its token, the ranks it
+    """The agent's store still holds the start of the attempt before (its token, the rank 1 it
     admitted): rank 1 reads it first, rank 0 comes a second later, and both start their group."""
     store = _agent_store()
     store.set(pkg.distributed.ATTEMPT_KEY, "earlier")
-    store.set("group_start/earlier/admitted", "a-rank-that-died")
+    store.set("group_start/earlier/admitted/1", "a-rank-that-died")
     done = _ranks_on_an_agent_store(cli, store, 2, [1, 0], 60, env={"TRAIN_FAULT_START_DELAY": "0:1"})
     assert {rank: (code, out) for rank, (code, out, _) in done.items()} == {
         0: (0, "started rank 0\n"),

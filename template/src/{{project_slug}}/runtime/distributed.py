@@ -151,7 +151,7 @@ def start_group(
     try:
         store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
         watch.stage = "ranks"
-        token = join_attempt(store, rank, world_size, watch)
+        token = join_attempt(store, rank, world_size, watch, shared=watch.agent_store)
         watch.stage = "group"
         dist.init_process_group(
             backend,
@@ -165,17 +165,18 @@ def start_group(
         watch.stop()
 
 
-def join_attempt(store, rank: int, world_size: int, watch: StartWatch) -> str:
+def join_attempt(store, rank: int, world_size: int, watch: StartWatch, shared: bool) -> str:
     """The token this attempt's ranks agree on. Rank 0 writes a new one, waits for every other
-    rank's join under it and then lists the joiners' ids; a rank that read an earlier attempt's
-    token (the store outlived it) misses its id in that list, or never sees one, and reads again."""
+    rank's join under it (the rank's id) and admits each id. In a store that outlived the attempt
+    before (`shared`: torchrun's agent's), a rank may read that attempt's token first: its id is
+    not admitted there, and it reads the token again until this attempt's rank 0 has written it."""
     if rank == 0:
         token = uuid.uuid4().hex
         watch.token = token
         store.set(ATTEMPT_KEY, token)
         joins = [_joined_key(token, r) for r in range(1, world_size)]
         store.wait(joins)
-        store.set(f"group_start/{token}/admitted", b",".join(store.multi_get(joins)))
+        store.multi_set([_admitted_key(token, r) for r in range(1, world_size)], store.multi_get(joins))
         return token
     me, joined_under = uuid.uuid4().hex, None
     while True:
@@ -183,8 +184,10 @@ def join_attempt(store, rank: int, world_size: int, watch: StartWatch) -> str:
         if token != joined_under:
             store.set(_joined_key(token, rank), me)
             joined_under = watch.token = token
-        admitted = f"group_start/{token}/admitted"
-        if store.check([admitted]) and me in store.get(admitted).decode().split(","):
+        admitted = _admitted_key(token, rank)
+        if not shared:
+            store.wait([admitted])  # a store of this attempt's own holds no other token
+        if store.check([admitted]) and store.get(admitted).decode() == me:
             return token
         # Polled, not waited on with a timeout: each expired wait prints a warning from c10d.
         time.sleep(0.2)
@@ -192,6 +195,10 @@ def join_attempt(store, rank: int, world_size: int, watch: StartWatch) -> str:
 
 def _joined_key(token: str, rank: int) -> str:
     return f"group_start/{token}/joined/{rank}"
+
+
+def _admitted_key(token: str, rank: int) -> str:
+    return f"group_start/{token}/admitted/{rank}"
 
 
 class StartWatch:
