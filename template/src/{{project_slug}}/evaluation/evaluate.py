@@ -30,6 +30,7 @@ from ..runtime.distributed import (
     init_distributed,
     print0,
     shutdown,
+    start_timeout,
 )
 from ..runtime.run_context import resolve_run
 from ..settings.bounds import count
@@ -99,7 +100,7 @@ def format_scores(result: dict) -> str:
 
 
 def run_eval(cfg: Config, ckpt: str | None = None, num_batches: int | None = None) -> dict:
-    info = init_distributed(cfg.run.device)
+    info = init_distributed(cfg.run.device, start_timeout=start_timeout(cfg))
     try:
         model, step, path, cfg = load_trained_model(cfg, ckpt, info.device)
         run = resolve_run(cfg, info)  # the checkpoint's config on this process
@@ -156,7 +157,7 @@ def run_tasks(cfg: Config, names: str, ckpt: str | None, bundle: str | None, max
     if wanted == []:
         raise ConfigError(f"--tasks {names!r} names no task; give 'core' (every task) or labels a,b")
     task_list = tasks.load_bundle(Path(bundle) if bundle else tasks.bundle_path(cfg), wanted)
-    info = init_distributed(cfg.run.device)
+    info = init_distributed(cfg.run.device, start_timeout=start_timeout(cfg))
     try:
         model, step, path, cfg = load_trained_model(cfg, ckpt, info.device)
         run = resolve_run(cfg, info)  # the checkpoint's config on this process

@@ -59,6 +59,7 @@ from ..runtime.distributed import (
     print0,
     share_from_main,
     shutdown,
+    start_timeout,
 )
 from ..runtime.run_context import Run, resolve_run
 from ..runtime.unrecoverable import SharedFailure, raise_on_every_rank
@@ -83,7 +84,7 @@ def micro_batches(data: TokenData, step: int, accum: int, data_rank: int, b, see
 
 
 def run_training(cfg: Config) -> int:
-    info = init_distributed(cfg.run.device, collective_timeout(cfg))
+    info = init_distributed(cfg.run.device, collective_timeout(cfg), start_timeout(cfg))
     try:
         run = start(cfg, info)
         lock, resume = claim_output_dir(run)
