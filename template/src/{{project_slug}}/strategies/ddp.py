@@ -97,6 +97,10 @@ class DDPStrategy:
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
 
+    def local_weights(self) -> list[torch.Tensor]:
+        """The weights this rank holds (a whole replica)."""
+        return list(self.module.parameters())
+
     def loss_scaling(self) -> dict:
         """{"loss_scale", "skipped"} under fp16 (skipped: steps of the run so far); {} otherwise."""
         if not self.scaler.is_enabled():

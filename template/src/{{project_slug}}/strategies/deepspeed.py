@@ -418,6 +418,10 @@ class DeepSpeedStrategy:
         skip_step(self.engine.optimizer, judge(self._grad_norm), self.engine.step)
         return norm_tensor(self._grad_norm)
 
+    def local_weights(self) -> list[torch.Tensor]:
+        """The weights this rank holds: its ZeRO-3 partitions (ds_tensor), else a whole replica."""
+        return [getattr(p, "ds_tensor", p) for p in self.module.parameters()]
+
     def loss_scaling(self) -> dict:
         """{"loss_scale", "skipped"} under fp16 (skipped: steps of the run so far); {} otherwise."""
         if not self.engine.fp16_enabled():

@@ -207,6 +207,10 @@ class PipelineStrategy(DeepSpeedStrategy):
             f"ZeRO {self.cfg.deepspeed.zero_stage}), stage {self.engine.stage_id}, {self.compile_note}"
         )
 
+    def local_weights(self) -> list[torch.Tensor]:
+        """The weights this rank holds: its stage's (its tensor-parallel shards of them)."""
+        return list(self.engine.module.parameters())
+
     def train_batch(self, batches) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over the step's micro batches: (mean loss, gradient norm before clipping)."""
         loss = self.engine.train_batch(data_iter=iter(((x, keys), y) for x, y, keys in batches))

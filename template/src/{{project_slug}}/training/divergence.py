@@ -108,11 +108,11 @@ class DivergenceGuard:
                 setattr(self, name, torch.full_like(self.streak, value))
 
 
-def weights_are_finite(parameters) -> torch.Tensor:
-    """Collective: whether every rank's parameters (or its shards of them) are all finite, as a bool tensor."""
+def weights_are_finite(parameters, device: torch.device) -> torch.Tensor:
+    """Collective: whether every rank's parameters (or its shards of them) are all finite, as a bool
+    tensor on device (the backend's: a rank may hold no weights, or hold them on the host)."""
     local = [p.detach() for p in parameters if p.numel()]
-    device = local[0].device if local else torch.device("cpu")
     bad = torch.zeros((), dtype=torch.float64, device=device)
     if local:
-        bad = torch.stack([(~torch.isfinite(t)).any() for t in local]).any().to(torch.float64)
+        bad = torch.stack([(~torch.isfinite(t)).any().to(device) for t in local]).any().to(torch.float64)
     return all_reduce_mean(bad) == 0

@@ -220,7 +220,7 @@ def _train_steps(run: Run, resume: bool, lock: run_lock.RunLock | None, watchdog
     def save(done: int) -> None:
         guard.check(newest_checkpoint)
         # Belt and braces: no checkpoint of weights that are not finite, whatever the guard let through.
-        if not bool(weights_are_finite(getattr(p, "ds_tensor", p) for p in strategy.module.parameters())):
+        if not bool(weights_are_finite(strategy.local_weights(), device)):
             raise_on_every_rank(
                 f"the weights are not finite at step {done}: nothing saved; the newest checkpoint, "
                 f"{newest_checkpoint()}, is the one to resume from with a lower learning rate",
