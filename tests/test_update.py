@@ -29,7 +29,8 @@ DEVMACHINE_SH = "template/launch/{% if 'devmachine' in platforms %}devmachine{% 
 
 def commit_all(repo: Path, message: str, tag: str | None = None) -> None:
     git(repo, "add", "-A")
-    git(repo, "commit", "-qm", message)
+    # --allow-empty: a clone of a clean checkout already holds the template of today as its newest commit
+    git(repo, "commit", "-q", "--allow-empty", "-m", message)
     if tag:
         git(repo, "tag", tag)
 
