@@ -3,7 +3,8 @@ resolve_run: family, precision, device, parallel sizes, batch arithmetic) and ev
 it. Read from the source (nothing imported but the package for one small Run):
 
     - no module calls resolve_precision or Config.data_parallel_size but resolve_run's own, and
-      planning's, which asks them of other configs and world sizes (plan, check, fit, scaling);
+      planning's and the batch arithmetic's, which ask them of other configs and world sizes (plan,
+      check, fit, scaling; settings/batch.py);
     - on the run's path (runtime, checkpoints, strategies, training) nobody looks the family up again
       (family(<cfg>.model.arch)), except where the config is not the run's (listed below).
 
@@ -17,6 +18,7 @@ from pathlib import Path
 
 PACKAGE_DIR = next(p.parent for p in (Path(__file__).resolve().parents[1] / "src").glob("*/cli.py"))
 CONTEXT_MODULE = "runtime/run_context.py"  # resolve_run: the one place a run is resolved
+BATCH_MODULE = "settings/batch.py"  # the arithmetic resolve_run and planning share
 RESOLVERS = ("resolve_precision", "data_parallel_size")
 RUN_PATH = ("runtime", "checkpoints", "strategies", "training")
 # Functions on the run's path that look a family up for a config that is not the running one.
@@ -66,7 +68,7 @@ def reads_model_arch(node: ast.AST) -> bool:
 def test_precision_and_data_parallel_size_are_resolved_in_one_place():
     found = []
     for path, tree in sources().items():
-        if path.startswith("planning/") or path == CONTEXT_MODULE:
+        if path.startswith("planning/") or path in (CONTEXT_MODULE, BATCH_MODULE):
             continue
         for call, _ in calls_with_function(tree):
             if called_name(call) in RESOLVERS:
@@ -114,3 +116,26 @@ def test_a_tiny_cpu_run_resolves_to_fp32_and_the_data_parallel_share(pkg, cfg_wi
     assert run.data_parallel_size == 8 // (cfg.parallel.tensor * cfg.parallel.pipeline)
     assert run.global_batch_size == run.micro_batch_size * run.grad_accum * run.data_parallel_size == 32
     assert pkg.run_context.resolve_run(cfg, info).grad_accum is None  # eval and sample take no optimizer steps
+    assert (run.strategy, run.zero_stage, run.pipeline_engine) == ("ddp", 0, False)
+
+
+def test_the_run_holds_the_strategy_its_zero_stage_and_the_pipeline_engine(pkg, cfg_with):
+    """Below the start nothing reads them from the config again: build_strategy picks by the Run."""
+    import torch
+
+    info = pkg.distributed.DistInfo(rank=0, local_rank=0, world_size=4, device=torch.device("cpu"))
+    base = ["batch.global_batch_size=16", "batch.micro_batch_size=2", "batch.grad_accum_steps=null"]
+    zero2 = pkg.run_context.resolve_run(
+        cfg_with("model.arch=gpt", *base, "run.strategy=deepspeed", "deepspeed.zero_stage=2"), info, training=True
+    )
+    assert (zero2.strategy, zero2.zero_stage, zero2.pipeline_engine, zero2.grad_accum) == ("deepspeed", 2, False, 2)
+    # a stage written in the config of a DDP run is no stage of the run
+    ddp = pkg.run_context.resolve_run(cfg_with("model.arch=gpt", *base, "deepspeed.zero_stage=3"), info)
+    assert (ddp.strategy, ddp.zero_stage) == ("ddp", 0)
+    layout = ["run.strategy=deepspeed", "deepspeed.zero_stage=1", "parallel.pipeline=2"]
+    piped = pkg.run_context.resolve_run(
+        cfg_with("model.arch=gpt3", "model.size=tiny", *base, *layout), info, training=True
+    )
+    assert piped.pipeline_engine and piped.data_parallel_size == 2 and piped.grad_accum == 4
+    # the same degrees on a family without layouts run no pipeline engine
+    assert not pkg.run_context.resolve_run(cfg_with("model.arch=gpt", *base, *layout), info).pipeline_engine

@@ -20,12 +20,13 @@ import sys
 from pathlib import Path
 
 from ..models.family import model_shape
+from ..settings.batch import at_world_size, resolve_grad_accum
 from ..settings.bounds import count
 from ..settings.config import Config, project_root
 from ..settings.precision import on_gpu_type
 from .estimates import ASSUMED_MFU, GIB, STOP_WAIT_SHARE, memory, stop_reaction
 from .fit import fit_problem
-from .rules import at_world_size, check_config, config_warnings, resolve_grad_accum
+from .rules import check_config, config_warnings
 from .slurm_partition import partition_problem, requested
 from .storage_paths import launch_file_note, launch_file_problems
 

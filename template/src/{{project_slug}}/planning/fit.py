@@ -14,11 +14,12 @@ check_project (copier's post-generation task) and hooks/answers.py (copier's val
 from __future__ import annotations
 
 from ..models.family import family
+from ..settings.batch import resolve_grad_accum
 from ..settings.config import Config, ConfigError, changed
 from ..strategies.memory import at_stage, for_pipeline_engine, zero_stage
 from ..strategies.memory import describe as describe_strategy
 from .estimates import GIB, layout_problems, memory
-from .rules import Problem, resolve_grad_accum
+from .rules import Problem
 
 
 def allowed(cfg: Config) -> bool:

@@ -7,7 +7,7 @@
 Strong scaling (the default) keeps batch.global_batch_size: the tokens per step and the token budget
 (schedule.max_steps x global batch) stay, the gradient accumulation shrinks, each step and the run
 take less time. Where the micro batch x the data-parallel GPUs outgrows the global batch, the row
-takes the smaller micro batch `copier update --data nodes=N` renders (rules.micro_batch_at, the
+takes the smaller micro batch `copier update --data nodes=N` renders (settings/batch.py micro_batch_at, the
 largest up to the config's that splits it) and says so. Weak scaling keeps the batch per data-parallel GPU: the global batch and the tokens
 per step grow with the GPUs, a step takes as long as before, so max_steps trains on more tokens in
 the same time. Step times are estimates: FLOPs / (GPUs x peak x MFU), as estimates.timing.
@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..models.family import model_shape
+from ..settings.batch import at_world_size, micro_batch_at, per_rank_batch, resolve_grad_accum
 from ..settings.config import Config, ConfigError
 from .estimates import flops_per_token, step_speed
-from .rules import at_world_size, micro_batch_at, per_rank_batch, resolve_grad_accum
 
 NODE_FACTORS = (1, 2, 4)
 

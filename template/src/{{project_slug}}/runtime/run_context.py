@@ -1,6 +1,7 @@
 """What a run is on this process, resolved from the config once at its start (resolve_run): family,
-precision, device, world and parallel sizes, batch arithmetic. The modules below the start read the
-Run and never derive those again (torchtitan's ParallelDims plays this part there).
+precision, device, world and parallel sizes, batch arithmetic, the strategy and its ZeRO stage and
+whether the pipeline engine runs it. The modules below the start read the Run and never derive those
+again (torchtitan's ParallelDims plays this part there).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models.family import Family, family
+from ..settings.batch import resolve_grad_accum
 from ..settings.config import Config
 from .distributed import DistInfo, resolve_precision
 
@@ -34,21 +36,26 @@ class Run:
     global_batch_size: int
     micro_batch_size: int
     grad_accum: int | None  # micro steps per optimizer step; None in a process that does not train
+    strategy: str  # 'ddp' or 'deepspeed' (run.strategy)
+    zero_stage: int  # DeepSpeed's ZeRO stage; 0 under DDP
+    pipeline_engine: bool  # a tensor or pipeline layout of a family that has them: DeepSpeed's pipeline engine
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
 
-def resolve_run(cfg: Config, info: DistInfo) -> Run:
+def resolve_run(cfg: Config, info: DistInfo, training: bool = False) -> Run:
     """The Run of cfg on this process; ConfigError where the device refuses run.dtype (bf16 on a GPU
-    without it: one line from every rank). grad_accum is None here: a training run sets it from
-    planning.rules.resolve_grad_accum (planning's rule, shared with plan and check, which ask it of
-    other world sizes: a layer above this one); eval and sample take no optimizer steps."""
+    without it: one line from every rank) or, training, where the global batch does not split over its
+    ranks (settings/batch.py, the arithmetic plan and check use). grad_accum is None unless training:
+    eval and sample take no optimizer steps."""
     data_parallel = cfg.data_parallel_size(info.world_size)
+    fam = family(cfg.model.arch)
+    deepspeed = cfg.run.strategy == "deepspeed"
     return Run(
         cfg=cfg,
-        family=family(cfg.model.arch),
+        family=fam,
         rank=info.rank,
         local_rank=info.local_rank,
         world_size=info.world_size,
@@ -59,5 +66,8 @@ def resolve_run(cfg: Config, info: DistInfo) -> Run:
         data_parallel_size=data_parallel,
         global_batch_size=cfg.batch.global_batch_size,
         micro_batch_size=cfg.batch.micro_batch_size,
-        grad_accum=None,
+        grad_accum=resolve_grad_accum(cfg, data_parallel) if training else None,
+        strategy=cfg.run.strategy,
+        zero_stage=cfg.deepspeed.zero_stage if deepspeed else 0,
+        pipeline_engine=bool(fam.layouts) and (cfg.parallel.tensor, cfg.parallel.pipeline) != (1, 1),
     )

@@ -14,8 +14,6 @@ imports no torch until a strategy is built).
 
 from __future__ import annotations
 
-from .memory import on_deepspeed, uses_pipeline_engine
-
 
 def build_strategy(run, vocab_size: int, resume: bool = False):
     """The model, built and wrapped by the strategy for run.strategy (and parallel.* for gpt3).
@@ -23,7 +21,7 @@ def build_strategy(run, vocab_size: int, resume: bool = False):
     leave only a part on each rank). resume: whether this run continues its newest checkpoint
     (DeepSpeed settles how to load it before its engine is built)."""
     cfg = run.cfg
-    if uses_pipeline_engine(cfg, run.family):
+    if run.pipeline_engine:
         from .pipeline import PipelineStrategy  # builds its own stage of the model
 
         return PipelineStrategy(run, vocab_size, resume)
@@ -33,7 +31,7 @@ def build_strategy(run, vocab_size: int, resume: bool = False):
         from .fp8 import to_float8  # imports torchao only when asked for
 
         to_float8(model, run)
-    if on_deepspeed(cfg):
+    if run.strategy == "deepspeed":
         from .deepspeed import DeepSpeedStrategy  # imports deepspeed only when asked for
 
         strategy = DeepSpeedStrategy(run, model, resume)

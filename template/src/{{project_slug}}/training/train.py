@@ -22,7 +22,6 @@ a folder that holds another run or lacks room for the next checkpoint
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import faulthandler
 import functools
 import os
@@ -48,7 +47,7 @@ from ..data.tokens import (
 from ..evaluation import tasks
 from ..evaluation.evaluate import evaluate, format_scores, val_scores
 from ..models.sample_dropout import sample_keys, samples
-from ..planning.rules import at_world_size, require_valid, resolve_grad_accum, scaling_note
+from ..planning.rules import require_valid
 from ..runtime import faults
 from ..runtime.distributed import (
     DistInfo,
@@ -63,6 +62,7 @@ from ..runtime.distributed import (
 )
 from ..runtime.run_context import Run, resolve_run
 from ..runtime.unrecoverable import SharedFailure, raise_on_every_rank
+from ..settings.batch import at_world_size, scaling_note
 from ..settings.config import Config, ConfigError, changed, save_config
 from ..settings.precision import fp8_note
 from ..strategies import build_strategy
@@ -112,8 +112,7 @@ def start(cfg: Config, info: DistInfo) -> Run:
     require_valid(cfg, info.world_size)
     cfg = at_world_size(cfg, info.world_size)
     cfg = with_derived_steps(cfg, Path(cfg.data.dir))
-    run = resolve_run(cfg, info)
-    return dataclasses.replace(run, grad_accum=resolve_grad_accum(cfg, run.data_parallel_size))
+    return resolve_run(cfg, info, training=True)
 
 
 def claim_output_dir(run: Run) -> tuple[run_lock.RunLock | None, bool]:
