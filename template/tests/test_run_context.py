@@ -139,3 +139,47 @@ def test_the_run_holds_the_strategy_its_zero_stage_and_the_pipeline_engine(pkg, 
     assert piped.pipeline_engine and piped.data_parallel_size == 2 and piped.grad_accum == 4
     # the same degrees on a family without layouts run no pipeline engine
     assert not pkg.run_context.resolve_run(cfg_with("model.arch=gpt", *base, *layout), info).pipeline_engine
+
+
+def members(cls: ast.ClassDef) -> set[str]:
+    """What a class defines: its methods and properties, its class attributes, what its methods assign to self."""
+    found = set()
+    for node in cls.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found.add(node.name)
+        elif isinstance(node, ast.Assign):
+            found |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            found.add(node.target.id)
+    for node in ast.walk(cls):
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        for target in targets:
+            for t in ast.walk(target):
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                    found.add(t.attr)
+    return found
+
+
+def test_every_strategy_keeps_the_contract():
+    """strategies/base.py's Strategy is what the loop, evaluation and checkpoints may ask of a strategy;
+    every strategy class has each of its members, itself or through the class it extends."""
+    trees = sources()
+    contract = next(n for n in ast.walk(trees["strategies/base.py"]) if isinstance(n, ast.ClassDef))
+    wanted = members(contract) - {"__init__"}
+    classes = {
+        node.name: node
+        for path, tree in trees.items()
+        if path.startswith("strategies/") and path != "strategies/base.py"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef) and node.name.endswith("Strategy")
+    }
+    assert {"DDPStrategy", "DeepSpeedStrategy", "PipelineStrategy"} <= set(classes), sorted(classes)
+
+    def has(cls: ast.ClassDef) -> set[str]:
+        inherited = [classes[b.id] for b in cls.bases if isinstance(b, ast.Name) and b.id in classes]
+        return members(cls).union(*(has(parent) for parent in inherited))
+
+    missing = {name: sorted(wanted - has(cls)) for name, cls in classes.items() if wanted - has(cls)}
+    assert not missing, f"strategies missing members of base.Strategy: {missing}"

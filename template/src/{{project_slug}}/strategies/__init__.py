@@ -16,17 +16,16 @@ from __future__ import annotations
 
 
 def build_strategy(run, vocab_size: int, resume: bool = False):
-    """The model, built and wrapped by the strategy for run.strategy (and parallel.* for gpt3).
-    The strategy has num_params and flops_per_token of the whole model (ZeRO-3 and pipelines
-    leave only a part on each rank). resume: whether this run continues its newest checkpoint
-    (DeepSpeed settles how to load it before its engine is built)."""
+    """The model, built and wrapped by the strategy the Run names (run.strategy, run.pipeline_engine):
+    a base.Strategy, which counts num_params and flops_per_token of the whole model itself (ZeRO-3 and
+    pipelines leave only a part on each rank). resume: whether this run continues its newest
+    checkpoint (DeepSpeed settles how to load it before its engine is built)."""
     cfg = run.cfg
     if run.pipeline_engine:
         from .pipeline import PipelineStrategy  # builds its own stage of the model
 
         return PipelineStrategy(run, vocab_size, resume)
     model = run.family.build(cfg, vocab_size).to(run.device)
-    num_params, flops_per_token = model.num_params(), model.flops_per_token()
     if cfg.run.fp8 != "off":
         from .fp8 import to_float8  # imports torchao only when asked for
 
@@ -34,10 +33,7 @@ def build_strategy(run, vocab_size: int, resume: bool = False):
     if run.strategy == "deepspeed":
         from .deepspeed import DeepSpeedStrategy  # imports deepspeed only when asked for
 
-        strategy = DeepSpeedStrategy(run, model, resume)
-    else:
-        from .ddp import DDPStrategy
+        return DeepSpeedStrategy(run, model, resume)
+    from .ddp import DDPStrategy
 
-        strategy = DDPStrategy(run, model)
-    strategy.num_params, strategy.flops_per_token = num_params, flops_per_token
-    return strategy
+    return DDPStrategy(run, model)

@@ -33,7 +33,7 @@ def read_checkpoint(path: Path) -> dict:
     return checkpoint.load(path)
 
 
-class DDPStrategy:
+class DDPStrategy:  # implements base.Strategy
     name = "ddp"
     consumes_batches = False  # train.py runs the micro steps (see PipelineStrategy for the other case)
 
@@ -42,6 +42,8 @@ class DDPStrategy:
         self.cfg, self.run, self.accum = cfg, run, run.grad_accum
         self.data_rank = run.rank  # every rank is a data-parallel rank
         self.module = model  # unwrapped: evaluation, state_dict
+        self.num_params, self.flops_per_token = model.num_params(), model.flops_per_token()
+        self.resumed_state = {}
         self.run_id = None  # set by resume: the resumed checkpoint's run, or a new one
         self.optimizer = build_optimizer(model, run)
         peaks = peak_lrs(self.optimizer)  # the metrics' lr: Muon's peak under optim.optimizer=muon, else AdamW's

@@ -271,7 +271,7 @@ def current_loss_scale(optimizer) -> float:
     return float(config.cur_scale if config is not None else optimizer.cur_scale)
 
 
-class DeepSpeedStrategy:
+class DeepSpeedStrategy:  # implements base.Strategy
     name = "deepspeed"
     consumes_batches = False  # train.py runs the micro steps (see PipelineStrategy for the other case)
 
@@ -280,6 +280,9 @@ class DeepSpeedStrategy:
         cfg = run.cfg
         self.cfg, self.run, self.accum = cfg, run, run.grad_accum
         self.data_rank = run.rank  # every rank is a data-parallel rank
+        # Counted before the engine partitions the weights (ZeRO-3 leaves each rank a share).
+        self.num_params, self.flops_per_token = model.num_params(), model.flops_per_token()
+        self.resumed_state = {}
         self._init_process_group(deepspeed)
         self.ds_config = deepspeed_config(
             cfg, run.grad_accum, run.data_parallel_size, run.device, precision=run.precision
@@ -490,7 +493,7 @@ class DeepSpeedStrategy:
         """About the size of the next checkpoint: the last one's, or (none yet) fp32 weights plus
         AdamW's master copy and two moments."""
         previous = checkpoint.find_latest(ckpt_dir, listing=_checkpoint_dirs)
-        return checkpoint_files.size_on_disk(previous) if previous else 16 * getattr(self, "num_params", 0)
+        return checkpoint_files.size_on_disk(previous) if previous else 16 * self.num_params
 
     def resume(self, ckpt_dir: Path, allowed: bool) -> int:
         """Load what find_resume_point chose (the checkpoint, or its universal form); 0 when none."""

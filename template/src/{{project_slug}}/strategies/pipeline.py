@@ -109,6 +109,7 @@ class PipelineStrategy(DeepSpeedStrategy):
         topology = PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)
         grid = PipelineParallelGrid(topology=topology)  # the tensor-parallel groups the blocks need now
         self.data_rank = grid.get_data_parallel_id()
+        self.resumed_state = {}
         pipeline = run.family.pipeline(cfg, vocab_size)
         with torch.device("meta"):  # sizes of the whole model, without allocating it
             whole = pipeline.whole()

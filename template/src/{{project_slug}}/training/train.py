@@ -187,7 +187,7 @@ def _train_steps(run: Run, resume: bool, lock: run_lock.RunLock | None, watchdog
     # Under fp16 an overflowing gradient is the loss scaler's to skip; a pipeline engine reports the
     # norm after its update (or none): there the guard judges the loss.
     guard = DivergenceGuard(cfg, device, run.is_main, judges_norm=precision != "fp16" and not strategy.consumes_batches)
-    guard.load_state_dict(getattr(strategy, "resumed_state", {}).get("divergence"))
+    guard.load_state_dict(strategy.resumed_state.get("divergence"))
     stop = preemption.StopRequest(cfg.cluster.stop_grace_seconds, cfg.logging.every_steps)
     if run.is_main:  # the first writes of this run to the folder, after every refusal
         out.mkdir(parents=True, exist_ok=True)
