@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, subprocess_env
+from conftest import subprocess_env
 from test_bad_input import assert_one_line, tree_hashes
 
 UNWRITABLE = "/sys/kernel/run"  # EACCES/EPERM for root as for anyone
@@ -222,22 +222,3 @@ def test_sample_shows_progress_on_stderr_and_only_text_on_stdout(cli, demo_data,
     assert f"sampled {tokens:,}/{tokens:,} tokens" in proc.stderr
     assert "sampl" not in proc.stdout.replace("sampling from", ""), proc.stdout
     assert "--- 'The'" in proc.stdout
-
-
-@pytest.mark.skipif(not (ROOT / "launch" / "slurm").is_dir(), reason="a project without the slurm platform")
-@pytest.mark.parametrize("case", ["under a file", "read-only"])
-def test_a_slurm_dry_run_refuses_a_code_copy_it_could_not_write(cli, tmp_path, case):
-    """`launch slurm --code-from-storage` copies the project beside run.output_dir from this machine:
-    the dry run refuses, in one line, a copy under a file or on storage that refuses new files, as
-    the submission would fail (and as the Kubeflow and TI-ONE launches do), writing nothing."""
-    a_file = tmp_path / "a_file"
-    a_file.write_text("kept\n")
-    runs = {"under a file": a_file / "proj" / "runs", "read-only": Path(UNWRITABLE) / "proj" / "runs"}[case]
-    words = {
-        "under a file": [f"lies under {a_file}, which is a file", "set run.output_dir elsewhere"],
-        "read-only": ["/sys/kernel refuses new files", "mount the shared storage writable on this machine"],
-    }[case]
-    before = snapshot(tmp_path)
-    proc = cli("launch", "slurm", "--dry-run", "--code-from-storage", f"run.output_dir={runs}", expect=1)
-    assert_one_line(proc, [f"error: the project's copy {runs.parent / 'code'} ", *words])
-    assert snapshot(tmp_path) == before and not Path(UNWRITABLE, "proj").exists()
