@@ -80,7 +80,7 @@ COPIER_EXTENSIONS = ["jinja2_ansible_filters.AnsibleCoreFiltersExtension"]
 
 
 def package():
-    """The generated package's pure-Python modules (config, bounds, rules, fit, the model families), loaded by path."""
+    """The generated package's pure-Python modules (config, bounds, batch, rules, fit, the model families), loaded by path."""
     if PACKAGE not in sys.modules:
         spec = importlib.util.spec_from_file_location(
             PACKAGE, PACKAGE_DIR / "__init__.py", submodule_search_locations=[str(PACKAGE_DIR)]
@@ -91,6 +91,7 @@ def package():
     modules = {
         "config": "settings.config",
         "bounds": "settings.bounds",
+        "batch": "settings.batch",
         "rules": "planning.rules",
         "fit": "planning.fit",
         "family": "models.family",
@@ -246,7 +247,7 @@ def recipe(model: str, size: str) -> dict:
 def micro_batch_at(global_batch: int, data_parallel_size: int, largest: int) -> int:
     """The micro batch train.yaml renders for this global batch and data-parallel size (rules.py's rule,
     which plan's scaling table applies too), at most `largest`: the family's."""
-    return package()["rules"].micro_batch_at(int(global_batch), int(data_parallel_size), int(largest))
+    return package()["batch"].micro_batch_at(int(global_batch), int(data_parallel_size), int(largest))
 
 
 def layout_choices(model: str) -> dict[str, str]:

@@ -218,14 +218,14 @@ def test_a_layout_the_strategy_re_splits_still_needs_reshard_and_the_same_model(
 def test_weak_scaling_refuses_another_world_and_names_the_strong_recipe_that_continues(pkg, cfg_with):
     """Under weak scaling another world size is another global batch; the refusal names the settings
     that continue the run's recipe on the new world, and those are accepted."""
-    ck, rules = pkg.checkpoint, pkg.rules
+    ck, batch = pkg.checkpoint, pkg.batch
     shape = ["model.size=tiny", "cluster.nodes=1", "cluster.gpus_per_node=2", "batch.micro_batch_size=4"]
     weak = cfg_with(*shape, "batch.global_batch_size=16", "batch.scaling=weak", "checkpoint.reshard=true")
-    trained = rules.at_world_size(weak, 2)
+    trained = batch.at_world_size(weak, 2)
     state = {"fingerprint": trained.model_fingerprint(), "world_size": 2, "config": trained.to_dict()}
-    assert ck.check_compatible(state, rules.at_world_size(weak, 2), 2, "ckpt") == []
+    assert ck.check_compatible(state, batch.at_world_size(weak, 2), 2, "ckpt") == []
     with pytest.raises(pkg.config.ConfigError) as err:
-        ck.check_compatible(state, rules.at_world_size(weak, 4), 4, "ckpt")
+        ck.check_compatible(state, batch.at_world_size(weak, 4), 4, "ckpt")
     message = str(err.value)
     assert "trained at global batch 16 by 2 processes; batch.scaling=weak makes it 32 on 4" in message
     assert "batch.scaling=strong batch.global_batch_size=16 checkpoint.reshard=true" in message

@@ -14,14 +14,14 @@ def test_grad_accum_is_derived(pkg, cfg_with, global_batch, micro, world, accum)
     cfg = cfg_with(
         f"batch.global_batch_size={global_batch}", f"batch.micro_batch_size={micro}", "batch.grad_accum_steps=null"
     )
-    assert pkg.rules.resolve_grad_accum(cfg, world) == accum
+    assert pkg.batch.resolve_grad_accum(cfg, world) == accum
     assert micro * accum * world == global_batch
 
 
 def test_global_batch_not_divisible_is_an_error_with_a_fix(pkg, cfg_with):
     cfg = cfg_with("batch.global_batch_size=30", "batch.micro_batch_size=8", "batch.grad_accum_steps=null")
     with pytest.raises(pkg.config.ConfigError) as err:
-        pkg.rules.resolve_grad_accum(cfg, 2)
+        pkg.batch.resolve_grad_accum(cfg, 2)
     message = str(err.value)
     assert "batch.global_batch_size=30" in message and "16" in message  # 8 x 2 processes
     assert "set it to 16" in message  # the closest multiple below
@@ -29,9 +29,9 @@ def test_global_batch_not_divisible_is_an_error_with_a_fix(pkg, cfg_with):
 
 def test_explicit_grad_accum_must_add_up(pkg, cfg_with):
     cfg = cfg_with("batch.global_batch_size=32", "batch.micro_batch_size=8", "batch.grad_accum_steps=2")
-    assert pkg.rules.resolve_grad_accum(cfg, 2) == 2
+    assert pkg.batch.resolve_grad_accum(cfg, 2) == 2
     with pytest.raises(pkg.config.ConfigError) as err:
-        pkg.rules.resolve_grad_accum(cfg, 4)
+        pkg.batch.resolve_grad_accum(cfg, 4)
     assert "grad_accum_steps" in str(err.value) and "null" in str(err.value)
 
 
@@ -305,9 +305,9 @@ def test_strong_scaling_runs_one_config_on_1_2_4_8_processes(pkg, cfg_with, worl
     cfg = cfg_with(*RECIPE)
     assert cfg.batch.scaling == "strong"  # the default
     assert pkg.rules.check_config(cfg, world) == []
-    assert pkg.rules.resolve_grad_accum(cfg, world) == accum
-    assert pkg.rules.at_world_size(cfg, world).batch.global_batch_size == 256
-    assert "strong scaling: global batch 256" in pkg.rules.scaling_note(cfg, world)
+    assert pkg.batch.resolve_grad_accum(cfg, world) == accum
+    assert pkg.batch.at_world_size(cfg, world).batch.global_batch_size == 256
+    assert "strong scaling: global batch 256" in pkg.batch.scaling_note(cfg, world)
 
 
 def test_strong_scaling_refuses_an_indivisible_world_in_one_line_with_the_nearest_values(pkg, cfg_with):
@@ -326,13 +326,13 @@ def test_strong_scaling_refuses_an_indivisible_world_in_one_line_with_the_neares
 def test_weak_scaling_keeps_the_batch_per_rank_and_grows_the_global_batch(pkg, cfg_with, world):
     cfg = cfg_with(*RECIPE, "batch.scaling=weak")  # 256 on the config's 2 ranks: 128 per rank
     assert pkg.rules.check_config(cfg, world) == []
-    assert pkg.rules.global_batch_at(cfg, world) == 128 * world
-    at = pkg.rules.at_world_size(cfg, world)
+    assert pkg.batch.global_batch_at(cfg, world) == 128 * world
+    at = pkg.batch.at_world_size(cfg, world)
     assert (at.batch.global_batch_size, at.batch.grad_accum_steps) == (128 * world, 8)
-    assert pkg.rules.resolve_grad_accum(at, world) == 8
-    assert pkg.rules.at_world_size(at, world) == at  # resolving twice changes nothing
+    assert pkg.batch.resolve_grad_accum(at, world) == 8
+    assert pkg.batch.at_world_size(at, world) == at  # resolving twice changes nothing
     assert pkg.rules.check_config(at, world) == []
-    note = pkg.rules.scaling_note(at, world)
+    note = pkg.batch.scaling_note(at, world)
     assert note == (
         "weak scaling: 128 sequences per data-parallel rank, so the global batch grows with the processes "
         f"(256 on the config's 1 x 2, {128 * world} here)"

@@ -14,12 +14,7 @@ import math
 
 from ..models.family import families, family, model_shape
 from ..settings.batch import (
-    at_world_size,
-    global_batch_at,
-    micro_batch_at,
-    per_rank_batch,
     resolve_grad_accum,
-    scaling_note,
 )
 from ..settings.bounds import bound_problems
 from ..settings.config import Config, ConfigError, ModelConfig, OptimConfig, Problem, changed
@@ -30,12 +25,6 @@ from ..strategies import memory as strategy
 __all__ = [
     "Problem",
     "model_shape",
-    "resolve_grad_accum",
-    "per_rank_batch",
-    "global_batch_at",
-    "micro_batch_at",
-    "at_world_size",
-    "scaling_note",
     "check_config",
     "config_warnings",
     "family_settings",
