@@ -50,12 +50,23 @@ def _stat(pid: int) -> tuple[str, int] | None:
     return fields[0], int(fields[19])  # fields 3 and 22 of proc(5)
 
 
+EXEC_SETTLE_SECONDS = 1.0
+"""How long an empty command line is read again: a process caught inside exec() (a child whose spawn
+has just returned) has no arguments yet, and a kernel thread never has any."""
+
+
 def _cmdline(pid: int) -> list[str]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return []
-    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+    deadline = time.monotonic() + EXEC_SETTLE_SECONDS
+    while True:
+        try:
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return []
+        argv = [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+        stat = None if argv else _stat(pid)
+        if argv or stat is None or stat[0] in "ZX" or time.monotonic() > deadline:
+            return argv
+        time.sleep(0.01)
 
 
 def record(pid: int) -> dict:
