@@ -12,7 +12,7 @@ torchrun (2 processes, Gloo), per plain step (one that neither logs, evaluates n
 
 and each as a ratio against DDP's. Rows: --strategies (ddp, zero1, zero2, zero3), each with the
 project's train.yaml plus --set overrides; --ds sets a key of the DeepSpeed config the project
-generates (strategies/deepspeed.py), to measure an option before the project adopts it.
+generates (strategies/deepspeed/engine.py), to measure an option before the project adopts it.
 
     python bench/step_overhead.py                        # about 3 minutes on 2 cores
     python bench/step_overhead.py --project PATH --size d4 --steps 16
@@ -58,7 +58,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 package, out, counting = sys.argv[1], sys.argv[2], sys.argv[3] == "count"
 faults = importlib.import_module(package + ".runtime.faults")
 steps, current = {}, [None]
-ds_module = importlib.import_module(package + ".strategies.deepspeed")
+ds_module = importlib.import_module(package + ".strategies.deepspeed.engine")
 
 def with_options(*args, original=ds_module.deepspeed_config, **kwargs):
     # The project's DeepSpeed config with --ds's dotted keys set (STEP_OVERHEAD_DS, JSON).

@@ -673,15 +673,17 @@ def _imported_modules() -> set[str]:
 
 
 def _requirements() -> set[str]:
-    """Distribution names in template/pyproject.toml.jinja (dependencies, extras, build), for every model."""
+    """Distribution names in template/pyproject.toml.jinja (dependencies, extras, build), for every model
+    with every platform and DeepSpeed."""
     try:
         import tomllib
     except ImportError:  # Python 3.10: the imported modules above still cover what the code uses
         return set()
     text = (TEMPLATE / "pyproject.toml.jinja").read_text()
     names = set()
+    every_part = {"platforms": _choices(questions()["platforms"]), "strategy": "deepspeed", "family_facts": facts}
     for model in _choices(questions()["model"]):
-        spec = tomllib.loads(jinja2.Environment().from_string(text).render(model=model, project_slug="x"))
+        spec = tomllib.loads(jinja2.Environment().from_string(text).render(model=model, project_slug="x", **every_part))
         project = spec.get("project", {})
         requirements = [*project.get("dependencies", []), *spec.get("build-system", {}).get("requires", [])]
         requirements += [r for extra in project.get("optional-dependencies", {}).values() for r in extra]

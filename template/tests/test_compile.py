@@ -191,7 +191,7 @@ def test_every_strategy_compiles_on_cuda_and_says_why_not_elsewhere(pkg, cfg_wit
 
 def test_zero3_stays_eager_on_cuda(pkg, cfg_with):
     """ZeRO-3's partitioned weights are empty outside its gather hooks: tracing them fails on a GPU."""
-    zero_compiled = pkg.module("strategies.deepspeed").zero_compiled
+    zero_compiled = pkg.module("strategies.deepspeed.engine").zero_compiled
     cuda = torch.device("cuda", 0)
     for stage in (1, 2):
         assert zero_compiled(cfg_with("run.strategy=deepspeed", f"deepspeed.zero_stage={stage}"), cuda)[0]

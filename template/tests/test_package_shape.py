@@ -23,13 +23,21 @@ TIERS = [
     ("data",),  # prepare-data and the token stream
     ("runtime",),  # process group, unrecoverable failures, faults, how a process ends
     ("checkpoints",),  # writing, verifying, finding and resizing checkpoints
-    ("strategies",),  # DDP, DeepSpeed ZeRO, pipeline and tensor parallel; memory.py: what each keeps and allows
+    (
+        "strategies",
+    ),  # DDP; DeepSpeed ZeRO, pipeline and tensor parallel (deepspeed/); memory.py: what each keeps and allows
     ("planning",),  # every rule run together, memory fit and time: torch-free
     ("evaluation",),  # a trained model loaded, eval, sample
     ("training",),  # the loop and its parts
-    ("cluster",),  # node launcher, torchrun, rendezvous, supervision, Ray
-    ("launch", "diagnostics", "image"),  # platforms; doctor and debug-dump; the image
+    ("cluster",),  # node launcher, torchrun, rendezvous, supervision
+    (
+        "launch",
+        "diagnostics",
+        "image",
+    ),  # a folder per platform (TI-ONE's Ray Train too); doctor and debug-dump; the image
 ]
+# An optional part is one folder (strategies/deepspeed/), so its launcher lives there, at launch's tier.
+CONCERN_OF = {"strategies.deepspeed.launcher": "launch"}
 ENTRY = {"__init__", "__main__", "cli"}  # the package's top level: the entry...
 MAX_OTHER_TOP_LEVEL = 5  # ...and at most this many other modules
 TORCH_FREE = ("settings", "planning")
@@ -73,7 +81,7 @@ def folder_of(name: str) -> str | None:
 
 
 def tier_of(name: str) -> int:
-    folder = folder_of(name)
+    folder = CONCERN_OF.get(name) or folder_of(name)
     if folder is None:
         return len(TIERS)  # the entry
     for index, folders in enumerate(TIERS):
@@ -201,7 +209,8 @@ def test_sample_loads_a_model_without_evaluate():
 
 def test_each_strategy_reads_the_checkpoints_it_writes(pkg):
     """trained_model only picks the reader; the format's knowledge stays with the strategy that saves it."""
-    for name in ("ddp", "deepspeed", "pipeline"):
+    with_deepspeed = pkg.module("settings.optional_parts").has_deepspeed()
+    for name in ("ddp", *(("deepspeed.engine", "deepspeed.pipeline") if with_deepspeed else ())):
         assert callable(pkg.module(f"strategies.{name}").read_checkpoint), name
 
 

@@ -24,7 +24,7 @@ RUN_PATH = ("runtime", "checkpoints", "strategies", "training")
 # Functions on the run's path that look a family up for a config that is not the running one.
 FAMILY_ELSEWHERE = {
     ("strategies/memory.py", "uses_pipeline_engine"): "plan and check ask it of any config; a run passes its family",
-    ("strategies/pipeline.py", "read_checkpoint"): "a saved checkpoint's config, read by eval and sample",
+    ("strategies/deepspeed/pipeline.py", "read_checkpoint"): "a saved checkpoint's config, read by eval and sample",
 }
 
 

@@ -20,6 +20,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
 
@@ -42,12 +43,20 @@ COMMANDS = {
     "image": ("image.build", "build and push the project image (docker SDK, DOCKER_HOST)"),
     "launch": ("launch", "submit to a platform, or its job's status, logs, cancel (launch/<platform>/)"),
     "node": ("cluster.node", "node launcher run by the platform on each node: topology -> torchrun"),
-    "ray-train": ("cluster.ray_train", "train on a running Ray cluster with Ray Train (TI-ONE Ray mode)"),
+    "ray-train": ("launch.tione.ray_train", "train on a running Ray cluster with Ray Train (TI-ONE Ray mode)"),
     "doctor": ("diagnostics.doctor", "check this node: GPUs, RDMA, /dev/shm, memlock, which transport NCCL uses"),
     "debug-dump": (
         "diagnostics.debug_dump",
         "Python stacks of every training rank on this machine (py-spy), for a hung job",
     ),
+}
+
+
+# A command of a platform the project was made without (ray-train: TI-ONE's) is not offered.
+COMMANDS = {
+    name: entry
+    for name, entry in COMMANDS.items()
+    if any((Path(__file__).parent / entry[0].replace(".", "/")).with_suffix(suffix).exists() for suffix in (".py", ""))
 }
 
 

@@ -1,7 +1,7 @@
 """Checkpoints: atomic save, keep the last K, find the newest intact one, what a resume must restore and refuse.
 
 A DDP checkpoint is one file `step_XXXXXXXX.pt` in output_dir/checkpoints (DeepSpeed's are folders,
-see strategies/deepspeed.py, under the same rules). It is written under a temporary name, fsynced,
+see strategies/deepspeed/engine.py, under the same rules). It is written under a temporary name, fsynced,
 its manifest (run id, size, sha256: checkpoint_files.py) written, then renamed, and the `latest`
 pointer is replaced last, so a crash at any moment leaves the previous checkpoint intact. A resume
 verifies the checkpoint against its manifest and passes over a damaged one, naming it, to the
@@ -116,7 +116,7 @@ def run_state(
 def check_compatible(state: dict, cfg: Config, world_size: int, where, layout_changed: bool = False) -> list[str]:
     """Refuse a checkpoint this run cannot continue exactly; returns notes on what changed. Another
     number of processes continues only under checkpoint.reshard=true (DDP loads its replicas on any
-    data-parallel size, DeepSpeed through its universal format: checkpoints/universal_checkpoint.py).
+    data-parallel size, DeepSpeed through its universal format: strategies/deepspeed/universal_checkpoint.py).
     layout_changed: the strategy re-splits this checkpoint for other tensor and pipeline degrees
     (also under checkpoint.reshard=true); the rest of the fingerprint must still match."""
     saved_world, trained_batch = state.get("world_size", world_size), state.get("config", {}).get("batch", {})

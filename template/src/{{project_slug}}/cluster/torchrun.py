@@ -123,7 +123,7 @@ def check_before_start(cfg: Config, world_size: int | None) -> None:
     load_tokenizer(data_dir / meta["tokenizer"])
     for split in ("train", "val"):
         require_shards(data_dir, meta, split)
-        if family(cfg.model.arch).causal:  # masked-LM sequences are checked by their ranks (data/masked.py)
+        if family(cfg.model.arch).causal:  # masked-LM sequences are checked by their ranks (models/bert/data.py)
             TokenData.open(data_dir, split, cfg.model.sequence_len)
 
 

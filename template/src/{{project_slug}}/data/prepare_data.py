@@ -175,7 +175,7 @@ def _write_data(
         staging.tokenizer.with_suffix(".tmp").replace(staging.tokenizer)
     vocab = tok.get_vocab_size()
     dtype = np.dtype(np.uint16 if vocab <= 2**16 else np.uint32)
-    # Documents are separated by <|bos|> (BPE) or [SEP] (WordPiece: masked.py cuts [CLS] ... [SEP] windows).
+    # Documents are separated by <|bos|> (BPE) or [SEP] (WordPiece: models/bert/data.py cuts [CLS] ... [SEP] windows).
     sep = tok.token_to_id("[SEP]") if family(cfg.model.arch).tokenizer == "wordpiece" else bos_id(tok)
     settings = EncodeSettings(dtype.name, sep, cfg.run.seed, cfg.data.val_fraction, cfg.data.shard_tokens)
     finished, run = encode_all(tok, parts, settings, staging.parts, staging.tokenizer, workers)

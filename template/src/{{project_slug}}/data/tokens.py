@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..settings.config import ConfigError
+from ..settings.packages import import_transformers
 from ..settings.stored_files import DamagedFile, read_json
 
 BOS = "<|bos|>"
@@ -107,7 +108,7 @@ def _train_wordpiece(read_sample: Callable[[str], Iterator[str]], vocab_size: in
     tok = _wordpiece(trained.get_vocab())
     tok.add_special_tokens(BERT_SPECIALS)
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    # What transformers' BERT tokenizers add around a text; training adds them itself (masked.py).
+    # What transformers' BERT tokenizers add around a text; training adds them itself (models/bert/data.py).
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
     )
@@ -177,9 +178,7 @@ def _from_transformers_folder(folder: Path):
     """The folder's tokenizer as transformers loads it (AutoTokenizer when tokenizer_config.json names
     the class, else the generic fast tokenizer): special tokens from special_tokens_map.json and
     tokenizer_config.json are special here too (never split, no bytes in bits-per-byte)."""
-    from ..models.bert.model import import_transformers
-
-    transformers = import_transformers()
+    transformers = import_transformers("a tokenizer folder's tokenizer (tokenizer.json, vocab.txt)")
     try:
         config_path = folder / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.is_file() else {}
@@ -237,9 +236,7 @@ def _gpt2_from_files(given: Path):
 
 
 def _wordpiece_from_vocab(vocab: Path):
-    from ..models.bert.model import import_transformers
-
-    transformers = import_transformers()
+    transformers = import_transformers("a tokenizer folder's tokenizer (tokenizer.json, vocab.txt)")
     try:
         if vocab.name == "vocab.txt":
             # The folder's tokenizer_config.json (do_lower_case, special tokens) applies when present.
@@ -338,7 +335,7 @@ class ShardWriter:
 def sequences_in_shard(tokens: int, sequence_len: int, causal: bool) -> int:
     """Sequences training reads from a shard of `tokens` tokens (windows never cross shards).
     Causal: inputs and their shifted targets take sequence_len + 1 tokens, and the next window starts
-    sequence_len later. Masked: sequence_len - 2 tokens between [CLS] and [SEP] (masked.py)."""
+    sequence_len later. Masked: sequence_len - 2 tokens between [CLS] and [SEP] (models/bert/data.py)."""
     if causal:
         return max(0, (tokens - 1) // sequence_len)
     return tokens // max(1, sequence_len - 2)
@@ -512,3 +509,19 @@ def find_data(fingerprint: str, folders: list[Path]) -> Path | None:
             except (ConfigError, OSError, ValueError):  # a damaged folder is simply not the one
                 continue
     return None
+
+
+def open_split(cfg, data_dir: Path, split: str, fam=None):
+    """Inputs and targets of one split: the family's own batches where its descriptor names them
+    (bert's masked positions), else next-token pairs. fam: the run's family (Run.family), else cfg's
+    is looked up."""
+    from ..models.family import family
+
+    fam = fam or family(cfg.model.arch)
+    if fam.batches:
+        return fam.open_batches(cfg, data_dir, split)
+    if cfg.data.rows == "documents" and split == "train":
+        from .document_rows import DocumentRows
+
+        return DocumentRows.open(data_dir, split, cfg.model.sequence_len)
+    return TokenData.open(data_dir, split, cfg.model.sequence_len)

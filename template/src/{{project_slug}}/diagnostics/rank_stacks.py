@@ -73,7 +73,7 @@ CALLS_COLLECTIVE = re.compile(
 )
 BACKWARD = {"_engine_run_backward", "run_backward", "backward"}
 # torch's loaders, and ours: the token stream, the masked-LM batches, the prefetch thread.
-DATA_LOADING = ("torch/utils/data/", "/data/tokens.py", "/data/masked.py", "/training/prefetch.py")
+DATA_LOADING = ("torch/utils/data/", "/data/tokens.py", "/models/bert/data.py", "/training/prefetch.py")
 
 
 def main_thread(threads: list[dict], pid: int) -> dict | None:

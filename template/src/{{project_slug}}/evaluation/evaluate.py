@@ -20,8 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ..data.masked import open_split
-from ..data.tokens import TokenData, bos_id, data_tokenizer, token_byte_lengths
+from ..data.tokens import TokenData, bos_id, data_tokenizer, open_split, token_byte_lengths
 from ..models.family import family
 from ..runtime.distributed import (
     DistInfo,
@@ -45,7 +44,7 @@ def evaluate(
 ) -> dict:
     """Mean loss (nats/token) and bits per byte over the first num_batches micro batches of the
     split, dealt round-robin to the ranks: the result does not depend on the number of processes.
-    Masked-LM data (data/masked.py): mean loss over the predicted positions, perplexity and the
+    Masked-LM data (models/bert/data.py): mean loss over the predicted positions, perplexity and the
     masked-token accuracy (top prediction right)."""
     was_training = model.training
     model.eval()

@@ -1,9 +1,9 @@
 """A trained model in one process, from the checkpoint of any strategy (for `eval` and `sample`).
 
     checkpoints/step_00001000.pt     DDP: one file (strategies/ddp.py)
-    checkpoints/step_00001000/       DeepSpeed ZeRO 0-3: shards consolidated (strategies/deepspeed.py)
+    checkpoints/step_00001000/       DeepSpeed ZeRO 0-3: shards consolidated (strategies/deepspeed/engine.py)
                                      gpt3 pipeline/tensor layouts: files per layer and tensor rank
-                                     joined (strategies/pipeline.py)
+                                     joined (strategies/deepspeed/pipeline.py)
 
 Each format is read by the strategy that writes it; this module only picks the reader and builds
 the model the checkpoint was trained as, so eval and sample run in one process whatever the
@@ -22,8 +22,9 @@ import torch
 from ..checkpoints import checkpoint, checkpoint_files
 from ..data.tokens import read_meta
 from ..models import build_model
+from ..settings import optional_parts
 from ..settings.config import Config, ConfigError, ModelConfig
-from ..strategies import ddp, deepspeed, pipeline
+from ..strategies import ddp
 
 
 def find_checkpoint(ckpt_dir: Path, say=lambda line: print(line, file=sys.stderr, flush=True)) -> Path | None:
@@ -52,9 +53,15 @@ def read_checkpoint(path: Path) -> dict:
     path = Path(path)
     if path.is_file():
         return ddp.read_checkpoint(path)
+    pipeline = _deepspeed("pipeline", path)
     if pipeline.is_pipeline_checkpoint(path):
         return pipeline.read_checkpoint(path)
-    return deepspeed.read_checkpoint(path)
+    return _deepspeed("engine", path).read_checkpoint(path)
+
+
+def _deepspeed(module: str, path: Path):
+    """A module of strategies/deepspeed/ to read a DeepSpeed checkpoint folder with."""
+    return optional_parts.deepspeed(module, f"{path} is a DeepSpeed checkpoint (a folder)", key=None)
 
 
 def load_trained_model(cfg: Config, ckpt: str | None, device: torch.device):
@@ -71,7 +78,7 @@ def load_trained_model(cfg: Config, ckpt: str | None, device: torch.device):
     # Intact; then its data. A folder's run state is read first: refused before its shards are
     # consolidated (minutes when large).
     state = read_checkpoint(path) if path.is_file() else None
-    run_state = state if state is not None else deepspeed.load_model_states(path)
+    run_state = state if state is not None else _deepspeed("engine", path).load_model_states(path)
     checkpoint.check_data(run_state, Path(cfg.data.dir), path, "give --checkpoint of a run trained on data.dir")
     state = state if state is not None else read_checkpoint(path)
     meta = read_meta(Path(cfg.data.dir))

@@ -5,14 +5,14 @@
     <package> launch <platform> --action status | logs [--follow] | cancel          # the last job
     <package> launch <platform> --action status --id <job id>                        # another job
 
-One module per platform (launch/<platform>.py here, beside the project's launch/<platform>/ files),
-or one folder for a platform of several modules (kubeflow/, tione/), whose PLATFORM (a folder's
-__init__.py exports it) is a base.Platform: platforms are found by that name, so a new platform is its module
-(plus its topology row and a test). Config overrides (key=value) reach `train` on every node. A module
+One folder per platform (launch/<platform>/ here, beside the project's launch/<platform>/ files),
+written only for the platforms the project was made with; its __init__.py exports PLATFORM, a
+base.Platform: platforms are found by that name, so a new platform is its folder (plus its topology
+row). A platform the template offers and the project lacks is one line naming the `copier update`. Config overrides (key=value) reach `train` on every node. A module
 that cannot be imported (an edit left a syntax error) is named by its file and line by `launch <its
 name>`; the other platforms go on without it.
-deepspeed_launcher.py is DeepSpeed's own launcher for devmachine and slurm (`--launcher deepspeed`),
-not the DeepSpeed strategy (strategies/deepspeed.py).
+DeepSpeed's own launcher for devmachine and slurm (`--launcher deepspeed`) is
+strategies/deepspeed/launcher.py, in projects made with DeepSpeed.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from argparse import ArgumentParser, Namespace
 from pathlib import Path
 
 from ..settings.config import Config, ConfigError, add_config_arguments, project_root
+from ..settings.optional_parts import TEMPLATE_PLATFORMS, without_platform
 from ..settings.packages import import_failure
 from .base import add_common_arguments
 from .base import run as run_action
@@ -79,8 +80,11 @@ def add_arguments(p: ArgumentParser) -> None:
         add_common_arguments(q)
         PLATFORMS[name].add_arguments(q)
         add_config_arguments(q)
-    for name in UNLOADABLE.keys() - PLATFORMS.keys():  # parsed, so that `run` says why it cannot run
-        q = platforms.add_parser(name, description=UNLOADABLE[name])
+    absent = {name: f"made without {name}" for name in TEMPLATE_PLATFORMS if name not in PLATFORMS}
+    for name, why in {**absent, **UNLOADABLE}.items():  # parsed, so that `run` says why it cannot run
+        if name in PLATFORMS:
+            continue
+        q = platforms.add_parser(name, description=why)
         add_common_arguments(q)
         add_config_arguments(q)
 
@@ -88,6 +92,8 @@ def add_arguments(p: ArgumentParser) -> None:
 def run(cfg: Config, args: Namespace) -> int:
     if args.platform in UNLOADABLE and args.platform not in PLATFORMS:
         raise ConfigError(UNLOADABLE[args.platform])
+    if args.platform not in PLATFORMS:
+        raise without_platform(args.platform, [name for name in PLATFORMS if generated(name)])
     platform = PLATFORMS[args.platform]
     require_generated(args.platform)
     return run_action(platform(cfg, args, PACKAGE))

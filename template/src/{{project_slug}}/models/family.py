@@ -38,6 +38,7 @@ from typing import Any
 
 from ..settings.bounds import shown
 from ..settings.config import ConfigError, Problem
+from ..settings.optional_parts import without_family
 from ..settings.packages import import_failure
 from ..settings.stored_files import warn
 
@@ -138,8 +139,11 @@ class Family:
     # "<module of its folder>:<function(model) -> transformers model>": `export`'s conversion, exact (tests hold it)
     exporter: str = ""
     # "<module of its folder>:<function(cfg, vocab_size)>" -> PipelineLayers, what a pipeline cuts into
-    # stages (families with layouts: strategies/pipeline.py builds DeepSpeed's PipelineModule from them)
+    # stages (families with layouts: strategies/deepspeed/pipeline.py builds DeepSpeed's PipelineModule from them)
     pipeline_layers: str = ""
+    # "<module of its folder>:<function(cfg, data_dir, split)>": the family's own batches of a split
+    # (bert's masked positions); "" for next-token pairs of the token stream (data/tokens.py)
+    batches: str = ""
     sizes: dict[str, dict[str, Any]] = field(default_factory=dict)  # size name -> n_layer, n_embd, n_head (...)
     causal: bool = True  # next-token prediction (sample continues a prompt) or masked (sample fills [MASK])
     tokenizer: str = "bpe"  # what prepare-data trains: "bpe" (a BOS token) or "wordpiece" (BERT's specials)
@@ -353,6 +357,10 @@ class Family:
         """A freshly initialised model on the CPU (with model.pretrained and load_weights: loaded)."""
         return self._function(self.builder)(cfg, vocab_size, load_weights)
 
+    def open_batches(self, cfg, data_dir, split: str):
+        """The family's own batches of a split (its `batches` function)."""
+        return self._function(self.batches)(cfg, data_dir, split)
+
     def to_transformers(self, model):
         """The trained model as the transformers model that computes the same (`export`)."""
         if not self.exporter:
@@ -467,7 +475,7 @@ def descriptor_problem(found, folder: str) -> str:
             return f"FAMILY.{item.name}={shown(repr(value), quoted=False)} is not {_type_words(hints[item.name])}"
         if item.name in FIELD_CHOICES and value not in FIELD_CHOICES[item.name]:
             return f"FAMILY.{item.name}={value!r} is not one of {', '.join(FIELD_CHOICES[item.name])}"
-    for name in ("builder", "exporter", "pipeline_layers"):
+    for name in ("builder", "exporter", "pipeline_layers", "batches"):
         value = getattr(found, name)
         if (value or name == "builder") and not _FUNCTION.fullmatch(value):
             return f'FAMILY.{name}={value!r} is not "<module>:<function>" of its folder (e.g. "model:build")'
@@ -527,6 +535,9 @@ def family(name: str) -> Family:
     if name.isidentifier() and descriptor.is_file():
         raise ConfigError(f"model.arch={name!r}: {descriptor} defines no FAMILY; end it with FAMILY = Family(...)",
                           key="model.arch")  # fmt: skip
+    missing = without_family(name)
+    if missing:
+        raise missing
     names = sorted({*_FOUND, *(m.removesuffix(f".{DESCRIPTOR}") for m in modules)})
     raise ConfigError(
         f"model.arch={name!r} is not a model family; use one of {', '.join(names)} "

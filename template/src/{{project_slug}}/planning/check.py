@@ -7,8 +7,9 @@ Also run by the template right after generation (python -m <package> check --qui
 that copier refuses answers that break a rule or whose layout does not fit the GPUs: after the
 rules pass, plan's memory estimate for the configured nodes x gpus_per_node must fit gpu_type,
 else it exits 1 with "does not fit: <figures>; smallest change: <what to change>". No torch here.
-Where sinfo answers (a Slurm login node), launch/slurm/train.sbatch's request must also fit a node
-of its partition (slurm_partition.py); elsewhere, and in the generation check, that is skipped.
+Each platform of the project may check its launch files against the site (Platform.site_problems:
+where sinfo answers, launch/slurm/train.sbatch's request must fit a node of its partition); the
+generation check skips that.
 What changes nothing but may be meant (a setting the family does not read, written at its default;
 one learning rate of 0 among others) is a `warning:` line that does not fail the check.
 """
@@ -27,7 +28,6 @@ from ..settings.precision import on_gpu_type
 from .estimates import ASSUMED_MFU, GIB, STOP_WAIT_SHARE, memory, stop_reaction
 from .fit import fit_problem
 from .rules import check_config, config_warnings
-from .slurm_partition import partition_problem, requested
 from .storage_paths import launch_file_note, launch_file_problems
 
 
@@ -44,19 +44,6 @@ def summary(cfg: Config, world: int) -> str:
         f"micro {cfg.batch.micro_batch_size} x accum {accum} x data-parallel {dp} | "
         f"{cfg.batch.global_batch_size * cfg.model.sequence_len:,} tokens/step | {cfg.batch.scaling} scaling"
     )
-
-
-def slurm_partition_problem() -> str | None:
-    """launch/slurm/train.sbatch against the nodes sinfo lists; None without the script or sinfo (and a
-    warning where sinfo reports a node that cannot be judged)."""
-    script = project_root() / "launch" / "slurm" / "train.sbatch"
-    if not script.is_file():
-        return None
-    notes: list[str] = []
-    problem = partition_problem(requested(script.read_text(), []), notes=notes)
-    for note in notes:
-        print(f"warning: {note}", file=sys.stderr)
-    return problem
 
 
 def pretrained_problem(folder: str) -> str | None:
@@ -78,9 +65,11 @@ def run_check(cfg: Config, world_size: int | None = None, quiet: bool = False) -
     problems = check_config(cfg, world)
     problems += launch_file_problems(cfg, project_root())  # where each platform's nodes keep the outputs
     # Not in the generation check (quiet): the machine generating may not be the cluster's login node.
-    slurm_problem = None if quiet else slurm_partition_problem()
-    if slurm_problem:
-        problems.append(slurm_problem)
+    if not quiet:
+        from ..launch import PLATFORMS  # the project's platforms
+
+        for platform in PLATFORMS.values():
+            problems += platform.site_problems(cfg)
     weights_problem = None if quiet else pretrained_problem(cfg.model.pretrained)
     if weights_problem:
         problems.append(weights_problem)

@@ -13,6 +13,7 @@ import dataclasses
 import math
 
 from ..models.family import families, family, model_shape
+from ..settings import optional_parts
 from ..settings.batch import (
     resolve_grad_accum,
 )
@@ -38,6 +39,8 @@ def check_config(cfg: Config, world_size: int | None = None) -> list[Problem]:
     """All problems of a config for a world size (default: nodes x gpus_per_node)."""
     problems: list[Problem] = []
     world = world_size or cfg.cluster.nodes * cfg.cluster.gpus_per_node
+    if cfg.run.strategy == "deepspeed" and not optional_parts.has_deepspeed():
+        problems.append(Problem(str(optional_parts.without_deepspeed("run.strategy=deepspeed")), "run.strategy"))
     # Each setting's own range (bounds.py); the rules below relate settings to each other.
     # (model.n_kv_head's own rule below says more: which head count it must divide.)
     problems += [Problem(message, key) for key, message in bound_problems(cfg) if key != "model.n_kv_head"]

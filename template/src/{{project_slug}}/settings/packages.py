@@ -1,10 +1,10 @@
-"""The packages a project installs only for some of its uses (pyproject.toml's extras: deepspeed,
-bert, export, image, kubeflow, ray, tione), and those of its own dependencies imported only when a
+"""The packages a project installs only for some of its uses (pyproject.toml's extras: export,
+image, and those of the strategy and platforms the project was made with), and those of its own dependencies imported only when a
 setting asks (torchao for run.fp8), each imported through require_package: a missing or broken one
 is one line naming what needs it, the extra and the package, never a ModuleNotFoundError from deep
 inside a command (a dry run included). Such a failure is one a restart cannot fix (a ConfigError).
 
-    transformers = require_package("transformers", "bert", "BERT models and vocab.txt tokenizers")
+    transformers = require_package("transformers", "export", "transformers models and tokenizer folders")
     require_package("kubernetes", "kubeflow", "launch kubeflow", "or print the manifest with --dry-run")
     require_package("torchao.float8", "", "run.fp8=rowwise", "or set run.fp8=off")  # "": not an extra
 
@@ -15,6 +15,7 @@ ask it, before anything heavier is imported.
 from __future__ import annotations
 
 import importlib
+import os
 import traceback
 from pathlib import Path
 from types import ModuleType
@@ -63,3 +64,14 @@ def import_failure(exc: Exception, path: Path) -> str:
         where = ("" if frames[-1].filename == str(path) else f"{frames[-1].filename}, ") + f"line {frames[-1].lineno}: "
     text = " ".join(str(exc).split())
     return f"{where}{type(exc).__name__}" + (f": {shown(text, quoted=False)}" if text else "")
+
+
+def import_transformers(purpose: str = "transformers models and tokenizers"):
+    """transformers, imported with the hub switched off, or a ConfigError saying how to install it."""
+    # Nothing in this project downloads: a missing local file must fail, not hang on a firewall.
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    transformers = require_package("transformers", "export", purpose)
+    transformers.logging.set_verbosity_error()  # load reports of every rank would drown the metrics
+    return transformers

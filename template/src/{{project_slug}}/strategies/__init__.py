@@ -1,4 +1,5 @@
-"""How the model is spread over the ranks: `run.strategy` picks DDP or DeepSpeed ZeRO.
+"""How the model is spread over the ranks: `run.strategy` picks DDP or DeepSpeed ZeRO (deepspeed/, in
+projects made with it).
 
     <package> train run.strategy=deepspeed deepspeed.zero_stage=2
 
@@ -14,6 +15,8 @@ imports no torch until a strategy is built).
 
 from __future__ import annotations
 
+from ..settings import optional_parts
+
 
 def build_strategy(run, vocab_size: int, resume: bool = False):
     """The model, built and wrapped by the strategy the Run names (run.strategy, run.pipeline_engine):
@@ -22,18 +25,19 @@ def build_strategy(run, vocab_size: int, resume: bool = False):
     checkpoint (DeepSpeed settles how to load it before its engine is built)."""
     cfg = run.cfg
     if run.pipeline_engine:
-        from .pipeline import PipelineStrategy  # builds its own stage of the model
-
-        return PipelineStrategy(run, vocab_size, resume)
+        pipeline = optional_parts.deepspeed(
+            "pipeline",
+            f"parallel.tensor={run.tensor_parallel_size} parallel.pipeline={run.pipeline_parallel_size}",
+            "parallel.pipeline",
+        )
+        return pipeline.PipelineStrategy(run, vocab_size, resume)  # builds its own stage of the model
     model = run.family.build(cfg, vocab_size).to(run.device)
     if cfg.run.fp8 != "off":
         from .fp8 import to_float8  # imports torchao only when asked for
 
         to_float8(model, run)
     if run.strategy == "deepspeed":
-        from .deepspeed import DeepSpeedStrategy  # imports deepspeed only when asked for
-
-        return DeepSpeedStrategy(run, model, resume)
+        return optional_parts.deepspeed("engine").DeepSpeedStrategy(run, model, resume)
     from .ddp import DDPStrategy
 
     return DDPStrategy(run, model)

@@ -94,6 +94,7 @@ FAMILY = BertFamily(
     summary="BERT masked LM with transformers, from scratch or local weights",
     builder="model:build_bert",
     exporter="model:to_transformers",
+    batches="data:open_batches",
     sizes=BERT_SIZES,
     # BERT's 256 x 512 batch and 1e-4 (Devlin et al.); micro 16 keeps large's activations in 40 GB
     recipe_defaults={"global_batch": 256, "micro_batch": 32, "lr": 1e-4, "sequence_len": SEQUENCE_LEN},

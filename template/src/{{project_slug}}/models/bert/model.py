@@ -12,14 +12,12 @@ this file knows nothing of distribution.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from ...settings.config import Config, ConfigError
-from ...settings.packages import require_package
+from ...settings.packages import import_transformers
 from ..family import check_vocab
 from ..sample_dropout import KeyedDropout, keyed_dropout
 from .descriptor import FAMILY, MLM_SHARE, SEQUENCE_LEN
@@ -29,23 +27,12 @@ MLM_PROBABILITY = MLM_SHARE  # share of positions predicted (BERT's 15%; of thos
 
 def predictions_per_sequence(sequence_len: int) -> int:
     """Positions predicted in every sequence (BERT's num_to_predict, max_predictions_per_seq at 15% of
-    the length): data/masked.py masks this many where a row has as many non-special tokens, and the
+    the length): models/bert/data.py masks this many where a row has as many non-special tokens, and the
     loss gathers this many per row, a shape fixed by the length alone (no graph break, no host sync)."""
     return max(1, round(sequence_len * MLM_PROBABILITY))
 
 
 KEYED_ATTENTION = "sdpa_keyed_dropout"  # the attention function registered with transformers below
-
-
-def import_transformers():
-    """transformers, imported with the hub switched off, or a ConfigError saying how to install it."""
-    # Nothing in this project downloads: a missing local file must fail, not hang on a firewall.
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
-    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    transformers = require_package("transformers", "bert", "BERT models and vocab.txt tokenizers")
-    transformers.logging.set_verbosity_error()  # load reports of every rank would drown the metrics
-    return transformers
 
 
 class BertMLM(nn.Module):

@@ -7,8 +7,8 @@ keeps the banded ones).
 
 The model is a sequence of layers: Embedding, n_layer x Block, FinalNorm, Head (the embedding's
 weight again). Two ways to run it:
-- strategies/pipeline.py hands the same layers to DeepSpeed's PipelineModule (pipeline and
-  tensor parallel; strategies/tensor_parallel.py shards each Block after it is built);
+- strategies/deepspeed/pipeline.py hands the same layers to DeepSpeed's PipelineModule (pipeline and
+  tensor parallel; strategies/deepspeed/tensor_parallel.py shards each Block after it is built);
 - GPT3 (below) runs them in one process (DDP, ZeRO 0-3, eval, sample).
 Both seed layer i with run.seed + i before building it, so every layout starts from the same
 weights and losses can be compared across layouts. Like models/gpt/model.py, this file knows nothing

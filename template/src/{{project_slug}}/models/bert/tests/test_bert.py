@@ -181,7 +181,7 @@ def test_data_parallel_ranks_draw_different_masks_for_their_samples(pkg, tmp_pat
     cfg = config(pkg, tmp_path, bert_data)
     torch.manual_seed(0)
     model = pkg.models.build_model(cfg, 2048).train()
-    x, y = pkg.masked.open_split(cfg, bert_data, "val").batch(0, 1)
+    x, y = pkg.module("data.tokens").open_split(cfg, bert_data, "val").batch(0, 1)
 
     def loss(first: int) -> torch.Tensor:
         with dropout.samples(dropout.sample_keys(1337, 0, first, 1)):
@@ -249,7 +249,7 @@ def test_model_contract(pkg, tmp_path, bert_data):
     cfg = config(pkg, tmp_path, bert_data)
     torch.manual_seed(0)
     model = pkg.models.build_model(cfg, 2048).eval()
-    data = pkg.masked.open_split(cfg, bert_data, "val")
+    data = pkg.module("data.tokens").open_split(cfg, bert_data, "val")
     x, y = data.batch(0, 4)
     predicted = int((y != -100).sum())
     with torch.no_grad():
@@ -277,7 +277,7 @@ def test_masked_batches_are_a_pure_function_of_the_index(pkg, tmp_path, bert_dat
     cfg = config(pkg, tmp_path, bert_data)
     specials = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4}
     rng_before = torch.get_rng_state()
-    first, second = (pkg.masked.MaskedTokenData.open(cfg, bert_data, "train") for _ in range(2))
+    first, second = (pkg.module("models.bert.data").MaskedTokenData.open(cfg, bert_data, "train") for _ in range(2))
     assert first.specials == specials
     x, y = first.batch(24, 16)
     assert torch.equal(torch.get_rng_state(), rng_before)  # masking leaves training's RNG stream alone
@@ -300,7 +300,7 @@ def test_masked_batches_are_a_pure_function_of_the_index(pkg, tmp_path, bert_dat
     picked = ys != -100
     assert torch.equal(ys[picked], original[picked])
     assert not picked[original <= 4].any()
-    k = pkg.masked.predictions_per_sequence(64)
+    k = pkg.module("models.bert.data").predictions_per_sequence(64)
     assert k == 10 and torch.equal(picked.sum(1), (original > 4).sum(1).clamp(max=k))
     as_mask = (xs[picked] == 4).float().mean().item()
     kept = (xs[picked] == original[picked]).float().mean().item()
@@ -311,10 +311,12 @@ def test_masked_batches_are_a_pure_function_of_the_index(pkg, tmp_path, bert_dat
     assert torch.equal(torch.from_numpy(first.tokens(5 + first.num_sequences)), original[5])
     assert not torch.equal(again[1][0], ys[5])
     other_seed = config(pkg, tmp_path, bert_data, "run.seed=7")
-    val_a = pkg.masked.MaskedTokenData.open(cfg, bert_data, "val").batch(0, 4)
-    val_b = pkg.masked.MaskedTokenData.open(other_seed, bert_data, "val").batch(0, 4)
+    val_a = pkg.module("models.bert.data").MaskedTokenData.open(cfg, bert_data, "val").batch(0, 4)
+    val_b = pkg.module("models.bert.data").MaskedTokenData.open(other_seed, bert_data, "val").batch(0, 4)
     assert torch.equal(val_a[1], val_b[1])
-    assert not torch.equal(pkg.masked.MaskedTokenData.open(other_seed, bert_data, "train").batch(0, 4)[1], ys[:4])
+    assert not torch.equal(
+        pkg.module("models.bert.data").MaskedTokenData.open(other_seed, bert_data, "train").batch(0, 4)[1], ys[:4]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -394,7 +396,7 @@ def test_fine_tune_starts_from_the_local_weights(local_model, pkg, cli, bert_dat
     assert f"{sum(p.numel() for p in reference.parameters()):,} parameters" in proc.stdout
     # The loss of the saved model on step 0's four micro batches (one process: accumulation 4).
     cfg = config(pkg, tmp_path, bert_data, f"model.pretrained={local_model}")
-    data = pkg.masked.open_split(cfg, bert_data, "train")
+    data = pkg.module("data.tokens").open_split(cfg, bert_data, "train")
     with torch.no_grad():
         losses = [
             reference(input_ids=x, labels=y).loss.item()

@@ -32,7 +32,7 @@ def synthetic(pkg, sequence_len: int, seed: int = 1337):
     rng = np.random.default_rng(0)
     stream = rng.integers(len(SPECIALS), VOCAB, size=400_000).astype(np.uint16)
     stream[rng.random(stream.size) < 0.01] = SPECIALS["[SEP]"]
-    return pkg.masked.MaskedTokenData([stream], sequence_len, SPECIALS, VOCAB, seed, "train")
+    return pkg.module("models.bert.data").MaskedTokenData([stream], sequence_len, SPECIALS, VOCAB, seed, "train")
 
 
 def test_a_micro_batch_is_read_and_masked_within_the_budget(pkg):
@@ -52,14 +52,14 @@ def test_a_micro_batch_is_read_and_masked_within_the_budget(pkg):
 
 @pytest.mark.parametrize(("sequence_len", "k"), [(512, 77), (128, 19), (64, 10), (3, 1)])
 def test_predictions_per_sequence(pkg, sequence_len, k):
-    assert pkg.masked.predictions_per_sequence(sequence_len) == k
+    assert pkg.module("models.bert.data").predictions_per_sequence(sequence_len) == k
 
 
 def test_masking_follows_berts_recipe(pkg):
     """A fixed count per row among the non-special tokens (fewer where a row has fewer), 80% [MASK],
     10% a random non-special token, 10% kept; nothing else changes, and no generator is touched."""
     data = synthetic(pkg, 128)
-    k = pkg.masked.predictions_per_sequence(128)
+    k = pkg.module("models.bert.data").predictions_per_sequence(128)
     dense = data.shards[0][: 200 * data.window]  # the first 200 rows: mostly [SEP], fewer candidates than k
     dense[np.random.default_rng(1).random(dense.size) < 0.9] = SPECIALS["[SEP]"]
     rng_before = torch.get_rng_state()

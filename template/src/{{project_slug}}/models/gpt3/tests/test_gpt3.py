@@ -20,7 +20,7 @@ from test_host_syncs import assert_no_syncs_between_logging_steps, count_syncs
 
 TOL = 1e-5
 # What torch prints when a backward passes through a collective autograd never recorded a gradient
-# for (DeepSpeed's broadcast of the tied embedding, when done under grad mode: strategies/pipeline.py).
+# for (DeepSpeed's broadcast of the tied embedding, when done under grad mode: strategies/deepspeed/pipeline.py).
 UNRECORDED_GRADIENT = "an autograd kernel was not registered"
 COMMON = [
     "model.arch=gpt3",
@@ -269,7 +269,7 @@ def test_tensor_ranks_draw_one_mask_for_replicated_activations_and_their_own_for
     assert not torch.equal(shards[0], shards[1])
     assert torch.equal(replicated[0], replicated[1])
     block = gpt3.Block(config, 0)
-    assert (block.n_head, block.head_offset) == (4, 0)  # strategies/tensor_parallel.py sets a shard's offset
+    assert (block.n_head, block.head_offset) == (4, 0)  # strategies/deepspeed/tensor_parallel.py sets a shard's offset
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ and returns the final run's exit status; the end line counts the restarts.
 Status reads `scontrol show job` (Slurm keeps a job there MinJobAge seconds, 300 by default, after it
 ends), then `sacct` where the cluster keeps accounting, then what the project holds of it
 (job_history.py: the state last seen, its log, its run folder). Every Slurm client's output is read
-as planning/slurm_partition.py's slurm_output reads it: bytes that are not UTF-8 do not break it.
+as partition.py's slurm_output reads it: bytes that are not UTF-8 do not break it.
 """
 
 from __future__ import annotations
@@ -42,15 +42,16 @@ import time
 from argparse import ArgumentParser, Namespace
 from pathlib import Path
 
-from ..planning import storage_paths
-from ..planning.slurm_partition import SLURM_TEXT, partition_problem, requested, slurm_output
-from ..runtime import process_exit
-from ..settings.bounds import count_in, scheduler_option, signal_name, slurm_name, slurm_time
-from ..settings.config import Config, ConfigError, project_root, under_root
-from . import code_copy, job_history, jobs
-from .base import Platform, print_file, tail_lines
-from .deepspeed_launcher import LAUNCHER
-from .jobs import Job
+from ...planning import storage_paths
+from ...runtime import process_exit
+from ...settings import optional_parts
+from ...settings.bounds import count_in, scheduler_option, signal_name, slurm_name, slurm_time
+from ...settings.config import Config, ConfigError, project_root, under_root
+from ...settings.optional_parts import DEEPSPEED_LAUNCHER as LAUNCHER
+from .. import code_copy, job_history, jobs
+from ..base import Platform, print_file, tail_lines
+from ..jobs import Job
+from .partition import SLURM_TEXT, partition_problem, requested, slurm_output
 
 SCRIPTS = {
     "torchrun": Path("launch") / "slurm" / "train.sbatch",
@@ -187,6 +188,8 @@ def script_path(launcher: str) -> Path:
     """The batch script for the launcher, relative to the project root; ConfigError naming the fix."""
     relative = SCRIPTS[launcher]
     if not (project_root() / relative).is_file():
+        if launcher == LAUNCHER and not optional_parts.has_deepspeed():
+            raise optional_parts.without_deepspeed("launch slurm --launcher deepspeed", key=None)
         if launcher == LAUNCHER:
             raise ConfigError(
                 f"{relative} is missing: it is generated for projects with strategy deepspeed. Fixes: 1) `copier "
@@ -244,11 +247,29 @@ def cluster_name() -> str:
     return found.group(1) if found else socket.gethostname()
 
 
+def partition_site_problem() -> str | None:
+    """launch/slurm/train.sbatch against the nodes sinfo lists; None without the script or sinfo (and a
+    warning where sinfo reports a node that cannot be judged)."""
+    script = project_root() / "launch" / "slurm" / "train.sbatch"
+    if not script.is_file():
+        return None
+    notes: list[str] = []
+    problem = partition_problem(requested(script.read_text(), []), notes=notes)
+    for note in notes:
+        print(f"warning: {note}", file=sys.stderr)
+    return problem
+
+
 class Slurm(Platform):
     name = "slurm"
     action_options = {"signal": ("--signal", ("cancel",)), "wait": ("--wait", ("submit",))}
     extra_fields = {"script": str, "stdout": str, "stderr": str, **job_history.RUN_FIELDS}
     add_arguments = staticmethod(add_arguments)
+
+    @staticmethod
+    def site_problems(cfg: Config) -> list[str]:
+        problem = partition_site_problem()
+        return [problem] if problem else []
 
     def _command(self) -> tuple[Path, list[str]]:
         relative = script_path(getattr(self.args, "launcher", "torchrun"))

@@ -35,29 +35,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cluster.nccl_env import apply_nccl_env
-from ..cluster.network import wait_for_master
-from ..cluster.supervise import run_supervised
-from ..cluster.torchrun import check_before_start, train_entry
-from ..settings.config import Config, ConfigError, debug_requested, project_root, read_env_file, under_root
-from ..settings.packages import require_package
-from ..settings.topology import default_nproc
+from ...cluster.nccl_env import apply_nccl_env
+from ...cluster.network import wait_for_master
+from ...cluster.supervise import run_supervised
+from ...cluster.torchrun import check_before_start, train_entry
+from ...settings.config import Config, ConfigError, debug_requested, project_root, read_env_file, under_root
+from ...settings.packages import require_package
+from ...settings.topology import default_nproc
 
 HOSTFILE = Path("launch") / "devmachine" / "hostfile"
 # DeepSpeed's multi-node backends offered here, and the program each needs on node 0.
 BACKENDS = {"pdsh": "pdsh", "openmpi": "ompi_info"}
-LAUNCHER = "deepspeed"  # --launcher's name for DeepSpeed's own launcher program
 _LINE = re.compile(r"(\S+)\s+slots=(\d+)\s*")
 
 
 def add_arguments(p: ArgumentParser) -> None:
-    """The options of `launch devmachine` that choose and steer DeepSpeed's launcher."""
-    p.add_argument(
-        "--launcher",
-        choices=("torchrun", LAUNCHER),
-        default="torchrun",
-        help="torchrun (default), or DeepSpeed's own launcher `deepspeed` (hostfile, ssh/MPI)",
-    )
+    """The options of `launch devmachine` that steer DeepSpeed's launcher (--launcher is the platform's)."""
     p.add_argument(
         "--hostfile",
         metavar="FILE",

@@ -18,10 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-from ..settings.bounds import count, count_in, positive_float
-from ..settings.config import Config, ConfigError, project_root, read_env_file
-from ..settings.packages import require_package
-from .nccl_env import apply_nccl_env
+from ...cluster.nccl_env import apply_nccl_env
+from ...settings.bounds import count, count_in, positive_float
+from ...settings.config import Config, ConfigError, project_root, read_env_file
+from ...settings.packages import require_package
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -78,7 +78,7 @@ def train_worker(payload: dict) -> None:
     apply_nccl_env(values=payload["fabric_env"])  # a platform's own NCCL_* (TI-ONE's HCC machines) wins
     import ray.train
 
-    from ..training.train import run_training
+    from ...training.train import run_training
 
     ctx = ray.train.get_context()
     node = ray.get_runtime_context().get_node_id()[:12]

@@ -6,7 +6,7 @@ The world is a grid (DeepSpeed's PipeModelDataParallelTopology, axes pipe x data
 next to each other share a tensor-parallel group (keep it inside a node), then data, then pipeline
 stages. The layers are the family's (its descriptor's pipeline hook, e.g. models/gpt3/model.py
 pipeline_layers), split over the stages by counting blocks, each block sharded over its
-tensor-parallel group as it is built (strategies/tensor_parallel.py); a tied layer (gpt3's
+tensor-parallel group as it is built (strategies/deepspeed/tensor_parallel.py); a tied layer (gpt3's
 embedding) sits on the first stage and again on the last for the head (DeepSpeed all-reduces the
 copies' gradients). The engine runs all micro batches of a step itself (1F1B schedule), so
 train.py hands it the step's micro batches at once (consumes_batches). ZeRO stage 0 or 1 only:
@@ -26,12 +26,12 @@ from pathlib import Path
 import torch
 import torch.utils.checkpoint
 
-from ..checkpoints import universal_checkpoint
-from ..models.family import PipelineLayers, family
-from ..runtime.run_context import Run
-from ..settings.config import Config, ModelConfig
-from .common import clip_gradients, compiled, global_grad_norm, param_groups
-from .deepspeed import (
+from ...models.family import PipelineLayers, family
+from ...runtime.run_context import Run
+from ...settings.config import Config, ModelConfig
+from ..common import clip_gradients, compiled, global_grad_norm, param_groups
+from . import universal_checkpoint
+from .engine import (
     DeepSpeedStrategy,
     clipped_by_strategy,
     deepspeed_config,
@@ -134,7 +134,7 @@ class PipelineStrategy(DeepSpeedStrategy):
                 activation_checkpoint_func=functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False),
             )
         if cfg.run.fp8 != "off":
-            from .fp8 import to_float8
+            from ..fp8 import to_float8
 
             to_float8(module, run)  # this stage's layers
         # Saved in every checkpoint: what DeepSpeed's universal conversion must know of these layers.

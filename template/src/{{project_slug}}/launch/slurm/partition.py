@@ -27,7 +27,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-from ..settings.bounds import MAX_GPUS_PER_NODE, count_in, shown
+from ...settings.bounds import MAX_GPUS_PER_NODE, count_in, shown
 
 SINFO_FORMAT = "%P|%N|%c|%m|%G"
 # One GPU item of %G: gpu[:type]:count, followed by a socket list "(S:0-1)" or the next item.

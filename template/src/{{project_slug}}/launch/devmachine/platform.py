@@ -3,7 +3,7 @@
     <package> launch devmachine                                   # one node, all its GPUs
     <package> launch devmachine --nnodes 2 --node-rank 0 --master-addr 10.0.0.1   # on node 0
     <package> launch devmachine --nnodes 2 --node-rank 1 --master-addr 10.0.0.1   # on node 1
-    <package> launch devmachine --launcher deepspeed              # DeepSpeed's own launcher (deepspeed_launcher.py)
+    <package> launch devmachine --launcher deepspeed              # DeepSpeed's own launcher (strategies/deepspeed/launcher.py)
     <package> launch devmachine --action status                   # from another shell: step, loss, tok/s, alive?
     <package> launch devmachine --action logs [--rank 1] [--follow]   # a rank's own log file
     <package> launch devmachine --action cancel                   # SIGTERM: the ranks save, then stop
@@ -28,14 +28,16 @@ from argparse import ArgumentParser, Namespace
 from functools import partial
 from pathlib import Path
 
-from ..cluster.torchrun import run_torchrun, train_entry
-from ..runtime import process_identity
-from ..settings.bounds import count, count_in, host, node_count, non_negative_int, positive_float, tcp_port
-from ..settings.config import Config, ConfigError, under_root
-from ..settings.topology import Topology, default_nproc
-from . import deepspeed_launcher, job_history, jobs
-from .base import Platform, print_file
-from .jobs import Job
+from ...cluster.torchrun import run_torchrun, train_entry
+from ...runtime import process_identity
+from ...settings import optional_parts
+from ...settings.bounds import count, count_in, host, node_count, non_negative_int, positive_float, tcp_port
+from ...settings.config import Config, ConfigError, under_root
+from ...settings.optional_parts import DEEPSPEED_LAUNCHER
+from ...settings.topology import Topology, default_nproc
+from .. import job_history, jobs
+from ..base import Platform, print_file
+from ..jobs import Job
 
 
 def devmachine_topology(args: Namespace, cfg: Config) -> Topology:
@@ -89,7 +91,14 @@ class DevMachine(Platform):
         p.add_argument(
             "--rank", type=non_negative_int, default=0, help="logs: the local rank whose log to show (default 0)"
         )
-        deepspeed_launcher.add_arguments(p)  # --launcher torchrun|deepspeed, --hostfile, --ds-launcher, --no-ssh
+        p.add_argument(
+            "--launcher",
+            choices=("torchrun", DEEPSPEED_LAUNCHER),
+            default="torchrun",
+            help="torchrun (default), or DeepSpeed's own launcher `deepspeed` (hostfile, ssh/MPI)",
+        )
+        if deepspeed_launcher := optional_parts.deepspeed_if_present("launcher"):
+            deepspeed_launcher.add_arguments(p)  # --hostfile, --ds-launcher, --no-ssh
 
     def dry_run(self) -> int:
         return self._start(dry_run=True)
@@ -101,11 +110,14 @@ class DevMachine(Platform):
         args, cfg = self.args, self.cfg
         if args.debug:
             os.environ["TRAIN_DEBUG"] = "1"
-        if args.launcher == deepspeed_launcher.LAUNCHER:
+        deepspeed_launcher = optional_parts.deepspeed_if_present("launcher")
+        if args.launcher == DEEPSPEED_LAUNCHER:
+            deepspeed_launcher = optional_parts.deepspeed("launcher", "--launcher deepspeed", key=None)
             plan = deepspeed_launcher.plan_launch(args, cfg)
             on_start = partial(self._record, f"deepspeed launcher, {plan.describe()}")
             return deepspeed_launcher.launch(plan, args, cfg, self.package, dry_run, on_start=on_start)
-        deepspeed_launcher.refuse_deepspeed_options(args)
+        if deepspeed_launcher:
+            deepspeed_launcher.refuse_deepspeed_options(args)
         topo = devmachine_topology(args, cfg)
         return run_torchrun(
             topo,
@@ -159,7 +171,7 @@ class DevMachine(Platform):
         return pid is not None and self._verdict(job, pid).running is True
 
     def status(self, job: Job) -> int:
-        from ..cluster.local_ranks import descends_from, find_ranks
+        from ...cluster.local_ranks import descends_from, find_ranks
 
         output_dir = job_history.run_folder(job, under_root(self.cfg.run.output_dir))
         print(job.describe())

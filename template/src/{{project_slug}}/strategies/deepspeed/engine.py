@@ -36,15 +36,16 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoints import checkpoint, checkpoint_files, universal_checkpoint
-from ..runtime import faults
-from ..runtime.distributed import barrier, gather_objects, print0, share_from_main
-from ..runtime.run_context import Run
-from ..runtime.unrecoverable import raise_on_every_rank
-from ..settings.config import Config, ConfigError
-from ..settings.packages import require_package
-from ..settings.precision import HYSTERESIS, INITIAL_SCALE_POWER, MIN_LOSS_SCALE, SCALE_WINDOW, fp16_zero0_refusal
-from .common import clip_gradients, compiled, param_groups, skip_step
+from ...checkpoints import checkpoint, checkpoint_files
+from ...runtime import faults
+from ...runtime.distributed import barrier, gather_objects, print0, share_from_main
+from ...runtime.run_context import Run
+from ...runtime.unrecoverable import raise_on_every_rank
+from ...settings.config import Config, ConfigError
+from ...settings.packages import require_package
+from ...settings.precision import HYSTERESIS, INITIAL_SCALE_POWER, MIN_LOSS_SCALE, SCALE_WINDOW, fp16_zero0_refusal
+from ..common import clip_gradients, compiled, param_groups, skip_step
+from . import universal_checkpoint
 
 STAGING = ".staging"  # where a save is written before it is renamed into place
 

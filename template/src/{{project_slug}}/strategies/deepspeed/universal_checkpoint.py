@@ -31,10 +31,10 @@ import os
 import shutil
 from pathlib import Path
 
-from ..runtime.distributed import barrier, print0, share_from_main
-from ..runtime.unrecoverable import raise_on_every_rank
-from ..settings.stored_files import warn
-from . import checkpoint_files
+from ...checkpoints import checkpoint_files
+from ...runtime.distributed import barrier, print0, share_from_main
+from ...runtime.unrecoverable import raise_on_every_rank
+from ...settings.stored_files import warn
 
 FOLDER = "universal"  # under checkpoints/
 LOG = "conversion.log"  # DeepSpeed's progress lines, kept beside the conversion
@@ -178,7 +178,7 @@ def pipeline_layout_info(pipeline) -> dict:
         # last stage's unused `wpe` drifts under weight decay. The first stage's copy is the model's,
         # and without this the conversion keeps whichever stage it reads last.
         constants.PIPELINE_REPLICATED_PARAMETER_PATTERNS: [r"tied_modules\."],
-        # Tensor parallelism (strategies/tensor_parallel.py): the conversion joins each weight's shards
+        # Tensor parallelism (strategies/deepspeed/tensor_parallel.py): the conversion joins each weight's shards
         # and the load splits them again for the new degree. Whole on every tensor rank: embeddings,
         # layer norms, the final norm (the last layer's index), the row-parallel layers' biases.
         # Split by input features (row parallel): proj and fc2. Everything else (qkv, fc) by output

@@ -1,4 +1,4 @@
-"""Masked-LM batches for model.arch=bert, read from the packed shards prepare-data writes.
+"""Masked-LM batches for model.arch=bert (its descriptor's `batches`), read from the packed shards prepare-data writes.
 
     data = MaskedTokenData.open(cfg, Path(cfg.data.dir), "train")
     input_ids, labels = data.batch(first=0, count=8)     # LongTensors (8, model.sequence_len)
@@ -28,11 +28,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..models.bert.model import predictions_per_sequence
-from ..models.family import Family, family
-from ..models.sample_dropout import _MASK, _mix
-from ..settings.config import Config, ConfigError
-from .tokens import BERT_SPECIALS, TokenData, load_tokenizer, open_shards, read_meta
+from ...data.tokens import BERT_SPECIALS, load_tokenizer, open_shards, read_meta
+from ...settings.config import Config, ConfigError
+from ..sample_dropout import _MASK, _mix
+from .model import predictions_per_sequence
 
 _SPLIT_CODE = {"train": 0, "val": 1}
 _VAL_SEED = 0  # validation masks are the same for every run.seed
@@ -145,14 +144,7 @@ def _position_keys(sequence_len: int) -> torch.Tensor:
     return _mix(torch.arange(sequence_len, dtype=torch.int64))
 
 
-def open_split(cfg, data_dir: Path, split: str, fam: Family | None = None):
-    """Inputs and targets of one split: for a masked family, inputs with [MASK] and labels -100 where
-    nothing is predicted; for a causal one, next-token pairs. fam: the run's family (Run.family), else
-    cfg's is looked up."""
-    if not (fam or family(cfg.model.arch)).causal:
-        return MaskedTokenData.open(cfg, data_dir, split)
-    if cfg.data.rows == "documents" and split == "train":
-        from .document_rows import DocumentRows
-
-        return DocumentRows.open(data_dir, split, cfg.model.sequence_len)
-    return TokenData.open(data_dir, split, cfg.model.sequence_len)
+def open_batches(cfg, data_dir: Path, split: str):
+    """The family's batches of a split (its descriptor's `batches`): inputs with [MASK], labels -100
+    where nothing is predicted."""
+    return MaskedTokenData.open(cfg, data_dir, split)
