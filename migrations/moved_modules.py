@@ -4,7 +4,7 @@
 writes at that path, edited or not: the user's edit would be lost without a word. Run on every
 update (copier runs it whatever the two commits are, tagged or not), in the project's root:
 
-    python migrations/moved_modules.py save TEMPLATE_CLONE OLD_REF    (before the update)
+    python migrations/moved_modules.py save TEMPLATE_CLONE OLD_REF [NEW_ANSWERS_JSON]   (before the update)
         the files the template wrote at OLD_REF that its clone at the new commit no longer writes
         and that the project still holds: where one differs from what OLD_REF wrote (the user
         edited it), both versions are kept in the project's git folder, and the user's file is set
@@ -56,8 +56,8 @@ MOVED = {
     "project.py": "+settings/config.py",
     "env_files.py": "+settings/config.py",
     "data.py": "data/tokens.py",
-    "mlm_data.py": "data/masked.py",
-    "splits.py": "+data/masked.py",
+    "mlm_data.py": "models/bert/data.py",
+    "splits.py": "+models/bert/data.py",
     "documents.py": "data/documents.py",
     "encode_parts.py": "data/encode_parts.py",
     "encode_workers.py": "data/encode_workers.py",
@@ -95,7 +95,7 @@ MOVED = {
     "supervise.py": "cluster/supervise.py",
     "node.py": "cluster/node.py",
     "nccl_env.py": "cluster/nccl_env.py",
-    "ray_train.py": "cluster/ray_train.py",
+    "ray_train.py": "launch/tione/ray_train.py",
     "doctor.py": "diagnostics/doctor.py",
     "allreduce_bench.py": "diagnostics/allreduce_bench.py",
     "nccl_log.py": "diagnostics/nccl_log.py",
@@ -110,11 +110,11 @@ MOVED = {
     "image_plan.py": "image/plan.py",
     # the flat launch modules became the launch/ package (rewritten, so merged rather than moved)
     "launch.py": "+launch/__init__.py",
-    "launch_slurm.py": "+launch/slurm.py",
+    "launch_slurm.py": "+launch/slurm/platform.py",
     "launch_tione.py": "+launch/tione/platform.py",
     "launch_kubeflow.py": "launch/kubeflow/platform.py",
     "launch_kubeflow_restarts.py": "launch/kubeflow/restarts.py",
-    "launch_deepspeed.py": "launch/deepspeed_launcher.py",
+    "launch_deepspeed.py": "strategies/deepspeed/launcher.py",
     # 0.5.0: a folder per model family, checkpoints in one folder, a folder per launch platform
     "models/gpt.py": "models/gpt/model.py",
     "models/gpt_family.py": "models/gpt/descriptor.py",
@@ -127,14 +127,25 @@ MOVED = {
     "models/bert_family.py": "models/bert/descriptor.py",
     "runtime/checkpoint.py": "checkpoints/checkpoint.py",
     "runtime/checkpoint_files.py": "checkpoints/checkpoint_files.py",
-    "strategies/universal_checkpoint.py": "checkpoints/universal_checkpoint.py",
-    "launch/deepspeed.py": "launch/deepspeed_launcher.py",
+    "strategies/universal_checkpoint.py": "strategies/deepspeed/universal_checkpoint.py",
+    "launch/deepspeed.py": "strategies/deepspeed/launcher.py",
     "launch/kubeflow.py": "launch/kubeflow/platform.py",
     "launch/kubeflow_cluster.py": "launch/kubeflow/kubernetes_api.py",
     "launch/kubeflow_restarts.py": "launch/kubeflow/restarts.py",
     "launch/tione.py": "launch/tione/platform.py",
     "launch/tione_console.py": "launch/tione/console.py",
     "launch/tione_request.py": "launch/tione/request.py",
+    # The optional parts each in its folder, written only where the project was made with them.
+    "strategies/deepspeed.py": "strategies/deepspeed/engine.py",
+    "strategies/pipeline.py": "strategies/deepspeed/pipeline.py",
+    "strategies/tensor_parallel.py": "strategies/deepspeed/tensor_parallel.py",
+    "checkpoints/universal_checkpoint.py": "strategies/deepspeed/universal_checkpoint.py",
+    "launch/deepspeed_launcher.py": "strategies/deepspeed/launcher.py",
+    "data/masked.py": "models/bert/data.py",
+    "launch/slurm.py": "launch/slurm/platform.py",
+    "planning/slurm_partition.py": "launch/slurm/partition.py",
+    "launch/devmachine.py": "launch/devmachine/platform.py",
+    "cluster/ray_train.py": "launch/tione/ray_train.py",
 }
 # The same for files outside the package, by their path in the project.
 MOVED_IN_PROJECT = {
@@ -203,6 +214,17 @@ def written_paths(clone: str, ref: str, answers: dict) -> set[str]:
     return paths
 
 
+def rendered_paths(template_clone: str, answers: dict) -> set[str]:
+    """The project paths the new commit writes with the update's answers, rendered by copier: its file
+    names and its `_exclude` (a project holds only the family, strategy and platforms it was made with)."""
+    with tempfile.TemporaryDirectory(prefix="new-render-") as new_render:
+        try:
+            render_at("HEAD", {**answers, "_src_path": template_clone}, Path(new_render))
+        except Exception as error:  # copier's own errors have no common base; nothing is changed yet
+            raise SystemExit(f"migration: cannot render the new template to find what it drops: {error}") from None
+        return {p.relative_to(new_render).as_posix() for p in Path(new_render).rglob("*") if p.is_file()}
+
+
 def render_at(ref: str, answers: dict, into: Path) -> None:
     """The project as the template at REF wrote it, as copier renders the old side of an update."""
     from copier import run_copy  # the copier running this update
@@ -220,15 +242,30 @@ def render_at(ref: str, answers: dict, into: Path) -> None:
     )
 
 
-def save(template_clone: str, old_ref: str) -> None:
+def part_folder(path: str) -> str | None:
+    """The optional part a path of the package belongs to (src/<package>/models/bert, .../launch/slurm,
+    .../strategies/deepspeed), None for any other path."""
+    parts = path.split("/")
+    if len(parts) > 4 and parts[0] == "src" and parts[2] in ("models", "launch", "strategies"):
+        return "/".join(parts[:4])
+    return None
+
+
+def save(template_clone: str, old_ref: str, new_answers: str = "{}") -> None:
     kept = kept_folder()
     stamp = kept / "old_ref"
     if not (stamp.is_file() and stamp.read_text() == old_ref):  # left by an update that did not finish
         shutil.rmtree(kept, ignore_errors=True)
     answers = load_answers()
-    dropped = written_paths(template_clone, old_ref, answers) - written_paths(template_clone, "HEAD", answers)
-    candidates = sorted(path for path in dropped if Path(path).is_file() and Path(path) != ANSWERS)
-    if not candidates:
+    new = {**answers, **{k: v for k, v in json.loads(new_answers).items() if not k.startswith("_")}}
+    old_paths = {path for path in written_paths(template_clone, old_ref, answers) if Path(path).is_file()}
+    new_rendered = rendered_paths(template_clone, new)
+    named = written_paths(template_clone, "HEAD", new)
+    # A file whose path the new commit still names but no longer writes for these answers (a part the
+    # project is not made with, left out by _exclude): copier leaves it alone, so restore removes it.
+    unused = sorted(path for path in old_paths & named - new_rendered if part_folder(path))
+    candidates = sorted(path for path in old_paths - named if Path(path) != ANSWERS)
+    if not candidates and not unused:
         return
     kept.mkdir(parents=True, exist_ok=True)
     stamp.write_text(old_ref)
@@ -239,6 +276,13 @@ def save(template_clone: str, old_ref: str) -> None:
         except Exception as error:  # copier's own errors have no common base; nothing is changed yet
             why = f"migration: cannot render the template at {old_ref} to find your edits: {error}"
             raise SystemExit(why) from None
+        edited = {path for path in unused if Path(old_render, path).read_bytes() != Path(path).read_bytes()}
+        folders = {}
+        for path in unused:
+            folders.setdefault(part_folder(path), []).append(path)
+        (kept / "unused.json").write_text(
+            json.dumps({folder: {"files": files, "edited": sorted(edited & set(files))} for folder, files in folders.items()})
+        )
         for path in candidates:
             written = Path(old_render, path)
             if not written.is_file():
@@ -266,10 +310,35 @@ def write_diff(folder: Path, path: str, patch: Path) -> None:
     patch.write_text("".join(difflib.unified_diff(lines("base"), lines("yours"), path, path)))
 
 
+def remove_unused_parts(kept: Path) -> None:
+    """The folders of the parts the project is no longer made with: removed where the user edited
+    none of their files, kept and named otherwise."""
+    listed = kept / "unused.json"
+    if not listed.is_file():
+        return
+    for folder, found in json.loads(listed.read_text()).items():
+        if found["edited"]:
+            edited = ", ".join(Path(path).name for path in found["edited"])
+            print(f"kept {folder}/: the project is no longer made with it, and you edited {edited}; delete the "
+                  "folder when you are done with it (`copier update --data ...` brings the part back)")  # fmt: skip
+            continue
+        for path in found["files"]:
+            Path(path).unlink(missing_ok=True)
+        for cache in sorted(Path(folder).rglob("__pycache__"), reverse=True) if Path(folder).is_dir() else []:
+            shutil.rmtree(cache, ignore_errors=True)
+        for child in sorted((p for p in Path(folder).rglob("*") if p.is_dir()), reverse=True) if Path(folder).is_dir() else []:
+            if not any(child.iterdir()):
+                child.rmdir()
+        if Path(folder).is_dir() and not any(Path(folder).iterdir()):
+            Path(folder).rmdir()
+            print(f"removed {folder}/: the project is not made with it")
+
+
 def restore() -> int:
     kept = kept_folder()
     if not kept.is_dir():
         return 0
+    remove_unused_parts(kept)
     package = f"src/{load_answers().get('project_slug', '')}"
     clashes = []
     for folder in sorted(p for p in kept.iterdir() if p.is_dir()):
@@ -307,8 +376,8 @@ def restore() -> int:
 
 def main(argv: list[str]) -> int:
     try:
-        if argv[:1] == ["save"] and len(argv) == 3:
-            save(argv[1], argv[2])
+        if argv[:1] == ["save"] and len(argv) in (3, 4):
+            save(*argv[1:])
             return 0
         if argv == ["restore"]:
             return restore()

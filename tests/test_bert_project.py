@@ -15,6 +15,7 @@ import sys
 import tomllib
 import yaml
 from conftest import render, run, run_project_suite, slug_of
+from test_generated_project import DEEPSPEED_FILES, part_tests
 
 
 def bert_project(tmp_path, name, **answers):
@@ -36,9 +37,11 @@ def test_bert_deepspeed_zero3_project_own_tests_pass(tmp_path):
     project, train = bert_project(tmp_path, "zero3", strategy="deepspeed", zero_stage=3)
     assert train["model"]["arch"] == "bert" and train["model"]["size"] == "tiny" and train["model"]["pretrained"] == ""
     assert train["run"]["strategy"] == "deepspeed" and train["deepspeed"]["zero_stage"] == 3
-    bert_tests = f"src/{slug_of(project)}/models/bert/tests"
-    log = run_project_suite(project, bert_tests, name="bert-zero3-project")
-    assert "26 passed" in log.splitlines()[-1], log[-2000:]  # every test of the family's three files ran
+    log = run_project_suite(project, *part_tests(*DEEPSPEED_FILES), name="bert-zero3-project")
+    bert_tests = f"src/{slug_of(project)}/models/bert/tests/"
+    passed = [line for line in log.splitlines() if line.startswith(bert_tests) and " PASSED" in line]
+    assert len(passed) == 26, log[-2000:]  # every test of the family's three files ran
+    assert "test_plan.py::test_bert_count_and_flops_match_transformers" in log
 
 
 def test_bert_ddp_project_is_a_ddp_project_that_checks(tmp_path):
@@ -54,10 +57,11 @@ def test_bert_ddp_project_is_a_ddp_project_that_checks(tmp_path):
 
 
 def test_gpt_project_has_no_bert_parts(default_project):
-    """transformers is an extra, and the suite collects the gpt family's tests, not bert's or gpt3's."""
+    """Neither bert's dependency nor its folder, and the suite collects no test of bert or gpt3."""
     deps = tomllib.loads((default_project / "pyproject.toml").read_text())["project"]
     assert not any(d.startswith("transformers") for d in deps["dependencies"])
-    assert deps["optional-dependencies"]["bert"] == ["transformers>=4.46"]
+    assert "bert" not in deps["optional-dependencies"] and "deepspeed" not in deps["optional-dependencies"]
+    assert not (default_project / "src" / slug_of(default_project) / "models" / "bert").exists()
     collected = run([sys.executable, "-m", "pytest", "--collect-only", "-q", "src"], cwd=default_project)
     assert collected.returncode in (0, 5), collected.stdout + collected.stderr  # 5: nothing collected
     assert "models/bert/tests" not in collected.stdout and "models/gpt3/tests" not in collected.stdout

@@ -1,9 +1,10 @@
 """A generated project installs, exposes its console script, and passes its own test suite.
 
 The project's suite is run once per distinct project shape: in full for the default (gpt, DDP; in two
-halves, see below), and in the other shapes the files that only they render (test_deepspeed.py,
-test_host_syncs_deepspeed.py, the gpt3 family's own tests; bert's in test_bert_project.py). Each run's progress is
-in build/test-logs/<name>.log.
+halves, see below), and in the other shapes the tests of the parts only they hold (`-m part`: the
+tests marked with a family, DeepSpeed or a platform, collected where the project holds it; bert's in
+test_bert_project.py, Slurm's in test_slurm.py, Kubeflow's in test_kubeflow.py). Each run's progress
+is in build/test-logs/<name>.log.
 """
 
 from __future__ import annotations
@@ -11,6 +12,21 @@ from __future__ import annotations
 import pytest
 import yaml
 from conftest import BIN, render, run, run_project_suite, slug_of
+
+
+# Part tests another run already covers: the dev machine's (the default project's) and, outside the
+# DeepSpeed project, DeepSpeed's own files.
+DEVMACHINE_FILES = ["--ignore=tests/test_launch.py", "--ignore=tests/test_devmachine_script.py"]
+DEEPSPEED_FILES = [
+    "--ignore=tests/test_deepspeed.py",
+    "--ignore=tests/test_host_syncs_deepspeed.py",
+    "--ignore=tests/test_deepspeed_launcher.py",
+]
+
+
+def part_tests(*ignored: str) -> list[str]:
+    """The arguments that run a project's tests of its optional parts (conftest.py's `part` marker)."""
+    return ["-m", "part", "tests", "src", *DEVMACHINE_FILES, *ignored]
 
 
 @pytest.mark.quick
@@ -86,9 +102,8 @@ def test_deepspeed_project_own_tests_pass(tmp_path):
         output_dir=str(tmp_path / "runs"),
     )
     assert yaml.safe_load((project / "config/train.yaml").read_text())["run"]["strategy"] == "deepspeed"
-    run_project_suite(
-        project, "tests/test_deepspeed.py", "tests/test_host_syncs_deepspeed.py", name="deepspeed-project"
-    )
+    log = run_project_suite(project, *part_tests(), name="deepspeed-project")
+    assert "test_deepspeed.py::" in log and "test_data_safety.py::test_a_run_refuses_data_prepared_again[deepspeed]" in log
 
 
 def test_gpt3_project_layouts_match_one_process(tmp_path):
@@ -105,4 +120,5 @@ def test_gpt3_project_layouts_match_one_process(tmp_path):
     )
     train_yaml = yaml.safe_load((project / "config/train.yaml").read_text())
     assert train_yaml["model"]["arch"] == "gpt3" and train_yaml["run"]["strategy"] == "deepspeed"
-    run_project_suite(project, f"src/{slug_of(project)}/models/gpt3/tests", name="gpt3-project")
+    log = run_project_suite(project, *part_tests(*DEEPSPEED_FILES), name="gpt3-project")
+    assert "models/gpt3/tests/test_gpt3.py::" in log and "test_plan.py::test_refused_layouts" in log

@@ -18,6 +18,7 @@ import sys
 import pytest
 import yaml
 from conftest import BIN, free_port, render, run, run_project_suite
+from test_generated_project import part_tests
 from k8s_schemas import core_errors, pod_template, to_json_schema, validation_errors
 
 PLATFORMS = "[devmachine, kubeflow]"
@@ -626,10 +627,11 @@ def test_missing_kubernetes_package_names_the_install(solo):
 
 
 def test_generated_project_own_kubeflow_tests_pass(solo):
-    # With the check of its damaged launch files (test_bad_files.py's, ids naming the platform).
-    suite = ["tests/test_launch_kubeflow.py", "tests/test_bad_files.py", "-k", "kubeflow"]
-    log = run_project_suite(solo.path, *suite, name="kubeflow-project", timeout=600)
+    # Its platform folder's tests: the manifests, its damaged launch files, the pods' variables read
+    # (and a real two-node job started from them), the variables' bad values.
+    log = run_project_suite(solo.path, *part_tests(), name="kubeflow-project", timeout=900)
     assert "test_a_damaged_launch_file_is_one_line_from_its_dry_run" in log and " SKIPPED" not in log
+    assert "test_kubeflow_pytorchjob_worker_starts_first PASSED" in log and "[kubeflow master] PASSED" in log
 
 
 # --- MPIJob (MPI Operator v2, DeepSpeed's own launcher) --------------------------------------------

@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import BIN, TEMPLATE, copy_demo_corpus, render, run, slug_of
+from conftest import BIN, TEMPLATE, copy_demo_corpus, render, run, run_project_suite, slug_of
+from test_generated_project import part_tests
 
 SLURM_SH = TEMPLATE / "tests" / "infra" / "slurm.sh"
 SLURM_DIR = Path(os.environ.get("SLURM_TEST_DIR", "/tmp/dtt-slurm"))
@@ -111,6 +112,13 @@ def slurm_project(tmp_path_factory) -> Path:
         data_dir=str(root / "data"),
         output_dir=str(root / "runs"),
     )
+
+
+def test_slurm_project_own_slurm_tests_pass(slurm_cluster, slurm_project):
+    """The project's Slurm tests (its platform folder's: node lists through the real scontrol, sinfo and
+    partition verdicts, its damaged launch files) pass in a project made with Slurm."""
+    log = run_project_suite(slurm_project, *part_tests(), name="slurm-project", timeout=900)
+    assert "test_partition_verdicts_name_the_change" in log and "test_a_platform_module_that_cannot_be_loaded" in log
 
 
 ANSWER_SETS = {

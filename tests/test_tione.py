@@ -38,7 +38,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BIN, LOGIN_PATH, TEMPLATE, copy_demo_corpus, free_port, render, run, slug_of
+from conftest import BIN, LOGIN_PATH, TEMPLATE, copy_demo_corpus, free_port, render, run, run_project_suite, slug_of
+from test_generated_project import part_tests
 
 TRAIN = [
     "model.size=tiny",
@@ -179,6 +180,16 @@ def test_one_start_script_per_mode_and_launch_console_prints_the_readme_settings
     inside = sh(cli, {**env, "HEAD_ADDR": "head-0", "HEAD_PORT": "6379"}, cwd=project)
     assert inside.returncode == 1 and f"bash {project}/launch/tione/{MODES[mode]}" in inside.stderr, inside.stderr
     assert "Traceback" not in inside.stderr and len(inside.stderr.strip().splitlines()) == 1, inside.stderr
+
+
+def test_tione_project_own_platform_tests_pass(tmp_path, data_dir):
+    """The project's TI-ONE tests (its platform folder's): every mode's variables read into one
+    topology (and real two-node DDP and PS-Worker jobs started from them), their bad values, its
+    damaged task.yaml."""
+    project = render_mode(tmp_path, data_dir, "ddp", 2, 1)
+    log = run_project_suite(project, *part_tests(), name="tione-project", timeout=900)
+    assert "test_tione_ddp_counts_nodes_not_processes PASSED" in log and "[tione ps chief] PASSED" in log
+    assert "test_a_damaged_launch_file_is_one_line_from_its_dry_run[" in log
 
 
 def test_mpi_role_follows_index_then_the_first_host(tmp_path):

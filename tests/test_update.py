@@ -409,7 +409,7 @@ def test_update_across_the_package_regrouping_keeps_user_edits(tmp_path):
         "planning/estimates.py",
         "settings/gpus.py",
         "evaluation/trained_model.py",
-        "strategies/tensor_parallel.py",
+        "strategies/deepspeed/tensor_parallel.py",
     ):
         assert (package / new).is_file(), f"{new} missing after the update"
     assert "deepspeed" not in (package / "models/gpt3/model.py").read_text()
@@ -811,3 +811,61 @@ def test_every_file_the_history_moved_or_removed_is_known_to_the_migration():
         else:
             assert project_path(home.lstrip("+")) in written_now, f"{old}'s home {home} is not in template/"
     assert not unknown, f"add these to MOVED or MOVED_IN_PROJECT in migrations/moved_modules.py: {sorted(unknown)}"
+
+
+# The last commit whose projects held every family, platform and DeepSpeed whatever was chosen.
+BEFORE_CHOSEN_PARTS = "28135dc"
+
+
+def test_update_to_a_project_of_its_chosen_parts_keeps_edits_and_adds_deepspeed_on_request(tmp_path):
+    """A default project (gpt, DDP, dev machine) made when every project held every part: `copier update`
+    removes the folders of the parts it was not made with, keeps an edit to one of them as a diff named
+    in a line, and `check` refuses DeepSpeed in one line naming the update; `copier update --data
+    strategy=deepspeed` brings DeepSpeed's folder and tests, and the check passes."""
+    tpl = template_at(BEFORE_CHOSEN_PARTS, tmp_path / "template")
+    commit_all(tpl, "template with every part")
+    project = generate(tmp_path, tpl, platforms="[devmachine]")
+    package = project / "src" / SLUG
+    assert (package / "models/bert").is_dir() and (package / "strategies/deepspeed.py").is_file()
+    edit(package / "models/bert/model.py", "def import_transformers():", "USER_BERT = 1\n\n\ndef import_transformers():")
+    edit(package / "settings/topology.py", "DEFAULT_PORT = 29500\n", "DEFAULT_PORT = 29500\nUSER_MARK = 'kept'\n")
+    commit_all(project, "user edits")
+    release_today(tpl, "a project holds what was chosen", tag=None)
+
+    update = copier(project, "update", "--defaults", "--trust", "--conflict", "inline")
+    assert update.returncode == 0, update.stdout + update.stderr
+    for gone in ("models/gpt3", "strategies/deepspeed", "launch/kubeflow", "launch/tione", "launch/slurm"):
+        assert not (package / gone).exists(), f"{gone} is still in the project after the update"
+    for gone in ("strategies/deepspeed.py", "launch/deepspeed_launcher.py", "cluster/ray_train.py", "data/masked.py"):
+        assert not (package / gone).exists(), f"{gone} is still in the project after the update"
+    said = update.stdout + update.stderr
+    assert f"kept src/{SLUG}/models/bert/: the project is no longer made with it, and you edited model.py" in said
+    assert "USER_BERT = 1" in (package / "models/bert/model.py").read_text()  # the edited part stays whole
+    assert (package / "models/bert/descriptor.py").is_file()
+    assert f"removed src/{SLUG}/models/gpt3/" in said and f"removed src/{SLUG}/launch/kubeflow/" in said
+    assert "USER_MARK = 'kept'" in (package / "settings/topology.py").read_text()
+    assert (package / "launch/devmachine/platform.py").is_file() and not list(project.rglob("*.rej"))
+    assert check(project).returncode == 0
+    refused = check_with(project, "run.strategy=deepspeed")
+    assert refused.returncode == 1 and "`copier update --data strategy=deepspeed`" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
+    shutil.rmtree(package / "models/bert")  # the user is done with it
+    commit_all(project, "update to the chosen parts")
+
+    add = copier(project, "update", "--defaults", "--trust", "--conflict", "inline", "--data", "strategy=deepspeed")
+    assert add.returncode == 0, add.stdout + add.stderr
+    assert (package / "strategies/deepspeed/engine.py").is_file() and (project / "tests/test_deepspeed.py").is_file()
+    assert yaml.safe_load((project / "config/train.yaml").read_text())["run"]["strategy"] == "deepspeed"
+    assert check(project).returncode == 0
+    collected = run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "part", "-p", "no:cacheprovider"],
+        cwd=project,
+        env={"PYTHONPATH": str(project / "src")},
+    )
+    assert "tests/test_deepspeed.py::" in collected.stdout, collected.stdout[-2000:]
+
+
+def check_with(project: Path, *overrides: str):
+    return run(
+        [sys.executable, "-m", SLUG, "check", *overrides], cwd=project, env={"PYTHONPATH": str(project / "src")}
+    )

@@ -66,7 +66,7 @@ def job(platform: str, job_id: str) -> bytes:
     return json.dumps({"platform": platform, "id": job_id, "name": "kept", "extra": {}}).encode()
 
 
-@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("platform", [pytest.param(name, marks=pytest.mark.part(name)) for name in PLATFORMS])
 @pytest.mark.parametrize("damage", DAMAGED)
 def test_a_damaged_job_record_is_skipped_with_a_warning(tmp_path, platform, damage):
     records = tmp_path / ".jobs" / f"{platform}.jsonl"
@@ -297,7 +297,7 @@ YAML_DAMAGE = {
 
 if LAUNCH_FILES:  # a project with Kubeflow or TI-ONE launch files (the default has neither)
 
-    @pytest.mark.parametrize("platform", LAUNCH_FILES)
+    @pytest.mark.parametrize("platform", [pytest.param(name, marks=pytest.mark.part(name)) for name in LAUNCH_FILES])
     @pytest.mark.parametrize("damage", YAML_DAMAGE)
     def test_a_damaged_launch_file_is_one_line_from_its_dry_run(tmp_path, platform, damage):
         content, words = YAML_DAMAGE[damage]
@@ -439,29 +439,33 @@ def test_a_family_whose_model_cannot_be_built_is_one_line_from_train(
 
 
 @pytest.mark.parametrize(
-    "module, damage, words",
+    "platform, damage, words",
     [
-        ("slurm.py", "\ndef broken(:\n", "SyntaxError: invalid syntax"),
-        (
-            "devmachine.py",
+        pytest.param("slurm", "\ndef broken(:\n", "SyntaxError: invalid syntax", marks=pytest.mark.part("slurm")),
+        pytest.param(
+            "devmachine",
             "\nimport a_module_nobody_has\n",
             "ModuleNotFoundError: No module named 'a_module_nobody_has'",
+            marks=pytest.mark.part("devmachine"),
         ),
     ],
 )
-def test_a_platform_module_that_cannot_be_loaded_stops_only_its_own_launch(tmp_path, module, damage, words):
-    """launch/<platform>.py as an edit left it: `launch <platform>` says so in one line naming the file
-    and the line; the other platforms' launches, and every other command, go on."""
+def test_a_platform_module_that_cannot_be_loaded_stops_only_its_own_launch(tmp_path, platform, damage, words):
+    """launch/<platform>/platform.py as an edit left it: `launch <platform>` says so in one line naming
+    the file and the line; the other platforms' launches, and every other command, go on."""
     project_with_family(tmp_path, DESCRIPTOR)  # a copy of the project (its families intact)
-    path = tmp_path / "src" / PACKAGE / "launch" / module
+    folder = tmp_path / "src" / PACKAGE / "launch" / platform
+    path = folder / "platform.py"
     path.write_text(path.read_text() + damage)
     line = path.read_text().count("\n")
     before = tree_hashes(tmp_path)
-    name = path.stem
+    name = platform
     proc = run_copy(tmp_path, "launch", name, "--dry-run")
     lines = stderr_lines(proc)
     assert proc.returncode == 1 and len(lines) == 1, proc.stdout + proc.stderr
-    assert lines[0] == f"error: {path} cannot be loaded: line {line}: {words}; fix it", lines[0]
+    assert lines[0] == f"error: {folder / '__init__.py'} cannot be loaded: {path}, line {line}: {words}; fix it", lines[
+        0
+    ]
     other = "slurm" if name == "devmachine" else "devmachine"
     proc = run_copy(tmp_path, "launch", other, "--dry-run")  # runs, or says the project has no launch files for it
     assert proc.returncode in (0, 1) and "cannot be loaded" not in proc.stdout + proc.stderr, proc.stderr

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import subprocess_env
+from conftest import by_platform, subprocess_env
 
 # --- config values: bounds.py, checked by cli.py before any command computes with them ----------
 CONFIG = {
@@ -181,14 +181,25 @@ def test_config_value_out_of_range(cli, name):
     assert_one_line(cli(*args, expect=1, timeout=120), words)
 
 
-@pytest.mark.parametrize("name", OPTIONS)
+def command_parts(argv: list[str]) -> list[str]:
+    """The platform a command belongs to: `launch <platform>`, TI-ONE's `ray-train`."""
+    return argv[1:2] if argv[0] == "launch" else ["tione"] if argv[0] == "ray-train" else []
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=[pytest.mark.part(*p)] if (p := command_parts(OPTIONS[name][0])) else [])
+        for name in OPTIONS
+    ],
+)
 def test_command_line_number_out_of_range(cli, name):
     args, words = OPTIONS[name]
     line = assert_one_line(cli(*args, expect=2, timeout=120), words)
     assert "--help" in line  # where the usage is, instead of printing it
 
 
-@pytest.mark.parametrize("name", VARIABLES)
+@pytest.mark.parametrize("name", by_platform(VARIABLES))
 def test_platform_variable_out_of_range(cli, name):
     variables, words = VARIABLES[name]
     proc = cli("node", "--dry-run", env=only(variables), expect=1, timeout=120)
@@ -196,6 +207,7 @@ def test_platform_variable_out_of_range(cli, name):
     assert "$ " not in proc.stdout
 
 
+@pytest.mark.part("tione")
 @pytest.mark.parametrize("variable, value", [("RAY_NUM_NODES", "0"), ("RAY_NUM_WORKERS", "x")])
 def test_ray_counts_from_the_environment(cli, variable, value):
     proc = cli("ray-train", "--dry-run", env={variable: value}, expect=1)

@@ -194,6 +194,7 @@ def test_compatibility_refusals_name_the_setting_and_the_way_out(pkg, cfg_with):
         ck.check_compatible(state, cfg_with("model.size=tiny", "batch.global_batch_size=32"), 4, "ckpt")
 
 
+@pytest.mark.part("gpt3", "deepspeed")
 def test_a_layout_the_strategy_re_splits_still_needs_reshard_and_the_same_model(pkg, cfg_with):
     """Other tensor and pipeline degrees: part of the fingerprint, unless the strategy re-splits the
     checkpoint (DeepSpeed's universal format); then checkpoint.reshard=true, as for another world."""

@@ -67,11 +67,13 @@ def _inputs(pkg, family):
 # (family, attention dropout): 0 keeps SDPA's fused kernel, 0.1 materialises the keyed probabilities;
 # the gpt has no attention dropout.
 CASES = [
-    (family, p) for family in sorted(FAMILIES) for p in ((0.0,) if family in ("gpt", "gpt+pieces") else (0.0, 0.1))
+    pytest.param(family, p, id=f"{family}-attention{p}", marks=[pytest.mark.part(family)] if family == "gpt3" else [])
+    for family in sorted(FAMILIES)
+    for p in ((0.0,) if family in ("gpt", "gpt+pieces") else (0.0, 0.1))
 ]
 
 
-@pytest.mark.parametrize("family, attention_dropout", CASES, ids=[f"{f}-attention{p}" for f, p in CASES])
+@pytest.mark.parametrize("family, attention_dropout", CASES)
 def test_forward_and_loss_are_one_graph_with_dropout_on(pkg, family, attention_dropout):
     torch.manual_seed(0)
     assert_one_graph(pkg, FAMILIES[family](pkg, attention_dropout).train(), _inputs(pkg, family))
@@ -143,6 +145,7 @@ def test_compiled_dropout_inside_a_model_matches_eager(pkg):
     torch._dynamo.reset()
 
 
+@pytest.mark.part("gpt3", "deepspeed")
 def test_a_pipeline_stage_compiled_layer_by_layer_is_one_graph(pkg, caplog):
     """DeepSpeed's PipelineModule.compile() compiles each layer of a stage on its own. Blocks differ
     only in their dropout keys, held as data: twelve layers share one graph (a key as a Python int
@@ -189,6 +192,7 @@ def test_every_strategy_compiles_on_cuda_and_says_why_not_elsewhere(pkg, cfg_wit
     assert not on_cpu and note == "eager on cpu (run.compile applies on CUDA)"
 
 
+@pytest.mark.part("deepspeed")
 def test_zero3_stays_eager_on_cuda(pkg, cfg_with):
     """ZeRO-3's partitioned weights are empty outside its gather hooks: tracing them fails on a GPU."""
     zero_compiled = pkg.module("strategies.deepspeed.engine").zero_compiled

@@ -198,6 +198,7 @@ def test_a_wrong_value_names_its_key_as_data(pkg, load):
     assert err.value.key is None  # not about one value
 
 
+@pytest.mark.part("bert")
 def test_check_refuses_pretrained_weights_missing_where_their_storage_is_mounted(cli, tmp_path):
     """A BERT run from a folder that is not there would fail at its start on every node; check says so
     where the storage is mounted (the folder above it exists), and leaves it to the run where not."""

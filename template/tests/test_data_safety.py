@@ -168,7 +168,7 @@ def prepare(cli, data_dir: Path, *extra: str):
     return cli("prepare-data", f"data.dir={data_dir}", *settings, *extra, expect=None)
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "deepspeed"])
+@pytest.mark.parametrize("strategy", ["ddp", pytest.param("deepspeed", marks=pytest.mark.part("deepspeed"))])
 def test_a_run_refuses_data_prepared_again(cli, small_corpus, train_overrides, tmp_path, strategy):
     if strategy == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
         pytest.fail("DeepSpeed is not installed: DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed")

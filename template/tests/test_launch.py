@@ -6,7 +6,6 @@ verbs every platform has (status, logs, cancel) against a real 2-process run, an
 
 from __future__ import annotations
 
-import ast
 import json
 import shlex
 import shutil
@@ -31,6 +30,7 @@ def flag(args: list[str], name: str) -> str:
     return args[args.index(name) + 1]
 
 
+@pytest.mark.part("devmachine")
 def test_dry_run_one_node_is_standalone(cli):
     proc = cli(
         "launch",
@@ -54,6 +54,7 @@ def test_dry_run_one_node_is_standalone(cli):
     assert "processes per node  2" in proc.stdout
 
 
+@pytest.mark.part("devmachine")
 def test_dry_run_two_nodes_uses_c10d_rendezvous_at_the_master(cli):
     proc = cli(
         "launch",
@@ -88,6 +89,7 @@ def test_dry_run_two_nodes_uses_c10d_rendezvous_at_the_master(cli):
     assert flag(args, "--rdzv-conf") == "is_host=true,node_rank=0" and flag(args, "--rdzv-endpoint") == "10.1.2.3:29500"
 
 
+@pytest.mark.part("devmachine")
 def test_two_nodes_without_master_addr_is_a_clear_error(cli):
     proc = cli("launch", "devmachine", "--dry-run", "--nnodes", 2, "--node-rank", 0, expect=1)
     assert proc.stderr.startswith("error: ") and "--master-addr" in proc.stderr
@@ -102,11 +104,12 @@ def topology(pkg, tmp_path):
 
     def _topology(**kwargs):
         args = dict(nnodes=None, node_rank=None, master_addr=None, master_port=29500, nproc_per_node=None)
-        return pkg.module("launch.devmachine").devmachine_topology(Namespace(**{**args, **kwargs}), cfg)
+        return pkg.module("launch.devmachine.platform").devmachine_topology(Namespace(**{**args, **kwargs}), cfg)
 
     return _topology
 
 
+@pytest.mark.part("devmachine")
 @pytest.mark.parametrize(
     "kwargs, words",
     [
@@ -123,6 +126,7 @@ def test_topology_mistakes(pkg, topology, kwargs, words):
         assert word in str(err.value)
 
 
+@pytest.mark.part("devmachine")
 def test_topology_defaults(topology):
     one = topology(nproc_per_node=3)
     assert (one.nnodes, one.node_rank, one.nproc_per_node, one.master_addr) == (1, 0, 3, "127.0.0.1")
@@ -191,6 +195,7 @@ def give_pid_to(record: dict, pid: int) -> None:
         record["extra"]["launcher"]["pid"] = pid
 
 
+@pytest.mark.part("devmachine")
 def test_status_logs_and_cancel_of_a_real_run(cli, demo_data, train_overrides, tmp_path):
     out = tmp_path / "run"
     project = own_project(cli, tmp_path / "project")
@@ -249,6 +254,7 @@ def test_status_logs_and_cancel_of_a_real_run(cli, demo_data, train_overrides, t
     assert nothing == f"job {record['id']} ended: pid {launched.pid} has exited; nothing signalled\n", nothing
 
 
+@pytest.mark.part("devmachine")
 def test_a_finished_run_whose_pid_was_reused_is_not_signalled(cli, demo_data, train_overrides, tmp_path):
     """pids wrap and a restarted container numbers from 1: the recorded launcher's pid, once its run
     has finished, may name an unrelated process. Neither cancel nor status may take it for the run."""
@@ -295,170 +301,11 @@ def test_a_finished_run_whose_pid_was_reused_is_not_signalled(cli, demo_data, tr
         stranger.wait()
 
 
+@pytest.mark.part("devmachine")
 def test_verbs_without_a_recorded_run_say_how_to_start_one(cli, tmp_path):
     proc = cli("launch", "devmachine", "--action", "status", "--id", "elsewhere:1", expect=1)
     assert proc.stderr.startswith("error: no devmachine job --id elsewhere:1") and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
-
-
-# --- Slurm: what the partition's nodes hold (sinfo) ---------------------------------------------
-
-# `sinfo -h -N -o "%P|%N|%c|%m|%G"` as clusters print it: typed GPUs with a socket list, untyped
-# ones, none, several generic resources, and a line that is no node (a warning).
-SINFO = """\
-gpu*|v100-01|20|191000|gpu:v100:4(S:0-1)
-gpu*|v100-02|20|191000|gpu:4
-cpu|c01|64|256000|(null)
-big|a01|128|1000000|gpu:a100:8(S:0-1),nvme:1
-sinfo: warning: some partitions are hidden
-"""
-# sbatch reads #SBATCH lines up to the first command: the --mem below it is not part of the request.
-SEED_SCRIPT = "#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-node=4\n"
-SEED_SCRIPT += "#SBATCH --cpus-per-task=32   # 8 per GPU\nset -e\n#SBATCH --mem=1T\n"
-
-
-def test_sinfo_lines_of_every_shape(pkg):
-    nodes = pkg.slurm_partition.parse_sinfo(SINFO)
-    assert [(n.partition, n.default_partition, n.name, n.cpus, n.memory_mb) for n in nodes] == [
-        ("gpu", True, "v100-01", 20, 191000),
-        ("gpu", True, "v100-02", 20, 191000),
-        ("cpu", False, "c01", 64, 256000),
-        ("big", False, "a01", 128, 1000000),
-    ]
-    assert [n.gpus for n in nodes] == [{"v100": 4}, {"": 4}, {}, {"a100": 8}]
-    assert nodes[0].gpu_count("v100") == 4 and nodes[1].gpu_count("v100") == 0 and nodes[1].gpu_count(None) == 4
-
-
-# What a broken or hostile sinfo prints: other scripts' digits, a count of 5000 digits (int() refuses
-# past 4300), more GPUs or CPUs than any node holds, bytes decoded with replacement characters. A node
-# line with such a count is no node that can be judged (a 5000-digit GPU count is not 0 GPUs).
-ODD_SINFO = [
-    "gpu*|n1|\u00b2\u00b2|1000|gpu:4",  # superscript digits: str.isdigit says yes, int() says no
-    "gpu*|n2|\u0663\u0662|1000|gpu:4",  # Arabic-Indic digits
-    f"gpu*|n3|{'9' * 5000}|1000|gpu:4",
-    f"gpu*|n4|8|1000|gpu:{'9' * 5000}",
-    "gpu*|n5|8|1000|gpu:\u00b2",
-    "gpu*|n6|8|1000|gpu:a100:129",  # 16 GPUs of 7 MIG slices are 112
-    "gpu*|n7|99999|1000|gpu:4",
-    "\ufffd\ufffd|\ufffd|8|\ufffd|\ufffd",
-]
-
-
-def test_odd_sinfo_lines_are_unreadable_nodes_not_a_traceback(pkg):
-    nodes = pkg.slurm_partition.parse_sinfo("\n".join(ODD_SINFO))
-    assert [(n.name, n.unreadable) for n in nodes] == [
-        ("n1", "CPUs (%c) '\u00b2\u00b2'"),
-        ("n2", "CPUs (%c) '\u0663\u0662'"),
-        ("n3", f"CPUs (%c) '{'9' * 20}'... (5000 characters)"),
-        ("n4", f"generic resources (%G) 'gpu:{'9' * 16}'... (5004 characters)"),
-        ("n5", "generic resources (%G) 'gpu:\u00b2'"),
-        ("n6", "generic resources (%G) 'gpu:a100:129'"),
-        ("n7", "CPUs (%c) '99999'"),
-        ("\ufffd", "memory in MB (%m) '\ufffd'"),
-    ]
-    mig = pkg.slurm_partition.parse_sinfo("gpu*|m1|224|2000000|gpu:1g.10gb:112(S:0-1)")
-    assert [(n.gpus, n.unreadable) for n in mig] == [({"1g.10gb": 112}, "")]
-
-
-def test_a_partition_with_a_node_sinfo_cannot_count_is_not_judged(pkg):
-    """A 5000-digit GPU count read as 0 GPUs gave the advice to ask for 0: the partition is not
-    judged (sbatch judges the request), and the caller's warning names the node and the value."""
-    partition = pkg.slurm_partition
-    nodes = partition.parse_sinfo(f"gpu*|g1|64|512000|gpu:{'9' * 5000}\ncpu|c1|64|256000|(null)\n")
-    notes: list[str] = []
-    assert partition.partition_problem(partition.requested(SEED_SCRIPT, []), nodes, notes) is None
-    assert notes == [
-        f"slurm default partition gpu: sinfo reports generic resources (%G) 'gpu:{'9' * 16}'... (5004 characters) "
-        "for node g1, which is no count a node can hold, so the request is not checked against the partition "
-        "(sbatch judges it)"
-    ]
-    # Another partition's nodes are judged as before.
-    cpu_job = partition.requested(SEED_SCRIPT, ["--partition=cpu", "--gpus-per-node=0", "--cpus-per-task=128"])
-    assert "(c1) has 64" in partition.partition_problem(cpu_job, nodes, notes) and len(notes) == 1
-
-
-NOT_UTF8 = b"JobId=7 JobName=caf\xe9 JobState=RUNNING Restarts=0\n   StdOut=/runs/caf\xe9 log-7.out\n"
-
-
-def test_every_slurm_client_output_is_read_as_text_whatever_its_bytes(pkg, tmp_path):
-    """scontrol, sacct and sinfo print a job's or node's name in the bytes it was given: output that is
-    not UTF-8 reads with replacement characters (slurm_output), never a UnicodeDecodeError."""
-    partition, slurm = pkg.slurm_partition, pkg.module("launch.slurm")
-    printer = [sys.executable, "-c", f"import sys; sys.stdout.buffer.write({NOT_UTF8!r})"]
-    out = partition.slurm_output(printer)
-    assert out.returncode == 0 and "caf\ufffd" in out.stdout
-    fields = slurm.parse_job_fields(out.stdout)
-    assert (fields["JobId"], fields["JobName"], fields["JobState"]) == ("7", "caf\ufffd", "RUNNING")
-    assert fields["StdOut"] == "/runs/caf\ufffd log-7.out"
-    assert partition.slurm_output([str(tmp_path / "no-such-client")]) is None
-    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
-    assert partition.slurm_output(sleeper, timeout=0.5) is None  # does not answer: None, not a traceback
-    # sacct's -P lines: a warning, a line cut short and an empty state are no job's line.
-    columns = "|".join(slurm.ACCOUNTING_COLUMNS)
-    assert slurm.parse_accounting("sacct: error: Problem talking to the database\n7|x|\n7|x||1|n1|00:01|0:0\n") == {}
-    row = slurm.parse_accounting(f"{columns}\n7|caf\ufffd|COMPLETED|1|n1|00:01:02|0:0\n")
-    assert row["State"] == "COMPLETED" and row["JobName"] == "caf\ufffd"
-
-
-def test_slurm_clients_are_all_run_through_one_reader(pkg):
-    """Every subprocess the Slurm modules start decodes its output as slurm_output does (the fix once
-    made for sinfo alone): inside slurm_output, or with its SLURM_TEXT."""
-    for name in ("planning.slurm_partition", "launch.slurm"):
-        path = pkg.module(name).__file__
-        tree = ast.parse(open(path).read())
-        helpers = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "slurm_output"]
-        inside = {id(n) for helper in helpers for n in ast.walk(helper)}
-        for call in ast.walk(tree):
-            starts = isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
-            if not (starts and isinstance(call.func.value, ast.Name) and call.func.value.id == "subprocess"):
-                continue
-            spread = [k.value for k in call.keywords if k.arg is None]
-            shared = any(isinstance(v, ast.Name) and v.id == "SLURM_TEXT" for v in spread)
-            assert id(call) in inside or shared, (
-                f"{path}:{call.lineno}: subprocess.{call.func.attr} outside slurm_output"
-            )
-
-
-@pytest.mark.parametrize(
-    "given, words",
-    [
-        # The seed's V100 node: 20 cores for 4 GPUs, asked 8 per GPU by the script (the answer's line).
-        (
-            [],
-            ["default partition gpu", "asks 32 CPUs per node for 4 GPU(s)", "(v100-01) has 20", "slurm_cpus_per_gpu=5"],
-        ),
-        (["--cpus-per-task=40"], ["asks 40 CPUs", "change --sbatch-arg=--cpus-per-task=20"]),
-        (
-            ["--cpus-per-task=20", "--gpus-per-node=a100:4"],
-            ["4 GPU(s) of type a100 (its types: v100)", "--sbatch-arg=--gpus-per-node=v100:4"],
-        ),
-        (["--cpus-per-task=20", "--gpus-per-node=6"], ["no node has 6 GPU(s) (the most: 4)", "--gpus-per-node=4"]),
-        (["--cpus-per-task=20", "--nodes=3"], ["2 node(s) hold 20 CPUs and 4 GPU(s) each", "asks 3", "--nodes=2"]),
-        (["--cpus-per-task=20", "--mem=200G"], ["204800 MB", "has 191000 MB", "--mem=191000M"]),
-        (["--partition=big", "--cpus-per-task=128"], []),
-    ],
-)
-def test_partition_verdicts_name_the_change(pkg, given, words):
-    partition = pkg.slurm_partition
-    problem = partition.partition_problem(partition.requested(SEED_SCRIPT, given), partition.parse_sinfo(SINFO))
-    if not words:
-        assert problem is None
-        return
-    assert problem.startswith("slurm ") and "\n" not in problem
-    for word in words:
-        assert word in problem, (word, problem)
-
-
-def test_requests_that_fit_or_cannot_be_judged(pkg):
-    partition = pkg.slurm_partition
-    nodes = partition.parse_sinfo(SINFO)
-    fits = partition.requested(SEED_SCRIPT, ["--cpus-per-task=20", "--nodes=2"])
-    assert partition.partition_problem(fits, nodes) is None
-    cpu_job = partition.requested(SEED_SCRIPT, ["--partition=cpu", "--gpus-per-node=0", "--cpus-per-task=64"])
-    assert partition.partition_problem(cpu_job, nodes) is None
-    # No sinfo answer, or a partition it does not list: sbatch speaks for itself.
-    assert partition.partition_problem(partition.requested(SEED_SCRIPT, []), []) is None
-    assert partition.partition_problem(partition.requested(SEED_SCRIPT, ["--partition=gone"]), nodes) is None
 
 
 # --- Code from the shared storage, in a ready-made image -----------------------------------------

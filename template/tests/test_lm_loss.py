@@ -188,6 +188,7 @@ def test_what_forward_keeps_is_what_plan_counts(lm_loss, pkg):
     assert family.chunked_loss_bytes(WIDTH, ROWS, N, matmul_bytes=4) == kept + transient
 
 
+@pytest.mark.part("gpt3")
 def test_plan_counts_a_d20_loss_in_chunks_and_the_pipelines_in_whole_logits(pkg):
     families = pkg.module("models.family")
     gpt, gpt3 = families.family("gpt"), families.family("gpt3")
@@ -250,7 +251,7 @@ def _model_loss_and_grads(model, loss_of):
     return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("family", ["gpt", "gpt3"])
+@pytest.mark.parametrize("family", ["gpt", pytest.param("gpt3", marks=pytest.mark.part("gpt3"))])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_the_models_training_loss_is_the_cross_entropy_of_their_logits(pkg, lm_loss, monkeypatch, family, reduction):
     """Loss and every parameter's gradient (the tied gpt3 embedding's included) equal the plain path

@@ -70,6 +70,7 @@ def test_gpt_count_and_flops_match_the_model(pkg, cfg_with, size, kv):
     assert pkg.estimates.largest_layer_params(shape, 512, "gpt") == biggest
 
 
+@pytest.mark.part("bert")
 @pytest.mark.parametrize("size", ["tiny", "base", "large"])
 def test_bert_count_and_flops_match_transformers(pkg, cfg_with, size):
     """BertForMaskedLM(BertConfig(...)) on the meta device (no memory): num_parameters() counts the
@@ -97,6 +98,7 @@ def test_bert_count_and_flops_match_transformers(pkg, cfg_with, size):
     assert pkg.estimates.memory(cfg)["params"] == mlm.num_parameters()
 
 
+@pytest.mark.part("gpt3")
 @pytest.mark.parametrize("size", ["tiny", "125M", "1.3B", "13B", "175B"])
 def test_gpt3_count_and_flops_match_the_model(pkg, size):
     """models/gpt3/model.py's GPT3 on the meta device: V*h + S*h + L*(12h^2 + 13h) + 2h, and its
@@ -119,6 +121,7 @@ def test_gpt3_count_and_flops_match_the_model(pkg, size):
     assert pkg.estimates.flops_per_token(shape, 50304, 2048, "gpt3") == model.flops_per_token()
 
 
+@pytest.mark.part("bert", "gpt3")
 def test_largest_layer_is_what_deepspeed_counts(pkg):
     """estimate_zero3's largest layer (DeepSpeed's model_to_params over real CPU modules): bert's
     MLM decoder (tied V x h plus its V bias), gpt3's word embedding."""
@@ -159,6 +162,7 @@ def test_largest_layer_is_what_deepspeed_counts(pkg):
 # --- tensor and pipeline splits --------------------------------------------------------------------
 
 
+@pytest.mark.part("gpt3")
 def test_tensor_and_pipeline_split_of_13b(pkg):
     """13B on 4 tensor x 4 pipeline: stage 0's GPU holds 1/16 of the blocks' split parts plus the
     replicated ones (row-parallel biases and norms of its 10 blocks, both embeddings); the last
@@ -177,6 +181,7 @@ def test_tensor_and_pipeline_split_of_13b(pkg):
     assert pkg.estimates.stage_params(shape, V, "gpt3", S, tp=1, pp=1) == [total]
 
 
+@pytest.mark.part("gpt3")
 def test_pipeline_memory_is_the_first_stage_with_p_micro_batches(pkg, cfg_with):
     """1F1B: stage 0 keeps min(p, micro batches per step) micro batches in flight and the most
     parameters; ZeRO 1 shards the optimizer over the data-parallel ranks of the stage."""
@@ -202,6 +207,7 @@ def test_pipeline_memory_is_the_first_stage_with_p_micro_batches(pkg, cfg_with):
     assert few["in_flight"] == 2 and few["activations"] == pytest.approx(2 * 10 * layer)
 
 
+@pytest.mark.part("gpt3")
 def test_tensor_parallel_splits_activations(pkg):
     shape = pkg.family.model_shape("13B", None, "gpt3")
     one, four = (pkg.estimates.layer_activations(shape, 2048, 1, "gpt3", t, "bf16") for t in (1, 4))
@@ -240,6 +246,7 @@ def test_zero_formulas_match_deepspeed(pkg, psi, gpus, nodes):
     assert full["host"] == 14 * psi / nd
 
 
+@pytest.mark.part("bert", "gpt3")
 @pytest.mark.parametrize("arch,size,vocab,seq", [("gpt3", "1.3B", 50304, 2048), ("bert", "large", 30522, 512)])
 @pytest.mark.parametrize("stage", [2, 3])
 def test_family_model_states_match_deepspeed(pkg, cfg_with, arch, size, vocab, seq, stage):
@@ -306,6 +313,7 @@ def test_d20_on_8_h100_fits_with_ddp(cli, empty_config):
     assert r["fits"] is (m["total"] <= m["usable"]) is True and r["suggestion"] is None
 
 
+@pytest.mark.part("bert", "gpt3")
 @pytest.mark.parametrize("arch, size", [("bert", "large"), ("bert", "base"), ("gpt3", "125M")])
 def test_zero_1_is_the_smallest_stage_that_fits_the_default_recipe_on_every_gpu(pkg, cfg_with, arch, size):
     """The zero_stage answer's default, 1, for the recipes that default to DeepSpeed: it fits on every
@@ -376,6 +384,7 @@ def test_suggestion_is_the_first_that_fits(cli, empty_config):
     assert not json.loads(cli("plan", "--json", *args, f"batch.micro_batch_size={micro * 2}", expect=1).stdout)["fits"]
 
 
+@pytest.mark.part("gpt3", "deepspeed")
 def test_more_pipeline_stages_when_zero_is_refused(pkg, cfg_with):
     """13B on 8 V100 16GB with 2 pipeline stages, checkpointing and optimizer offload already on:
     ZeRO 2 and 3 are refused with pipeline stages (never suggested), so the next change that fits is
@@ -397,6 +406,7 @@ def test_more_pipeline_stages_when_zero_is_refused(pkg, cfg_with):
     assert pkg.estimates.memory(pkg.fit.changed(cfg, **{"parallel.pipeline": 4}))["fits"]
 
 
+@pytest.mark.part("gpt3", "deepspeed")
 def test_refused_layouts(pkg, cli, empty_config, cfg_with):
     """What rules.parallel_problems refuses (ZeRO above 1 on DeepSpeed's pipeline engine, which
     tensor and pipeline layouts run on) is refused by plan too, in the rule's words."""
@@ -591,6 +601,7 @@ def test_nanochat_seed_6_6_hours_on_8_gpus(pkg, cli, empty_config):
     assert at_seed[0]["hours"] == pytest.approx(6.6, rel=1e-3) and at_seed[3]["hours"] == pytest.approx(0.825, rel=1e-3)
 
 
+@pytest.mark.part("gpt3")
 def test_megatron_seed_times_give_one_plausible_mfu(pkg, cli, empty_config):
     """Seed 003 (Megatron-DeepSpeed on A100 40GB PCIe): 125M for 2.5B tokens on 1 GPU in ~8 h, and
     1.3B for 26B tokens on 4 GPUs in ~8 days. The MFU each implies by plan's FLOPs count is printed.
@@ -661,6 +672,7 @@ def test_gpu_table(pkg):
 # --- the post-generation check ---------------------------------------------------------------------
 
 
+@pytest.mark.part("gpt3", "deepspeed")
 def test_check_project_refuses_a_layout_that_does_not_fit(cli, tmp_path):
     """`check --quiet` (copier's task) exits 1 with one line: the figures and the smallest change."""
     cfg = yaml.safe_load((cli.root / "config" / "train.yaml").read_text())

@@ -132,6 +132,7 @@ def assert_one_job_of_two(results: dict, master: str, output_dir: Path, metrics)
     assert [r["step"] for r in records] == [5, 10]
 
 
+@pytest.mark.part("kubeflow")
 def test_kubeflow_pytorchjob_worker_starts_first(cli, tmp_path, overrides, metrics):
     """PyTorchJob v1 with a Master and a Worker replica (nprocPerNode 1): the operator gives each pod
     PET_* for torchrun plus MASTER_ADDR/PORT, WORLD_SIZE and RANK. The worker pod is often scheduled
@@ -166,6 +167,7 @@ def test_kubeflow_pytorchjob_worker_starts_first(cli, tmp_path, overrides, metri
     assert_one_job_of_two(results, "master", tmp_path / "run", metrics)
 
 
+@pytest.mark.part("tione")
 def test_tione_ddp_counts_nodes_not_processes(cli, tmp_path, overrides, metrics):
     """TI-ONE DDP: WORLD_SIZE=2 and RANK=0/1 count NODES. Taken as process counts they would make a
     1-process job per node (or 4 processes); the shim makes one 2-process job."""
@@ -191,6 +193,7 @@ def test_tione_ddp_counts_nodes_not_processes(cli, tmp_path, overrides, metrics)
     assert_one_job_of_two(results, "node0", tmp_path / "run", metrics)
 
 
+@pytest.mark.part("tione")
 def test_tione_ps_worker(cli, tmp_path, overrides, metrics):
     """TI-ONE PS-Worker: TF_CONFIG with one ps and two workers. The ps task has nothing to do in
     PyTorch training and exits 0 at once; the two workers train as one 2-process job."""
@@ -227,24 +230,27 @@ def test_tione_ps_worker(cli, tmp_path, overrides, metrics):
     assert_one_job_of_two(results, "worker0", tmp_path / "run", metrics)
 
 
-def test_contradictory_variables_exit_1_naming_both(cli, tmp_path, overrides):
-    """A Kubeflow pod whose image also sets TF_CONFIG: no guess, one line naming both platforms."""
+@pytest.mark.part("kubeflow")
+def test_contradictory_kubeflow_variables_exit_1_naming_both(cli, tmp_path, overrides):
+    """A Kubeflow pod whose image also sets mpirun's rank variables: no guess, one line naming both."""
     variables = {
         "PET_NNODES": "2",
         "PET_NODE_RANK": "0",
         "PET_NPROC_PER_NODE": "1",
         "PET_MASTER_ADDR": "127.0.0.1",
         "PET_MASTER_PORT": "29500",
-        "TF_CONFIG": json.dumps({"cluster": {"worker": ["127.0.0.1:2222"]}, "task": {"type": "worker", "index": 0}}),
+        "OMPI_COMM_WORLD_RANK": "0",
+        "OMPI_COMM_WORLD_SIZE": "2",
     }
     proc = cli("node", *overrides, env=node_env(variables), expect=1, timeout=60)
     assert proc.stderr.startswith("error: "), proc.stderr
-    for word in ("kubeflow", "PET_NNODES", "tione-ps", "TF_CONFIG"):
+    for word in ("kubeflow", "PET_NNODES", "openmpi", "OMPI_COMM_WORLD_RANK"):
         assert word in proc.stderr
     assert "Traceback" not in proc.stderr and "$ " not in proc.stdout
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.part("kubeflow")
 def test_hand_edited_replicas_the_global_batch_cannot_split_are_refused_in_one_line(cli, tmp_path, overrides):
     """Kubeflow replicas edited to 3 nodes: the config's global batch of 8 runs on any world it splits
     over (2 nodes above, whatever cluster.nodes says), not on 3 ranks of micro 4. The master pod

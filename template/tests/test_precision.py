@@ -113,6 +113,7 @@ def test_bf16_on_a_v100_is_refused_with_the_fix(cli, v100):
     cli("check", *v100("run.dtype=fp16"))  # what the fix says passes
 
 
+@pytest.mark.part("deepspeed")
 def test_fp16_at_zero_stage_0_is_refused_where_it_would_run(cli, v100):
     """DeepSpeed scales no loss at ZeRO 0 under fp16: refused for a V100 (auto) and for run.dtype=fp16."""
     ds = ["run.strategy=deepspeed", "deepspeed.zero_stage=0"]

@@ -215,32 +215,37 @@ def test_problems_carry_their_keys_and_the_key_to_fix(pkg, cfg_with):
 @pytest.mark.parametrize(
     "overrides, fix_key, other",
     [
-        (
+        pytest.param(
             ["model.arch=gpt3", "model.size=125M", "parallel.tensor=8", "cluster.gpus_per_node=4"],
             "parallel.tensor",
             "cluster.gpus_per_node",
+            marks=pytest.mark.part("gpt3"),
         ),
-        (
+        pytest.param(
             ["model.arch=gpt3", "model.size=125M", "parallel.tensor=8", "cluster.gpus_per_node=8"],
             "parallel.tensor",
             "model.size",
+            marks=pytest.mark.part("gpt3"),
         ),
-        (
+        pytest.param(
             ["model.arch=gpt3", "model.size=1.3B", "parallel.pipeline=5", "cluster.gpus_per_node=5"],
             "parallel.pipeline",
             "model.size",
+            marks=pytest.mark.part("gpt3"),
         ),
-        (
+        pytest.param(
             ["model.arch=gpt3", "model.size=125M", "parallel.pipeline=4", "cluster.gpus_per_node=6"],
             "parallel.pipeline",
             "cluster.gpus_per_node",
+            marks=pytest.mark.part("gpt3"),
         ),
-        (
+        pytest.param(
             ["model.arch=gpt3", "model.size=125M", "parallel.pipeline=2", "run.strategy=ddp"],
             "run.strategy",
             "parallel.pipeline",
+            marks=pytest.mark.part("gpt3"),
         ),
-        (
+        pytest.param(
             [
                 "model.arch=gpt3",
                 "model.size=125M",
@@ -250,6 +255,7 @@ def test_problems_carry_their_keys_and_the_key_to_fix(pkg, cfg_with):
             ],
             "deepspeed.zero_stage",
             "parallel.pipeline",
+            marks=pytest.mark.part("gpt3", "deepspeed"),
         ),
         (["model.arch=gpt", "parallel.tensor=2"], "parallel.tensor", "model.arch"),
     ],
@@ -268,6 +274,7 @@ def test_parallel_problems_name_the_key_to_fix(pkg, cfg_with, overrides, fix_key
     assert any(p.fix_key == fix_key and other in p.keys for p in problems), [(p, p.keys) for p in problems]
 
 
+@pytest.mark.part("gpt3", "deepspeed")
 def test_a_misfit_is_a_problem_of_the_gpu_type(pkg, cfg_with):
     cfg = cfg_with(
         "model.arch=gpt3",
@@ -363,7 +370,10 @@ def check_with(cli, tmp_path, text: str, *overrides: str, expect: int):
     return proc
 
 
-@pytest.mark.parametrize("arch, size", [("gpt3", "125M"), ("bert", "base")])
+@pytest.mark.parametrize(
+    "arch, size",
+    [pytest.param(arch, size, marks=pytest.mark.part(arch)) for arch, size in (("gpt3", "125M"), ("bert", "base"))],
+)
 @pytest.mark.parametrize(
     "switch, default", [("value_embeddings=true", "false"), ("smear=true", "false"), ("window_pattern=SSSL", "L")]
 )
@@ -386,6 +396,7 @@ def test_a_switch_the_family_does_not_read_is_refused_or_warned(cli, tmp_path, a
     assert proc.stderr == ""  # the family that reads it
 
 
+@pytest.mark.part("gpt3")
 def test_a_run_start_refuses_a_switch_its_family_does_not_read(cli, tmp_path, demo_data):
     """`train` judges the same rules before anything starts: one line, no run folder."""
     # The project's file may hold its family's switches: those at their defaults, and smear on.

@@ -276,6 +276,7 @@ def test_core_of_the_demo_checkpoint_is_the_same_on_1_2_and_4_processes(
     assert {label: s["items"] for label, s in found[1]["tasks"].items()} == {"mc": 6, "schema": 5, "lm": 6}
 
 
+@pytest.mark.part("bert")
 def test_bert_refuses_tasks_in_one_line(cli, demo_data, tmp_path):
     proc = cli("eval", "--tasks", "core", "model.arch=bert", "model.pretrained=", f"data.dir={demo_data}", expect=1)
     assert "masked" in proc.stderr and proc.stderr.strip().count("\n") == 0
@@ -359,7 +360,11 @@ def test_training_logs_every_task_and_core_at_the_task_steps(cli, demo_data, tmp
 @pytest.mark.parametrize(
     "overrides, needle",
     [
-        (["model.arch=bert", "model.size=tiny", "model.sequence_len=64"], "model.arch=bert is masked"),
+        pytest.param(
+            ["model.arch=bert", "model.size=tiny", "model.sequence_len=64"],
+            "model.arch=bert is masked",
+            marks=pytest.mark.part("bert"),
+        ),
         (["eval.tasks_every_steps=-1"], "eval.tasks_every_steps=-1"),
         (["eval.tasks_max_per_task=0"], "eval.tasks_max_per_task=0"),
     ],

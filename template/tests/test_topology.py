@@ -12,6 +12,7 @@ sockets on 127.0.0.1.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -19,6 +20,7 @@ import sys
 import time
 
 import pytest
+from conftest import by_platform
 
 # ---------------------------------------------------------------------------------------------
 # The platforms' environments, as they inject them
@@ -257,7 +259,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("name", by_platform(CASES))
 def test_detect_every_platform(topology, name):
     env, expected = CASES[name]
     env = {k: v for k, v in {**ORDINARY, **env}.items() if v is not None}
@@ -269,6 +271,7 @@ def test_no_platform_variables_is_none(topology):
     assert topology.detect({}, 8, 1) is None
 
 
+@pytest.mark.part("tione")
 def test_tione_mpi_node_list(topology):
     """NODE_IP_SLOT_LIST wins over the hostfile; its first host is the master."""
     topo = topology.detect({**ORDINARY, **TIONE_MPI}, 8, 1)
@@ -282,6 +285,7 @@ def test_tione_mpi_node_list(topology):
     assert topology.mpi_hosts(TIONE_MPI) == [("9.0.255.56", 1), ("9.0.255.118", 1)]
 
 
+@pytest.mark.part("tione")
 def test_tione_mpi_hostfile_as_documented(topology, hostfile):
     """The hostfile of TI-ONE's example, both entries on one line; the launcher is the master."""
     topo = topology.detect(hostfile(TIONE_HOSTFILE), 8, 1)
@@ -291,6 +295,7 @@ def test_tione_mpi_hostfile_as_documented(topology, hostfile):
     assert hosts == [("launcher", 8), ("worker-0", 8)]
 
 
+@pytest.mark.part("tione")
 def test_tione_mpi_node_rank_is_this_hosts_line(topology, hostfile):
     """Each node finds itself in the hostfile by its hostname."""
     me = socket.gethostname()
@@ -347,7 +352,7 @@ ERRORS = {
 }
 
 
-@pytest.mark.parametrize("name", ERRORS)
+@pytest.mark.parametrize("name", by_platform(ERRORS))
 def test_detect_errors_name_the_variables(topology, name):
     env, words = ERRORS[name]
     with pytest.raises(topology.TopologyError) as err:
@@ -356,6 +361,7 @@ def test_detect_errors_name_the_variables(topology, name):
         assert word in str(err.value), (word, str(err.value))
 
 
+@pytest.mark.part("tione")
 def test_hostfile_errors(topology, hostfile, tmp_path):
     with pytest.raises(topology.TopologyError) as err:
         topology.detect(hostfile("launcher slots=1\nworker-0 slots=2\n"), 8, 1)
@@ -394,7 +400,8 @@ def flag(cmd: list[str], name: str) -> str:
 def test_torchrun_multi_node_uses_c10d_hosted_on_node_0(topology, torchrun):
     """c10d, not static: after a failure every node's agent joins the next round (restarts). Its
     ordered variant (rendezvous.py) gives the node ranks to the rendezvous: node 0 runs rank 0."""
-    worker = torchrun.torchrun_command(topology.detect(TIONE_DDP, 8, 1), ENTRY, max_restarts=3, grace_seconds=90)
+    node_1 = topology.Topology("tione-ddp", 2, 1, 1, "10.35.110.11", 23456)  # TIONE_DDP as its folder reads it
+    worker = torchrun.torchrun_command(node_1, ENTRY, max_restarts=3, grace_seconds=90)
     assert worker[:3] == [sys.executable, "-m", f"{torchrun.__package__}.rendezvous"]
     assert flag(worker, "--nproc-per-node") == "1" and flag(worker, "--nnodes") == "2"
     assert flag(worker, "--rdzv-backend") == "c10d-ordered" and flag(worker, "--rdzv-endpoint") == "10.35.110.11:23456"
@@ -403,19 +410,19 @@ def test_torchrun_multi_node_uses_c10d_hosted_on_node_0(topology, torchrun):
     assert "SIGUSR1" in flag(worker, "--signals-to-handle").split(",")
     assert "--standalone" not in worker and "--node-rank" not in worker and "--master-addr" not in worker
     assert worker[-len(ENTRY) :] == ENTRY
-    master = torchrun.torchrun_command(topology.detect({**TIONE_DDP, "RANK": "0", "INDEX": "0"}, 8, 1), ENTRY)
+    master = torchrun.torchrun_command(dataclasses.replace(node_1, node_rank=0), ENTRY)
     assert flag(master, "--rdzv-conf") == "is_host=true,node_rank=0"
 
 
 def test_per_rank_log_files_only_when_asked(topology, torchrun):
-    topo = topology.detect(TIONE_DDP, 8, 1)
+    topo = topology.Topology("tione-ddp", 2, 1, 1, "10.35.110.11", 23456)
     assert "--log-dir" not in torchrun.torchrun_command(topo, ENTRY)
     cmd = torchrun.torchrun_command(topo, ENTRY, log_dir="/mnt/shared/runs/logs/node-a")
     assert flag(cmd, "--log-dir") == "/mnt/shared/runs/logs/node-a" and flag(cmd, "--tee") == "3"
 
 
 def test_torchrun_one_node_is_standalone(topology, torchrun):
-    one = topology.detect({**KUBEFLOW_MASTER, "PET_NNODES": "1", "PET_NPROC_PER_NODE": "4"}, 8, 1)
+    one = topology.Topology("kubeflow", 1, 0, 4, "gpt-job-master-0", 23456)
     cmd = torchrun.torchrun_command(one, ENTRY)
     assert "--standalone" in cmd and flag(cmd, "--nproc-per-node") == "4"
     assert not any(a in cmd for a in ("--nnodes", "--node-rank", "--master-addr", "--rdzv-endpoint"))
@@ -423,17 +430,18 @@ def test_torchrun_one_node_is_standalone(topology, torchrun):
 
 
 def test_torchrun_elastic_uses_c10d(topology, torchrun):
-    topo = topology.detect(KUBEFLOW_ELASTIC, 8, 1)
+    topo = topology.Topology("kubeflow", 4, 1, 1, "gpt-job-master-0", 23456, min_nnodes=2)  # KUBEFLOW_ELASTIC's
     cmd = torchrun.torchrun_command(topo, ENTRY)
     assert flag(cmd, "--nnodes") == "2:4" and flag(cmd, "--rdzv-backend") == "c10d"
     assert flag(cmd, "--rdzv-endpoint") == "gpt-job-master-0:23456"
     # Elastic ranks are assigned at rendezvous: no fixed node rank, no static master.
     assert "--node-rank" not in cmd and "--master-addr" not in cmd and "--standalone" not in cmd
     # An elastic job may shrink to a single node and still needs the rendezvous.
-    one_to_two = topology.detect({**KUBEFLOW_ELASTIC, "PET_NNODES": "1:2"}, 8, 1)
+    one_to_two = dataclasses.replace(topo, nnodes=2, min_nnodes=1)
     assert flag(torchrun.torchrun_command(one_to_two, ENTRY), "--nnodes") == "1:2"
 
 
+@pytest.mark.part("kubeflow")
 def test_table_names_what_was_found(topology):
     table = topology.detect(KUBEFLOW_ELASTIC, 8, 1).table()
     assert "kubeflow" in table and "2..4" in table and "gpt-job-master-0:23456" in table
@@ -555,6 +563,7 @@ KUBEFLOW_ELASTIC_WORKERS = {
 }
 
 
+@pytest.mark.part("kubeflow")
 def test_kubeflow_elastic_worker_only_job(topology, torchrun):
     topo = topology.detect({**ORDINARY, **KUBEFLOW_ELASTIC_WORKERS}, 8, 1)
     assert fields(topo) == expect("kubeflow", 4, 0, 1, "gpt-job-worker-0", 23456, min_nnodes=2)
@@ -562,6 +571,7 @@ def test_kubeflow_elastic_worker_only_job(topology, torchrun):
     assert flag(cmd, "--nnodes") == "2:4" and flag(cmd, "--rdzv-endpoint") == "gpt-job-worker-0:23456"
 
 
+@pytest.mark.part("kubeflow")
 def test_kubeflow_elastic_fixed_size_still_uses_c10d(topology, torchrun):
     # elasticPolicy without min/max: PET_NNODES is the worker count, ranks come from the rendezvous.
     topo = topology.detect({**KUBEFLOW_ELASTIC_WORKERS, "PET_NNODES": "2"}, 8, 1)
@@ -569,6 +579,7 @@ def test_kubeflow_elastic_fixed_size_still_uses_c10d(topology, torchrun):
     assert flag(cmd, "--rdzv-backend") == "c10d" and flag(cmd, "--nnodes") == "2:2" and "--node-rank" not in cmd
 
 
+@pytest.mark.part("kubeflow")
 @pytest.mark.parametrize("value", ["gpt-job-worker-0", "gpt-job-worker-0:http", ":23456"])
 def test_kubeflow_bad_rdzv_endpoint(topology, value):
     with pytest.raises(topology.TopologyError) as err:

@@ -11,7 +11,7 @@ ever a row's cut tail. Rows never cross shards. The packing is a pure function o
 row `index` is the same on every rank, after a resume and on any number of processes (the windows'
 guarantees); a pass over the split is num_sequences rows, fewer than the windows (what the cuts drop).
 
-Validation keeps the windows (data.tokens.open_split): its score stays comparable across layouts.
+Validation keeps the windows (data/splits.py): its score stays comparable across layouts.
 """
 
 from __future__ import annotations

@@ -509,19 +509,3 @@ def find_data(fingerprint: str, folders: list[Path]) -> Path | None:
             except (ConfigError, OSError, ValueError):  # a damaged folder is simply not the one
                 continue
     return None
-
-
-def open_split(cfg, data_dir: Path, split: str, fam=None):
-    """Inputs and targets of one split: the family's own batches where its descriptor names them
-    (bert's masked positions), else next-token pairs. fam: the run's family (Run.family), else cfg's
-    is looked up."""
-    from ..models.family import family
-
-    fam = fam or family(cfg.model.arch)
-    if fam.batches:
-        return fam.open_batches(cfg, data_dir, split)
-    if cfg.data.rows == "documents" and split == "train":
-        from .document_rows import DocumentRows
-
-        return DocumentRows.open(data_dir, split, cfg.model.sequence_len)
-    return TokenData.open(data_dir, split, cfg.model.sequence_len)

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from ..data.tokens import TokenData, bos_id, data_tokenizer, open_split, token_byte_lengths
+from ..data.splits import open_split
+from ..data.tokens import TokenData, bos_id, data_tokenizer, token_byte_lengths
 from ..models.family import family
 from ..runtime.distributed import (
     DistInfo,

@@ -74,12 +74,6 @@ class Platform:
     def add_arguments(p: ArgumentParser) -> None:
         """The platform's own options (the common ones come from add_common_arguments)."""
 
-    @staticmethod
-    def site_problems(cfg: Config) -> list[str]:
-        """What `check` finds wrong with the launch files against the site it runs on (Slurm: the
-        partition's nodes), where the platform can ask; never in the generation check."""
-        return []
-
     # --- the verbs -------------------------------------------------------------------------------
     def dry_run(self) -> int:
         raise NotImplementedError

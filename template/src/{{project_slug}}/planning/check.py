@@ -7,9 +7,9 @@ Also run by the template right after generation (python -m <package> check --qui
 that copier refuses answers that break a rule or whose layout does not fit the GPUs: after the
 rules pass, plan's memory estimate for the configured nodes x gpus_per_node must fit gpu_type,
 else it exits 1 with "does not fit: <figures>; smallest change: <what to change>". No torch here.
-Each platform of the project may check its launch files against the site (Platform.site_problems:
-where sinfo answers, launch/slurm/train.sbatch's request must fit a node of its partition); the
-generation check skips that.
+Each platform folder of the project may check its launch files against the site (site_problems in
+its environment.py: where sinfo answers, launch/slurm/train.sbatch's request must fit a node of its
+partition); the generation check skips that.
 What changes nothing but may be meant (a setting the family does not read, written at its default;
 one learning rate of 0 among others) is a `warning:` line that does not fail the check.
 """
@@ -24,6 +24,7 @@ from ..models.family import model_shape
 from ..settings.batch import at_world_size, resolve_grad_accum
 from ..settings.bounds import count
 from ..settings.config import Config, project_root
+from ..settings.optional_parts import platform_modules
 from ..settings.precision import on_gpu_type
 from .estimates import ASSUMED_MFU, GIB, STOP_WAIT_SHARE, memory, stop_reaction
 from .fit import fit_problem
@@ -65,11 +66,8 @@ def run_check(cfg: Config, world_size: int | None = None, quiet: bool = False) -
     problems = check_config(cfg, world)
     problems += launch_file_problems(cfg, project_root())  # where each platform's nodes keep the outputs
     # Not in the generation check (quiet): the machine generating may not be the cluster's login node.
-    if not quiet:
-        from ..launch import PLATFORMS  # the project's platforms
-
-        for platform in PLATFORMS.values():
-            problems += platform.site_problems(cfg)
+    for module in [] if quiet else platform_modules("environment"):  # the platforms present
+        problems += module.site_problems(cfg) if hasattr(module, "site_problems") else []
     weights_problem = None if quiet else pretrained_problem(cfg.model.pretrained)
     if weights_problem:
         problems.append(weights_problem)

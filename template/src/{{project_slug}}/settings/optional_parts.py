@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from pathlib import Path
 from types import ModuleType
 
 from .config import ConfigError
+from .packages import import_failure
 
 PACKAGE = __package__.rpartition(".")[0]
 
@@ -52,6 +54,18 @@ def deepspeed(module: str, setting: str = "run.strategy=deepspeed", key: str | N
 def deepspeed_if_present(module: str) -> ModuleType | None:
     """strategies/deepspeed/<module>, imported, or None where the project was made without DeepSpeed."""
     return importlib.import_module(f"{PACKAGE}.strategies.deepspeed.{module}") if has_deepspeed() else None
+
+
+def platform_modules(module: str) -> list[ModuleType]:
+    """launch/<platform>/<module>.py of each platform folder the project holds, imported (the lower
+    layers ask the platforms present this way: topology their node variables)."""
+    found = []
+    for path in sorted((Path(__file__).resolve().parents[1] / "launch").glob(f"*/{module}.py")):
+        try:
+            found.append(importlib.import_module(f"{PACKAGE}.launch.{path.parent.name}.{module}"))
+        except Exception as exc:  # a user's edit: whatever its import raises is named with its file
+            raise ConfigError(f"{path} cannot be loaded: {import_failure(exc, path)}; fix it") from None
+    return found
 
 
 def without_family(name: str) -> ConfigError | None:

@@ -34,13 +34,13 @@ import torch
 
 from ..checkpoints import checkpoint, checkpoint_files
 from ..data.epochs import derived_steps_line, with_derived_steps
+from ..data.splits import open_split
 from ..data.tokens import (
     TokenData,
     bos_id,
     data_fingerprint,
     load_tokenizer,
     micro_batch_start,
-    open_split,
     read_meta,
     token_byte_lengths,
 )

@@ -247,29 +247,11 @@ def cluster_name() -> str:
     return found.group(1) if found else socket.gethostname()
 
 
-def partition_site_problem() -> str | None:
-    """launch/slurm/train.sbatch against the nodes sinfo lists; None without the script or sinfo (and a
-    warning where sinfo reports a node that cannot be judged)."""
-    script = project_root() / "launch" / "slurm" / "train.sbatch"
-    if not script.is_file():
-        return None
-    notes: list[str] = []
-    problem = partition_problem(requested(script.read_text(), []), notes=notes)
-    for note in notes:
-        print(f"warning: {note}", file=sys.stderr)
-    return problem
-
-
 class Slurm(Platform):
     name = "slurm"
     action_options = {"signal": ("--signal", ("cancel",)), "wait": ("--wait", ("submit",))}
     extra_fields = {"script": str, "stdout": str, "stderr": str, **job_history.RUN_FIELDS}
     add_arguments = staticmethod(add_arguments)
-
-    @staticmethod
-    def site_problems(cfg: Config) -> list[str]:
-        problem = partition_site_problem()
-        return [problem] if problem else []
 
     def _command(self) -> tuple[Path, list[str]]:
         relative = script_path(getattr(self.args, "launcher", "torchrun"))

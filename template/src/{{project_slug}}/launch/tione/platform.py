@@ -38,11 +38,11 @@ from ...runtime import process_exit
 from ...settings.bounds import endpoint as api_endpoint
 from ...settings.config import ConfigError, project_root
 from ...settings.packages import require_package
-from ...settings.topology import tione_variables
 from .. import code_copy, job_history, jobs
 from ..base import Platform
 from ..jobs import Job
 from .console import print_console_settings, start_script
+from .environment import tione_variables
 from .request import TASK_FILE, api_mode, build_request, load_task, request_problems, task_mounts, unknown_fields
 
 # TI-ONE's task states (DescribeTrainingTask Status) and what they mean here.

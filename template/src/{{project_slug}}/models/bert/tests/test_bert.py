@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.part("bert")  # collected where the project holds it (conftest.py)
+
 STEPS = list(range(5, 41, 5))
 BERT = [
     "model.arch=bert",
@@ -181,7 +183,7 @@ def test_data_parallel_ranks_draw_different_masks_for_their_samples(pkg, tmp_pat
     cfg = config(pkg, tmp_path, bert_data)
     torch.manual_seed(0)
     model = pkg.models.build_model(cfg, 2048).train()
-    x, y = pkg.module("data.tokens").open_split(cfg, bert_data, "val").batch(0, 1)
+    x, y = pkg.module("data.splits").open_split(cfg, bert_data, "val").batch(0, 1)
 
     def loss(first: int) -> torch.Tensor:
         with dropout.samples(dropout.sample_keys(1337, 0, first, 1)):
@@ -249,7 +251,7 @@ def test_model_contract(pkg, tmp_path, bert_data):
     cfg = config(pkg, tmp_path, bert_data)
     torch.manual_seed(0)
     model = pkg.models.build_model(cfg, 2048).eval()
-    data = pkg.module("data.tokens").open_split(cfg, bert_data, "val")
+    data = pkg.module("data.splits").open_split(cfg, bert_data, "val")
     x, y = data.batch(0, 4)
     predicted = int((y != -100).sum())
     with torch.no_grad():
@@ -396,7 +398,7 @@ def test_fine_tune_starts_from_the_local_weights(local_model, pkg, cli, bert_dat
     assert f"{sum(p.numel() for p in reference.parameters()):,} parameters" in proc.stdout
     # The loss of the saved model on step 0's four micro batches (one process: accumulation 4).
     cfg = config(pkg, tmp_path, bert_data, f"model.pretrained={local_model}")
-    data = pkg.module("data.tokens").open_split(cfg, bert_data, "train")
+    data = pkg.module("data.splits").open_split(cfg, bert_data, "train")
     with torch.no_grad():
         losses = [
             reference(input_ids=x, labels=y).loss.item()

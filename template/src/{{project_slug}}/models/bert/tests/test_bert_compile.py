@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from test_compile import VOCAB, T, assert_one_graph
 
+pytestmark = pytest.mark.part("bert")  # collected where the project holds it (conftest.py)
+
 
 def _bert(pkg, attention_dropout):
     bert = pkg.module("models.bert.model")

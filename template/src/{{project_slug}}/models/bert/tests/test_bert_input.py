@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 import torch
 
+pytestmark = pytest.mark.part("bert")  # collected where the project holds it (conftest.py)
+
 SPECIALS = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4}
 VOCAB = 30522  # bert-base/large-uncased
 STEP_MS = 28.0  # BERT-large, forward and backward of 16 x 512, bf16, one H100 (estimate)

@@ -18,6 +18,8 @@ import pytest
 import torch
 from test_host_syncs import assert_no_syncs_between_logging_steps, count_syncs
 
+pytestmark = pytest.mark.part("gpt3")  # collected where the project holds it (conftest.py)
+
 TOL = 1e-5
 # What torch prints when a backward passes through a collective autograd never recorded a gradient
 # for (DeepSpeed's broadcast of the tied embedding, when done under grad mode: strategies/deepspeed/pipeline.py).
