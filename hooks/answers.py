@@ -27,6 +27,7 @@ project_slug may not take (the standard library, keywords, what the package impo
 
 from __future__ import annotations
 
+import ast
 import difflib
 import functools
 import hashlib
@@ -182,6 +183,32 @@ def family_default(question: str, model: str, layout: str = ""):
 def family_choices() -> dict[str, str]:
     """The model question's menu, summary -> name, from every family's descriptor."""
     return {fam.summary: name for name, fam in package()["family"].families(strict=True).items()}
+
+
+PLATFORMS_DIR = PACKAGE_DIR / "launch"
+
+
+def platform_names() -> list[str]:
+    """The template's platforms: the folders of the package's launch/ (each a platform's whole code)."""
+    return sorted(p.parent.name for p in PLATFORMS_DIR.glob("*/__init__.py"))
+
+
+def platform_choices() -> dict[str, str]:
+    """The platforms question's menu, label -> name: the title of each platform's README part
+    (launch/<platform>/README.md.jinja, whose first line is its `### ` heading)."""
+    return {platform_title(name): name for name in platform_names()}
+
+
+def platform_title(name: str) -> str:
+    readme = PLATFORMS_DIR / name / "README.md.jinja"
+    first = readme.read_text().lstrip().splitlines()[0] if readme.is_file() else ""
+    return first.lstrip("#").strip() or name
+
+
+def platform_files(name: str) -> str:
+    """What the folder of a platform holds, from its __init__.py's docstring (the README's file list)."""
+    doc = ast.get_docstring(ast.parse((PLATFORMS_DIR / name / "__init__.py").read_text())) or name
+    return " ".join(doc.split())
 
 
 # train.yaml's values copier writes quoted, as answers are (a size such as 1.3B stays a string to any reader).

@@ -51,6 +51,9 @@ Globals it adds:
     family_layout_choices(model)             the family's named layouts (presets of its descriptor and
                                              'custom') as a menu: label -> name (JSON)
     family_choices()                         the model question's menu: every family's summary -> name
+    platform_choices()                       the platforms question's menu: each folder of the package's
+                                             launch/, labelled by its README part's heading
+    platform_files(name)                     the README file list's lines for a platform's folder
     family_facts(model)                      what the templates ask of a family instead of testing its
                                              name: title, default_size, default_strategy, recipes, layouts,
                                              presets, pretrained, causal, tokenizer, exports_own_code,
@@ -78,6 +81,7 @@ import json
 import posixpath
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 from jinja2 import pass_context
@@ -402,6 +406,17 @@ def family_choices() -> str:
     return json.dumps(_answers_module().family_choices())
 
 
+def platform_choices() -> str:
+    """The platforms question's menu, title -> name, as JSON: a folder of the package's launch/ each."""
+    return json.dumps(_answers_module().platform_choices())
+
+
+def platform_files(name: str, width: int = 74) -> str:
+    """The README file list's lines for a platform's folder (its __init__.py's docstring, wrapped)."""
+    lines = textwrap.wrap(_answers_module().platform_files(str(name)), width, break_on_hyphens=False)
+    return ("\n" + " " * 27).join(lines)
+
+
 def family_default(question: str, model: str, layout: str = ""):
     """A question's default for a project of `model` on the preset `layout` (hooks/answers.py)."""
     return _answers_module().family_default(question, str(model), str(layout))
@@ -491,6 +506,8 @@ class RulesExtension(Extension):
         environment.globals["quantity_problem"] = quantity_problem
         environment.globals["family_facts"] = family_facts
         environment.globals["family_choices"] = family_choices
+        environment.globals["platform_choices"] = platform_choices
+        environment.globals["platform_files"] = platform_files
         environment.globals["family_default"] = family_default
         environment.globals["family_settings"] = family_settings
         environment.globals["family_sizes"] = family_sizes

@@ -13,7 +13,6 @@ import pytest
 import yaml
 from conftest import BIN, render, run, run_project_suite, slug_of
 
-
 # Part tests another run already covers: the dev machine's (the default project's) and, outside the
 # DeepSpeed project, DeepSpeed's own files.
 DEVMACHINE_FILES = ["--ignore=tests/test_launch.py", "--ignore=tests/test_devmachine_script.py"]
@@ -103,7 +102,9 @@ def test_deepspeed_project_own_tests_pass(tmp_path):
     )
     assert yaml.safe_load((project / "config/train.yaml").read_text())["run"]["strategy"] == "deepspeed"
     log = run_project_suite(project, *part_tests(), name="deepspeed-project")
-    assert "test_deepspeed.py::" in log and "test_data_safety.py::test_a_run_refuses_data_prepared_again[deepspeed]" in log
+    assert (
+        "test_deepspeed.py::" in log and "test_data_safety.py::test_a_run_refuses_data_prepared_again[deepspeed]" in log
+    )
 
 
 def test_gpt3_project_layouts_match_one_process(tmp_path):

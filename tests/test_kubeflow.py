@@ -18,8 +18,8 @@ import sys
 import pytest
 import yaml
 from conftest import BIN, free_port, render, run, run_project_suite
-from test_generated_project import part_tests
 from k8s_schemas import core_errors, pod_template, to_json_schema, validation_errors
+from test_generated_project import part_tests
 
 PLATFORMS = "[devmachine, kubeflow]"
 # strategy deepspeed adds launch/kubeflow/mpijob.yaml: nodes 1/2/4/16, every fabric, with and

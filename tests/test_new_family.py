@@ -230,7 +230,9 @@ def template_with_llama(tmp_path_factory) -> Path:
 def llama_project(template_with_llama, tmp_path_factory, demo_corpus) -> Path:
     root = tmp_path_factory.mktemp("llama")
     data = copy_demo_corpus(demo_corpus, root / "data")
-    answers = {"project_name": "Llama Run", "model": "llama", "data_dir": data, "output_dir": root / "runs"}
+    # strategy=deepspeed: the project holds DeepSpeed's folder too (the tests train under DDP and ZeRO-2)
+    answers = {"project_name": "Llama Run", "model": "llama", "strategy": "deepspeed"}
+    answers |= {"data_dir": data, "output_dir": root / "runs"}
     cmd = [str(BIN / "copier"), "copy", "--trust", "--defaults"]
     for key, value in answers.items():
         cmd += ["--data", f"{key}={value}"]
@@ -301,10 +303,14 @@ def test_copier_offers_the_family_and_renders_it_from_its_descriptor(template_wi
     assert "llama" not in json.dumps(spec)  # copier.yml was not edited: the menu comes from the descriptors
     train = yaml.safe_load((llama_project / "config" / "train.yaml").read_text())
     assert train["model"]["arch"] == "llama" and train["model"]["size"] == "tiny"
-    assert train["optim"]["lr"] == 1e-3 and train["run"]["strategy"] == "ddp"  # the descriptor's recipe and default
+    assert train["optim"]["lr"] == 1e-3  # the descriptor's recipe
+    assert (
+        train["run"]["strategy"] == "deepspeed"
+        and (llama_project / "src" / slug_of(llama_project) / "strategies" / "deepspeed").is_dir()
+    )
     assert "parallel" not in train  # no pipeline layers: no layout to choose
     readme = (llama_project / "README.md").read_text()
-    assert readme.splitlines()[2].startswith("A LLaMA-style LM trained with DDP")
+    assert readme.splitlines()[2].startswith("A LLaMA-style LM trained with DeepSpeed")
     assert "## The LLaMA-style family" in readme and "(tiny here)" in readme
     menu = run([str(BIN / "copier"), "copy", "--trust", "--defaults", "--data", "model=mamba",
                 str(template_with_llama), str(llama_project.parent / "refused")])  # fmt: skip

@@ -827,7 +827,9 @@ def test_update_to_a_project_of_its_chosen_parts_keeps_edits_and_adds_deepspeed_
     project = generate(tmp_path, tpl, platforms="[devmachine]")
     package = project / "src" / SLUG
     assert (package / "models/bert").is_dir() and (package / "strategies/deepspeed.py").is_file()
-    edit(package / "models/bert/model.py", "def import_transformers():", "USER_BERT = 1\n\n\ndef import_transformers():")
+    edit(
+        package / "models/bert/model.py", "def import_transformers():", "USER_BERT = 1\n\n\ndef import_transformers():"
+    )
     edit(package / "settings/topology.py", "DEFAULT_PORT = 29500\n", "DEFAULT_PORT = 29500\nUSER_MARK = 'kept'\n")
     commit_all(project, "user edits")
     release_today(tpl, "a project holds what was chosen", tag=None)
@@ -866,6 +868,4 @@ def test_update_to_a_project_of_its_chosen_parts_keeps_edits_and_adds_deepspeed_
 
 
 def check_with(project: Path, *overrides: str):
-    return run(
-        [sys.executable, "-m", SLUG, "check", *overrides], cwd=project, env={"PYTHONPATH": str(project / "src")}
-    )
+    return run([sys.executable, "-m", SLUG, "check", *overrides], cwd=project, env={"PYTHONPATH": str(project / "src")})

@@ -1,5 +1,5 @@
-"""`launch devmachine`: torchrun on this machine, or on several started by hand (platform.py).
-launch/ finds the platform by this package's PLATFORM."""
+"""`launch devmachine`: platform.py (torchrun on this machine, or on several started by hand; its
+job's status, logs and cancel from the run's folder). launch/ finds the platform by PLATFORM."""
 
 from .platform import PLATFORM, DevMachine
 

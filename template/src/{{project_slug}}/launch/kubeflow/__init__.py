@@ -1,6 +1,6 @@
 """`launch kubeflow`: platform.py (the manifest, the actions, the Platform), kubernetes_api.py (the
-Kubernetes API calls) and restarts.py (the grace-period check, the restart view). launch/ finds the
-platform by this package's PLATFORM."""
+Kubernetes API calls), restarts.py (the pods' grace period, restart policies and counts),
+environment.py (what the training-operator tells a pod). launch/ finds the platform by PLATFORM."""
 
 from .platform import PLATFORM, Kubeflow
 

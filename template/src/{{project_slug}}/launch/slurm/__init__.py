@@ -1,6 +1,7 @@
 """`launch slurm`: platform.py (sbatch of launch/slurm/'s batch script; squeue, sacct, scancel),
-partition.py (the partition's nodes from sinfo: whether a batch script's request fits one, for
-`launch slurm` and `check`), environment.py (what Slurm tells a node; check's partition verdict). launch/ finds the platform by this package's PLATFORM."""
+partition.py (the partition's nodes from sinfo: whether a batch script's request fits one),
+environment.py (what Slurm tells a node; `check`'s partition verdict on a login node). launch/ finds
+the platform by PLATFORM."""
 
 from .platform import PLATFORM, Slurm
 
