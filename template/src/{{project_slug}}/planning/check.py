@@ -64,9 +64,16 @@ def pretrained_problem(folder: str) -> str | None:
 def run_check(cfg: Config, world_size: int | None = None, quiet: bool = False) -> int:
     world = world_size or cfg.cluster.nodes * cfg.cluster.gpus_per_node
     problems = check_config(cfg, world)
-    problems += launch_file_problems(cfg, project_root())  # where each platform's nodes keep the outputs
+    platforms = platform_modules("environment")  # the platforms present
+    launch_mounts = {
+        where: mounts
+        for module in platforms
+        if hasattr(module, "storage_mounts")
+        for where, mounts in module.storage_mounts(project_root()).items()
+    }
+    problems += launch_file_problems(cfg, launch_mounts)  # where each platform's nodes keep the outputs
     # Not in the generation check (quiet): the machine generating may not be the cluster's login node.
-    for module in [] if quiet else platform_modules("environment"):  # the platforms present
+    for module in [] if quiet else platforms:
         problems += module.site_problems(cfg) if hasattr(module, "site_problems") else []
     weights_problem = None if quiet else pretrained_problem(cfg.model.pretrained)
     if weights_problem:
@@ -90,7 +97,7 @@ def run_check(cfg: Config, world_size: int | None = None, quiet: bool = False) -
                 f"memory fits: {m['total'] / GIB:.1f} of {m['usable'] / GIB:.1f} GiB usable per {cfg.cluster.gpu_type} "
                 f"in {on_gpu_type(cfg)} (`plan` for the details)"
             )
-            note = launch_file_note(cfg, project_root())
+            note = launch_file_note(cfg, launch_mounts)
             if note:
                 print(f"note: {note}")
             stop = stop_reaction(cfg, ASSUMED_MFU)

@@ -6,7 +6,8 @@ checkpoints into a container that vanishes with it, or find no data. The paths a
 links they pass below a mount, followed as a node follows them (the storage holds the same links
 there): /mnt/shared/runs -> /home/me/runs lies off the storage whatever its text says. Where the
 storage is not mounted here the links cannot be followed, which `check` says in a note
-(unfollowed_note). `check` judges the paths against the Kubeflow manifests (launch_file_problems),
+(unfollowed_note). `check` judges the paths against the platforms' launch files (launch_file_problems, with the mounts
+each platform folder's storage_mounts reads: Kubeflow's manifests),
 each launch against its own files before submitting; the copy is also written from this machine, at
 the same path: a folder under a file or on read-only storage (tried with a file made and removed:
 root passes os.access on a read-only mount) is refused before anything is copied.
@@ -118,25 +119,33 @@ def outside_problem(field: str, value: str, mounts: list[str], where: str) -> st
     )
 
 
-def launch_file_problems(cfg: Config, root: Path) -> list[str]:
-    """run.output_dir and data.dir against the volumes the project's Kubeflow manifests mount (its pods
-    see nothing else; as copier refuses such answers). TI-ONE's start scripts, which also run outside
-    TI-ONE, warn instead; `launch tione` refuses when it submits (require_on_storage)."""
+def manifests_mounts(folder: Path, root: Path) -> dict[str, list[str]]:
+    """The volume mounts of each Kubernetes manifest in a project folder, by its path in the project."""
+    return {
+        str(path.relative_to(root)): manifest_mounts(
+            read_yaml(path, "correct that line, or re-render it with `copier update`")
+        )
+        for path in sorted(folder.glob("*.yaml"))
+    }
+
+
+def launch_file_problems(cfg: Config, launch_mounts: dict[str, list[str]]) -> list[str]:
+    """run.output_dir and data.dir against the volumes each launch file gives the job's nodes (the
+    platforms' storage_mounts: Kubeflow's manifests; its pods see nothing else, as copier refuses such
+    answers). TI-ONE's start scripts, which also run outside TI-ONE, warn instead; `launch tione`
+    refuses when it submits (require_on_storage)."""
     problems = []
-    for path in sorted((root / "launch" / "kubeflow").glob("*.yaml")):
-        mounts = manifest_mounts(read_yaml(path, "correct that line, or re-render it with `copier update`"))
+    for where, mounts in launch_mounts.items():
         for field, value in (("run.output_dir", cfg.run.output_dir), ("data.dir", cfg.data.dir)):
-            problem = outside_problem(field, value, mounts, str(path.relative_to(root)))
+            problem = outside_problem(field, value, mounts, where)
             if problem and problem not in problems:
                 problems.append(problem)
     return problems
 
 
-def launch_file_note(cfg: Config, root: Path) -> str | None:
-    """unfollowed_note for run.output_dir and data.dir against the project's Kubeflow manifests."""
-    mounts: list[str] = []
-    for path in sorted((root / "launch" / "kubeflow").glob("*.yaml")):
-        mounts += manifest_mounts(read_yaml(path, "correct that line, or re-render it with `copier update`"))
+def launch_file_note(cfg: Config, launch_mounts: dict[str, list[str]]) -> str | None:
+    """unfollowed_note for run.output_dir and data.dir against the launch files' mounts."""
+    mounts = [mount for found in launch_mounts.values() for mount in found]
     paths = [("run.output_dir", cfg.run.output_dir), ("data.dir", cfg.data.dir)]
     return unfollowed_note(paths, list(dict.fromkeys(mounts)))
 

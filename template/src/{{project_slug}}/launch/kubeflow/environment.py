@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from pathlib import Path
 
+from ...planning.storage_paths import manifests_mounts
 from ...settings.bounds import MAX_COUNT, MAX_NODES
 from ...settings.topology import (
     SET_BY_JOB,
@@ -67,3 +69,9 @@ def read_kubeflow(env: Mapping[str, str], nproc: int, nnodes_default: int) -> To
 
 
 ROWS = [Platform("kubeflow", ("PET_NNODES",), read_kubeflow)]
+
+
+def storage_mounts(root: Path) -> dict[str, list[str]]:
+    """The volumes each of the project's manifests mounts in its pods: `check` judges run.output_dir and
+    data.dir against them (a pod sees nothing else)."""
+    return manifests_mounts(root / "launch" / "kubeflow", root)
