@@ -3,11 +3,12 @@
     <package> launch <platform> [--dry-run] [key=value ...]          # submit (--dry-run: the exact request)
     <package> launch <platform> --action status|logs|cancel [--id ID | --name NAME] [--follow]
 
-A platform is a subclass of Platform in launch/<platform>.py: `submit` starts the job and records it
-(jobs.py), `dry_run` prints what submit would send and nothing else, `status`, `logs` and `cancel`
-act on a Job (the newest record by default). `job_named` turns --id/--name into a Job when no record
-matches: a job submitted elsewhere can be watched too. Adding a platform is one module (launch/__init__.py
-finds it by its PLATFORM), a row in topology.py for its variables, and a test.
+A platform is a subclass of Platform in launch/<platform>/platform.py: `submit` starts the job and
+records it (jobs.py), `dry_run` prints what submit would send and nothing else, `status`, `logs` and
+`cancel` act on a Job (the newest record by default). `job_named` turns --id/--name into a Job when
+no record matches: a job submitted elsewhere can be watched too. Adding a platform is one folder
+(launch/__init__.py finds it by its PLATFORM): its platform.py, its environment.py (the rows of
+settings/topology.py for its variables), its README part (README.md.jinja) and its tests.
 """
 
 from __future__ import annotations

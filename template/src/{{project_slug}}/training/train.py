@@ -235,19 +235,13 @@ def _train_steps(run: Run, resume: bool, lock: run_lock.RunLock | None, watchdog
 
     # Records after the checkpoint's step were written by the attempt that died: they are redone.
     logger = MetricsLogger(out, run.is_main, cfg.logging.tensorboard, resume_step=start_step)
-    window_start, window_steps = time.perf_counter(), 0
-    # The next steps' batches are read on a thread while this one computes; leaving the loop stops it.
-    load = functools.partial(
-        micro_batches, train_data, accum=accum, data_rank=strategy.data_rank, b=run, seed=cfg.run.seed
-    )
-    stop.start(start_step)
-    for step, batches in prefetch.steps(load, range(start_step, s.max_steps), device):
-        if step == start_step + 1 and watchdog is not None:  # the first step is done, and agreed on
-            watchdog.cancel()
+    window = StepWindow()
+
+    def train_step(step: int, batches: list) -> tuple[float, torch.Tensor]:
+        """Forward, backward and the update (unless the guard refuses it): the step's rate and norm."""
         faults.before_step(run.rank, step)
         point = schedule.at(step, cfg)
         strategy.set_schedule(point)
-        lr = strategy.peak_lr * point.lr_factor
         if strategy.consumes_batches:  # a pipeline engine schedules the micro batches over its stages itself
             loss_sum, grad_norm = strategy.train_batch(batches)
             guard.observe_loss(loss_sum)
@@ -264,83 +258,108 @@ def _train_steps(run: Run, resume: bool, lock: run_lock.RunLock | None, watchdog
             guard.observe_loss(loss_sum / accum)
             # clip, update unless the guard says not to, clear; the norm before clipping
             grad_norm = strategy.step(functools.partial(guard.judge, step))
-        done, window_steps = step + 1, window_steps + 1
-        last = done == s.max_steps
+        return strategy.peak_lr * point.lr_factor, grad_norm
 
-        # Only a logging step waits for the device (its .item() calls): between two of them the host
-        # queues work ahead and the losses and norms stay on the device.
-        logged = done % cfg.logging.every_steps == 0 or last
+    def log_step(done: int, lr: float, grad_norm: torch.Tensor) -> None:
+        """The metrics line: the one place between logging steps that waits for the device (.item())."""
+        skipped = guard.check(newest_checkpoint)  # also waits for the device
+        step_time = window.step_time()
+        record = {
+            "step": done,
+            "loss": guard.loss.item(),
+            "lr": lr,
+            "grad_norm": grad_norm.item(),
+            "tokens_per_sec": tokens_per_step / step_time,
+            "mfu": mfu(flops_per_token, tokens_per_step / step_time, run.world_size, peak),
+            "step_time": step_time,
+            "tokens": done * tokens_per_step,
+            **strategy.loss_scaling(),  # fp16: loss_scale, skipped (steps of the run so far)
+            **({"not_applied": skipped} if skipped else {}),  # the divergence guard's, in this attempt
+        }
+        logger.log(record)
+        print0(format_step(record, s.max_steps))
+
+    def eval_step(done: int) -> None:
+        if strategy.consumes_batches:  # the pipeline's stages evaluate together
+            result = strategy.evaluate(val_data, run.micro_batch_size, cfg.logging.eval_batches)
+        else:
+            batch, batches = run.micro_batch_size, cfg.logging.eval_batches
+            result = evaluate(strategy.module, val_data, token_bytes, run, batch, batches, autocast)
+        scores = val_scores(result)
+        logger.log({"step": done, **scores})
+        print0(f"step {done:>6}/{s.max_steps} | {format_scores(scores)}")
+
+    def tasks_step(done: int) -> None:
+        result = tasks.evaluate_tasks(
+            strategy.module, tokenizer, bos_id(tokenizer), task_list, T, run, autocast, cfg.eval.tasks_max_per_task
+        )
+        logger.log(tasks.metrics_record(done, result))
+        print0(f"step {done:>6}/{s.max_steps} | CORE {result['core']:.4f} ({len(task_list)} tasks)")
+
+    def stop_preempted(done: int, saved: bool) -> int:
+        if not saved:
+            save(done)
+        if run.is_main:
+            preemption.write_marker(out, done, stop.signal_name, str(checkpoint.named_by_latest(ckpt_dir)))
+        print0(
+            f"preempted ({stop.signal_name or 'signal on another rank'}): checkpoint of step {done} saved; "
+            f"the same command resumes from it (exit code {preemption.EXIT_PREEMPTED})"
+        )
+        logger.close()
+        return preemption.EXIT_PREEMPTED
+
+    # The next steps' batches are read on a thread while this one computes; leaving the loop stops it.
+    load = functools.partial(
+        micro_batches, train_data, accum=accum, data_rank=strategy.data_rank, b=run, seed=cfg.run.seed
+    )
+    every, eval_every, tasks_every = cfg.logging.every_steps, cfg.logging.eval_every_steps, cfg.eval.tasks_every_steps
+    stop.start(start_step)
+    for step, batches in prefetch.steps(load, range(start_step, s.max_steps), device):
+        if step == start_step + 1 and watchdog is not None:  # the first step is done, and agreed on
+            watchdog.cancel()
+        lr, grad_norm = train_step(step, batches)
+        done, last = step + 1, step + 1 == s.max_steps
+        window.steps += 1
+        # Only a logging step waits for the device: between two of them the host queues work ahead.
+        logged = done % every == 0 or last
         if logged:
-            skipped = guard.check(newest_checkpoint)  # also waits for the device
-            loss_value = guard.loss.item()
-            step_time = (time.perf_counter() - window_start) / window_steps
-            record = {
-                "step": done,
-                "loss": loss_value,
-                "lr": lr,
-                "grad_norm": grad_norm.item(),
-                "tokens_per_sec": tokens_per_step / step_time,
-                "mfu": mfu(flops_per_token, tokens_per_step / step_time, run.world_size, peak),
-                "step_time": step_time,
-                "tokens": done * tokens_per_step,
-                **strategy.loss_scaling(),  # fp16: loss_scale, skipped (steps of the run so far)
-                **({"not_applied": skipped} if skipped else {}),  # the divergence guard's, in this attempt
-            }
-            logger.log(record)
-            print0(format_step(record, s.max_steps))
-            window_start, window_steps = time.perf_counter(), 0
-
-        if (cfg.logging.eval_every_steps and done % cfg.logging.eval_every_steps == 0) or last:
-            if strategy.consumes_batches:  # the pipeline's stages evaluate together
-                result = strategy.evaluate(val_data, run.micro_batch_size, cfg.logging.eval_batches)
-            else:
-                result = evaluate(
-                    strategy.module,
-                    val_data,
-                    token_bytes,
-                    run,
-                    run.micro_batch_size,
-                    cfg.logging.eval_batches,
-                    autocast,
-                )
-            scores = val_scores(result)
-            logger.log({"step": done, **scores})
-            print0(f"step {done:>6}/{s.max_steps} | {format_scores(scores)}")
-            window_start, window_steps = time.perf_counter(), 0
-
-        if task_list and done % cfg.eval.tasks_every_steps == 0:
-            result = tasks.evaluate_tasks(
-                strategy.module, tokenizer, bos_id(tokenizer), task_list, T, run, autocast, cfg.eval.tasks_max_per_task
-            )
-            logger.log(tasks.metrics_record(done, result))
-            print0(f"step {done:>6}/{s.max_steps} | CORE {result['core']:.4f} ({len(task_list)} tasks)")
-            window_start, window_steps = time.perf_counter(), 0
-
+            log_step(done, lr, grad_norm)
+            window.restart()
+        if (eval_every and done % eval_every == 0) or last:
+            eval_step(done)
+            window.restart()  # tokens/s counts training steps only
+        if task_list and done % tasks_every == 0:
+            tasks_step(done)
+            window.restart()
         saved = (cfg.checkpoint.every_steps and done % cfg.checkpoint.every_steps == 0) or last
         if saved:
             save(done)
-            window_start, window_steps = time.perf_counter(), 0
-
+            window.restart()
         # A collective that waits for every rank: held at the logging steps, which wait for the device
         # anyway (every rank knows which they are), at checkpoints, which would save again otherwise,
         # and where slow steps would make logging.every_steps outlast the grace (preemption.py).
         if not last and (logged or saved or stop.due(done)) and stop.agreed(done):
-            if not saved:
-                save(done)
-            if run.is_main:
-                preemption.write_marker(out, done, stop.signal_name, str(checkpoint.named_by_latest(ckpt_dir)))
-            print0(
-                f"preempted ({stop.signal_name or 'signal on another rank'}): checkpoint of step {done} saved; "
-                f"the same command resumes from it (exit code {preemption.EXIT_PREEMPTED})"
-            )
-            logger.close()
-            return preemption.EXIT_PREEMPTED
+            return stop_preempted(done, saved)
 
     logger.close()
     left_out = guard.check(newest_checkpoint)
     note = f"; {left_out} step{'s were' if left_out > 1 else ' was'} not applied (divergence guard)" if left_out else ""
     print0(f"done: metrics in {out / 'metrics.jsonl'}, checkpoints in {ckpt_dir}{note}")
     return 0
+
+
+class StepWindow:
+    """The training steps since the time was last taken: tokens/s and MFU count training only, so
+    evaluation, tasks and saves start a new window."""
+
+    def __init__(self) -> None:
+        self.restart()
+
+    def restart(self) -> None:
+        self.start, self.steps = time.perf_counter(), 0
+
+    def step_time(self) -> float:
+        return (time.perf_counter() - self.start) / self.steps
 
 
 def first_step_watchdog(cfg: Config, rank: int) -> threading.Timer | None:
