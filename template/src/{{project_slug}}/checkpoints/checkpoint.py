@@ -20,7 +20,9 @@ scaler's state and the count of skipped steps (strategies/ddp.py); DeepSpeed sav
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
+import shutil
 import sys
 from pathlib import Path
 
@@ -29,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from ..data.tokens import data_fingerprint, find_data
+from ..runtime import faults
 from ..runtime.distributed import gather_objects, print0, share_from_main
 from ..runtime.unrecoverable import raise_on_every_rank
 from ..settings.config import Config, ConfigError
@@ -226,6 +229,29 @@ def save(folder: Path, step: int, state: dict, keep_last: int, run_id: str | Non
         old.unlink(missing_ok=True)
         files.manifest_path(old).unlink(missing_ok=True)
     return path
+
+
+def commit_folder(
+    staged: Path, folder: Path, step: int, shares: dict, keep_last: int, run_id: str | None, on_prune=None
+) -> Path:
+    """A sharded checkpoint every rank has written and fsynced into `staged` (a folder under
+    checkpoints/.staging/), committed as save() commits a file: its manifest (`shares`, the files'
+    sizes and hashes), renamed into place (an older attempt's folder of the same step replaced), made
+    durable, `latest` pointed at it, and all but the newest keep_last of this run's folders removed
+    (on_prune(old) for what a strategy keeps beside each). Rank 0 only; the ranks wait after it."""
+    files.write_manifest(staged / files.MANIFEST, run_id, step, shares)
+    faults.pause_before_commit(staged)
+    final = folder / staged.name
+    if final.exists():  # the same step saved by an attempt that died before `latest` moved
+        shutil.rmtree(final)
+    os.replace(staged, final)
+    files.fsync_tree(final)
+    write_latest(folder, final.name)
+    for old in files.own(files.list_folders(folder), run_id)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+        if on_prune:
+            on_prune(old)
+    return final
 
 
 def state_bytes(state) -> int:

@@ -37,7 +37,6 @@ from pathlib import Path
 import torch
 
 from ...checkpoints import checkpoint, checkpoint_files
-from ...runtime import faults
 from ...runtime.distributed import barrier, gather_objects, print0, share_from_main
 from ...runtime.run_context import Run
 from ...runtime.unrecoverable import raise_on_every_rank
@@ -288,7 +287,7 @@ class DeepSpeedStrategy:  # implements base.Strategy
         self.ds_config = deepspeed_config(
             cfg, run.grad_accum, run.data_parallel_size, run.device, precision=run.precision
         )
-        self.clips_itself = clipped_by_strategy(cfg.deepspeed.zero_stage, run.precision)
+        self.clips_itself = clipped_by_strategy(run.zero_stage, run.precision)
         refuse_unsupported_precision(self.ds_config, run.device, cfg.run.dtype)
         self.find_resume_point(resume, run.data_parallel_size)
         self._write_config()
@@ -464,19 +463,11 @@ class DeepSpeedStrategy:  # implements base.Strategy
             raise_on_every_rank(share_from_main(message), self.run.is_main, key="run.output_dir")
         files = self._hash_shares(staging / tag)
         if self.run.is_main:
-            checkpoint_files.write_manifest(staging / tag / checkpoint_files.MANIFEST, self.run_id, step, files)
-            faults.pause_before_commit(staging / tag)
-            final = ckpt_dir / tag
-            if final.exists():  # the same step saved by an attempt that died before `latest` moved
-                shutil.rmtree(final)
-            os.replace(staging / tag, final)
             for script in (p for p in staging.iterdir() if p.is_file()):
                 os.replace(script, ckpt_dir / script.name)  # zero_to_fp32.py: run next to `latest`
-            checkpoint_files.fsync_tree(final)
-            checkpoint.write_latest(ckpt_dir, tag)
-            for old in checkpoint_files.own(_checkpoint_dirs(ckpt_dir), self.run_id)[: -self.cfg.checkpoint.keep_last]:
-                shutil.rmtree(old, ignore_errors=True)
-                universal_checkpoint.remove_conversion(old)
+            keep = self.cfg.checkpoint.keep_last
+            prune = universal_checkpoint.remove_conversion
+            final = checkpoint.commit_folder(staging / tag, ckpt_dir, step, files, keep, self.run_id, prune)
             print0(f"saved {final}")
         barrier()
 
