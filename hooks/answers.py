@@ -708,7 +708,7 @@ def _requirements() -> set[str]:
         return set()
     text = (TEMPLATE / "pyproject.toml.jinja").read_text()
     names = set()
-    every_part = {"platforms": _choices(questions()["platforms"]), "strategy": "deepspeed", "family_facts": facts}
+    every_part = {"platforms": _choices(questions()["platforms"]), "strategy": "deepspeed", "with_deepspeed": True}
     for model in _choices(questions()["model"]):
         spec = tomllib.loads(jinja2.Environment().from_string(text).render(model=model, project_slug="x", **every_part))
         project = spec.get("project", {})

@@ -365,7 +365,7 @@ def test_update_across_the_launch_package_move_keeps_user_edits(tmp_path):
     assert "#SBATCH --comment=user" in (project / "launch/slurm/train.sbatch").read_text()
     flat = sorted(p.name for p in package.glob("launch*.py"))
     assert flat == [], f"moved modules left behind: {flat}"
-    assert {"__init__.py", "base.py", "jobs.py", "slurm.py", "tione"} <= {
+    assert {"__init__.py", "base.py", "jobs.py", "slurm", "tione"} <= {
         p.name for p in (package / "launch").iterdir()
     }
     assert (package / "launch" / "tione" / "platform.py").is_file()
@@ -412,7 +412,7 @@ def test_update_across_the_package_regrouping_keeps_user_edits(tmp_path):
         "strategies/deepspeed/tensor_parallel.py",
     ):
         assert (package / new).is_file(), f"{new} missing after the update"
-    assert "deepspeed" not in (package / "models/gpt3/model.py").read_text()
+    assert not re.search(r"^\s*(import|from) deepspeed", (package / "models/gpt3/model.py").read_text(), re.M)
     (package / "my_callbacks.py").unlink()  # the shape test lists every module; the user's own is not in it
     env = {"PYTHONPATH": str(project / "src")}
     shape = run(
