@@ -365,9 +365,7 @@ def test_update_across_the_launch_package_move_keeps_user_edits(tmp_path):
     assert "#SBATCH --comment=user" in (project / "launch/slurm/train.sbatch").read_text()
     flat = sorted(p.name for p in package.glob("launch*.py"))
     assert flat == [], f"moved modules left behind: {flat}"
-    assert {"__init__.py", "base.py", "jobs.py", "slurm", "tione"} <= {
-        p.name for p in (package / "launch").iterdir()
-    }
+    assert {"__init__.py", "base.py", "jobs.py", "slurm", "tione"} <= {p.name for p in (package / "launch").iterdir()}
     assert (package / "launch" / "tione" / "platform.py").is_file()
     assert (project / "launch/tione/task.yaml").is_file()
     assert not list(project.rglob("*.rej")) and "<<<<<<<" not in topology.read_text()
