@@ -239,5 +239,5 @@ def test_every_platform_variable_refuses_bad_values_in_one_line(cli, tmp_path):
                 failures.append(f"{env}: exit {code} though every variable is good\n{output[-1500:]}")
         elif refused_cleanly([argv, code, output], name) or "$ " in output:
             failures.append(f"{name}={env[name]!r}: exit {code}\n{output[-1500:]}")
-    assert len(cases) > 30 * len(PLATFORM_VARIABLES)
+    assert len(cases) > 20 * len(PLATFORM_VARIABLES)  # each platform: its numbers, each given seven wrong ways
     assert not failures, f"{len(failures)} of {len(cases)} cases:\n" + "\n".join(failures[:10])
