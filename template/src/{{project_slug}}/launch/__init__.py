@@ -6,7 +6,7 @@
     <package> launch <platform> --action status --id <job id>                        # another job
 
 One folder per platform (launch/<platform>/ here, beside the project's launch/<platform>/ files),
-written only for the platforms the project was made with; its __init__.py exports PLATFORM, a
+written only for the platforms the project was made with; its platform.py defines PLATFORM, a
 base.Platform: platforms are found by that name, so a new platform is its folder (plus its topology
 row). A platform the template offers and the project lacks is one line naming the `copier update`. Config overrides (key=value) reach `train` on every node. A module
 that cannot be imported (an edit left a syntax error) is named by its file and line by `launch <its
@@ -38,13 +38,15 @@ UNLOADABLE: dict[str, str] = {}
 
 
 def find_platforms() -> dict:
-    """{platform name: its base.Platform class} of every module here that defines PLATFORM."""
+    """{platform name: its base.Platform class} of every folder here whose platform.py defines PLATFORM."""
     found = {}
     for module in pkgutil.iter_modules(__path__):
-        try:
-            imported = importlib.import_module(f"{__name__}.{module.name}")
+        if not module.ispkg:
+            continue  # base.py, jobs.py ...: what the platforms share
+        path = Path(__path__[0]) / module.name / "platform.py"
+        try:  # its platform.py alone: a broken one stops `launch <it>`, not its folder's other modules
+            imported = importlib.import_module(f"{__name__}.{module.name}.platform")
         except Exception as exc:  # whatever its import raises is named with its file
-            path = Path(__path__[0]) / (f"{module.name}/__init__.py" if module.ispkg else f"{module.name}.py")
             UNLOADABLE[module.name] = f"{path} cannot be loaded: {import_failure(exc, path)}; fix it"
             continue
         platform = getattr(imported, "PLATFORM", None)

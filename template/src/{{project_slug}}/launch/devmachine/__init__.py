@@ -1,6 +1,2 @@
 """`launch devmachine`: platform.py (torchrun on this machine, or on several started by hand; its
-job's status, logs and cancel from the run's folder). launch/ finds the platform by PLATFORM."""
-
-from .platform import PLATFORM, DevMachine
-
-__all__ = ["PLATFORM", "DevMachine"]
+job's status, logs and cancel from the run's folder)."""

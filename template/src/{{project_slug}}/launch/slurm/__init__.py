@@ -1,8 +1,3 @@
 """`launch slurm`: platform.py (sbatch of launch/slurm/'s batch script; squeue, sacct, scancel),
 partition.py (the partition's nodes from sinfo: whether a batch script's request fits one),
-environment.py (what Slurm tells a node; `check`'s partition verdict on a login node). launch/ finds
-the platform by PLATFORM."""
-
-from .platform import PLATFORM, Slurm
-
-__all__ = ["PLATFORM", "Slurm"]
+environment.py (what Slurm tells a node; `check`'s partition verdict on a login node)."""
