@@ -559,6 +559,11 @@ def unknown_name_problem(name: str) -> str:
     return f"unknown answer '{name}': no question has that name (README.md lists them)"
 
 
+def question_choices(name: str, answers: dict | None = None) -> list:
+    """The choices of a question of copier.yml (rendered ones for the answers given)."""
+    return _choices(questions()[name], answers)
+
+
 def _choices(question: dict, answers: dict | None = None) -> list:
     """A question's choices; rendered ones (a family's layouts, the families) for the answers given."""
     choices = question.get("choices") or []

@@ -85,7 +85,7 @@ def typed_answers(root: Path, rules) -> tuple[dict, list[str]]:
             continue
         if question.get("multiselect"):
             items = [p.strip(" '\"") for p in str(value).strip().strip("[]").split(",") if p.strip(" '\"")]
-            allowed = [str(v) for v in (question.get("choices") or {}).values()]
+            allowed = [str(v) for v in rules.question_choices(key)]
             wrong = [p for p in items if p not in allowed]
             if wrong or not items:
                 problems.append(
