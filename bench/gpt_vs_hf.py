@@ -113,7 +113,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # ---------------------------------------------------------------------------
 
 
-def render_project(dst: Path, vcs_ref: str) -> None:
+def render_project(dst: Path, vcs_ref: str, every_part: bool = False) -> None:
+    """A project of this template at vcs_ref (the default answers). every_part: with every family's
+    folder and DeepSpeed's copied in too, for the benches that compare them all in one project (a
+    project holds only its own family, gpt's and, for strategy=deepspeed, DeepSpeed's)."""
     if importlib.util.find_spec("copier") is not None:
         copier = [sys.executable, "-m", "copier"]
     elif shutil.which("copier"):
@@ -143,6 +146,17 @@ def render_project(dst: Path, vcs_ref: str) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
+    if every_part:  # the folders hold no Jinja but their README parts (left out, as copier does)
+        package = TEMPLATE_ROOT / "template" / "src" / "{{project_slug}}"
+        target = next((dst / "src").glob("*/cli.py")).parent
+        families = [folder for folder in (package / "models").iterdir() if folder.is_dir()]
+        for part in [*families, package / "strategies" / "deepspeed"]:
+            if part.is_dir() and not (target / part.relative_to(package)).exists():
+                shutil.copytree(
+                    part,
+                    target / part.relative_to(package),
+                    ignore=shutil.ignore_patterns("*.jinja", "__pycache__"),
+                )
 
 
 def import_project(project: Path):

@@ -549,7 +549,7 @@ def main(argv: list[str] | None = None) -> None:
         from gpt_vs_hf import render_project
 
         args.project = Path(tempfile.mkdtemp(prefix="gpu-estimate-")) / "project"
-        render_project(args.project, "HEAD")
+        render_project(args.project, "HEAD", every_part=True)
     project = import_project(args.project)
     known = project[3].families()
     if unknown := sorted(set(args.only or ()) - set(known)):

@@ -520,7 +520,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="gpu-bench-"))
     project = args.project or work / "project"
     if args.project is None:
-        render_project(project, "HEAD")
+        render_project(project, "HEAD", every_part=True)
     package = next((project / "src").glob("*/cli.py")).parent.name
     all_rows = CPU_SMOKE if args.cpu_smoke else GPU_ROWS
     rows = {

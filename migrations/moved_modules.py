@@ -281,7 +281,9 @@ def save(template_clone: str, old_ref: str, new_answers: str = "{}") -> None:
         for path in unused:
             folders.setdefault(part_folder(path), []).append(path)
         (kept / "unused.json").write_text(
-            json.dumps({folder: {"files": files, "edited": sorted(edited & set(files))} for folder, files in folders.items()})
+            json.dumps(
+                {folder: {"files": files, "edited": sorted(edited & set(files))} for folder, files in folders.items()}
+            )
         )
         for path in candidates:
             written = Path(old_render, path)
@@ -326,7 +328,9 @@ def remove_unused_parts(kept: Path) -> None:
             Path(path).unlink(missing_ok=True)
         for cache in sorted(Path(folder).rglob("__pycache__"), reverse=True) if Path(folder).is_dir() else []:
             shutil.rmtree(cache, ignore_errors=True)
-        for child in sorted((p for p in Path(folder).rglob("*") if p.is_dir()), reverse=True) if Path(folder).is_dir() else []:
+        for child in (
+            sorted((p for p in Path(folder).rglob("*") if p.is_dir()), reverse=True) if Path(folder).is_dir() else []
+        ):
             if not any(child.iterdir()):
                 child.rmdir()
         if Path(folder).is_dir() and not any(Path(folder).iterdir()):

@@ -66,6 +66,18 @@ def default_project(tmp_path_factory) -> Path:
     return render(root / "project", project_name="CI Run", data_dir=str(root / "data"), output_dir=str(root / "runs"))
 
 
+@pytest.fixture(scope="session")
+def every_part_project(tmp_path_factory) -> Path:
+    """The default project with every family's folder and DeepSpeed's copied in, as the benches that
+    compare them all render it (bench/gpt_vs_hf.py's render_project)."""
+    sys.path.insert(0, str(TEMPLATE / "bench"))
+    from gpt_vs_hf import render_project
+
+    project = tmp_path_factory.mktemp("every-part") / "project"
+    render_project(project, "HEAD", every_part=True)
+    return project
+
+
 def slug_of(project: Path) -> str:
     return yaml.safe_load((project / ".copier-answers.yml").read_text())["project_slug"]
 

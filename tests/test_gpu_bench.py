@@ -20,10 +20,10 @@ sys.path.insert(0, str(BENCH))
 import gpu_throughput  # noqa: E402
 
 
-def test_cpu_smoke_prints_every_row_and_writes_the_results(tmp_path, default_project):
+def test_cpu_smoke_prints_every_row_and_writes_the_results(tmp_path, every_part_project):
     results = tmp_path / "results.md"
     cmd = [str(BIN / "python"), str(BENCH / "gpu_throughput.py"), "--cpu-smoke", "--steps", "4"]
-    done = run(cmd + ["--project", str(default_project), "--out", str(results)], cwd=BENCH, timeout=600)
+    done = run(cmd + ["--project", str(every_part_project), "--out", str(results)], cwd=BENCH, timeout=600)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     rows = [*gpu_throughput.CPU_SMOKE, "bert tiny plain loop"]

@@ -76,8 +76,10 @@ def test_an_indexed_read_counts_the_elements_it_touches_and_the_head_is_summed_a
     assert 0 < tally.head_s(peak, bandwidth) < tally.time_s(peak, bandwidth)
 
 
-def test_tiny_run_prints_a_ratio_per_family(default_project):
-    done = run([sys.executable, str(SCRIPT), "--tiny", "--project", str(default_project), "--gpu", "A100"], timeout=300)
+def test_tiny_run_prints_a_ratio_per_family(every_part_project):
+    done = run(
+        [sys.executable, str(SCRIPT), "--tiny", "--project", str(every_part_project), "--gpu", "A100"], timeout=300
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     finals = [FINAL_LINE.match(line) for line in lines[-3:]]
