@@ -321,7 +321,8 @@ def _typed(question: dict, value):
     if question.get("multiselect"):
         if isinstance(value, str):
             value = [item.strip(" '\"") for item in value.strip().strip("[]").split(",") if item.strip(" '\"")]
-        return list(value)
+        order = [str(choice) for choice in _choices(question)]  # copier records them in the menu's order
+        return sorted(value, key=lambda item: order.index(str(item)) if str(item) in order else len(order))
     kind = question.get("type", "yaml")
     if kind == "int":
         return int(value)

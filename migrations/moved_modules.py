@@ -251,13 +251,21 @@ def part_folder(path: str) -> str | None:
     return None
 
 
+def as_answered(given, recorded):
+    """An answer given with --data (text) in the type of the recorded one: a list of platforms."""
+    if isinstance(recorded, list) and isinstance(given, str):
+        return [item.strip(" '\"") for item in given.strip().strip("[]").split(",") if item.strip(" '\"")]
+    return given
+
+
 def save(template_clone: str, old_ref: str, new_answers: str = "{}") -> None:
+    """new_answers: the answers given to this update (--data), as JSON."""
     kept = kept_folder()
     stamp = kept / "old_ref"
     if not (stamp.is_file() and stamp.read_text() == old_ref):  # left by an update that did not finish
         shutil.rmtree(kept, ignore_errors=True)
     answers = load_answers()
-    new = {**answers, **{k: v for k, v in json.loads(new_answers).items() if not k.startswith("_")}}
+    new = {**answers, **{k: as_answered(v, answers.get(k)) for k, v in json.loads(new_answers).items()}}
     old_paths = {path for path in written_paths(template_clone, old_ref, answers) if Path(path).is_file()}
     new_rendered = rendered_paths(template_clone, new)
     named = written_paths(template_clone, "HEAD", new)

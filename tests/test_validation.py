@@ -301,7 +301,7 @@ DATA_FILES = [
     ),
     (
         "platforms: [devmachine, aws]\n",
-        "Validation error for question 'platforms': platforms item 'aws' is not one of devmachine, kubeflow, tione, slurm; e.g. platforms=[devmachine, kubeflow]",
+        "Validation error for question 'platforms': platforms item 'aws' is not one of devmachine, kubeflow, slurm, tione; e.g. platforms=[devmachine, kubeflow]",
     ),
     ("nodes: 2\nnode: 4\n", "unknown answer 'node': did you mean 'nodes'?"),
 ]
