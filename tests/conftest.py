@@ -66,6 +66,19 @@ def default_project(tmp_path_factory) -> Path:
     return render(root / "project", project_name="CI Run", data_dir=str(root / "data"), output_dir=str(root / "runs"))
 
 
+def copy_template(copy: Path) -> Path:
+    """This template's files (copier.yml, hooks, template, migrations) copied to `copy`, a fork to add
+    a family or a platform to."""
+    copy.mkdir(parents=True, exist_ok=True)
+    for name in ("copier.yml", "hooks", "template", "migrations"):
+        source = TEMPLATE / name
+        if source.is_dir():
+            shutil.copytree(source, copy / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif source.exists():
+            shutil.copy2(source, copy / name)
+    return copy
+
+
 @pytest.fixture(scope="session")
 def every_part_project(tmp_path_factory) -> Path:
     """The default project with every family's folder and DeepSpeed's copied in, as the benches that

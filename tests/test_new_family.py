@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BIN, TEMPLATE, copy_demo_corpus, run, run_project_suite, slug_of
+from conftest import BIN, copy_demo_corpus, copy_template, run, run_project_suite, slug_of
 
 DESCRIPTOR = '''"""A LLaMA-style causal LM as the rest of the project sees it (no torch here)."""
 
@@ -201,13 +200,7 @@ LLAMA = ["model.arch=llama", "model.size=tiny", "model.sequence_len=64", "batch.
 
 def copy_with_llama(copy: Path, descriptor: str = DESCRIPTOR) -> Path:
     """A copy of this template at `copy` with a llama folder holding `descriptor`; the folder."""
-    copy.mkdir(parents=True, exist_ok=True)
-    for name in ("copier.yml", "hooks", "template", "migrations"):
-        source = TEMPLATE / name
-        if source.is_dir():
-            shutil.copytree(source, copy / name, ignore=shutil.ignore_patterns("__pycache__"))
-        elif source.exists():
-            shutil.copy2(source, copy / name)
+    copy_template(copy)
     folder = copy / "template" / "src" / "{{project_slug}}" / "models" / "llama"
     (folder / "tests").mkdir(parents=True)
     (folder / "__init__.py").write_text('"""The LLaMA-style family."""\n')

@@ -9,11 +9,10 @@ under PBS's variables work, the project holds no other platform's code, and its 
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
-from conftest import BIN, TEMPLATE, run, run_project_suite, slug_of
+from conftest import BIN, copy_template, run, run_project_suite, slug_of
 
 PACKAGE_INIT = '''"""`launch pbs`: platform.py (qsub of launch/pbs/train.pbs), environment.py (what PBS tells a node:
 PBS_NODEFILE, PBS_NODENUM). launch/ finds the platform by PLATFORM."""
@@ -98,13 +97,7 @@ pbsdsh -u {{ project_slug }} node
 @pytest.fixture(scope="module")
 def template_with_pbs(tmp_path_factory) -> Path:
     """A copy of this template with PBS's folder and launch file added, and nothing else changed."""
-    copy = tmp_path_factory.mktemp("template-with-pbs")
-    for name in ("copier.yml", "hooks", "template", "migrations"):
-        source = TEMPLATE / name
-        if source.is_dir():
-            shutil.copytree(source, copy / name, ignore=shutil.ignore_patterns("__pycache__"))
-        elif source.exists():
-            shutil.copy2(source, copy / name)
+    copy = copy_template(tmp_path_factory.mktemp("template-with-pbs"))
     folder = copy / "template" / "src" / "{{project_slug}}" / "launch" / "pbs"
     folder.mkdir()
     for name, text in (("__init__.py", PACKAGE_INIT), ("platform.py", PLATFORM), ("environment.py", ENVIRONMENT)):
