@@ -378,7 +378,11 @@ def render_train_yaml(answers: dict) -> str:
     env.globals["micro_batch_at"] = micro_batch_at
     env.globals["family_facts"] = facts
     env.globals["family_settings"] = lambda section: config_lines(answers["model"], section, answers)
-    return env.from_string((TEMPLATE / "config" / "train.yaml.jinja").read_text()).render(answers)
+    source = (TEMPLATE / "config" / "train.yaml.jinja").read_text()
+    answers = dict(answers)
+    for name in sorted(jinja2.meta.find_undeclared_variables(env.parse(source)) & computed_names() - set(answers)):
+        answers[name] = _typed(questions()[name], _default_template(questions()[name]["default"]).render(answers))
+    return env.from_string(source).render(answers)
 
 
 # --- which answer a problem is blamed on ---------------------------------------------------------

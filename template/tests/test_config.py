@@ -185,10 +185,11 @@ def test_cli_rejects_an_argument_that_is_no_override(cli):
 
 def test_a_wrong_value_names_its_key_as_data(pkg, load):
     """ConfigError.key: the setting a wrong value belongs to, for callers that relate errors to settings."""
+    deepspeed = [("deepspeed.zero_stage=4", "deepspeed.zero_stage")] if pkg.optional_parts.has_deepspeed() else []
     for override, key in [
         ("batch.micro_batch_size=abc", "batch.micro_batch_size"),
         ("run.strategy=fsdp", "run.strategy"),
-        ("deepspeed.zero_stage=4", "deepspeed.zero_stage"),
+        *deepspeed,
     ]:
         with pytest.raises(pkg.config.ConfigError) as err:
             load("", [override])

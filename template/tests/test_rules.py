@@ -266,8 +266,7 @@ def test_parallel_problems_name_the_key_to_fix(pkg, cfg_with, overrides, fix_key
         "batch.global_batch_size=512",
         "batch.micro_batch_size=1",
         "batch.grad_accum_steps=null",
-        "run.strategy=deepspeed",
-        "deepspeed.zero_stage=1",
+        *(("run.strategy=deepspeed", "deepspeed.zero_stage=1") if pkg.optional_parts.has_deepspeed() else ()),
         *overrides,
     )
     problems = pkg.rules.check_config(cfg)

@@ -118,11 +118,11 @@ def test_a_tiny_cpu_run_resolves_to_fp32_and_the_data_parallel_share(pkg, cfg_wi
     assert run.data_parallel_size == 8 // (cfg.parallel.tensor * cfg.parallel.pipeline)
     assert run.global_batch_size == run.micro_batch_size * run.grad_accum * run.data_parallel_size == 32
     assert pkg.run_context.resolve_run(cfg, info).grad_accum is None  # eval and sample take no optimizer steps
-    assert (run.strategy, run.zero_stage, run.pipeline_engine) == ("ddp", 0, False)
+    assert (run.strategy, run.sharding.stage, run.pipeline_engine) == ("ddp", 0, False)
 
 
 @pytest.mark.part("gpt3", "deepspeed")
-def test_the_run_holds_the_strategy_its_zero_stage_and_the_pipeline_engine(pkg, cfg_with):
+def test_the_run_holds_the_strategy_its_sharding_and_the_pipeline_engine(pkg, cfg_with):
     """Below the start nothing reads them from the config again: build_strategy picks by the Run."""
     import torch
 
@@ -131,10 +131,10 @@ def test_the_run_holds_the_strategy_its_zero_stage_and_the_pipeline_engine(pkg, 
     zero2 = pkg.run_context.resolve_run(
         cfg_with("model.arch=gpt", *base, "run.strategy=deepspeed", "deepspeed.zero_stage=2"), info, training=True
     )
-    assert (zero2.strategy, zero2.zero_stage, zero2.pipeline_engine, zero2.grad_accum) == ("deepspeed", 2, False, 2)
+    assert (zero2.strategy, zero2.sharding.stage, zero2.pipeline_engine, zero2.grad_accum) == ("deepspeed", 2, False, 2)
     # a stage written in the config of a DDP run is no stage of the run
     ddp = pkg.run_context.resolve_run(cfg_with("model.arch=gpt", *base, "deepspeed.zero_stage=3"), info)
-    assert (ddp.strategy, ddp.zero_stage) == ("ddp", 0)
+    assert (ddp.strategy, ddp.sharding.stage) == ("ddp", 0)
     layout = ["run.strategy=deepspeed", "deepspeed.zero_stage=1", "parallel.pipeline=2"]
     piped = pkg.run_context.resolve_run(
         cfg_with("model.arch=gpt3", "model.size=tiny", *base, *layout), info, training=True

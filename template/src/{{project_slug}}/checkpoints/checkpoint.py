@@ -1,7 +1,7 @@
 """Checkpoints: atomic save, keep the last K, find the newest intact one, what a resume must restore and refuse.
 
-A DDP checkpoint is one file `step_XXXXXXXX.pt` in output_dir/checkpoints (DeepSpeed's are folders,
-see strategies/deepspeed/engine.py, under the same rules). It is written under a temporary name, fsynced,
+A DDP checkpoint is one file `step_XXXXXXXX.pt` in output_dir/checkpoints (a sharded
+strategy's are folders, under the same rules: commit_folder). It is written under a temporary name, fsynced,
 its manifest (run id, size, sha256: checkpoint_files.py) written, then renamed, and the `latest`
 pointer is replaced last, so a crash at any moment leaves the previous checkpoint intact. A resume
 verifies the checkpoint against its manifest and passes over a damaged one, naming it, to the
@@ -14,7 +14,7 @@ learning rate and the data position follow from it: schedule.at(step), micro_bat
 the data position of every rank, every rank's RNG states, the config and its fingerprint, the
 fingerprint of the prepared data (a resume, eval or sample on other data is refused: check_data),
 and the layout (world size, data-parallel size). Under fp16 the DDP file also holds the loss
-scaler's state and the count of skipped steps (strategies/ddp.py); DeepSpeed saves its own.
+scaler's state and the count of skipped steps (strategies/ddp.py); an engine saves its own.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from . import checkpoint_files as files
 from .checkpoint_files import atomic_write as _atomic_write
 
 list_checkpoints = files.list_files
-named_by_latest = files.named_by_latest  # what the `latest` pointer names (a DDP file or a DeepSpeed folder)
+named_by_latest = files.named_by_latest  # what the `latest` pointer names (a DDP file or a sharded strategy's folder)
 
 
 def checkpoint_path(folder: Path, step: int) -> Path:
@@ -119,7 +119,7 @@ def run_state(
 def check_compatible(state: dict, cfg: Config, world_size: int, where, layout_changed: bool = False) -> list[str]:
     """Refuse a checkpoint this run cannot continue exactly; returns notes on what changed. Another
     number of processes continues only under checkpoint.reshard=true (DDP loads its replicas on any
-    data-parallel size, DeepSpeed through its universal format: strategies/deepspeed/universal_checkpoint.py).
+    data-parallel size, a sharded strategy through a format of any size it converts to).
     layout_changed: the strategy re-splits this checkpoint for other tensor and pipeline degrees
     (also under checkpoint.reshard=true); the rest of the fingerprint must still match."""
     saved_world, trained_batch = state.get("world_size", world_size), state.get("config", {}).get("batch", {})
@@ -267,7 +267,7 @@ def state_bytes(state) -> int:
 
 def find_latest(folder: Path, listing=list_checkpoints) -> Path | None:
     """The checkpoint `latest` names; if that is missing, the highest step `listing` finds on disk
-    (files here; DeepSpeed's strategy passes its folder listing). Not verified: see newest_intact."""
+    (files here; a strategy that saves folders passes its folder listing). Not verified: see newest_intact."""
     found = files.candidates(folder, listing)
     return found[0] if found else None
 

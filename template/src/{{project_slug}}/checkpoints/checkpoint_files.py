@@ -3,7 +3,7 @@ one is intact, which run wrote it, and whether the next one has room.
 
     checkpoints/step_00000020.pt              DDP: one file
     checkpoints/step_00000020.pt.json         its manifest
-    checkpoints/step_00000020/                DeepSpeed: a folder of files (one set per rank)
+    checkpoints/step_00000020/                a sharded strategy: a folder of files (one set per rank)
     checkpoints/step_00000020/manifest.json   its manifest
     checkpoints/latest                        the newest complete checkpoint, replaced last
 
@@ -157,7 +157,7 @@ def list_files(folder: Path) -> list[Path]:
 
 
 def list_folders(folder: Path) -> list[Path]:
-    """DeepSpeed checkpoint folders, oldest first."""
+    """Checkpoint folders (a sharded strategy's), oldest first."""
     if not folder.is_dir():
         return []
     return sorted(p for p in folder.iterdir() if p.is_dir() and _STEP.fullmatch(p.name))

@@ -20,17 +20,14 @@ Parameters (analytic; tests compare with the torch models built on the meta devi
   per layer 12h^2 + 13h, MLM head transform h^2 + h + LayerNorm 2h, decoder tied to the word
   embedding plus a V bias.
 
-Model states per GPU (ZeRO paper, mixed-precision Adam, Psi = parameters on the GPU after the
-tensor/pipeline split, Nd = world / (tensor x pipeline) data-parallel ranks):
-16-bit weights 2 Psi, 16-bit grads 2 Psi, optimizer 12 Psi (fp32 master, m, v), bf16 and fp16 alike:
+Model states per GPU (mixed-precision Adam, Psi = parameters on the GPU after the tensor/pipeline
+split, Nd = world / (tensor x pipeline) data-parallel ranks; strategies/memory.py): 16-bit weights
+2 Psi, 16-bit grads 2 Psi, optimizer 12 Psi (fp32 master, m, v), bf16 and fp16 alike:
     stage 0 (DDP): 16 Psi   stage 1: 4 Psi + 12 Psi/Nd   stage 2: 2 Psi + 14 Psi/Nd   stage 3: 16 Psi/Nd
-deepspeed.offload_optimizer moves the optimizer part to host memory, deepspeed.offload_params
-(stage 3) the weights. train.py's DDP keeps fp32 weights under autocast: 4 + 4 + 8 bytes, the
-same 16 Psi (DDP's gradient buckets may add up to 4 Psi more; the 10% reserve is meant to absorb
-such things). DeepSpeed's own estimators add a 4 Psi/Nd fp32 gradient partition and, for stage 3,
-the gathered largest layer; tests/test_plan.py compares against them. Combinations that
-rules.parallel_problems refuses (ZeRO 2 and 3 with tensor or pipeline degrees above 1: those
-layouts run on DeepSpeed's pipeline engine) are refused here too, and never suggested.
+Offloading moves the optimizer part (stage 1 on) or the weights (stage 3) to host memory. train.py's
+DDP keeps fp32 weights under autocast: 4 + 4 + 8 bytes, the same 16 Psi (DDP's gradient buckets may
+add up to 4 Psi more; the 10% reserve is meant to absorb such things). A layout or stage the
+strategy refuses (its plan's layout_problems) is refused here too, and never suggested.
 
 Activations per GPU for a micro batch b of s tokens, width h, a heads, vocab V (bf16; fp16 the same):
 - gpt: 63*s*b*h bytes per layer, measured on an H100 for this block (torch 2.11, bf16 autocast,
@@ -72,11 +69,12 @@ about 0.27 by this count (tests/test_plan.py); nanochat d20 at 2.2 s a step on 8
 
 from __future__ import annotations
 
-from ..models.family import family, model_shape, stage_layers
+from ..models.costs import stage_layers
+from ..models.family import family, model_shape
 from ..settings.config import Config, ConfigError
 from ..settings.gpus import ANSWERS, find_answer
 from ..settings.precision import on_gpu_type
-from ..strategies.memory import model_states, precision_mode, uses_pipeline_engine, zero_stage
+from ..strategies.memory import model_states, precision_mode, sharding, uses_pipeline_engine
 from .rules import parallel_problems, precision_problems
 
 GIB = 1024**3
@@ -114,8 +112,7 @@ def stage_params(
 
 
 def largest_layer_params(shape: dict[str, int], vocab_size: int, arch: str) -> int:
-    """Parameters of the largest module (DeepSpeed's estimate_zero3 counts a module's own tensors:
-    what ZeRO-3 gathers at once)."""
+    """Parameters of the largest module (a module's own tensors: what sharded weights gather at once)."""
     return family(arch).largest_layer_params(shape, vocab_size)
 
 
@@ -159,7 +156,7 @@ def activations(
 ) -> float:
     """Activation bytes on one GPU: `layers` blocks (default all) with `in_flight` micro batches
     kept (pipeline), and the head and loss where this GPU computes the loss (chunked_loss: by
-    models/lm_loss.py where the family does, not under DeepSpeed's pipeline engine)."""
+    models/lm_loss.py where the family does, not under a pipeline engine)."""
     fam = family(arch)
     layers = shape["n_layer"] if layers is None else layers
     per_layer = fam.layer_activations(shape, seq, micro, tp, mode, scores_stored)
@@ -186,8 +183,7 @@ def memory(cfg: Config) -> dict:
     world = cfg.cluster.nodes * cfg.cluster.gpus_per_node
     nd = cfg.data_parallel_size(world)
     per_step = max(1, cfg.batch.global_batch_size // (micro * nd))  # micro batches per optimizer step
-    stage, ds = zero_stage(cfg), cfg.deepspeed
-    offload_opt, offload_params = stage > 0 and ds.offload_optimizer, stage == 3 and ds.offload_params
+    sharded = sharding(cfg)
     layers = stage_layers(shape["n_layer"], pp)
     usable = gpu_memory(cfg.cluster.gpu_type) * (1 - RESERVE)
     muon = family(arch).muon_params(shape, vocab) if cfg.optim.optimizer == "muon" else 0
@@ -204,7 +200,7 @@ def memory(cfg: Config) -> dict:
             chunked_loss=not uses_pipeline_engine(cfg),
         )
         act = {c: activations(shape, vocab, seq, micro, cfg.model.softcap, c, **kw) for c in (False, True)}
-        states = model_states(psi, stage, nd, offload_opt, offload_params, muon)
+        states = model_states(psi, sharded, nd, muon)
         total = states["weights"] + states["grads"] + states["optimizer"] + act[cfg.model.activation_checkpointing]
         if worst is None or total > worst["total"]:
             worst = {
@@ -240,8 +236,8 @@ FP8_SPEEDUP = 1.15
 
 
 def fp8_counted(cfg: Config) -> bool:
-    """Whether run.fp8 speeds the estimate: not where the rules refuse it (a GPU without fp8, fp16,
-    ZeRO-3's eager model, tensor parallelism), which plan's verdict says; such a run trains without it."""
+    """Whether run.fp8 speeds the estimate: not where the rules refuse it (a GPU without fp8, fp16, an
+    eager model, what the strategy refuses), which plan's verdict says; such a run trains without it."""
     if cfg.run.fp8 == "off":
         return False
     return not any("run.fp8" in p.keys for p in precision_problems(cfg, on_gpu_type(cfg)))

@@ -1,6 +1,6 @@
 """Whether a config fits its GPUs, and the smallest change that makes it fit: single changes on the
-same GPUs first (smaller micro batch, activation checkpointing, a higher ZeRO stage, optimizer
-offload, more pipeline stages), then those changes piled up, then more nodes. A change the rules
+same GPUs first (smaller micro batch, activation checkpointing, a higher sharding stage, optimizer
+offload, more pipeline stages, on the strategies the project holds), then those changes piled up, then more nodes. A change the rules
 refuse is never suggested. No torch; the figures are estimates.py's.
 
     from .fit import fit_problem, suggest
@@ -16,15 +16,16 @@ from __future__ import annotations
 from ..models.family import family
 from ..settings.batch import resolve_grad_accum
 from ..settings.config import Config, ConfigError, changed
-from ..strategies.memory import at_stage, for_pipeline_engine, zero_stage
+from ..strategies.memory import at_stage, for_pipeline_engine, sharding, strategy_plan
 from ..strategies.memory import describe as describe_strategy
 from .estimates import GIB, layout_problems, memory
 from .rules import Problem
 
 
-def allowed(cfg: Config) -> bool:
-    """The rules accept the layout and the global batch splits into micro batches x data ranks."""
-    if layout_problems(cfg):
+def allowed(cfg: Config | None) -> bool:
+    """The rules accept the layout and the global batch splits into micro batches x data ranks (None:
+    a sharding no strategy of the project has)."""
+    if cfg is None or layout_problems(cfg):
         return False
     try:
         resolve_grad_accum(cfg, cfg.data_parallel_size(cfg.cluster.nodes * cfg.cluster.gpus_per_node))
@@ -33,37 +34,38 @@ def allowed(cfg: Config) -> bool:
     return True
 
 
-def fits(cfg: Config) -> bool:
+def fits(cfg: Config | None) -> bool:
     return allowed(cfg) and memory(cfg)["fits"]
 
 
 def same_hardware(cfg: Config):
     """Single changes on the same GPUs, in the order plan tries them: smaller micro batch,
-    activation checkpointing, higher ZeRO stage, optimizer offload, more pipeline stages."""
+    activation checkpointing, a higher sharding stage, optimizer offload, more pipeline stages."""
     micro = cfg.batch.micro_batch_size // 2
     while micro >= 1:
         yield changed(cfg, **{"batch.micro_batch_size": micro, "batch.grad_accum_steps": None})
         micro //= 2
     if not cfg.model.activation_checkpointing:
         yield changed(cfg, **{"model.activation_checkpointing": True})
-    stage = zero_stage(cfg)
-    for higher in range(stage + 1, 4):
+    now = sharding(cfg)
+    for higher in range(now.stage + 1, 4):
         yield at_stage(cfg, higher)
-    if not cfg.deepspeed.offload_optimizer or stage == 0:
-        yield at_stage(cfg, max(stage, 1), offload_optimizer=True)
+    if not now.offload_optimizer:
+        yield at_stage(cfg, max(now.stage, 1), offload_optimizer=True)
     yield from more_stages(cfg)
 
 
 def more_stages(cfg: Config):
     """A family with parallel layouts: the next pipeline degrees that divide the layers (and the
-    world), at ZeRO 0-1."""
+    world), on the strategy that runs layouts."""
     fam = family(cfg.model.arch)
-    if not fam.layouts:
+    moved = for_pipeline_engine(cfg) if fam.layouts else None
+    if moved is None:
         return
     layers = fam.shape(cfg.model.size)["n_layer"]
     for pp in range(cfg.parallel.pipeline + 1, layers + 1):
         if layers % pp == 0:
-            yield changed(for_pipeline_engine(cfg), **{"parallel.pipeline": pp})
+            yield changed(moved, **{"parallel.pipeline": pp})
 
 
 def piles(cfg: Config):
@@ -78,11 +80,11 @@ def piles(cfg: Config):
         yield cfg
     cfg = changed(cfg, **{"model.activation_checkpointing": True})
     yield cfg
-    for stage in range(zero_stage(cfg) + 1, 4):
+    for stage in range(sharding(cfg).stage + 1, 4):
         if allowed(at_stage(cfg, stage)):
             cfg = at_stage(cfg, stage)
             yield cfg
-    stage = max(zero_stage(cfg), 1)
+    stage = max(sharding(cfg).stage, 1)
     if allowed(at_stage(cfg, stage, True)):
         cfg = at_stage(cfg, stage, True)
         yield cfg
@@ -93,14 +95,15 @@ def piles(cfg: Config):
 
 
 def more_nodes(cfg: Config):
-    """2x, 4x, ... the nodes at the highest ZeRO stage the layout allows (at least the current)."""
+    """2x, 4x, ... the nodes at the highest sharding stage the layout allows (at least the current)."""
     nodes = cfg.cluster.nodes * 2
+    now = sharding(cfg)
     while nodes <= 128:
         wider = changed(cfg, **{"cluster.nodes": nodes})
-        ds = cfg.deepspeed
-        stages = [s for s in range(zero_stage(cfg), 4) if allowed(at_stage(wider, s))]
+        stages = [s for s in range(now.stage, 4) if allowed(at_stage(wider, s))]
+        top = stages[-1] if stages else None
         yield (
-            at_stage(wider, stages[-1], ds.offload_optimizer and stages[-1] > 0, ds.offload_params and stages[-1] == 3)
+            at_stage(wider, top, now.offload_optimizer and top > 0, now.offload_params and top == 3)
             if stages
             else wider
         )
@@ -117,34 +120,10 @@ def describe(old: Config, new: Config) -> str:
         )
     if new.model.activation_checkpointing and not old.model.activation_checkpointing:
         parts.append("activation checkpointing (model.activation_checkpointing=true)")
-    ds_old, ds_new = old.deepspeed, new.deepspeed
-    if (zero_stage(new), new.run.strategy, ds_new.offload_optimizer, ds_new.offload_params) != (
-        zero_stage(old),
-        old.run.strategy,
-        ds_old.offload_optimizer,
-        ds_old.offload_params,
-    ):
-        what = (
-            f"ZeRO stage {zero_stage(new)}"
-            + (" with the optimizer offloaded to CPU" if ds_new.offload_optimizer else "")
-            + (" and the parameters offloaded" if ds_new.offload_params else "")
-        )
-        keys = [f"run.strategy={new.run.strategy}"] if new.run.strategy != old.run.strategy else []
-        keys.append(f"deepspeed.zero_stage={ds_new.zero_stage}")
-        keys += (
-            [f"deepspeed.offload_optimizer={str(ds_new.offload_optimizer).lower()}"]
-            if ds_new.offload_optimizer != ds_old.offload_optimizer
-            else []
-        )
-        keys += (
-            [f"deepspeed.offload_params={str(ds_new.offload_params).lower()}"]
-            if ds_new.offload_params != ds_old.offload_params
-            else []
-        )
-        answers = (["strategy=deepspeed"] if new.run.strategy != old.run.strategy else []) + [
-            f"zero_stage={ds_new.zero_stage}"
-        ]
-        parts.append(f"{what} ({' '.join(keys)}; copier answers {', '.join(answers)})")
+    if (sharding(new), new.run.strategy) != (sharding(old), old.run.strategy):
+        plan = strategy_plan(new)
+        keys, answers = plan.settings(old, new)
+        parts.append(f"{plan.describe_sharding(sharding(new))} ({' '.join(keys)}; copier answers {', '.join(answers)})")
     if new.parallel.pipeline != old.parallel.pipeline:
         p = new.parallel.pipeline
         parts.append(f"{p} pipeline stages (parallel.pipeline={p}; copier answer pipeline_parallel={p})")

@@ -4,8 +4,7 @@ step, and what 2x and 4x the nodes give under strong and weak scaling (scaling.p
 
     <package> plan                                  # the project's config: model, strategy, layout, GPU
     <package> plan model.size=d26 batch.micro_batch_size=8
-    <package> plan --zero-stage 2 --offload-optimizer   # what DeepSpeed would need
-    <package> plan parallel.pipeline=8 cluster.nodes=4   # gpt3: another layout
+    <package> plan parallel.pipeline=8 cluster.nodes=4   # a family with layouts: another layout
     <package> plan --checkpointing --mfu 0.35 --tokens 2e10
     <package> plan --json                           # machine-readable; exit 1 when it does not fit
 
@@ -25,25 +24,16 @@ from ..models.family import family, model_shape, peak_lrs_line
 from ..settings.bounds import fraction, positive_float
 from ..settings.config import Config, ConfigError, changed
 from ..settings.precision import on_gpu_type
-from ..strategies.memory import at_stage, describe, zero_stage
+from ..strategies.memory import describe, sharding, strategy_plans
 from .estimates import ASSUMED_MFU, FP8_SPEEDUP, GIB, RESERVE, fp8_counted, gpu_spec, memory, stop_reaction, timing
 from .fit import suggest
 from .scaling import render_rows, scaling_rows
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--zero-stage",
-        type=int,
-        choices=range(4),
-        help="0 = DDP; default: the config's strategy (run.strategy, deepspeed.zero_stage)",
-    )
-    p.add_argument(
-        "--offload-optimizer", action="store_true", default=None, help="optimizer states in host memory (DeepSpeed)"
-    )
-    p.add_argument(
-        "--offload-params", action="store_true", default=None, help="weights in host memory (DeepSpeed stage 3)"
-    )
+    for plan in strategy_plans().values():  # a sharding strategy's own flags (its stage, offload)
+        for names, options in plan.plan_arguments:
+            p.add_argument(*names, **options)
     p.add_argument(
         "--checkpointing",
         action="store_true",
@@ -61,22 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def with_flags(cfg: Config, args: argparse.Namespace) -> Config:
-    """The config with plan's flags applied (they override the config's strategy)."""
-    stage, ds = zero_stage(cfg), cfg.deepspeed
-    offload_opt, offload_params = stage > 0 and ds.offload_optimizer, stage == 3 and ds.offload_params
-    if args.zero_stage is not None:
-        stage, offload_opt, offload_params = args.zero_stage, False, False
-    offload_opt = offload_opt if args.offload_optimizer is None else args.offload_optimizer
-    offload_params = offload_params if args.offload_params is None else args.offload_params
-    if offload_params and stage != 3:
-        raise ConfigError("--offload-params needs --zero-stage 3 (DeepSpeed offloads parameters only in stage 3)")
-    if offload_opt and stage == 0:
-        raise ConfigError("--offload-optimizer needs --zero-stage 1, 2 or 3 (DDP keeps the optimizer on the GPU)")
-    cfg = (
-        at_stage(cfg, stage, offload_opt, offload_params)
-        if args.zero_stage is not None or offload_opt or offload_params
-        else cfg
-    )
+    """The config with plan's flags applied (a strategy's own flags override the config's sharding)."""
+    for plan in strategy_plans().values():
+        cfg = plan.with_plan_flags(cfg, args)
     return changed(cfg, **{"model.activation_checkpointing": True}) if args.checkpointing else cfg
 
 
@@ -100,9 +77,9 @@ def build(cfg: Config, args: argparse.Namespace) -> dict:
         "sequence_len": cfg.model.sequence_len,
         "strategy": describe(cfg),
         "optimizer": optimizer_line(cfg),
-        "zero_stage": zero_stage(cfg),
-        "offload_optimizer": cfg.deepspeed.offload_optimizer and zero_stage(cfg) > 0,
-        "offload_params": cfg.deepspeed.offload_params and zero_stage(cfg) == 3,
+        "shard_stage": sharding(cfg).stage,
+        "offload_optimizer": sharding(cfg).offload_optimizer,
+        "offload_params": sharding(cfg).offload_params,
         "checkpointing": cfg.model.activation_checkpointing,
         "memory": mem,
         "fits": mem["fits"],

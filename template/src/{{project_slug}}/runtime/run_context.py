@@ -1,5 +1,5 @@
 """What a run is on this process, resolved from the config once at its start (resolve_run): family,
-precision, device, world and parallel sizes, batch arithmetic, the strategy and its ZeRO stage and
+precision, device, world and parallel sizes, batch arithmetic, the strategy and how far it shards and
 whether the pipeline engine runs it. The modules below the start read the Run and never derive those
 again (torchtitan's ParallelDims plays this part there).
 """
@@ -13,6 +13,7 @@ import torch
 from ..models.family import Family, family
 from ..settings.batch import resolve_grad_accum
 from ..settings.config import Config
+from ..settings.sharding import Sharding, sharding
 from .distributed import DistInfo, resolve_precision
 
 
@@ -36,9 +37,9 @@ class Run:
     global_batch_size: int
     micro_batch_size: int
     grad_accum: int | None  # micro steps per optimizer step; None in a process that does not train
-    strategy: str  # 'ddp' or 'deepspeed' (run.strategy)
-    zero_stage: int  # DeepSpeed's ZeRO stage; 0 under DDP
-    pipeline_engine: bool  # a tensor or pipeline layout of a family that has them: DeepSpeed's pipeline engine
+    strategy: str  # run.strategy: 'ddp' or a strategy folder's name
+    sharding: Sharding  # how far the strategy shards weights, gradients and optimizer state; stage 0 under DDP
+    pipeline_engine: bool  # a tensor or pipeline layout of a family that has them: the pipeline engine runs it
 
     @property
     def is_main(self) -> bool:
@@ -52,7 +53,6 @@ def resolve_run(cfg: Config, info: DistInfo, training: bool = False) -> Run:
     eval and sample take no optimizer steps."""
     data_parallel = cfg.data_parallel_size(info.world_size)
     fam = family(cfg.model.arch)
-    deepspeed = cfg.run.strategy == "deepspeed"
     return Run(
         cfg=cfg,
         family=fam,
@@ -68,6 +68,6 @@ def resolve_run(cfg: Config, info: DistInfo, training: bool = False) -> Run:
         micro_batch_size=cfg.batch.micro_batch_size,
         grad_accum=resolve_grad_accum(cfg, data_parallel) if training else None,
         strategy=cfg.run.strategy,
-        zero_stage=cfg.deepspeed.zero_stage if deepspeed else 0,
+        sharding=sharding(cfg),
         pipeline_engine=bool(fam.layouts) and (cfg.parallel.tensor, cfg.parallel.pipeline) != (1, 1),
     )

@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import difflib
 import hashlib
+import importlib
 import json
 import math
 import os
@@ -67,20 +68,18 @@ class ClusterConfig:
     """torchrun restarts of a node's workers after a failure (a rank crashed, a node left); each
     restart resumes from the latest checkpoint. 0 = fail at the first error."""
     stop_grace_seconds: int = 120
-    """After SIGTERM/SIGUSR1 (preemption, pod deletion, Slurm --signal), how long torchrun lets the
-    ranks finish their step and save before it kills them. Keep the platform's grace period
-    (Kubernetes terminationGracePeriodSeconds, Slurm --signal=USR1@N) at least this long."""
+    """After SIGTERM/SIGUSR1 (preemption, a deleted job, a scheduler's time-limit warning), how long
+    torchrun lets the ranks finish their step and save before it kills them. Keep the platform's grace
+    period (its launch/<platform>/README says which setting) at least this long."""
 
 
 @dataclass
 class ModelConfig:
     arch: str = "gpt"
-    """Model family, a copier answer: a folder of models/ whose descriptor defines FAMILY (the template's are gpt,
-    nanochat-style from scratch; bert, masked LM with transformers; gpt3, GPT-3 sizes with
-    tensor/pipeline parallelism on DeepSpeed)."""
+    """Model family, a copier answer: a folder of models/ whose descriptor defines FAMILY."""
     size: str = "d20"
-    """gpt: 'tiny' or 'd<depth>' (width 64*depth, heads of 128); bert: tiny|base|large;
-    gpt3: tiny|125M|350M|760M|1.3B|2.7B|6.7B|13B|175B (see models/gpt3/descriptor.py)."""
+    """One of the family's sizes (models/<arch>/descriptor.py; `plan` lists them). gpt: 'tiny' or
+    'd<depth>' (width 64*depth, heads of 128)."""
     n_kv_head: int | None = None
     """gpt only: key/value heads for grouped-query attention; null = as many as query heads."""
     sequence_len: int = 2048
@@ -88,13 +87,13 @@ class ModelConfig:
     softcap: float = 15.0
     """gpt only: logits are squashed to (-softcap, softcap) with tanh; 0 disables."""
     pretrained: str = ""
-    """bert only: local folder with config.json and weights to start from (fine-tuning); empty =
-    from scratch with the shape of `size`. Nothing is downloaded (HF_HUB_OFFLINE=1)."""
+    """A family with pretrained weights only: local folder with config.json and weights to start from
+    (fine-tuning); empty = from scratch with the shape of `size`. Nothing is downloaded (HF_HUB_OFFLINE=1)."""
     dropout: float | None = None
-    """Hidden dropout, masks per sample (any layout, same losses); null = none, bert: config.json's."""
+    """Hidden dropout, masks per sample (any layout, same losses); null = none (or model.pretrained's)."""
     attention_dropout: float | None = None
-    """bert and gpt3: attention-probability dropout; null = none (the fused flash kernel); above 0 the
-    T x T probabilities are materialised (BERT's and Megatron's 0.1, at the cost plan shows)."""
+    """Attention-probability dropout, in families that have it; null = none (the fused flash kernel);
+    above 0 the T x T probabilities are materialised (0.1 in the classic recipes, at the cost plan shows)."""
     activation_checkpointing: bool = False
     """Recompute activations in backward instead of keeping them: ~1/3 more compute, far less memory."""
     # gpt: nanochat's pieces (models/gpt/model.py); off by default, a new project's train.yaml turns them on.
@@ -128,7 +127,7 @@ class DataConfig:
     """Input files for prepare-data (glob, relative to `dir` or absolute); empty = raw/* in `dir`."""
     tokenizer: str = ""
     """Existing tokenizer: a tokenizer.json, a transformers tokenizer folder, GPT-2's vocab.json +
-    merges.txt, a BERT vocab.txt, or a folder holding one (data/tokens.py load_tokenizer); empty =
+    merges.txt, a WordPiece vocab.txt, or a folder holding one (data/tokens.py load_tokenizer); empty =
     train one into `dir`/tokenizer.json."""
     vocab_size: int = 32768
     """Vocabulary size when prepare-data trains the tokenizer."""
@@ -169,7 +168,7 @@ class OptimConfig:
     checkpoint to resume from with a lower rate (checked at the logging steps); 0: skip them, never stop."""
     loss_spike_factor: float = 0.0
     """Also leave out a step whose loss exceeds this factor times the running mean of the applied
-    steps' losses (e.g. 3); 0: off. DDP only (DeepSpeed applies its update before a verdict)."""
+    steps' losses (e.g. 3); 0: off. Not where the strategy applies its update before a verdict."""
 
 
 @dataclass
@@ -235,8 +234,8 @@ class CheckpointConfig:
     this is a new run, refused on a folder that holds an earlier one (never overwritten)."""
     reshard: bool = False
     """Allow resuming a checkpoint written by another number of data-parallel ranks (the data stream
-    depends on the global batch alone). DDP loads its replicas on any size; a DeepSpeed ZeRO
-    checkpoint is converted once to DeepSpeed's universal format, kept beside it
+    depends on the global batch alone). DDP loads its replicas on any size; a sharded strategy's
+    checkpoint is converted once to a format of any size, kept beside it
     (checkpoints/universal/). The continuation is equal up to reduction order, not bitwise. The
     tensor and pipeline degrees cannot change."""
 
@@ -280,7 +279,8 @@ class RunConfig:
     training, one scale per tensor or per row) on a GPU with fp8 (compute capability 8.9 on: H100,
     H200, L40S); needs bf16 and run.compile on the GPU. On a CPU it is emulated (tests)."""
     strategy: str = "ddp"
-    """'ddp' (torch DistributedDataParallel) or 'deepspeed' (ZeRO; settings in the deepspeed section)."""
+    """'ddp' (torch DistributedDataParallel), or a strategy folder's name (strategies/<name>/, whose
+    settings are a section of their own)."""
     debug: bool = False
     """Hang forensics, same as TRAIN_DEBUG=1: per-rank log files, config/nccl-debug.env (NCCL INFO,
     flight recorder dumps on a timeout, desync report) and collectives time out after
@@ -302,20 +302,9 @@ class RunConfig:
 @dataclass
 class ParallelConfig:
     tensor: int = 1
-    """Tensor-parallel degree (gpt3): each layer's matrices split over this many GPUs of a node."""
+    """Tensor-parallel degree (a family with layouts): each layer's matrices split over this many GPUs of a node."""
     pipeline: int = 1
-    """Pipeline-parallel degree (gpt3): the layers split into this many stages."""
-
-
-@dataclass
-class DeepSpeedConfig:
-    zero_stage: int = 1
-    """ZeRO stage with run.strategy=deepspeed: 0 plain data parallel, 1 shards optimizer state,
-    2 also gradients, 3 also parameters."""
-    offload_optimizer: bool = False
-    """Keep optimizer state in CPU memory (ZeRO 1-3): less GPU memory, slower steps."""
-    offload_params: bool = False
-    """Keep parameters in CPU memory (ZeRO 3 only)."""
+    """Pipeline-parallel degree (a family with layouts): the layers split into this many stages."""
 
 
 # Model settings added after checkpoints were first fingerprinted: at their defaults (the model
@@ -345,7 +334,6 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     run: RunConfig = field(default_factory=RunConfig)
-    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     # Not a field (no annotation): the "section.key"s the file and the command line gave, so a rule can
     # tell a setting written at its default from one left out. Empty for a Config built in code.
@@ -372,6 +360,26 @@ class Config:
         if (self.parallel.tensor, self.parallel.pipeline) != (1, 1):
             key["parallel"] = dataclasses.asdict(self.parallel)  # shards of a layout do not fit another
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _part_sections() -> list[types.ModuleType]:
+    """The config sections of the strategy folders the project holds (strategies/<name>/settings.py:
+    NAME, SECTION, CHOICES, check), which a project made without them does not read."""
+    package = __package__.rpartition(".")[0]
+    return [
+        importlib.import_module(f"{package}.strategies.{path.parent.name}.settings")
+        for path in sorted((Path(__file__).resolve().parents[1] / "strategies").glob("*/settings.py"))
+    ]
+
+
+PART_SECTIONS = _part_sections()
+if PART_SECTIONS:  # Config with a field per part section, after the shared ones
+    Config = dataclasses.make_dataclass(
+        "Config",
+        [(part.NAME, part.SECTION, field(default_factory=part.SECTION)) for part in PART_SECTIONS],
+        bases=(Config,),
+    )
+    Config.__module__ = __name__
 
 
 # Where the project is, and the KEY=VALUE files it keeps (config/nccl.env, config/nccl-debug.env),
@@ -501,6 +509,11 @@ def save_config(cfg: Config, path: Path, comment: str = "") -> None:
 def _section(cfg: Config, name: str, source: str):
     names = [f.name for f in dataclasses.fields(cfg)]
     if name not in names:
+        from .optional_parts import without_section
+
+        absent = without_section(name)
+        if absent:
+            raise absent
         raise ConfigError(
             f"unknown section '{name}' in {source}{_did_you_mean(str(name), names)}; sections are {', '.join(names)}"
         )
@@ -613,19 +626,21 @@ def _did_you_mean(name: str, options: list[str], prefix: str = "") -> str:
     return f" (did you mean '{prefix}{close[0]}'?)" if close else ""
 
 
-# The settings that take one of a few words (or numbers).
+# The settings that take one of a few words (or numbers); run.strategy: ddp and each strategy folder.
+STRATEGY_FOLDERS = Path(__file__).resolve().parents[1] / "strategies"
 CHOICES = {
     "run.device": ("auto", "cuda", "cpu"),
     "run.dtype": ("auto", "bf16", "fp16", "fp32"),
     "run.fp8": ("off", "tensorwise", "rowwise"),
-    "run.strategy": ("ddp", "deepspeed"),
+    "run.strategy": ("ddp", *sorted(p.parent.name for p in STRATEGY_FOLDERS.glob("*/__init__.py"))),
     "optim.optimizer": ("adamw", "muon"),
     "schedule.decay": ("cosine", "warmdown"),
     "data.rows": ("windows", "documents"),
     "model.init": ("unit", "scaled"),
     "batch.scaling": ("strong", "weak"),
-    "deepspeed.zero_stage": (0, 1, 2, 3),
 }
+for _part in PART_SECTIONS:
+    CHOICES.update(_part.CHOICES)
 
 
 def _check_choices(cfg: Config) -> None:
@@ -633,7 +648,11 @@ def _check_choices(cfg: Config) -> None:
         section, key = name.split(".")
         value = getattr(getattr(cfg, section), key)
         if value not in allowed:
-            raise ConfigError(f"{name}={value!r} is not one of {', '.join(map(str, allowed))}", key=name)
+            from .optional_parts import without_choice
+
+            raise without_choice(name, value) or ConfigError(
+                f"{name}={value!r} is not one of {', '.join(map(str, allowed))}", key=name
+            )
     pattern = cfg.model.window_pattern
     if not pattern or set(pattern) - {"S", "L"}:
         raise ConfigError(
@@ -641,17 +660,8 @@ def _check_choices(cfg: Config) -> None:
             "sequence); use L, or nanochat's SSSL",
             key="model.window_pattern",
         )
-    ds = cfg.deepspeed
-    if ds.offload_params and ds.zero_stage != 3:
-        raise ConfigError(
-            f"deepspeed.offload_params=true needs deepspeed.zero_stage=3 (got {ds.zero_stage})",
-            key="deepspeed.offload_params",
-        )
-    if ds.offload_optimizer and ds.zero_stage == 0:
-        raise ConfigError(
-            "deepspeed.offload_optimizer=true needs deepspeed.zero_stage 1, 2 or 3 (got 0)",
-            key="deepspeed.offload_optimizer",
-        )
+    for part in PART_SECTIONS:
+        part.check(getattr(cfg, part.NAME))
 
 
 def changed(cfg: Config, **changes) -> Config:

@@ -2,8 +2,8 @@
 
     auto   bf16 on a GPU that has it (compute capability 8.0 on: A100, H100, L40S, RTX 4090), fp16
            with dynamic loss scaling on one without (V100), fp32 on a CPU
-    bf16   bf16 autocast (DeepSpeed: bf16 weights); refused, in one line, on a GPU without bf16
-    fp16   fp16 autocast with dynamic loss scaling (DeepSpeed: fp16 weights and its own scaler);
+    bf16   bf16 autocast (or bf16 weights, where a strategy keeps them); refused, in one line, on a GPU without bf16
+    fp16   fp16 autocast with dynamic loss scaling (or fp16 weights and the strategy's own scaler);
            honoured on a CPU too, which is how the tests run this path
     fp32   no autocast
 
@@ -15,11 +15,11 @@ The ranks resolve it from their device (distributed.resolve_precision), `plan` a
 cluster.gpu_type (gpus.py says which GPUs have bf16; rules.precision_problems refuses bf16 there).
 No torch here.
 
-Loss scaling: fp16 ends at 65504 and flushes gradients below about 6e-8 to zero, so the loss is
+Loss scaling: fp16 ends at 65504 and flushes gradients below about 6e-8 to 0, so the loss is
 multiplied by a scale before backward and the gradients divided by it before clipping and the
 update. A step whose gradients hold inf or NaN (the scale was too large) is skipped: no update,
-the scale halves (DeepSpeed: once HYSTERESIS overflows have come in a row). After SCALE_WINDOW steps without one the scale doubles. Both DDP (torch's
-GradScaler) and DeepSpeed (its "fp16" section) start at 2**INITIAL_SCALE_POWER.
+the scale halves. After SCALE_WINDOW steps without one the scale doubles. DDP (torch's GradScaler)
+and a strategy with its own scaler start at 2**INITIAL_SCALE_POWER.
 """
 
 from __future__ import annotations
@@ -27,10 +27,8 @@ from __future__ import annotations
 from .config import Config, ConfigError
 from .gpus import find_answer
 
-INITIAL_SCALE_POWER = 16  # first loss scale 2**16 (GradScaler's and DeepSpeed's default)
+INITIAL_SCALE_POWER = 16  # first loss scale 2**16 (GradScaler's default)
 SCALE_WINDOW = 1000  # steps without an overflow before the scale doubles
-HYSTERESIS = 2  # DeepSpeed: overflows tolerated before the scale halves
-MIN_LOSS_SCALE = 1  # DeepSpeed: the scale never drops below this
 
 
 def resolve(requested: str, on_gpu: bool, gpu_has_bf16: bool, gpu_name: str) -> str:
@@ -52,22 +50,19 @@ def bf16_refusal(gpu_name: str) -> str:
     )
 
 
-def fp16_zero0_refusal(dtype: str, gpu_name: str) -> str:
-    """DeepSpeed (0.19) scales no loss under fp16 without ZeRO, yet divides the gradients by the scale:
-    updates 65536 times too small (deepspeedai/DeepSpeed#8393)."""
-    how = "run.dtype=fp16" if dtype == "fp16" else f"run.dtype={dtype} trains in fp16 on the {gpu_name} (no bf16)"
-    return (
-        f"{how} with deepspeed.zero_stage=0: DeepSpeed's fp16 without ZeRO does not scale the loss, so its "
-        "updates come out 65536 times too small; use deepspeed.zero_stage=1, or run.strategy=ddp (the same "
-        "data parallelism with torch's GradScaler)"
-    )
-
-
 def fp8_problem(
-    fp8: str, precision: str, *, on_gpu: bool, gpu_has_fp8: bool, gpu_name: str, compiled: bool | None
+    fp8: str,
+    precision: str,
+    *,
+    on_gpu: bool,
+    gpu_has_fp8: bool,
+    gpu_name: str,
+    compiled: bool | None,
+    eager_reason: str | None = None,
 ) -> str | None:
     """Why run.fp8 cannot train here, or None. precision: run.dtype resolved; compiled: whether the
-    model is compiled (None: not known yet, as in plan and check)."""
+    model is compiled (None: not known yet, as in plan and check); eager_reason: why the strategy
+    leaves it uncompiled, and how to change that."""
     if fp8 == "off":
         return None
     if on_gpu and not gpu_has_fp8:
@@ -83,8 +78,8 @@ def fp8_problem(
     if on_gpu and compiled is False:
         return (
             f"run.fp8={fp8} needs the model compiled on a GPU: uncompiled, its scaling and casts cost more "
-            "than the fp8 matmuls save; set run.compile=true (ZeRO-3 runs eager: use deepspeed.zero_stage "
-            "1 or 2), or run.fp8=off"
+            f"than the fp8 matmuls save; set run.compile=true{f' ({eager_reason})' if eager_reason else ''}, "
+            "or run.fp8=off"
         )
     return None
 

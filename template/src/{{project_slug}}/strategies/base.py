@@ -1,6 +1,6 @@
-"""The contract of a strategy: what training/train.py, evaluation and checkpoints ask of DDP, DeepSpeed
-ZeRO and the pipeline engine, and nothing else. A strategy is built from the Run (its family, sizes,
-precision, strategy and ZeRO stage: runtime/run_context.py) by build_strategy and owns the model's
+"""The contract of a strategy: what training/train.py, evaluation and checkpoints ask of DDP, a sharding
+strategy or a pipeline engine, and nothing else. A strategy is built from the Run (its family, sizes,
+precision, strategy and sharding: runtime/run_context.py) by build_strategy and owns the model's
 wrapping, its optimizer, one training step and its checkpoints; the loop keeps the data stream,
 logging and evaluation. tests/test_run_context.py checks that every strategy class has every member.
 """
@@ -48,7 +48,7 @@ class Strategy(Protocol):
         not to, clear; returns the gradient norm before clipping."""
 
     def local_weights(self) -> list[torch.Tensor]:
-        """The weights this rank holds (a replica, its ZeRO-3 partitions, its pipeline stage)."""
+        """The weights this rank holds (a replica, its shards of the weights, its pipeline stage)."""
 
     def loss_scaling(self) -> dict:
         """fp16: {"loss_scale", "skipped"} for the metrics line; {} otherwise."""

@@ -1,7 +1,7 @@
 """What every strategy does the same way: which parameters get weight decay (AdamW's groups), the
 global gradient norm they log and clip by, and whether the model is compiled.
 
-Every strategy compiles on CUDA: DDP the module before wrapping it, DeepSpeed its engine's module,
+Every strategy compiles on CUDA: DDP the module before wrapping it, an engine its wrapped module,
 the pipeline each layer of its stage (the schedule between them stays eager). CPU runs stay eager:
 they are the tests' runs, and Inductor's C++ build would cost each process minutes.
 """
@@ -24,7 +24,7 @@ def compiled(cfg: Config, device) -> tuple[bool, str]:
 
 
 def norm_dtype(device: torch.device) -> torch.dtype:
-    """fp64, as DeepSpeed uses, except where the device has none (Apple's MPS)."""
+    """fp64, as the sharded strategies use, except where the device has none (Apple's MPS)."""
     return torch.float32 if device.type == "mps" else torch.float64
 
 

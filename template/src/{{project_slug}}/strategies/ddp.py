@@ -1,5 +1,5 @@
 """DDP strategy: torch DistributedDataParallel, manual gradient accumulation with no_sync,
-AdamW or Muon (optimizer.py), global-norm clipping (common.py: the norm as DeepSpeed's ZeRO computes it), one
+AdamW or Muon (optimizer.py), global-norm clipping (common.py: the norm every strategy clips by), one
 checkpoint file per step written by rank 0 (checkpoint.py).
 
     <package> train run.strategy=ddp        # the default
@@ -37,7 +37,7 @@ class DDPStrategy:  # implements base.Strategy
     name = "ddp"
     consumes_batches = False  # train.py runs the micro steps (see PipelineStrategy for the other case)
 
-    def __init__(self, run: Run, model: torch.nn.Module):
+    def __init__(self, run: Run, model: torch.nn.Module, resume: bool = False):  # resume: loaded by resume()
         cfg = run.cfg
         self.cfg, self.run, self.accum = cfg, run, run.grad_accum
         self.data_rank = run.rank  # every rank is a data-parallel rank
@@ -136,8 +136,9 @@ class DDPStrategy:  # implements base.Strategy
         if latest is None:
             if allowed and checkpoint_files.list_folders(ckpt_dir):
                 raise ConfigError(
-                    f"{ckpt_dir} holds DeepSpeed checkpoints (folders) but run.strategy=ddp; continue that run "
-                    "with run.strategy=deepspeed, or start a new one in a folder of its own: "
+                    f"{ckpt_dir} holds checkpoint folders, which another strategy writes, but run.strategy=ddp; "
+                    "continue that run with the run.strategy it was trained with, or start a new one in a folder "
+                    "of its own: "
                     f"run.output_dir={checkpoint_files.unused_sibling(ckpt_dir.parent)}"
                 )
             return 0

@@ -203,7 +203,7 @@ def build_optimizer(model: torch.nn.Module, run):
             groups.append({**hyper, "params": stack, "role": role})
     # torch's fused AdamW has a CPU kernel too, 4x the foreach path's speed there (10M parameters, one
     # thread: 10 against 43 ms); optim.optimizer=adamw keeps torch's default on a CPU, bitwise equal
-    # to DeepSpeed's.
+    # to the torch AdamW a sharded strategy steps.
     return with_peaks(MuonAdamW(groups, run.world_size, run.rank, fused=device.type in ("cuda", "cpu")))
 
 

@@ -13,9 +13,9 @@ mean loss of all ranks (one scalar all-reduce a step, which the logging steps re
 gradient norm, so every rank reaches the same verdict.
 
 fp16: a gradient that overflows is the loss scaler's business (the step is skipped and the scale
-halves, DDP's GradScaler or DeepSpeed's own), so there only the loss is judged. DeepSpeed's ZeRO
-skips a step with non-finite gradients itself in every precision; a loss spike cannot be skipped
-there (its engine has no hook before the update), which `check` says.
+halves, DDP's GradScaler or an engine's own), so there only the loss is judged. An engine that skips
+a step with non-finite gradients itself decides there; a loss spike cannot be skipped where the
+engine has no hook before the update, which `check` says.
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ class DivergenceGuard:
         (a strategy that reports none)."""
         o, self.is_main = cfg.optim, is_main
         self.limit, self.spike_factor, self.judges_norm = o.max_skipped_steps, o.loss_spike_factor, judges_norm
-        zero = torch.zeros((), dtype=torch.float64, device=device)
+        nought = torch.zeros((), dtype=torch.float64, device=device)
         # On the device: steps not applied in a row and in all, the running mean loss and how many
         # steps it holds, and the first step, loss and norm of the current run of skipped steps.
-        self.streak, self.skipped, self.mean, self.counted = zero.clone(), zero.clone(), zero.clone(), zero.clone()
-        self.first_bad, self.bad_loss, self.bad_norm = zero.clone(), zero.clone(), zero.clone()
-        self.loss = zero.clone()  # this step's mean loss over all ranks
+        self.streak, self.skipped, self.mean, self.counted = (nought.clone() for _ in range(4))
+        self.first_bad, self.bad_loss, self.bad_norm = (nought.clone() for _ in range(3))
+        self.loss = nought.clone()  # this step's mean loss over all ranks
 
     def observe_loss(self, loss: torch.Tensor) -> None:
         """This step's mean loss on this rank (collective: the mean over every rank)."""

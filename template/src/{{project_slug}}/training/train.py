@@ -1,10 +1,9 @@
-"""The training loop: data parallel over torchrun ranks (DDP or DeepSpeed ZeRO, see strategies/),
+"""The training loop: data parallel over torchrun ranks (DDP or a sharded strategy, see strategies/),
 gradient accumulation, mixed precision (bf16, or fp16 with loss scaling: precision.py), optional
 torch.compile, AdamW or Muon (strategies/optimizer.py) on a warmup + decay schedule (schedule.py),
 clipping, metrics, evaluation and checkpoints.
 
     torchrun --standalone --nproc-per-node 8 -m <package> train [key=value ...]
-    torchrun --standalone --nproc-per-node 8 -m <package> train run.strategy=deepspeed deepspeed.zero_stage=2
     <package> launch devmachine            # builds that torchrun command for you
 
 Each rank reads its own slice of every global batch; the stream position follows from the step,

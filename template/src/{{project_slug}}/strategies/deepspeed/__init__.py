@@ -6,4 +6,6 @@ with parallel layouts (gpt3), absent otherwise (settings/optional_parts.py says 
     tensor_parallel.py       shards a block's matrices over the tensor-parallel group
     universal_checkpoint.py  a ZeRO checkpoint continued on another data-parallel size or layout
     launcher.py              DeepSpeed's own launcher (`launch devmachine|slurm --launcher deepspeed`)
+    settings.py              its section of config/train.yaml (`deepspeed:`), torch-free
+    plan.py                  what it keeps on a GPU and allows, for plan, fit and check (torch-free)
 """

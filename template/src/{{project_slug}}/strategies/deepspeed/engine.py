@@ -42,11 +42,16 @@ from ...runtime.run_context import Run
 from ...runtime.unrecoverable import raise_on_every_rank
 from ...settings.config import Config, ConfigError
 from ...settings.packages import require_package
-from ...settings.precision import HYSTERESIS, INITIAL_SCALE_POWER, MIN_LOSS_SCALE, SCALE_WINDOW, fp16_zero0_refusal
+from ...settings.precision import INITIAL_SCALE_POWER, SCALE_WINDOW
 from ..common import clip_gradients, compiled, param_groups, skip_step
 from . import universal_checkpoint
+from .plan import fp16_zero0_refusal
 
 STAGING = ".staging"  # where a save is written before it is renamed into place
+
+
+HYSTERESIS = 2  # overflows tolerated in a row before the loss scale halves
+MIN_LOSS_SCALE = 1  # the loss scale never drops below this
 
 
 def import_deepspeed():
@@ -287,7 +292,7 @@ class DeepSpeedStrategy:  # implements base.Strategy
         self.ds_config = deepspeed_config(
             cfg, run.grad_accum, run.data_parallel_size, run.device, precision=run.precision
         )
-        self.clips_itself = clipped_by_strategy(run.zero_stage, run.precision)
+        self.clips_itself = clipped_by_strategy(run.sharding.stage, run.precision)
         refuse_unsupported_precision(self.ds_config, run.device, cfg.run.dtype)
         self.find_resume_point(resume, run.data_parallel_size)
         self._write_config()

@@ -150,7 +150,7 @@ class PipelineStrategy(DeepSpeedStrategy):
             self.engine.compile()  # DeepSpeed compiles each layer of this stage in place
         self.runnable = self.module = None  # no single-process forward: the stages hold parts
         self.grid, self._grad_norm = grid, None
-        self.clips_itself = clipped_by_strategy(run.zero_stage, run.precision)
+        self.clips_itself = clipped_by_strategy(run.sharding.stage, run.precision)
         if self.clips_itself:
             # ZeRO 0 in fp32: the engine steps the optimizer itself, with no clipping and no norm
             # (DeepSpeed's own clip would count each stage's gradients as the whole model's): clip the
@@ -205,7 +205,7 @@ class PipelineStrategy(DeepSpeedStrategy):
         tp, pp = self.run.tensor_parallel_size, self.run.pipeline_parallel_size
         return (
             f"pipeline {pp} x tensor {tp} x data {self.run.data_parallel_size} (DeepSpeed pipeline engine, "
-            f"ZeRO {self.run.zero_stage}), stage {self.engine.stage_id}, {self.compile_note}"
+            f"ZeRO {self.run.sharding.stage}), stage {self.engine.stage_id}, {self.compile_note}"
         )
 
     def local_weights(self) -> list[torch.Tensor]:
