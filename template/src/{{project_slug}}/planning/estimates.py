@@ -74,7 +74,8 @@ from ..models.family import family, model_shape
 from ..settings.config import Config, ConfigError
 from ..settings.gpus import ANSWERS, find_answer
 from ..settings.precision import on_gpu_type
-from ..strategies.memory import model_states, precision_mode, sharding, uses_pipeline_engine
+from ..settings.sharding import sharding
+from ..strategies.memory import model_states, precision_mode, uses_pipeline_engine
 from .rules import parallel_problems, precision_problems
 
 GIB = 1024**3

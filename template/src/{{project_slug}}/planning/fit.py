@@ -16,7 +16,8 @@ from __future__ import annotations
 from ..models.family import family
 from ..settings.batch import resolve_grad_accum
 from ..settings.config import Config, ConfigError, changed
-from ..strategies.memory import at_stage, for_pipeline_engine, sharding, strategy_plan
+from ..settings.sharding import sharding
+from ..strategies.memory import at_stage, for_pipeline_engine, strategy_plan
 from ..strategies.memory import describe as describe_strategy
 from .estimates import GIB, layout_problems, memory
 from .rules import Problem

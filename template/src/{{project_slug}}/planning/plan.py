@@ -24,7 +24,8 @@ from ..models.family import family, model_shape, peak_lrs_line
 from ..settings.bounds import fraction, positive_float
 from ..settings.config import Config, ConfigError, changed
 from ..settings.precision import on_gpu_type
-from ..strategies.memory import describe, sharding, strategy_plans
+from ..settings.sharding import sharding
+from ..strategies.memory import describe, strategy_plans
 from .estimates import ASSUMED_MFU, FP8_SPEEDUP, GIB, RESERVE, fp8_counted, gpu_spec, memory, stop_reaction, timing
 from .fit import suggest
 from .scaling import render_rows, scaling_rows

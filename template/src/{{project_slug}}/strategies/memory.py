@@ -6,7 +6,7 @@ A data-parallel strategy shards the model states over the data ranks in stages (
 optimizer state, 2 the gradients too, 3 the weights too. DDP is stage 0 (StrategyPlan below). A strategy folder that shards
 further brings its own plan (strategies/<name>/plan.py: PLAN, a StrategyPlan), found here.
 
-    sharding(cfg)                            # Sharding(stage=0) for ddp
+    sharding(cfg)                            # settings/sharding.py: Sharding(stage=0) for ddp
     model_states(psi, sharding, nd)          # bytes per GPU: weights, grads, optimizer (+ host)
     at_stage(cfg, 2)                         # the config at stage 2 on a strategy that has it (fit's candidates)
     strategy_plan(cfg).problems(cfg, ...)    # what the strategy refuses for this layout and precision
