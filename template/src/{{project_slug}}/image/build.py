@@ -74,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="another Dockerfile build arg, e.g. EXTRAS=test,ray (repeatable)",
+        help="another Dockerfile build arg, e.g. EXTRAS=test,export (repeatable)",
     )
     p.add_argument(
         "--context",

@@ -126,7 +126,7 @@ def parse_build_args(items: list[str]) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise ConfigError(f"--build-arg {item!r} must look like KEY=VALUE, e.g. EXTRAS=test,ray")
+            raise ConfigError(f"--build-arg {item!r} must look like KEY=VALUE, e.g. EXTRAS=test,export")
         values[key] = value
     return values
 

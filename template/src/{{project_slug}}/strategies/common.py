@@ -78,7 +78,7 @@ def _state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
 
 
 def param_groups(model, weight_decay: float) -> list[dict]:
-    """AdamW groups: weight decay shrinks matrices toward zero; on embedding tables it only hurts rare tokens."""
+    """AdamW groups: weight decay shrinks matrices toward 0; on embedding tables it only hurts rare tokens."""
 
     def decays(name, p):
         return p.dim() >= 2 and not any(key in name for key in ("wte", "wpe", "embeddings"))

@@ -117,7 +117,7 @@ class MuonAdamW(torch.optim.Optimizer):
         if params[0].grad is None:
             return
         grads = torch.stack([p.grad for p in params])
-        # A step not to apply: zero gradients, the state's rates and the step times 0 (all finite, so the
+        # A step not to apply: gradients, the state's rates and the step times set to 0 (all finite, so the
         # product is exactly 0); the same numbers as without found_inf when it is 0.
         applied = None
         if found_inf is not None:

@@ -33,7 +33,7 @@ def mfu(flops_per_token: float, tokens_per_sec: float, num_gpus: int, peak: floa
 
 class MetricsLogger:
     """Appends one JSON object per logged step to metrics.jsonl and mirrors scalars to TensorBoard.
-    Created with enabled=False on non-zero ranks, where every call is a no-op."""
+    Created with enabled=False on ranks other than 0, where every call is a no-op."""
 
     def __init__(self, output_dir: Path, enabled: bool, tensorboard: bool, resume_step: int = 0):
         """resume_step: the step training continues from; records after it (logged by an attempt
