@@ -169,10 +169,8 @@ def test_no_counted_target_is_a_nan_mean_with_zero_gradients_as_cross_entropy_gi
 
 def test_what_forward_keeps_is_what_plan_counts(lm_loss, pkg):
     """The tensors the chunked loss saves for backward: the hidden states' gradient (tokens x width in
-    the matmul's dtype) and the head's (rows x width, fp32), as models/family.py counts them."""
-    family = pkg.module("models.family")
-    assert family.LOSS_CHUNK_LOGITS == lm_loss.CHUNK_LOGITS
-    assert family.LOSS_CHUNKS_PER_HEAD_GRADIENT == lm_loss.CHUNKS_PER_HEAD_GRADIENT
+    the matmul's dtype) and the head's (rows x width, fp32), as models/loss_chunks.py counts them."""
+    chunks = pkg.module("models.loss_chunks")
     hidden, weight, targets = _inputs()
     hidden.requires_grad_()
     weight.requires_grad_()
@@ -183,9 +181,9 @@ def test_what_forward_keeps_is_what_plan_counts(lm_loss, pkg):
         lm_loss.linear_cross_entropy(hidden, weight, targets, VOCAB, 5.0, "mean", rows=CHUNK)
     kept = N * WIDTH * 4 + ROWS * WIDTH * 4
     assert sum(saved) == kept + 4  # and the count of tokens, for "mean"
-    chunks = family.LOSS_CHUNK_LOGITS * (family.LOSS_CHUNK_BYTES_PER_LOGIT + 4 * family.LOSS_CHUNKS_PER_HEAD_GRADIENT)
-    transient = chunks + ROWS * WIDTH * 4
-    assert family.chunked_loss_bytes(WIDTH, ROWS, N, matmul_bytes=4) == kept + transient
+    group = chunks.CHUNK_LOGITS * (chunks.CHUNK_BYTES_PER_LOGIT + 4 * chunks.CHUNKS_PER_HEAD_GRADIENT)
+    transient = group + ROWS * WIDTH * 4
+    assert chunks.chunked_loss_bytes(WIDTH, ROWS, N, matmul_bytes=4) == kept + transient
 
 
 @pytest.mark.part("gpt3")

@@ -94,7 +94,7 @@ def test_a_model_with_every_piece_exports_with_its_modeling_code(
     run = muon_runs[1][0]
     overrides = [*train_overrides, *MUON, f"data.dir={demo_data}", f"run.output_dir={run}", "run.device=cpu"]
     folder = export(demo_data, run, *train_overrides, *MUON)
-    assert {"model.py", "pieces.py", "lm_loss.py", "sample_dropout.py", "export.py"} <= {
+    assert {"model.py", "pieces.py", "lm_loss.py", "loss_chunks.py", "sample_dropout.py", "export.py"} <= {
         p.name for p in folder.iterdir()
     }
     model, hf, cfg = ours_and_theirs(pkg, cfg_with, [*overrides, "run.dtype=fp32"], folder, trust_remote_code=True)

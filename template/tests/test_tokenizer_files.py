@@ -1,6 +1,6 @@
-"""data.tokenizer as users have it: GPT-2's vocab.json + merges.txt, a transformers tokenizer folder,
-a BERT vocab.txt. Our loader gives the ids transformers' own tokenizer gives for the same files, and
-prepare-data encodes a corpus with them.
+"""data.tokenizer as users have it: GPT-2's vocab.json + merges.txt, a transformers tokenizer folder
+(a family's files of its own kind: its own tests, models/<family>/tests/). Our loader gives the ids
+transformers' own tokenizer gives for the same files, and prepare-data encodes a corpus with them.
 
     python -m pytest -q tests/test_tokenizer_files.py
 """
@@ -51,15 +51,16 @@ def ids(tok, text: str = TEXT) -> list[int]:
 
 
 def test_gpt2_files_give_the_ids_of_transformers_gpt2_tokenizer(pkg, gpt2_folder, tmp_path):
-    """The folder, either file's path, and Megatron's gpt2-vocab.json + gpt2-merges.txt names: the ids
-    of GPT2TokenizerFast on the same files; <|endoftext|> is one special token, the separator."""
+    """The folder, either file's path, and the files under a prefix (gpt2-vocab.json + gpt2-merges.txt,
+    as some trainers name them): the ids of GPT2TokenizerFast on the same files; <|endoftext|> is one
+    special token, the separator."""
     reference = transformers().GPT2TokenizerFast.from_pretrained(str(gpt2_folder))
     expected = reference.encode(TEXT, add_special_tokens=False)
-    megatron = tmp_path / "megatron"
-    megatron.mkdir()
-    shutil.copy(gpt2_folder / "vocab.json", megatron / "gpt2-vocab.json")
-    shutil.copy(gpt2_folder / "merges.txt", megatron / "gpt2-merges.txt")
-    paths = [gpt2_folder, gpt2_folder / "vocab.json", gpt2_folder / "merges.txt", megatron / "gpt2-merges.txt"]
+    prefixed = tmp_path / "prefixed"
+    prefixed.mkdir()
+    shutil.copy(gpt2_folder / "vocab.json", prefixed / "gpt2-vocab.json")
+    shutil.copy(gpt2_folder / "merges.txt", prefixed / "gpt2-merges.txt")
+    paths = [gpt2_folder, gpt2_folder / "vocab.json", gpt2_folder / "merges.txt", prefixed / "gpt2-merges.txt"]
     for path in paths:
         tok = pkg.tokens.load_tokenizer(path)
         assert ids(tok) == expected, path
@@ -96,22 +97,6 @@ def test_a_transformers_folder_keeps_its_special_tokens_and_settings(pkg, gpt2_f
     assert "<|user|>" not in Tokenizer.from_file(str(tmp_path / "mapped" / "tokenizer.json")).encode(text).tokens
 
 
-def test_a_bert_vocab_txt_folder_gives_the_ids_of_bert_tokenizer(pkg, tmp_path):
-    """A hand-written WordPiece vocab.txt: the ids of BertTokenizerFast (lower-cased, accents and
-    Chinese characters split as BERT does, unknown words as [UNK])."""
-    words = ["the", "quick", "brown", "fox", "hello", "world", "cafe", "naive", "東", "京", "!", ",", ".", ";"]
-    pieces = ["##s", "##ing", "##ed", "##x", "##e"]
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words, *list("abcdefghijklmnopqrstuvwxyz"), *pieces]
-    folder = tmp_path / "bert"
-    folder.mkdir()
-    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    reference = transformers().BertTokenizerFast.from_pretrained(str(folder))
-    tok = pkg.tokens.load_tokenizer(folder)
-    assert ids(tok) == reference.encode(TEXT, add_special_tokens=False)
-    assert tok.token_to_id("[UNK]") in ids(tok) and tok.token_to_id("quick") in ids(tok)
-    assert pkg.tokens.bos_id(tok) == tok.token_to_id("[SEP]")
-
-
 def test_tokenizer_files_that_cannot_be_used_are_one_line_errors(pkg, cli, gpt2_folder, tmp_path):
     def refusal(path) -> str:
         with pytest.raises(pkg.config.ConfigError) as caught:
@@ -125,9 +110,8 @@ def test_tokenizer_files_that_cannot_be_used_are_one_line_errors(pkg, cli, gpt2_
     (empty / "README.md").write_text("no tokenizer here")
     message = refusal(empty)
     assert "holds no tokenizer files" in message
-    assert all(
-        name in message for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json + merges.txt", "vocab.txt")
-    )
+    assert all(name in message for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json + merges.txt"))
+    assert all(name in message for name in pkg.tokens.family_tokenizer_files())  # the families' own kinds
 
     lonely = tmp_path / "lonely"
     lonely.mkdir()
@@ -148,34 +132,10 @@ def test_tokenizer_files_that_cannot_be_used_are_one_line_errors(pkg, cli, gpt2_
     (broken / "merges.txt").write_text("#version: 0.2\nthree tokens here\n")
     assert "could not be read" in refusal(broken) and "merges.txt" in refusal(broken)
 
-    no_unknown = tmp_path / "no-unk"
-    no_unknown.mkdir()
-    (no_unknown / "vocab.txt").write_text(
-        "[PAD]\n[CLS]\n[SEP]\n[MASK]\nthe\n"
-    )  # WordPiece raised on a word it cannot split
-    assert f"{no_unknown / 'vocab.txt'} has no [UNK] line" in refusal(no_unknown)
-
     saved = tmp_path / "saved"
     transformers().GPT2TokenizerFast.from_pretrained(str(gpt2_folder)).save_pretrained(str(saved))
     (saved / "tokenizer_config.json").write_text("{not json")
     assert "could not be read by transformers" in refusal(saved)
-
-
-def test_a_vocab_txt_that_is_not_utf8_is_one_line_from_prepare_data(cli, tmp_path):
-    """A vocabulary saved in Latin-1 (an editor's choice): WordPiece's reader raised a bare Exception."""
-    vocab = tmp_path / "tokenizer" / "vocab.txt"
-    vocab.parent.mkdir()
-    vocab.write_bytes("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\ncaf\u00e9\n".encode("latin-1"))
-    data_dir = tmp_path / "data"
-    (data_dir / "raw").mkdir(parents=True)
-    (data_dir / "raw" / "a.txt").write_text("some text")
-    proc = cli("prepare-data", f"data.dir={data_dir}", "data.raw=", f"data.tokenizer={vocab}", expect=1)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.splitlines() == [
-        f"error: tokenizer {vocab} could not be read (Error while initializing WordPiece: stream did not contain "
-        "valid UTF-8); give a vocab.txt of one token a line, in UTF-8"
-    ], proc.stderr
-    assert sorted(p.name for p in data_dir.iterdir()) == ["raw"]
 
 
 def test_prepare_data_with_gpt2_files(cli, gpt2_folder, tmp_path):

@@ -2,13 +2,14 @@
 
     <package> prepare-data                  # reads data.dir/raw/*.{parquet,jsonl,txt}
     <package> prepare-data --demo-corpus    # first writes a small corpus from Python's docstrings
-    <package> prepare-data data.tokenizer=/mnt/shared/models/bert-large-uncased   # a local tokenizer
+    <package> prepare-data data.tokenizer=/mnt/shared/tokenizers/mine     # a local tokenizer
     <package> prepare-data --force          # replace prepared data; the old moves to previous-<time>/
 
-The tokenizer: data.tokenizer when set (tokenizer.json, vocab.txt or a folder with either); for
-model.arch=bert with model.pretrained, the tokenizer in that folder; else one trained on the raw
-text (byte-level BPE for gpt/gpt3, WordPiece with [PAD] [UNK] [CLS] [SEP] [MASK] for bert). It is
-saved as data.dir/tokenizer.json either way, so training never needs the original again.
+The tokenizer: data.tokenizer when set (data/tokens.py load_tokenizer reads what users have); for a
+family that starts from local weights (model.pretrained), the tokenizer in that folder; else one
+trained on the raw text: byte-level BPE, or the family's own kind with its special tokens (its
+descriptor). It is saved as data.dir/tokenizer.json either way, so training never needs the original
+again.
 
 Runs on one CPU machine, on every core: the input is cut into parts (documents.py) that worker
 processes encode into shards of their own (encode_parts.py; --workers, default one per core, each
@@ -28,6 +29,7 @@ data.dir/previous-<UTC time>/, a data folder those runs can continue from.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -38,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..models.family import check_vocab, family
+from ..models.family import TOKENIZER_KINDS, check_vocab, family
 from ..settings.bounds import count, mebibytes
 from ..settings.config import Config, ConfigError
 from .demo_corpus import write_demo_bundle, write_demo_corpus
@@ -47,7 +49,7 @@ from .encode_parts import BLOCK_CHARS, BLOCK_SEGMENTS, EncodeSettings
 from .encode_workers import WorkerDied, encode_all
 from .progress import Progress
 from .staging import Staging, stat_of
-from .tokens import BERT_SPECIALS, META, bos_id, compute_fingerprint, data_fingerprint, load_tokenizer, train_tokenizer
+from .tokens import META, bos_id, compute_fingerprint, data_fingerprint, load_tokenizer, train_tokenizer
 
 TOKENIZER = "tokenizer.json"
 _OUTPUT = re.compile(r"(meta\.json|tokenizer\.json|(train|val)_\d{5}\.bin(\.tmp)?)")  # what a run replaces
@@ -175,8 +177,10 @@ def _write_data(
         staging.tokenizer.with_suffix(".tmp").replace(staging.tokenizer)
     vocab = tok.get_vocab_size()
     dtype = np.dtype(np.uint16 if vocab <= 2**16 else np.uint32)
-    # Documents are separated by <|bos|> (BPE) or [SEP] (WordPiece: models/bert/data.py cuts [CLS] ... [SEP] windows).
-    sep = tok.token_to_id("[SEP]") if family(cfg.model.arch).tokenizer == "wordpiece" else bos_id(tok)
+    # Documents are separated by the family's separator where it names one (a masked LM's batches cut
+    # windows of the stream between their own special tokens), else by the tokenizer's BOS.
+    separator = family(cfg.model.arch).separator
+    sep = tok.token_to_id(separator) if separator else bos_id(tok)
     settings = EncodeSettings(dtype.name, sep, cfg.run.seed, cfg.data.val_fraction, cfg.data.shard_tokens)
     finished, run = encode_all(tok, parts, settings, staging.parts, staging.tokenizer, workers)
     _check_every_file_has_text(files, finished)
@@ -256,9 +260,10 @@ def obtain_tokenizer(cfg: Config, parts: list[Part], tokenizer_path: Path):
         print(f"using tokenizer {cfg.data.tokenizer} ({tok.get_vocab_size()} tokens)", flush=True)
     elif fam.pretrained and cfg.model.pretrained:
         folder = fam.weights_folder(cfg.model.pretrained)  # local weights bring their tokenizer
-        if not any((folder / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
+        names = ("tokenizer.json", *fam.tokenizer_files)
+        if not any((folder / name).is_file() for name in names):
             raise ConfigError(
-                f"model.pretrained={cfg.model.pretrained!r} holds no tokenizer.json or vocab.txt; set "
+                f"model.pretrained={cfg.model.pretrained!r} holds no {' or '.join(names)}; set "
                 "data.tokenizer to the tokenizer these weights were trained with"
             )
         tok = load_tokenizer(folder)
@@ -266,23 +271,25 @@ def obtain_tokenizer(cfg: Config, parts: list[Part], tokenizer_path: Path):
     else:
         started = time.monotonic()
         limit = cfg.data.tokenizer_train_chars
-        tok = train_tokenizer(
-            lambda purpose: _tokenizer_sample(parts, limit, purpose), cfg.data.vocab_size, fam.tokenizer
-        )
-        kind = {"wordpiece": "WordPiece", "bpe": "BPE"}[fam.tokenizer]
+        read_sample = functools.partial(_tokenizer_sample, parts, limit)  # (purpose) -> texts
+        if fam.tokenizer == "bpe":
+            tok = train_tokenizer(read_sample, cfg.data.vocab_size)
+        else:
+            tok = fam.train_own_tokenizer(read_sample, cfg.data.vocab_size)
         print(
-            f"trained a {tok.get_vocab_size()}-token {kind} tokenizer in {time.monotonic() - started:.1f}s -> {tokenizer_path}",
+            f"trained a {tok.get_vocab_size()}-token {TOKENIZER_KINDS[fam.tokenizer]} tokenizer in "
+            f"{time.monotonic() - started:.1f}s -> {tokenizer_path}",
             flush=True,
         )
-    if fam.tokenizer == "wordpiece":
-        missing = [t for t in BERT_SPECIALS if tok.token_to_id(t) is None]
-        if missing:
-            raise ConfigError(
-                f"the tokenizer has no {', '.join(missing)}: model.arch={fam.name} needs BERT's special tokens "
-                f"{' '.join(BERT_SPECIALS)}; use a BERT tokenizer or leave data.tokenizer empty to train one"
-            )
-        if fam.pretrained and cfg.model.pretrained:  # fail before hours of tokenizing, not at train start
-            check_vocab(cfg.model.pretrained, fam.weights_vocab_size(cfg.model.pretrained), tok.get_vocab_size())
+    specials = list(fam.special_tokens.values())
+    missing = [t for t in specials if tok.token_to_id(t) is None]
+    if missing:
+        raise ConfigError(
+            f"the tokenizer has no {', '.join(missing)}: model.arch={fam.name} needs its special tokens "
+            f"{' '.join(specials)}; use a tokenizer that holds them or leave data.tokenizer empty to train one"
+        )
+    if fam.pretrained and cfg.model.pretrained:  # fail before hours of tokenizing, not at train start
+        check_vocab(cfg.model.pretrained, fam.weights_vocab_size(cfg.model.pretrained), tok.get_vocab_size())
     return tok
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..models.family import TOKENIZER_KINDS, Family, families
 from ..settings.config import ConfigError
 from ..settings.packages import import_transformers
 from ..settings.stored_files import DamagedFile, read_json
@@ -37,19 +38,13 @@ SPLIT_PATTERN = (
     r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
 )
 META = "meta.json"
-BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # bert vocabularies must hold these
 
 
-def train_tokenizer(read_sample: Callable[[str], Iterator[str]], vocab_size: int, kind: str = "bpe"):
-    """A tokenizer trained on the texts of read_sample(purpose), a fresh pass over the same sample
-    each call; kind is the family's (models/family.py). "bpe": byte-level BPE (GPT-2 style: every
-    byte is representable, nothing is unknown). "wordpiece": lower-cased WordPiece with BERT's
-    special tokens (bert-base-uncased style). The same sample gives the same tokenizer, token ids
-    included, on any machine."""
-    if kind == "wordpiece":
-        return _train_wordpiece(read_sample, vocab_size)
-    if kind != "bpe":
-        raise ConfigError(f"a model family's tokenizer is 'bpe' or 'wordpiece', not {kind!r} (models/family.py)")
+def train_tokenizer(read_sample: Callable[[str], Iterator[str]], vocab_size: int):
+    """A byte-level BPE tokenizer (GPT-2 style: every byte is representable, nothing is unknown)
+    trained on the texts of read_sample(purpose), with BOS as its one special token. The same sample
+    gives the same tokenizer, token ids included, on any machine. A family of another tokenizer kind
+    trains its own (its descriptor's tokenizer_trainer)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -71,72 +66,34 @@ def train_tokenizer(read_sample: Callable[[str], Iterator[str]], vocab_size: int
     return tok
 
 
-def _wordpiece(vocab: dict[str, int] | None = None):
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
-
-    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]") if vocab else models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece()
-    return tok
-
-
-def _wordpiece_trainer(vocab_size: int, special_tokens: list[str]):
-    from tokenizers import trainers
-
-    return trainers.WordPieceTrainer(
-        vocab_size=vocab_size, special_tokens=special_tokens, min_frequency=2, show_progress=False
-    )
-
-
-def _train_wordpiece(read_sample: Callable[[str], Iterator[str]], vocab_size: int):
-    from tokenizers import processors
-
-    # The library's trainer numbers the "##" continuation letters in hash-map order, new on every
-    # run, and those numbers break ties between equally frequent merges: the same text gave other
-    # token ids, and at times other tokens (huggingface/tokenizers#1794). A first pass that merges
-    # nothing lists the letters; the real pass gets them in sorted order, ahead of any merge.
-    alphabet = _wordpiece()
-    alphabet.train_from_iterator(read_sample("the tokenizer's letters"), trainer=_wordpiece_trainer(1, BERT_SPECIALS))
-    letters = sorted(t for t in alphabet.get_vocab() if t.startswith("##") and len(t) == 3)
-    trained = _wordpiece()
-    # Special tokens first, so [PAD] is id 0: BertConfig's default pad_token_id.
-    trained.train_from_iterator(
-        read_sample("the tokenizer"), trainer=_wordpiece_trainer(vocab_size, BERT_SPECIALS + letters)
-    )
-    # The letters were special only to fix their ids: the tokenizer proper has BERT's five.
-    tok = _wordpiece(trained.get_vocab())
-    tok.add_special_tokens(BERT_SPECIALS)
-    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    # What transformers' BERT tokenizers add around a text; training adds them itself (models/bert/data.py).
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
-    )
-    return tok
-
-
 def data_tokenizer(data_dir: Path):
     """The tokenizer the prepared data in data_dir was encoded with (meta.json names it)."""
     return load_tokenizer(Path(data_dir) / read_meta(Path(data_dir))["tokenizer"])
 
 
-# What a tokenizer folder may hold, in the order they are looked for (load_tokenizer).
+# What a tokenizer folder may hold, in the order they are looked for (load_tokenizer), before the
+# files of the families' own kinds (family_tokenizer_files).
 TOKENIZER_FILES = (
     "tokenizer.json (with tokenizer_config.json: a transformers folder)",
     "vocab.json + merges.txt (GPT-2 byte-level BPE)",
-    "vocab.txt (BERT WordPiece)",
 )
 # A transformers folder's own description of its tokenizer: its special tokens, its class's settings.
 TRANSFORMERS_CONFIGS = ("tokenizer_config.json", "special_tokens_map.json")
 GPT2_SEPARATOR = "<|endoftext|>"
 
 
+def family_tokenizer_files() -> dict[str, Family]:
+    """The tokenizer files of a kind of its own that a family of this project reads (its descriptor's
+    tokenizer_files): file name -> the family."""
+    return {name: fam for fam in families().values() for name in fam.tokenizer_files}
+
+
 def load_tokenizer(path: Path):
     """A tokenizers.Tokenizer from what users have: a tokenizer.json; a transformers tokenizer folder
     (tokenizer.json and tokenizer_config.json: loaded by transformers, so its special tokens and its
     class's settings hold); GPT-2's vocab.json + merges.txt (a folder holding them, or either file,
-    also as Megatron's gpt2-vocab.json + gpt2-merges.txt); a BERT vocab.txt; or a folder holding
-    any of these (TOKENIZER_FILES, first found wins)."""
+    also under a prefix such as gpt2-vocab.json + gpt2-merges.txt); a file of a family's own kind;
+    or a folder holding any of these (TOKENIZER_FILES, first found wins)."""
     from tokenizers import Tokenizer
 
     path = Path(path)
@@ -146,29 +103,37 @@ def load_tokenizer(path: Path):
         raise ConfigError(f"tokenizer {path} not found; run prepare-data first or set data.tokenizer")
     if path.name.endswith(("vocab.json", "merges.txt")):
         return _gpt2_from_files(path)
-    if path.suffix == ".txt":
-        return _wordpiece_from_vocab(path)
+    own = family_tokenizer_files()
+    for name, fam in own.items():
+        if path.suffix == Path(name).suffix:
+            return fam.read_tokenizer_file(name, path)
     try:
         return Tokenizer.from_file(str(path))
     except Exception as exc:  # tokenizers raises a bare Exception on a malformed file
         raise ConfigError(
-            f"tokenizer {path} could not be read ({_first_line(exc)}); give a tokenizer.json, GPT-2's "
-            "vocab.json + merges.txt or a vocab.txt",
+            f"tokenizer {path} could not be read ({first_line(exc)}); give a tokenizer.json, GPT-2's "
+            f"vocab.json + merges.txt{''.join(f' or a {name}' for name in own)}",
             key="data.tokenizer",
         ) from None
 
 
 def _from_folder(folder: Path):
-    has = {name for name in ("tokenizer.json", "vocab.json", "merges.txt", "vocab.txt") if (folder / name).is_file()}
+    has = {name for name in ("tokenizer.json", "vocab.json", "merges.txt") if (folder / name).is_file()}
     transformers_folder = any((folder / name).is_file() for name in TRANSFORMERS_CONFIGS)
     if "tokenizer.json" in has or (transformers_folder and {"vocab.json", "merges.txt"} <= has):
         return _from_transformers_folder(folder) if transformers_folder else load_tokenizer(folder / "tokenizer.json")
     if {"vocab.json", "merges.txt"} & has:
         return _gpt2_from_files(folder / ("vocab.json" if "vocab.json" in has else "merges.txt"))
-    if "vocab.txt" in has:
-        return load_tokenizer(folder / "vocab.txt")
+    own = family_tokenizer_files()
+    for name, fam in own.items():
+        if (folder / name).is_file():
+            return fam.read_tokenizer_file(name, folder / name)
+    looked_for = [
+        *TOKENIZER_FILES,
+        *(f"{name} ({fam.name}'s {TOKENIZER_KINDS[fam.tokenizer]})" for name, fam in own.items()),
+    ]
     raise ConfigError(
-        f"tokenizer folder {folder} holds no tokenizer files: looked for {'; '.join(TOKENIZER_FILES)}; "
+        f"tokenizer folder {folder} holds no tokenizer files: looked for {'; '.join(looked_for)}; "
         "copy them there or point data.tokenizer at them",
         key="data.tokenizer",
     )
@@ -187,7 +152,7 @@ def _from_transformers_folder(folder: Path):
         loaded = loader.from_pretrained(str(folder), local_files_only=True)
     except Exception as exc:  # malformed JSON, an unknown class, a missing file: transformers raises many kinds
         raise ConfigError(
-            f"tokenizer folder {folder} could not be read by transformers ({_first_line(exc)}); "
+            f"tokenizer folder {folder} could not be read by transformers ({first_line(exc)}); "
             "fix or remove its tokenizer_config.json / special_tokens_map.json, or point data.tokenizer at its tokenizer.json",
             key="data.tokenizer",
         ) from None
@@ -222,7 +187,7 @@ def _gpt2_from_files(given: Path):
         tok = Tokenizer(models.BPE.from_file(str(vocab), str(merges)))
     except Exception as exc:  # json's, ours, or tokenizers' bare Exception on a bad merges line
         raise ConfigError(
-            f"tokenizer {vocab} + {merges.name} could not be read ({_first_line(exc)}); give GPT-2's "
+            f"tokenizer {vocab} + {merges.name} could not be read ({first_line(exc)}); give GPT-2's "
             "vocab.json (token -> id) and merges.txt (one 'left right' pair a line)",
             key="data.tokenizer",
         ) from None
@@ -235,33 +200,7 @@ def _gpt2_from_files(given: Path):
     return tok
 
 
-def _wordpiece_from_vocab(vocab: Path):
-    transformers = import_transformers("a tokenizer folder's tokenizer (tokenizer.json, vocab.txt)")
-    try:
-        if vocab.name == "vocab.txt":
-            # The folder's tokenizer_config.json (do_lower_case, special tokens) applies when present.
-            fast = transformers.BertTokenizerFast.from_pretrained(str(vocab.parent), local_files_only=True)
-        else:
-            fast = transformers.BertTokenizerFast(vocab_file=str(vocab))
-    except Exception as exc:  # tokenizers raises a bare Exception on a file it cannot read (not UTF-8)
-        raise ConfigError(
-            f"tokenizer {vocab} could not be read ({_first_line(exc)}); give a vocab.txt of one token a line, in UTF-8",
-            key="data.tokenizer",
-        ) from None
-    # WordPiece maps every word it cannot split to its unknown token; a vocabulary without it makes the
-    # tokenizer raise on the first such word, inside prepare-data's workers.
-    unknown = fast.unk_token or "[UNK]"
-    # (the tokenizer adds a missing one as a special token, which WordPiece's own vocabulary still lacks)
-    if unknown not in {line.strip() for line in vocab.read_text(encoding="utf-8", errors="replace").splitlines()}:
-        raise ConfigError(
-            f"{vocab} has no {unknown} line: WordPiece needs its unknown token for words it cannot split; "
-            f"add a line {unknown} (BERT's vocabularies have it at id 100), or use the model's own vocab.txt",
-            key="data.tokenizer",
-        )
-    return fast.backend_tokenizer
-
-
-def _first_line(exc: Exception) -> str:
+def first_line(exc: Exception) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
@@ -335,7 +274,8 @@ class ShardWriter:
 def sequences_in_shard(tokens: int, sequence_len: int, causal: bool) -> int:
     """Sequences training reads from a shard of `tokens` tokens (windows never cross shards).
     Causal: inputs and their shifted targets take sequence_len + 1 tokens, and the next window starts
-    sequence_len later. Masked: sequence_len - 2 tokens between [CLS] and [SEP] (models/bert/data.py)."""
+    sequence_len later. Masked: sequence_len - 2 tokens between the two special tokens that open and
+    close a masked LM's sequence."""
     if causal:
         return max(0, (tokens - 1) // sequence_len)
     return tokens // max(1, sequence_len - 2)

@@ -1,19 +1,21 @@
-"""Validation loss and bits per byte (gpt, gpt3), or perplexity and masked-token accuracy (bert).
+"""Validation loss and bits per byte, or a masked LM's perplexity and masked-token accuracy.
 
-    <package> eval                       # latest checkpoint (DDP file or DeepSpeed folder), one process
-    <package> eval --checkpoint runs/checkpoints/step_00001000     # a DeepSpeed checkpoint folder
+    <package> eval                       # the latest checkpoint, one process
+    <package> eval --checkpoint runs/checkpoints/step_00001000.pt   # a given one (a file or a folder)
     torchrun --nproc-per-node 8 -m <package> eval   # same, validation batches spread over ranks
 
 Bits per byte divides the summed loss by the UTF-8 bytes the target tokens stand for, so it
 compares models with different tokenizers; special tokens (0 bytes) are left out of both sums.
-A masked LM predicts only the masked positions (from both sides), so for bert the loss is the mean
-over those and perplexity is exp(loss); bits per byte would not compare with a causal model's.
-The model comes from trained_model.py, which reads every strategy's checkpoints.
+A masked LM predicts only the masked positions (from both sides), so its loss is the mean over
+those and perplexity is exp(loss); bits per byte would not compare with a causal model's. Its
+batches score themselves (the family's own, models/<family>/). The model comes from
+trained_model.py, which reads every strategy's checkpoints.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 from pathlib import Path
@@ -45,45 +47,40 @@ def evaluate(
 ) -> dict:
     """Mean loss (nats/token) and bits per byte over the first num_batches micro batches of the
     split, dealt round-robin to the ranks: the result does not depend on the number of processes.
-    Masked-LM data (models/bert/data.py): mean loss over the predicted positions, perplexity and the
-    masked-token accuracy (top prediction right)."""
+    A family's own batches may score themselves (a masked LM's: loss over the predicted positions,
+    perplexity and accuracy): their score(model, x, y, autocast) gives a batch's sums and scores(sums)
+    the result."""
     was_training = model.training
     model.eval()
-    masked_lm = getattr(data, "masked_lm", False)
+    score = getattr(data, "score", None) or functools.partial(next_token_sums, token_bytes=token_bytes)
     num_batches = max(1, min(num_batches, data.num_sequences // micro_batch))
-    # loss, tokens, then loss on bytes and bytes (causal) or right top predictions (masked)
     sums = torch.zeros(4, dtype=torch.float64, device=info.device)
-    # Every rank runs the same number of forwards: under ZeRO-3 each forward gathers the weights from
-    # all ranks, so a rank left without a batch (fewer batches than ranks) repeats batch 0 and
-    # discards it, or the others would wait for it in their gathers.
+    # Every rank runs the same number of forwards: a strategy that shards the weights gathers them
+    # from all ranks in each forward, so a rank left without a batch (fewer batches than ranks)
+    # repeats batch 0 and discards it, or the others would wait for it in their gathers.
     rounds = -(-num_batches // info.world_size)
     for b in range(info.rank, rounds * info.world_size, info.world_size):
         counted = b < num_batches
         x, y = data.batch((b if counted else 0) * micro_batch, micro_batch)
-        x, y = x.to(info.device), y.to(info.device)
-        if masked_lm:  # one value per predicted position; no bytes
-            with autocast:
-                losses, hits = model(x, y, loss_reduction="hits").double()
-            if counted:
-                sums[:3] += torch.stack([losses.sum(), torch.tensor(losses.numel(), device=info.device), hits.sum()])
-            continue
-        with autocast:
-            per_token = model(x, y, loss_reduction="none").double()
+        found = score(model, x.to(info.device), y.to(info.device), autocast)
         if counted:
-            count = torch.tensor(per_token.numel(), device=info.device, dtype=torch.float64)
-            nbytes = token_bytes[y.reshape(-1)]
-            sums += torch.stack([per_token.sum(), count, (per_token * (nbytes > 0)).sum(), nbytes.sum().double()])
+            sums += found
     all_reduce_sum(sums)
     model.train(was_training)
+    return data.scores(sums) if hasattr(data, "scores") else next_token_scores(sums)
+
+
+def next_token_sums(model, x: torch.Tensor, y: torch.Tensor, autocast, token_bytes: torch.Tensor) -> torch.Tensor:
+    """One batch's summed loss, tokens, loss on tokens that stand for bytes, and those bytes (fp64)."""
+    with autocast:
+        per_token = model(x, y, loss_reduction="none").double()
+    count = torch.tensor(per_token.numel(), device=per_token.device, dtype=torch.float64)
+    nbytes = token_bytes[y.reshape(-1)]
+    return torch.stack([per_token.sum(), count, (per_token * (nbytes > 0)).sum(), nbytes.sum().double()])
+
+
+def next_token_scores(sums: torch.Tensor) -> dict:
     loss = (sums[0] / sums[1]).item()
-    if masked_lm:
-        accuracy = (sums[2] / sums[1]).item()  # top prediction right, of the predicted positions
-        return {
-            "val_loss": loss,
-            "val_ppl": math.exp(loss),
-            "val_accuracy": accuracy,
-            "val_tokens": int(sums[1].item()),
-        }
     bpb = (sums[2] / (math.log(2) * sums[3])).item() if sums[3] > 0 else float("nan")
     return {"val_loss": loss, "val_bpb": bpb, "val_tokens": int(sums[1].item())}
 
@@ -94,7 +91,7 @@ def val_scores(result: dict) -> dict:
 
 
 def format_scores(result: dict) -> str:
-    """'val loss 5.1234 | val ppl 168.9' (bert) or '... | val bpb 1.2345' (gpt, gpt3): the eval
+    """'val loss 5.1234 | val bpb 1.2345' (or a masked LM's '... | val ppl 168.9'): the eval
     command's line and the one train.py prints after each evaluation."""
     return " | ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in val_scores(result).items())
 

@@ -3,17 +3,18 @@
     <package> export exports/latest                                        # the latest checkpoint
     <package> export exports/step1000 --checkpoint runs/checkpoints/step_00001000
 
-    AutoModelForCausalLM.from_pretrained("exports/latest")   # gpt: NanoChatForCausalLM, gpt3: GPT2LMHeadModel
-    AutoModelForMaskedLM.from_pretrained("exports/latest")   # bert: BertForMaskedLM
+    AutoModelForCausalLM.from_pretrained("exports/latest")   # a causal family (gpt: NanoChatForCausalLM)
+    AutoModelForMaskedLM.from_pretrained("exports/latest")   # a masked-LM family
     AutoTokenizer.from_pretrained("exports/latest")
 
-The checkpoint of any strategy (DDP, ZeRO 0-3, pipeline and tensor shards) is read in one process
-by trained_model.py, so the weights are the same whatever layout trained them; the family's
-exporter (its descriptor) converts them to the transformers architecture that computes exactly what
-ours does. The folder holds model.safetensors, config.json, the tokenizer (ours, with its special
-tokens; a causal model's encodings start with the document separator, as its training documents
-did) and a README naming the run, step, data fingerprint and commit. It is written beside OUT_DIR
-and renamed into place when complete: an interrupted export leaves nothing under the name.
+The checkpoint of any strategy (a replica, shards of any stage, pipeline and tensor layouts) is read
+in one process by trained_model.py, so the weights are the same whatever layout trained them; the
+family's exporter (its descriptor) converts them to the transformers architecture that computes
+exactly what ours does. The folder holds model.safetensors, config.json, the tokenizer (ours, with
+the special tokens the family names; a causal model's encodings start with the document separator,
+as its training documents did) and a README naming the run, step, data fingerprint and commit. It is
+written beside OUT_DIR and renamed into place when complete: an interrupted export leaves nothing
+under the name.
 """
 
 from __future__ import annotations
@@ -27,29 +28,21 @@ from pathlib import Path
 import torch
 
 from ..data.tokens import bos_id, data_fingerprint, data_tokenizer
-from ..models.family import family
+from ..models.family import Family, family
 from ..runtime import faults
 from ..settings.config import Config, ConfigError, project_root
 from .trained_model import load_trained_model
 
-# BERT's special tokens, by the name transformers' tokenizers give them.
-MASKED_LM_SPECIALS = {
-    "unk_token": "[UNK]",
-    "sep_token": "[SEP]",
-    "pad_token": "[PAD]",
-    "cls_token": "[CLS]",
-    "mask_token": "[MASK]",
-}
 
-
-def transformers_tokenizer(tok, causal: bool):
-    """Our tokenizers.Tokenizer as a transformers fast tokenizer with its special tokens named."""
+def transformers_tokenizer(tok, fam: Family):
+    """Our tokenizers.Tokenizer as a transformers fast tokenizer with its special tokens named: a
+    masked LM's as its family names them, a causal model's separator as its BOS and EOS."""
     from tokenizers import Tokenizer, processors
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer.from_str(tok.to_str())  # a copy: the post-processor below is the export's
-    if not causal:
-        named = {key: token for key, token in MASKED_LM_SPECIALS.items() if tok.token_to_id(token) is not None}
+    if not fam.causal:
+        named = {key: token for key, token in fam.special_tokens.items() if tok.token_to_id(token) is not None}
         return PreTrainedTokenizerFast(tokenizer_object=tok, **named)
     bos = tok.id_to_token(bos_id(tok))
     # Training documents start with the separator (data/tokens.py): so do the export's encodings.
@@ -107,10 +100,10 @@ def export(cfg: Config, out_dir: str | Path, ckpt: str | None = None) -> Path:
         raise ConfigError(f"export folder {out} exists and is not empty; give a new or an empty folder")
     _require_transformers()
     model, step, path, cfg = load_trained_model(cfg, ckpt, torch.device("cpu"))
-    hf = family(cfg.model.arch).to_transformers(model.float().eval())
+    fam = family(cfg.model.arch)
+    hf = fam.to_transformers(model.float().eval())
     data_dir = Path(cfg.data.dir)
-    causal = family(cfg.model.arch).causal
-    tok = transformers_tokenizer(data_tokenizer(data_dir), causal)
+    tok = transformers_tokenizer(data_tokenizer(data_dir), fam)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
     try:

@@ -1,11 +1,10 @@
-"""Generate text from a trained checkpoint with a KV cache (gpt, gpt3), or fill in [MASK] (bert).
+"""Generate text from a trained checkpoint with a KV cache, or what the family's sampler makes of a
+prompt where it continues none (a masked LM fills in its masks: models/<family>/ names it).
 
 <package> sample --prompt "The module" --max-new-tokens 100 --temperature 0.8
-<package> sample --prompt "The capital of France is [MASK]." --top-k 5      # bert: fill-mask
 
-Past the model's context (model.sequence_len) gpt and gpt3 slide a window: each new token is read
-from the last sequence_len tokens, and a longer prompt from its end (a note says so). BERT reads a
-prompt whole, so one longer than its context is refused.
+Past the model's context (model.sequence_len) a causal model slides a window: each new token is
+read from the last sequence_len tokens, and a longer prompt from its end (a note says so).
 
 The text goes to stdout; the progress of a long generation to stderr (a tqdm bar on a terminal, a
 line every PROGRESS_SECONDS elsewhere), so `sample ... > out.txt` holds the text alone.
@@ -26,10 +25,9 @@ from ..models.family import families, family
 from ..runtime.distributed import autocast_context, one_process, pick_device
 from ..runtime.run_context import resolve_run
 from ..settings.bounds import ANY_TEXT, count, non_negative_float, non_negative_int
-from ..settings.config import Config, ConfigError
+from ..settings.config import Config
 from .trained_model import load_trained_model
 
-MASK = "[MASK]"
 PROGRESS_SECONDS = 10.0
 
 
@@ -81,16 +79,9 @@ def run_sample(
     tok = data_tokenizer(data_dir)
     print(f"sampling from {path} (step {step})", flush=True)
     if not run.family.causal:
+        top_k = top_k or run.family.sample_top_k
         return [
-            fill_mask(
-                model,
-                tok,
-                prompt,
-                top_k or run.family.sample_top_k,
-                device,
-                run.precision,
-                cfg.model.sequence_len,
-            )
+            run.family.sample(model, tok, prompt, top_k, device, run.precision, cfg.model.sequence_len)
             for prompt in prompts
         ]
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -110,36 +101,6 @@ def run_sample(
     return texts
 
 
-@torch.no_grad()
-def fill_mask(model, tok, prompt: str, top_k: int, device: torch.device, precision: str, context: int) -> str:
-    """Print the top_k predictions (with probabilities) for each [MASK] of the prompt; return the
-    prompt with every [MASK] replaced by its most likely token. A prompt without [MASK] gets one
-    appended, so `sample` with the default prompt shows something."""
-    if MASK not in prompt:
-        prompt = f"{prompt} {MASK}"
-    ids = tok.encode(prompt, add_special_tokens=False).ids
-    mask_id = tok.token_to_id(MASK)
-    ids = [tok.token_to_id("[CLS]"), *ids, tok.token_to_id("[SEP]")]
-    if len(ids) > context:
-        raise ConfigError(
-            f"--prompt is {len(ids)} tokens with [CLS] and [SEP]; this BERT reads at most {context} "
-            "(model.sequence_len): shorten the prompt"
-        )
-    with autocast_context(device, precision):
-        logits = model(torch.tensor([ids], device=device))[0].float()
-    probs = logits.softmax(dim=-1)
-    print(f"--- {prompt!r}", flush=True)
-    filled = list(ids)
-    for n, pos in enumerate(i for i, t in enumerate(ids) if t == mask_id):
-        top = probs[pos].topk(min(top_k, probs.size(-1)))
-        guesses = [(tok.id_to_token(int(i)), float(p)) for p, i in zip(top.values, top.indices)]
-        print(f"[MASK] {n + 1}: " + " | ".join(f"{word} {p:.3f}" for word, p in guesses), flush=True)
-        filled[pos] = int(top.indices[0])
-    text = tok.decode(filled[1:-1])
-    print(f"{text}\n", flush=True)
-    return text
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     prompt = p.add_argument("--prompt", action="append", help='prompt text (repeatable; default: "The")')
     setattr(prompt, ANY_TEXT, True)  # a prompt may be empty or span lines
@@ -148,7 +109,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--top-k",
         type=non_negative_int,
-        help=f"causal models: sample among the k likeliest tokens (0 = all); masked: predictions shown per {MASK} "
+        help="causal models: sample among the k likeliest tokens (0 = all); masked: predictions shown per mask "
         f"(default: the family's, {', '.join(f'{f.name} {f.sample_top_k}' for f in families().values())})",
     )
     p.add_argument("--seed", type=non_negative_int, default=0)

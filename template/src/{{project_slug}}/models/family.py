@@ -1,20 +1,21 @@
 """What the project knows of a model family, in one place, and where families are found (no torch).
 
-Everything outside models/ asks a family's descriptor and never the family's name: its shapes by
-size, its parameter, FLOP and activation formulas (the nn.Module and `plan` use the same ones), its
-tokenizer and objective, what sample does with it, which parallel layouts it runs (and the layers a
-pipeline stage is built from), what copier writes into a new project (the questions' defaults, config/train.yaml's lines for
-the family, the README's words) and
-its own rules. A family is one folder of models/ whose descriptor.py defines `FAMILY = Family(...)`
-(or a subclass):
+Everything outside models/ asks a family's descriptor and never the family's name. A family is one
+folder of models/ whose descriptor.py defines `FAMILY = Family(...)` (or a subclass's instance):
 
-    models/gpt3/descriptor.py    the descriptor, torch-free to import
-    models/gpt3/model.py         its nn.Module; the descriptor names the builder ("model:build_gpt3"),
-                                 the exporter and the pipeline's layers as "<module>:<function>" of the folder
-    models/gpt3/tests/           its own tests, collected in projects of that family
+    models/<family>/descriptor.py    the descriptor, torch-free to import
+    models/<family>/model.py         its nn.Module; the descriptor names the builder ("model:build"),
+                                     the exporter and its other hooks as "<module>:<function>" of the folder
+    models/<family>/tests/           its own tests, collected in projects of that family
 
-    family("gpt3").shape("1.3B")            # {"n_layer": 24, "n_embd": 2048, ...}
+    family("gpt").shape("d20")               # {"n_layer": 20, "n_embd": 1280, ...}
     family(cfg.model.arch).build(cfg, vocab) # the nn.Module, on the CPU
+
+The descriptor is read by several audiences, each in its own module: this one holds what builds,
+trains, samples and exports the family (its shapes, its tokenizer and batches, the flags of the
+settings it accepts, its optimizer groups); costs.py what planning prices (parameters, FLOPs,
+activation and loss bytes); new_project.py what copier asks and writes; planning/rules.py the rules
+its flags imply. Family inherits the last two's fields and methods, so a descriptor is one class.
 
 A folder is checked as it is loaded: a descriptor that does not import (a syntax error, a missing
 module), a FAMILY that is no Family or is named otherwise than its folder, a field of another type
@@ -38,58 +39,18 @@ from typing import Any
 
 from ..settings.bounds import shown
 from ..settings.config import ConfigError, Problem
-from ..settings.optional_parts import without_family
+from ..settings.optional_parts import TEMPLATE_STRATEGIES, without_family
 from ..settings.packages import import_failure
 from ..settings.stored_files import warn
+from .costs import FORMULAS, Costs
+from .new_project import NewProject
 
 MODELS = Path(__file__).resolve().parent
 _DEFINES_FAMILY = re.compile(r"^FAMILY\s*[:=]", re.M)
 DESCRIPTOR = "descriptor"  # the module of a family's folder that defines FAMILY
-
-# models/lm_loss.py's CHUNK_LOGITS and CHUNKS_PER_HEAD_GRADIENT, repeated here where torch is not
-# imported (a test holds them equal), and what eager holds per logit of a chunk at its peak: about
-# four fp32 copies.
-LOSS_CHUNK_LOGITS = 2**25
-LOSS_CHUNKS_PER_HEAD_GRADIENT = 4
-LOSS_CHUNK_BYTES_PER_LOGIT = 16
-
-
-def block_params(h: int, tp: int = 1) -> int:
-    """One GPT-2/3 or BERT block on one tensor-parallel rank: 12h^2 + 13h when tp = 1."""
-    return (12 * h * h + 7 * h) // tp + 6 * h  # split: 4 matrices, qkv and fc biases; replicated: 2 biases, 2 norms
-
-
-def chunked_loss_bytes(width: int, rows: int, tokens: int, matmul_bytes: int = 2) -> float:
-    """What models/lm_loss.py's chunked loss holds at its peak for a micro batch of `tokens`
-    positions: the two gradients forward computes and keeps for backward (the hidden states', tokens x
-    width in the matmul's dtype; the head's, rows x width in fp32), one chunk's transients, a group of
-    chunks' logit gradients in the matmul's dtype, and their product into the head's gradient before
-    it is added in."""
-    kept = tokens * width * matmul_bytes + rows * width * 4
-    chunk = LOSS_CHUNK_LOGITS * (LOSS_CHUNK_BYTES_PER_LOGIT + LOSS_CHUNKS_PER_HEAD_GRADIENT * matmul_bytes)
-    return kept + chunk + rows * width * matmul_bytes
-
-
-def stage_layers(n_layer: int, pp: int) -> list[int]:
-    """Blocks per pipeline stage (equal when pp divides the layers, as the rules require)."""
-    return [n_layer // pp + (1 if i < n_layer % pp else 0) for i in range(pp)]
-
-
-def transformer_layer_activations(
-    shape: dict, seq: int, micro: int, tp: int, replicated: float, scores_stored: bool
-) -> float:
-    """Korthikanti et al. 2022 for a GPT-2/3 or BERT block: s*b*h*(replicated + 24/t) bytes (24/t: what
-    the split heads and MLP keep; replicated: norms, block inputs, dropout masks, measured per family
-    and precision), plus 5*a*s^2*b/t where the attention probabilities are stored."""
-    scores = 5 * shape["n_head"] * seq * seq * micro / tp if scores_stored else 0
-    return seq * micro * shape["n_embd"] * (replicated + 24 / tp) + scores
-
-
-# schedule's other ways to say how long, commented out in a new project's train.yaml.
-LENGTH_ALTERNATIVES = [
-    (None, "", "epochs: 3            # instead of max_steps (set it to null): steps = ceil(train sequences x epochs / global batch), printed at train start"),
-    (None, "", "tokens_per_param: 20 # or instead: steps = ceil(ratio x the model's parameters / tokens a step), printed at train start and by plan"),
-]  # fmt: skip
+# A family's tokenizer kind -> its name in prepare-data's lines. "bpe" is data/tokens.py's byte-level
+# BPE; any other kind is the family's own (its tokenizer_trainer).
+TOKENIZER_KINDS = {"bpe": "BPE", "wordpiece": "WordPiece"}
 
 
 @dataclass(frozen=True)
@@ -128,10 +89,10 @@ class PipelineLayers:
         return next(layer.kind.__name__ for layer in self.layers if layer.block)
 
 
-@dataclass(frozen=True)
-class Family:
-    """A model family. The formulas take a shape (`shape(size)`), the vocabulary size V and the
-    sequence length T; memory formulas count bytes."""
+@dataclass(frozen=True, kw_only=True)
+class Family(Costs, NewProject):
+    """A model family: what builds, trains, samples and exports it (the formulas: Costs; copier's
+    answers: NewProject)."""
 
     name: str
     summary: str
@@ -139,15 +100,29 @@ class Family:
     # "<module of its folder>:<function(model) -> transformers model>": `export`'s conversion, exact (tests hold it)
     exporter: str = ""
     # "<module of its folder>:<function(cfg, vocab_size)>" -> PipelineLayers, what a pipeline cuts into
-    # stages (families with layouts: strategies/deepspeed/pipeline.py builds DeepSpeed's PipelineModule from them)
+    # stages (families with tensor and pipeline layouts)
     pipeline_layers: str = ""
     # "<module of its folder>:<function(cfg, data_dir, split)>": the family's own batches of a split
-    # (bert's masked positions); "" for next-token pairs of the token stream (data/tokens.py)
+    # (a masked LM's predicted positions); "" for next-token pairs of the token stream (data/tokens.py)
     batches: str = ""
     sizes: dict[str, dict[str, Any]] = field(default_factory=dict)  # size name -> n_layer, n_embd, n_head (...)
-    causal: bool = True  # next-token prediction (sample continues a prompt) or masked (sample fills [MASK])
-    tokenizer: str = "bpe"  # what prepare-data trains: "bpe" (a BOS token) or "wordpiece" (BERT's specials)
-    sample_top_k: int = 50  # sample's --top-k default: tokens sampled among, or predictions listed per [MASK]
+    causal: bool = True  # next-token prediction (sample continues a prompt) or masked (its sampler fills masks)
+    # What prepare-data makes of the text: a tokenizer of this kind (TOKENIZER_KINDS), documents
+    # separated by `separator` ("" = the tokenizer's BOS token, data/tokens.py bos_id).
+    tokenizer: str = "bpe"
+    tokenizer_trainer: str = ""  # "<module>:<function(read_sample, vocab_size)>": its own kind, trained
+    separator: str = ""
+    # Tokens its data and model need, by transformers' names ({"mask_token": ...}, in id order for a
+    # trained tokenizer): a given tokenizer must hold them, and an export names them.
+    special_tokens: dict[str, str] = field(default_factory=dict)
+    # Files of its own kind a tokenizer folder may hold: file name -> "<module>:<function(path)>"
+    # reading one (a file given alone is read by the reader of the name with its suffix).
+    tokenizer_files: dict[str, str] = field(default_factory=dict)
+    # "<module>:<function(model, tok, prompt, top_k, device, precision, context)> -> text": what
+    # `sample` does with a prompt where the family does not continue it (causal=False).
+    sampler: str = ""
+    output_head: str = "lm_head"  # the name of its output Linear (fp8 leaves it in bf16)
+    sample_top_k: int = 50  # sample's --top-k default: tokens sampled among, or predictions listed per mask
     max_sequence_len: int | None = None  # learned position embeddings: the longest sequence
     min_sequence_len: int = 1
     grouped_query: bool = False  # model.n_kv_head applies
@@ -155,39 +130,11 @@ class Family:
     pretrained: bool = False  # model.pretrained (local weights) applies
     rotary: bool = False  # heads of even size (rotary embeddings pair dimensions)
     muon: bool = False  # its model names each parameter's role (param_roles): optim.optimizer=muon applies
-    presets: dict[str, dict[str, Any]] = field(default_factory=dict)  # named sizes with a cluster layout
-    # The starting recipe copier writes into train.yaml (global and micro batch in sequences, peak lr,
-    # sequence length, nominal parameters for the step budget), and what a size changes of it.
-    recipe_defaults: dict[str, Any] = field(
-        default_factory=lambda: {"global_batch": 256, "micro_batch": 16, "lr": 3e-4, "sequence_len": 2048}
-    )
-    recipe_by_size: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # What copier asks and writes for a new project of the family (hooks/copier_extension.py reads them).
-    title: str = ""  # the README's "A <title> trained with ...": {size} is the size answer
-    default_size: str = ""  # model_size's default (a preset's size, for a family with presets)
-    default_strategy: str = "deepspeed"  # the strategy question's default: ddp | deepspeed
-    gpu_type: str = "h100-80gb"  # gpu_type's default (a preset names its own)
-    recipes: tuple[str, ...] = ()  # gpt_recipe's choices, for a family with more than one recipe
-    vocab_size: int = 32768  # data.vocab_size: the tokenizer prepare-data trains
-    vocab_note: str = ""  # why that size, in train.yaml's comment
-    exports_own_code: bool = False  # `export` may write the model's own modeling code (trust_remote_code)
-    weight_decay: float = 0.1  # AdamW's, in a new project's train.yaml
-    beta2: float = 0.95
 
     @property
     def layouts(self) -> bool:
         """Tensor and pipeline parallelism apply: the family gives its pipeline's layers."""
         return bool(self.pipeline_layers)
-
-    # --- shapes --------------------------------------------------------------------------------------
-
-    def recipe(self, size: str) -> dict[str, Any]:
-        """global_batch, micro_batch, lr, sequence_len (and nominal params where known) for a size."""
-        return {**self.recipe_defaults, **self.recipe_by_size.get(size, {})}
-
-    def size_names(self) -> str:
-        """The sizes a user may write in model.size, as the copier question's help lists them."""
-        return ", ".join(self.sizes)
 
     def shape(self, size: str, n_kv_head: int | None = None, model=None) -> dict:
         """Layers, width, heads (and the published batch and lr where the table has them) of a size;
@@ -198,125 +145,15 @@ class Family:
         shape["n_kv_head"] = shape["n_head"] if n_kv_head is None else n_kv_head
         return shape
 
-    # --- formulas (the nn.Module's num_params and flops_per_token equal these; tests hold them) ------
-
-    def num_params(self, shape: dict, vocab_size: int, sequence_len: int) -> int:
-        raise NotImplementedError(f"{self.name}: num_params")
-
-    def flops_per_token(self, shape: dict, vocab_size: int, sequence_len: int) -> int:
-        raise NotImplementedError(f"{self.name}: flops_per_token")
-
-    def largest_layer_params(self, shape: dict, vocab_size: int) -> int:
-        """The largest module's own parameters: what ZeRO-3 gathers at once."""
-        return max(vocab_size * shape["n_embd"], 4 * shape["n_embd"] ** 2)
-
-    def stage_params(self, shape: dict, vocab_size: int, sequence_len: int, tp: int, pp: int) -> list[int]:
-        """Parameters one GPU holds per pipeline stage after the tensor split (no split: the model)."""
-        return [self.num_params(shape, vocab_size, sequence_len)]
-
-    def layer_activations(self, shape: dict, seq: int, micro: int, tp: int, mode: str, scores_stored: bool) -> float:
-        """Bytes one block keeps for backward for one micro batch (mode: 'bf16' or 'autocast')."""
-        raise NotImplementedError(f"{self.name}: layer_activations")
-
-    def checkpointed_layer_bytes(self, mode: str) -> float:
-        """Bytes per token per unit of width a checkpointed block keeps (its input)."""
-        return 2 if mode == "bf16" else 4
-
-    def logits_bytes(self, softcap: float) -> float:
-        """Bytes per position per vocabulary entry of the logits and the loss, where the whole logits
-        are computed (see loss_bytes)."""
-        return 12
-
-    def loss_bytes(self, shape: dict, vocab_size: int, tokens: int, softcap: float, chunked: bool = True) -> float:
-        """Bytes the head and the loss hold at their peak for a micro batch of `tokens` positions.
-        chunked: the model computes its training loss chunk by chunk where it can (models/lm_loss.py:
-        DDP and ZeRO, not DeepSpeed's pipeline engine, whose loss_fn is given the whole logits); a
-        family that does not holds the whole logits either way."""
-        return tokens * vocab_size * self.logits_bytes(softcap)
-
-    def scaling_params(self, shape: dict, vocab_size: int, sequence_len: int) -> int:
-        """The parameters whose multiple is the compute-optimal number of tokens
-        (schedule.tokens_per_param): every parameter, as Chinchilla counted."""
-        return self.num_params(shape, vocab_size, sequence_len)
-
-    def muon_params(self, shape: dict, vocab_size: int) -> int:
-        """Parameters Muon steps under optim.optimizer=muon (none where the family has no roles)."""
-        return 0
-
     def optimizer_groups(self, cfg, shape: dict) -> dict[str, dict]:
         """optim.optimizer=muon: the hyper-parameters of each parameter role the shape has, for this run
         (muon families)."""
         raise NotImplementedError(f"{self.name}: optimizer_groups")
 
-    # --- what a new project's config/train.yaml says of the family ------------------------------------
-
-    def config_settings(self, section: str, answers: dict) -> list[tuple[str | None, Any, str]]:
-        """The family's lines of train.yaml's `section` ("model", "optim" or "schedule") for copier's
-        answers (model_size, strategy, gpt_recipe, pretrained_dir): (key, value, comment) each; a key of
-        None is a comment line of its own."""
-        size, lr = answers["model_size"], self.recipe(answers["model_size"])["lr"]
-        if section == "model":
-            return [
-                ("size", size, " | ".join(self.sizes)),
-                ("sequence_len", self.recipe(size)["sequence_len"], "tokens per sequence"),
-                ("dropout", None, "embedding and residual dropout (e.g. 0.1), masks per sample; null = none"),
-            ]
-        if section == "optim":
-            return [
-                ("optimizer", "adamw", "AdamW at lr for every parameter"),
-                ("lr", lr, "AdamW peak learning rate"),
-                ("weight_decay", self.weight_decay, ""),
-                ("beta1", 0.9, ""),
-                ("beta2", self.beta2, ""),
-            ]
-        if section == "schedule":
-            return [
-                ("max_steps", 20000, ""),
-                *LENGTH_ALTERNATIVES,
-                ("warmup_steps", 500, ""),
-                ("decay", "cosine", "cosine to lr * min_lr_ratio | warmdown: constant, then linear over the last warmdown_ratio of the steps"),
-                ("min_lr_ratio", 0.1, "cosine decays to lr * min_lr_ratio"),
-            ]  # fmt: skip
-        raise ValueError(f"no train.yaml section {section!r} of a family")
-
-    # --- rules ---------------------------------------------------------------------------------------
-
     def problems(self, cfg, shape: dict) -> list[Problem]:
-        """What this family refuses in a config, each naming the key and the fix."""
-        m, name, found = cfg.model, self.name, []
-        if cfg.optim.optimizer == "muon" and not self.muon:
-            found.append(Problem(f"optim.optimizer=muon needs a model that names its matrices (model.arch=gpt), not "
-                                 f"model.arch={name}; use optim.optimizer=adamw", "optim.optimizer", "model.arch"))  # fmt: skip
-        elif cfg.optim.optimizer == "muon" and cfg.run.strategy != "ddp":
-            found.append(Problem("optim.optimizer=muon runs under run.strategy=ddp: DeepSpeed's ZeRO steps flat shards "
-                                 "of the parameters and Muon needs each matrix whole; use optim.optimizer=adamw with "
-                                 "DeepSpeed, or run.strategy=ddp", "optim.optimizer", "run.strategy"))  # fmt: skip
-        if not self.grouped_query and m.n_kv_head is not None:
-            found.append(Problem(f"model.n_kv_head={m.n_kv_head} does not apply to model.arch={name}; set it to null",
-                                 "model.n_kv_head", "model.arch"))  # fmt: skip
-        if not self.attention_dropout and m.attention_dropout:
-            found.append(Problem(f"model.attention_dropout={m.attention_dropout} does not apply to model.arch={name} "
-                                 "(model.dropout is its embedding and residual dropout); set it to null",
-                                 "model.attention_dropout", "model.arch"))  # fmt: skip
-        if not self.pretrained and m.pretrained:
-            found.append(Problem(f"model.pretrained={m.pretrained!r}: model.arch={name} starts from scratch; "
-                                 'set it to ""', "model.pretrained", "model.arch"))  # fmt: skip
-        if m.sequence_len < self.min_sequence_len:
-            found.append(Problem(f"model.sequence_len={m.sequence_len} is too short for model.arch={name}; use at "
-                                 f"least {self.min_sequence_len} (e.g. 128)", "model.sequence_len", "model.arch"))  # fmt: skip
-        if self.max_sequence_len and m.sequence_len > self.max_sequence_len:
-            found.append(Problem(f"model.sequence_len={m.sequence_len} exceeds {name}'s {self.max_sequence_len} "
-                                 f"position embeddings; use at most {self.max_sequence_len}",
-                                 "model.sequence_len", "model.arch"))  # fmt: skip
-        if shape["n_kv_head"] < 1 or shape["n_head"] % shape["n_kv_head"]:
-            found.append(Problem(f"model.n_kv_head={shape['n_kv_head']} must divide the {shape['n_head']} query heads "
-                                 f"of model.size={m.size}; use a divisor of {shape['n_head']} or null",
-                                 "model.n_kv_head", "model.size"))  # fmt: skip
-        if shape["n_embd"] % shape["n_head"] or (self.rotary and shape["n_embd"] // shape["n_head"] % 2):
-            even = " of even size (rotary embeddings pair dimensions)" if self.rotary else ""
-            found.append(Problem(f"model.size={m.size} needs a width divisible into heads{even}; choose another size",
-                                 "model.size"))  # fmt: skip
-        return found
+        """What this family refuses in a config beyond what its flags imply (planning/rules.py
+        family_problems): none here; a family with rules of its own overrides this."""
+        return []
 
     # --- local weights (families with pretrained=True override these) -------------------------------
 
@@ -374,6 +211,20 @@ class Family:
                               "parallel.tensor=1", key="parallel.pipeline")  # fmt: skip
         return self._function(self.pipeline_layers)(cfg, vocab_size)
 
+    def train_own_tokenizer(self, read_sample, vocab_size: int):
+        """A tokenizer of the family's own kind trained on read_sample(purpose)'s texts (tokenizer_trainer)."""
+        return self._function(self.tokenizer_trainer)(read_sample, vocab_size)
+
+    def read_tokenizer_file(self, name: str, path: Path):
+        """The tokenizer in `path`, a file of its kind named as `name` of tokenizer_files."""
+        return self._function(self.tokenizer_files[name])(path)
+
+    def sample(self, model, tok, prompt: str, top_k: int, device, precision: str, context: int) -> str:
+        """What `sample` makes of a prompt where the family does not continue it (its sampler)."""
+        if not self.sampler:
+            raise ConfigError(f"model.arch={self.name} continues no prompt and its descriptor names no sampler")
+        return self._function(self.sampler)(model, tok, prompt, top_k, device, precision, context)
+
 
 def peak_lrs_line(lrs: dict[str, float]) -> str:
     """Each optimizer role's peak learning rate, as the run's first line and plan show them."""
@@ -397,7 +248,7 @@ _BROKEN: dict[str, str] = {}  # descriptor module -> why it cannot be loaded, sa
 
 @functools.cache
 def family_modules() -> tuple[str, ...]:
-    """The descriptor modules of models/ that define a family ("gpt3.descriptor"), found without
+    """The descriptor modules of models/ that define a family ("gpt.descriptor"), found without
     importing them (once)."""
     files = MODELS.glob(f"*/{DESCRIPTOR}.py")
     return tuple(
@@ -452,12 +303,13 @@ def _load(module: str) -> Family:
 
 
 # What a descriptor's fields may hold beyond their types: the choices the project reads them against.
-FIELD_CHOICES = {"tokenizer": ("bpe", "wordpiece"), "default_strategy": ("ddp", "deepspeed")}
+FIELD_CHOICES = {"tokenizer": tuple(TOKENIZER_KINDS), "default_strategy": TEMPLATE_STRATEGIES}
+# The fields that name a "<module>:<function>" of the family's folder.
+FUNCTIONS = ("builder", "exporter", "pipeline_layers", "batches", "tokenizer_trainer", "sampler")
 _FUNCTION = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
 SHAPE_KEYS = ("n_layer", "n_embd", "n_head")
 RECIPE_KEYS = ("global_batch", "micro_batch", "lr", "sequence_len")
 PRESET_KEYS = ("size", "nodes", "gpus_per_node", "tp", "pp")
-FORMULAS = ("num_params", "flops_per_token", "layer_activations")  # Family's own raise NotImplementedError
 
 
 def descriptor_problem(found, folder: str) -> str:
@@ -475,14 +327,17 @@ def descriptor_problem(found, folder: str) -> str:
             return f"FAMILY.{item.name}={shown(repr(value), quoted=False)} is not {_type_words(hints[item.name])}"
         if item.name in FIELD_CHOICES and value not in FIELD_CHOICES[item.name]:
             return f"FAMILY.{item.name}={value!r} is not one of {', '.join(FIELD_CHOICES[item.name])}"
-    for name in ("builder", "exporter", "pipeline_layers", "batches"):
-        value = getattr(found, name)
-        if (value or name == "builder") and not _FUNCTION.fullmatch(value):
-            return f'FAMILY.{name}={value!r} is not "<module>:<function>" of its folder (e.g. "model:build")'
+    named = {f"FAMILY.{name}": getattr(found, name) for name in FUNCTIONS}
+    named |= {f"FAMILY.tokenizer_files[{file!r}]": reader for file, reader in found.tokenizer_files.items()}
+    for name, value in named.items():
+        if (value or name == "FAMILY.builder") and not _FUNCTION.fullmatch(value):
+            return f'{name}={value!r} is not "<module>:<function>" of its folder (e.g. "model:build")'
+    if found.tokenizer != "bpe" and not found.tokenizer_trainer:
+        return f"FAMILY.tokenizer={found.tokenizer!r} is its own kind: name its tokenizer_trainer"
     for formula in FORMULAS + (("optimizer_groups",) if found.muon else ()):
         if getattr(type(found), formula) is getattr(Family, formula):
             return (f"FAMILY's class defines no {formula}(...) of its own, which every family gives (a subclass "
-                    "of Family with its formulas, as models/gpt3/descriptor.py has)")  # fmt: skip
+                    "of Family with its formulas, as models/gpt/descriptor.py has)")  # fmt: skip
     missing = [key for key in RECIPE_KEYS if key not in found.recipe_defaults]
     if missing:
         return f"FAMILY.recipe_defaults lacks {', '.join(missing)} (a new project's train.yaml is written from them)"

@@ -16,7 +16,8 @@ loss per token) it computes the whole logits as before. Both give the same numbe
 On a GPU the model is compiled whole (run.compile), this function included: softmax_cross_entropy
 is a pure function, which Inductor fuses into a few kernels per chunk.
 
-Imports torch only: gpt.py imports it, and an export carries gpt.py with the files it imports.
+Imports torch and loss_chunks.py only: gpt.py imports it, and an export carries gpt.py with the files
+it imports.
 """
 
 from __future__ import annotations
@@ -26,15 +27,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-# fp32 logits per chunk (128 MiB; vocab 32768: 1024 tokens, a matmul that still fills a GPU). Eager
-# holds about four fp32 copies of a chunk at its peak (softcap, log-softmax, gradient): ~0.5 GB
-# whatever the micro batch.
-CHUNK_LOGITS = 2**25
-# Chunks whose logits' gradients (in the matmul's dtype: 256 MiB in bf16) go through one matmul into
-# the head's fp32 gradient, which is read and written once per such group (vocab x width x 10 bytes):
-# per chunk that costs as much as a chunk's elementwise work at GPT-3 1.3B's width, a quarter of it here.
-# models/family.py repeats both for plan's memory estimate (a test holds them equal).
-CHUNKS_PER_HEAD_GRADIENT = 4
+from .loss_chunks import CHUNK_LOGITS, CHUNKS_PER_HEAD_GRADIENT  # their sizes and why: loss_chunks.py
 
 
 def chunk_rows(vocab_size: int) -> int:
@@ -75,7 +68,7 @@ def softmax_cross_entropy(
 class LinearCrossEntropy(torch.autograd.Function):
     """cross_entropy(capped_logits(hidden @ weight[:vocab_size].T), targets, reduction), its
     gradients computed chunk by chunk during forward. hidden (N, width); weight (rows >= vocab_size,
-    width), rows past vocab_size padding (zero gradient); targets (N,), -1 ignored; the matmuls in
+    width), rows past vocab_size padding (their gradient stays 0); targets (N,), -1 ignored; the matmuls in
     `dtype`, `rows` tokens at a time."""
 
     @staticmethod
@@ -110,7 +103,7 @@ class LinearCrossEntropy(torch.autograd.Function):
                     else:
                         grad_weight[:vocab_size].add_(grads.t() @ counted_rows)
             # "mean" divides by the tokens counted, as F.cross_entropy does; with none counted the loss
-            # is NaN there and the gradients zero, and here too (the gradients divide by at least 1).
+            # is NaN there and every gradient 0, and here too (the gradients divide by at least 1).
             counted = (targets != -1).sum()
             divisor = counted.clamp(min=1).float() if reduction == "mean" else None
             loss = total / counted if reduction == "mean" else total

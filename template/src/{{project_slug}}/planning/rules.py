@@ -28,6 +28,7 @@ __all__ = [
     "model_shape",
     "check_config",
     "config_warnings",
+    "family_problems",
     "family_settings",
     "parallel_problems",
     "precision_problems",
@@ -63,7 +64,7 @@ def check_config(cfg: Config, world_size: int | None = None) -> list[Problem]:
         return problems + [Problem(str(exc), exc.key or "model.size", "model.arch")]
     problems += parallel_problems(cfg, shape, world)
     problems += precision_problems(cfg)
-    own = family(cfg.model.arch).problems(cfg, shape)
+    own = family_problems(cfg, shape)
     problems += own
     said = {p.fix_key for p in own}  # the family's own rules name some settings it does not read
     problems += [p for p in unread_setting_problems(cfg)[0] if p.fix_key not in said]
@@ -153,6 +154,47 @@ def divergence_guard_problems(cfg: Config) -> list[Problem]:
     return []
 
 
+def family_problems(cfg: Config, shape: dict) -> list[Problem]:
+    """What model.arch's family refuses in a config: what its descriptor's flags imply (the settings
+    it reads, its sequence lengths, the heads its shape splits into), then its own rules (Family.problems)."""
+    fam, m, found = family(cfg.model.arch), cfg.model, []
+    name = fam.name
+    if cfg.optim.optimizer == "muon" and not fam.muon:
+        found.append(Problem(f"optim.optimizer=muon needs a model that names its matrices (model.arch=gpt), not "
+                             f"model.arch={name}; use optim.optimizer=adamw", "optim.optimizer", "model.arch"))  # fmt: skip
+    elif cfg.optim.optimizer == "muon" and cfg.run.strategy != "ddp":
+        found.append(Problem(f"optim.optimizer=muon runs under run.strategy=ddp: run.strategy={cfg.run.strategy} steps "
+                             "flat shards of the parameters and Muon needs each matrix whole; use "
+                             f"optim.optimizer=adamw with run.strategy={cfg.run.strategy}, or run.strategy=ddp",
+                             "optim.optimizer", "run.strategy"))  # fmt: skip
+    if not fam.grouped_query and m.n_kv_head is not None:
+        found.append(Problem(f"model.n_kv_head={m.n_kv_head} does not apply to model.arch={name}; set it to null",
+                             "model.n_kv_head", "model.arch"))  # fmt: skip
+    if not fam.attention_dropout and m.attention_dropout:
+        found.append(Problem(f"model.attention_dropout={m.attention_dropout} does not apply to model.arch={name} "
+                             "(model.dropout is its embedding and residual dropout); set it to null",
+                             "model.attention_dropout", "model.arch"))  # fmt: skip
+    if not fam.pretrained and m.pretrained:
+        found.append(Problem(f"model.pretrained={m.pretrained!r}: model.arch={name} starts from scratch; "
+                             'set it to ""', "model.pretrained", "model.arch"))  # fmt: skip
+    if m.sequence_len < fam.min_sequence_len:
+        found.append(Problem(f"model.sequence_len={m.sequence_len} is too short for model.arch={name}; use at "
+                             f"least {fam.min_sequence_len} (e.g. 128)", "model.sequence_len", "model.arch"))  # fmt: skip
+    if fam.max_sequence_len and m.sequence_len > fam.max_sequence_len:
+        found.append(Problem(f"model.sequence_len={m.sequence_len} exceeds {name}'s {fam.max_sequence_len} "
+                             f"position embeddings; use at most {fam.max_sequence_len}",
+                             "model.sequence_len", "model.arch"))  # fmt: skip
+    if shape["n_kv_head"] < 1 or shape["n_head"] % shape["n_kv_head"]:
+        found.append(Problem(f"model.n_kv_head={shape['n_kv_head']} must divide the {shape['n_head']} query heads "
+                             f"of model.size={m.size}; use a divisor of {shape['n_head']} or null",
+                             "model.n_kv_head", "model.size"))  # fmt: skip
+    if shape["n_embd"] % shape["n_head"] or (fam.rotary and shape["n_embd"] // shape["n_head"] % 2):
+        even = " of even size (rotary embeddings pair dimensions)" if fam.rotary else ""
+        found.append(Problem(f"model.size={m.size} needs a width divisible into heads{even}; choose another size",
+                             "model.size"))  # fmt: skip
+    return found + fam.problems(cfg, shape)
+
+
 def config_warnings(cfg: Config) -> list[str]:
     """What `check` says without refusing: a setting the family does not read, written at its default;
     a learning rate of 0 among others (its parameters stay as they are, which may be meant)."""
@@ -189,8 +231,8 @@ def _as_written(value) -> str:
 
 
 def unread_setting_problems(cfg: Config) -> tuple[list[Problem], list[str]]:
-    """(refusals, warnings) for model.* settings model.arch does not read (a gpt switch on gpt3 or
-    bert): set to anything but its default it would be ignored, which is refused; written at its
+    """(refusals, warnings) for model.* settings model.arch does not read (one family's switch on
+    another): set to anything but its default it would be ignored, which is refused; written at its
     default it changes nothing, which is one warning for them all."""
     arch, defaults = cfg.model.arch, ModelConfig()
     reads = family_settings(arch)
@@ -281,7 +323,7 @@ def parallel_problems(cfg: Config, shape: dict, world: int) -> list[Problem]:
         return [
             Problem(
                 f"parallel.tensor={tp}, parallel.pipeline={pp}: tensor and pipeline parallelism are built for "
-                f"model.arch={' or '.join(layouts)} only (this is {arch}); set both to 1 and scale {arch} with ZeRO instead",
+                f"model.arch={' or '.join(layouts)} only (this is {arch}); set both to 1 and scale {arch} by data parallelism",
                 split,
                 *degrees,
                 "model.arch",

@@ -24,8 +24,6 @@ from ..settings.config import ConfigError
 from ..settings.packages import require_package
 from .common import compiled
 
-HEAD_NAMES = ("lm_head", "decoder")  # gpt's output head, BERT's masked-LM decoder
-
 
 def require_fp8(run: Run) -> None:
     """ConfigError (key run.fp8) where this device cannot train with run.fp8 (fp8 matmuls from
@@ -44,9 +42,10 @@ def require_fp8(run: Run) -> None:
         raise ConfigError(problem, key="run.fp8")
 
 
-def convertible(module: torch.nn.Module, name: str) -> bool:
-    """Whether the linear layer `name` multiplies in fp8: not an output head, sizes the kernels take."""
-    if name.rsplit(".", 1)[-1] in HEAD_NAMES or not isinstance(module, torch.nn.Linear):
+def convertible(module: torch.nn.Module, name: str, head: str = "lm_head") -> bool:
+    """Whether the linear layer `name` multiplies in fp8: not the output head (the family names it),
+    sizes the kernels take."""
+    if name.rsplit(".", 1)[-1] == head or not isinstance(module, torch.nn.Linear):
         return False
     return module.in_features % 16 == 0 and module.out_features % 16 == 0
 
@@ -58,4 +57,7 @@ def to_float8(model: torch.nn.Module, run: Run) -> torch.nn.Module:
     float8 = require_package("torchao.float8", "", f"run.fp8={run.cfg.run.fp8}", "or set run.fp8=off")
     recipe = float8.Float8LinearConfig.from_recipe_name(run.cfg.run.fp8)
     config = dataclasses.replace(recipe, emulate=run.device.type != "cuda")
-    return float8.convert_to_float8_training(model, config=config, module_filter_fn=convertible)
+    head = run.family.output_head
+    return float8.convert_to_float8_training(
+        model, config=config, module_filter_fn=lambda module, name: convertible(module, name, head)
+    )

@@ -23,14 +23,16 @@ run.seed, so runs with different seeds are scored on the same predictions.
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ...data.tokens import BERT_SPECIALS, load_tokenizer, open_shards, read_meta
+from ...data.tokens import load_tokenizer, open_shards, read_meta
 from ...settings.config import Config, ConfigError
 from ..sample_dropout import _MASK, _mix
+from .descriptor import SPECIAL_TOKENS
 from .model import predictions_per_sequence
 
 _SPLIT_CODE = {"train": 0, "val": 1}
@@ -43,8 +45,6 @@ _NOT_A_CANDIDATE = torch.iinfo(torch.int64).max  # sorts after every candidate's
 
 class MaskedTokenData:
     """Memory-mapped shards of one split, addressed as a list of masked [CLS] ... [SEP] sequences."""
-
-    masked_lm = True  # evaluate.py scores predicted positions only (perplexity, no bits per byte)
 
     def __init__(
         self,
@@ -75,13 +75,13 @@ class MaskedTokenData:
     def open(cls, cfg: Config, data_dir: Path, split: str) -> MaskedTokenData:
         meta = read_meta(data_dir)
         tok = load_tokenizer(data_dir / meta["tokenizer"])
-        missing = [t for t in BERT_SPECIALS if tok.token_to_id(t) is None]
+        missing = [t for t in SPECIAL_TOKENS.values() if tok.token_to_id(t) is None]
         if missing:
             raise ConfigError(
                 f"the tokenizer in {data_dir} has no {', '.join(missing)}: the data was prepared for another model "
                 f"family; run prepare-data with model.arch=bert (or another data.dir)"
             )
-        specials = {t: tok.token_to_id(t) for t in BERT_SPECIALS}
+        specials = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS.values()}
         shards = open_shards(data_dir, meta, split)
         seed = cfg.run.seed if split == "train" else _VAL_SEED
         data = cls(shards, cfg.model.sequence_len, specials, meta["vocab_size"], seed, split)
@@ -137,6 +137,30 @@ class MaskedTokenData:
         replaced = torch.where(bucket < 8, self.specials["[MASK]"], torch.where(bucket == 8, random_token, original))
         labels = torch.full_like(ids, -100).scatter_(1, picked, torch.where(predicted, original, -100))
         return ids.scatter(1, picked, replaced), labels
+
+    # --- evaluation (evaluation/evaluate.py asks the split's batches to score themselves) --------------
+
+    @staticmethod
+    def score(model, x: torch.Tensor, y: torch.Tensor, autocast) -> torch.Tensor:
+        """One batch's summed loss over the predicted positions, their count, and the right top
+        predictions among them (fp64; a fourth sum, bytes, has no meaning here)."""
+        with autocast:
+            losses, hits = model(x, y, loss_reduction="hits").double()
+        count = torch.tensor(losses.numel(), device=losses.device, dtype=torch.float64)
+        return torch.stack([losses.sum(), count, hits.sum(), torch.zeros_like(count)])
+
+    @staticmethod
+    def scores(sums: torch.Tensor) -> dict:
+        """Mean loss over the predicted positions, perplexity and masked-token accuracy: bits per
+        byte would not compare with a causal model's."""
+        loss = (sums[0] / sums[1]).item()
+        accuracy = (sums[2] / sums[1]).item()  # top prediction right, of the predicted positions
+        return {
+            "val_loss": loss,
+            "val_ppl": math.exp(loss),
+            "val_accuracy": accuracy,
+            "val_tokens": int(sums[1].item()),
+        }
 
 
 @functools.lru_cache(maxsize=8)

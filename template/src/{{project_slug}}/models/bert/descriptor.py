@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ...settings.config import ConfigError
-from ..family import Family, block_params, transformer_layer_activations
+from ..costs import block_params, transformer_layer_activations
+from ..family import Family
 
 BERT_SIZES = {
     "tiny": {"n_layer": 2, "n_embd": 64, "n_head": 2},
@@ -25,6 +26,10 @@ WEIGHT_FILES = (
 )  # transformers' weight files, one or sharded
 SEQUENCE_LEN = 512  # BertConfig's position embeddings
 POSITIONS, TOKEN_TYPES = 512, 2  # BertConfig defaults: position and segment embedding tables
+# BERT's special tokens by transformers' names, in the ids a trained tokenizer gives them ([PAD] 0:
+# BertConfig's default pad_token_id).
+SPECIAL_TOKENS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
+                  "mask_token": "[MASK]"}  # fmt: skip
 MLM_SHARE = 0.15  # positions the loss predicts (models/bert/model.py's MLM_PROBABILITY): the head runs on those only
 # Per layer, bytes per s*b*h kept for backward by precision (measured); checkpointed: the saved input.
 REPLICATED_BYTES = {"bf16": 11, "autocast": 19}
@@ -101,12 +106,19 @@ FAMILY = BertFamily(
     recipe_by_size={"large": {"micro_batch": 16}},
     causal=False,
     tokenizer="wordpiece",
+    tokenizer_trainer="tokenizer:train_wordpiece",
+    separator="[SEP]",  # between documents in the shards: data.py cuts [CLS] ... [SEP] windows of them
+    special_tokens=SPECIAL_TOKENS,
+    tokenizer_files={"vocab.txt": "tokenizer:read_vocab"},
+    sampler="fill_mask:fill_mask",
+    output_head="decoder",  # BertForMaskedLM's vocabulary projection
     sample_top_k=5,
     max_sequence_len=SEQUENCE_LEN,
     min_sequence_len=3,
     pretrained=True,
     title="BERT masked LM",
     default_size="large",
+    default_strategy="deepspeed",
     vocab_size=30522,
     vocab_note="BERT's uncased vocabulary size",
     weight_decay=0.01,

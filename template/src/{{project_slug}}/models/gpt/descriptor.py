@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...settings.config import ConfigError
-from ..family import LENGTH_ALTERNATIVES, Family, chunked_loss_bytes
+from ..family import Family
+from ..loss_chunks import chunked_loss_bytes
+from ..new_project import LENGTH_ALTERNATIVES
 from .pieces import (
     SHAPED,
     attention_windows,

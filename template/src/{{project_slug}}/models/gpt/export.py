@@ -4,7 +4,7 @@ transformers' NanoChatForCausalLM holds the plain GPT (gpt/build.py to_transform
 value embeddings, residual scalars, smear, backout, a q/k scale and sliding windows have no
 place there. Such a model
 is exported as GPTForCausalLM below: save_pretrained writes this file and the ones it imports
-(model.py, pieces.py, and the shared lm_loss.py and sample_dropout.py: torch only) flat into the
+(model.py, pieces.py, and the shared lm_loss.py, loss_chunks.py and sample_dropout.py: torch only) flat into the
 folder and names them in config.json's auto_map, so any tool loads the folder offline with
 
     AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
@@ -29,7 +29,7 @@ from .model import GPT, GPTConfig
 HERE = Path(__file__).resolve().parent
 # The files the exported model computes with, flat in the folder: the family's and the shared ones.
 MODELING_FILES = (HERE / "export.py", HERE / "model.py", HERE / "pieces.py", HERE.parent / "lm_loss.py",
-                  HERE.parent / "sample_dropout.py")  # fmt: skip
+                  HERE.parent / "loss_chunks.py", HERE.parent / "sample_dropout.py")  # fmt: skip
 AUTO_MAP = {"AutoConfig": "export.GPTPiecesConfig", "AutoModelForCausalLM": "export.GPTForCausalLM"}
 
 

@@ -7,14 +7,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..family import (
-    LENGTH_ALTERNATIVES,
-    Family,
-    block_params,
-    chunked_loss_bytes,
-    stage_layers,
-    transformer_layer_activations,
-)
+from ..costs import block_params, stage_layers, transformer_layer_activations
+from ..family import Family
+from ..loss_chunks import chunked_loss_bytes
+from ..new_project import LENGTH_ALTERNATIVES
 
 # GPT-3 paper, Table 2.1: layers, width, heads, batch in tokens (here in 2048-token sequences:
 # 0.5M -> 256, 1M -> 512, 2M -> 1024, 3.2M -> 1536 as Megatron runs it) and learning rate.
@@ -138,6 +134,7 @@ FAMILY = GPT3Family(
     recipe_by_size=GPT3_RECIPES,
     title="GPT-3 {size}",
     default_size="125M",
+    default_strategy="deepspeed",
     vocab_size=50304,
     vocab_note="GPT-2's 50257 padded to a multiple of 128",
 )
