@@ -1,6 +1,6 @@
-"""A split's batches for the run's family: its own where its descriptor names them (bert's masked
-positions: models/bert/data.py), else next-token pairs of the token stream (tokens.py), or rows that
-start at a document (document_rows.py, data.rows=documents) for training."""
+"""A split's batches for the run's family: its own where its descriptor names them (a masked LM's
+predicted positions, models/<family>/), else next-token pairs of the token stream (tokens.py), or
+rows that start at a document (document_rows.py, data.rows=documents) for training."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ from .tokens import TokenData
 
 
 def open_split(cfg, data_dir: Path, split: str, fam=None):
-    """Inputs and targets of one split: the family's own batches where its descriptor names them
-    (bert's masked positions), else next-token pairs. fam: the run's family (Run.family), else cfg's
-    is looked up."""
+    """Inputs and targets of one split: the family's own batches where its descriptor names them, else
+    next-token pairs. fam: the run's family (Run.family), else cfg's is looked up."""
     fam = fam or family(cfg.model.arch)
     if fam.batches:
         return fam.open_batches(cfg, data_dir, split)

@@ -125,7 +125,7 @@ def _baselines(path: Path) -> dict[str, float]:
     except (KeyError, TypeError, ValueError):
         raise ConfigError(f"{path}: needs the columns 'Eval Task' and 'Random baseline' (a percentage)") from None
     for label, baseline in baselines.items():
-        # centred accuracy divides by 1 - baseline: 100% would divide by zero, NaN make CORE NaN
+        # centred accuracy divides by 1 - baseline: 100% would leave nothing to divide by, NaN make CORE NaN
         if not (math.isfinite(baseline) and 0 <= baseline < 1):
             raise ConfigError(
                 f"{path}: task {label}: Random baseline {baseline * 100:g} is not a percentage from 0 up to "
@@ -332,7 +332,8 @@ def evaluate_tasks(
         found[0, batch] = torch.tensor(losses, dtype=torch.float64, device=info.device)
         found[1, batch] = torch.tensor(exact, dtype=torch.float64, device=info.device)
     if len(mine) < -(-len(batches) // info.world_size):
-        # Every rank runs as many forwards: ZeRO-3 gathers the weights in each, all ranks together.
+        # Every rank runs as many forwards: a strategy that shards the weights gathers them in each,
+        # all ranks together.
         score_batch(model, rows, batches[0][:1], info.device, autocast)
     all_reduce_sum(found)
     model.train(was_training)

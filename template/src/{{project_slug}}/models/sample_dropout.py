@@ -10,11 +10,11 @@ it and on how many it ran before, so 1 and 2 processes give different losses, an
 ranks seeded alike draw the same masks for different samples (correlated noise, weaker
 regularisation). Here whether an element is dropped is a hash of (run.seed, global step, the
 sample's global index in the data stream, the layer, the element's position in the whole, unsplit
-activation). That is the same on any number of processes, any data/tensor/pipeline layout and ZeRO
-stage, after a resume on another data-parallel size, and again when activation checkpointing
-recomputes a block (no generator state to save or restore). Tensor-parallel ranks draw the same
-mask for a replicated activation and different ones for their slices of a split one (`split`), as
-Megatron's RNG tracker arranges.
+activation). That is the same on any number of processes, any data/tensor/pipeline layout and any
+sharding of the model states, after a resume on another data-parallel size, and again when
+activation checkpointing recomputes a block (no generator state to save or restore). Tensor-parallel
+ranks draw the same mask for a replicated activation and different ones for their slices of a split
+one (`split`), as tensor-parallel trainers' RNG trackers arrange.
 
 The hash is a 32-bit integer mix on int64 tensors (constants below 2^27, so no product overflows).
 On a GPU it runs as one kernel per site, like torch's dropout: the mask is an op of its own

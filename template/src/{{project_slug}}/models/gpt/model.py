@@ -4,7 +4,7 @@ Rotary position embeddings, QK-norm, RMSNorm without learnable parameters, no bi
 untied input embedding and output head, grouped-query attention (n_kv_head < n_head) and
 F.scaled_dot_product_attention. nanochat's later pieces are switches of model.* (config.py): value
 embeddings, residual and input-embedding scalars, smear, backout, the q/k scale, the rotary base and
-its initialisation. The file knows nothing of distribution: strategies/ wraps it for DDP or DeepSpeed.
+its initialisation. The file knows nothing of distribution: strategies/ wraps it for the run's strategy.
 It imports torch and its siblings only (gpt/pieces.py, lm_loss.py, sample_dropout.py): an export of a
 model with pieces transformers has no class for carries these four files as its modeling code
 (gpt/export.py); gpt/build.py builds the network of a project's config. With targets and a
@@ -208,7 +208,7 @@ class GPT(nn.Module):
     @torch.no_grad()
     def init_weights(self) -> None:
         """Embedding ~ N(0, 1) (init=scaled: 0.8); matrices uniform with std 1/sqrt(width) (the MLP's
-        input at 0.4x under init=scaled); output projections and a near-zero head start every
+        input at 0.4x under init=scaled); output projections and a head initialised near 0 start every
         residual branch and the logits small, so early steps are stable. Value embeddings as the
         value matrices; gates slightly open; the residual scale from 1.15 down to 1.05 and the input
         embedding's share from 0.2 down to 0.05 with depth; no smear; backout at 0.2."""
