@@ -1,9 +1,8 @@
 """A trained model in one process, from the checkpoint of any strategy (for `eval` and `sample`).
 
-    checkpoints/step_00001000.pt     DDP: one file (strategies/ddp.py)
-    checkpoints/step_00001000/       DeepSpeed ZeRO 0-3: shards consolidated (strategies/deepspeed/engine.py)
-                                     gpt3 pipeline/tensor layouts: files per layer and tensor rank
-                                     joined (strategies/deepspeed/pipeline.py)
+    checkpoints/step_00001000.pt     a replica: one file (strategies/ddp.py)
+    checkpoints/step_00001000/       a sharded strategy's folder: shards consolidated, a pipeline's
+                                     files per layer and tensor rank joined (in projects that have one)
 
 Each format is read by the strategy that writes it; this module only picks the reader and builds
 the model the checkpoint was trained as, so eval and sample run in one process whatever the
@@ -28,7 +27,7 @@ from ..strategies import ddp
 
 
 def find_checkpoint(ckpt_dir: Path, say=lambda line: print(line, file=sys.stderr, flush=True)) -> Path | None:
-    """The newest intact checkpoint in output_dir/checkpoints: a DDP file step_N.pt or a DeepSpeed
+    """The newest intact checkpoint in output_dir/checkpoints: a file step_N.pt or a sharded strategy's
     folder step_N/ (a run may hold both after switching run.strategy; the higher step wins). A
     damaged one is passed over with a line naming it; ConfigError when all of them are damaged."""
     found = [
@@ -51,17 +50,7 @@ def read_checkpoint(path: Path) -> dict:
     """A checkpoint as one dict, whatever wrote it: "model" (the whole model's state dict, as the
     unwrapped one-process model names it), "step", "config" and the rest of what train.py saved."""
     path = Path(path)
-    if path.is_file():
-        return ddp.read_checkpoint(path)
-    pipeline = _deepspeed("pipeline", path)
-    if pipeline.is_pipeline_checkpoint(path):
-        return pipeline.read_checkpoint(path)
-    return _deepspeed("engine", path).read_checkpoint(path)
-
-
-def _deepspeed(module: str, path: Path):
-    """A module of strategies/deepspeed/ to read a DeepSpeed checkpoint folder with."""
-    return optional_parts.deepspeed(module, f"{path} is a DeepSpeed checkpoint (a folder)", key=None)
+    return ddp.read_checkpoint(path) if path.is_file() else optional_parts.read_checkpoint_folder(path)
 
 
 def load_trained_model(cfg: Config, ckpt: str | None, device: torch.device):
@@ -69,7 +58,7 @@ def load_trained_model(cfg: Config, ckpt: str | None, device: torch.device):
     checkpoint's path and cfg with the checkpoint's model section."""
     ckpt_dir = Path(cfg.run.output_dir) / "checkpoints"
     if ckpt and not Path(ckpt).exists():
-        raise ConfigError(f"--checkpoint {ckpt} does not exist; give a step_N.pt file or a DeepSpeed step_N folder")
+        raise ConfigError(f"--checkpoint {ckpt} does not exist; give a step_N.pt file or a step_N folder")
     path = Path(ckpt) if ckpt else find_checkpoint(ckpt_dir)
     if path is None:
         raise ConfigError(f"no checkpoint found in {ckpt_dir}; train first or pass --checkpoint")
@@ -78,7 +67,7 @@ def load_trained_model(cfg: Config, ckpt: str | None, device: torch.device):
     # Intact; then its data. A folder's run state is read first: refused before its shards are
     # consolidated (minutes when large).
     state = read_checkpoint(path) if path.is_file() else None
-    run_state = state if state is not None else _deepspeed("engine", path).load_model_states(path)
+    run_state = state if state is not None else optional_parts.checkpoint_folder_state(path)
     checkpoint.check_data(run_state, Path(cfg.data.dir), path, "give --checkpoint of a run trained on data.dir")
     state = state if state is not None else read_checkpoint(path)
     meta = read_meta(Path(cfg.data.dir))

@@ -89,3 +89,17 @@ def without_platform(name: str, present: list[str]) -> ConfigError | None:
         f"launch {name}: this project was made without the {name} platform; run "
         f"`copier update --data 'platforms=[{wanted}]'` (list every platform you want)" + UPDATE_FIRST
     )
+
+def read_checkpoint_folder(path: Path) -> dict:
+    """A checkpoint folder as one dict (shards consolidated, a pipeline's layers joined), read by the
+    strategy that writes folders; the one line naming the update that adds it where it is absent."""
+    said = f"{path} is a DeepSpeed checkpoint (a folder)"
+    pipeline = deepspeed("pipeline", said, key=None)
+    if pipeline.is_pipeline_checkpoint(path):
+        return pipeline.read_checkpoint(path)
+    return deepspeed("engine", said, key=None).read_checkpoint(path)
+
+
+def checkpoint_folder_state(path: Path) -> dict:
+    """A checkpoint folder's run state (step, config, data fingerprint), read before its shards."""
+    return deepspeed("engine", f"{path} is a DeepSpeed checkpoint (a folder)", key=None).load_model_states(path)
