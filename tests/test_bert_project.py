@@ -1,6 +1,6 @@
 """model=bert projects: transformers is a dependency, the bert family's own tests
-(src/<package>/models/bert/tests/: test_bert.py and test_bert_input.py) are collected, and they pass (tiny BERT with DDP and DeepSpeed ZeRO-3 on 2 CPU processes, eval,
-fill-mask, local fine-tuning; the masking recipe and its time per micro batch).
+(src/<package>/models/bert/tests/: test_bert.py, test_bert_input.py, test_bert_tokenizer.py ...) are collected, and they pass (tiny BERT with DDP and DeepSpeed ZeRO-3 on 2 CPU processes, eval,
+fill-mask, local fine-tuning; the masking recipe and its time per micro batch; its WordPiece tokenizer).
 
 test_bert.py pins run.strategy in every run it makes, so it is run once, in the ZeRO-3 render; the
 DDP render is checked for what its answers change (its config, its files, `check`).
@@ -40,7 +40,7 @@ def test_bert_deepspeed_zero3_project_own_tests_pass(tmp_path):
     log = run_project_suite(project, *part_tests(*DEEPSPEED_FILES), name="bert-zero3-project")
     bert_tests = f"src/{slug_of(project)}/models/bert/tests/"
     passed = [line for line in log.splitlines() if line.startswith(bert_tests) and " PASSED" in line]
-    assert len(passed) == 26, log[-2000:]  # every test of the family's three files ran
+    assert len(passed) == 31, log[-2000:]  # every test of the family's four files ran
     assert "test_plan.py::test_bert_count_and_flops_match_transformers" in log
 
 

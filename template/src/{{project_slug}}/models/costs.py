@@ -74,8 +74,12 @@ def stage_layers(n_layer: int, pp: int) -> list[int]:
 def transformer_layer_activations(
     shape: dict, seq: int, micro: int, tp: int, replicated: float, scores_stored: bool
 ) -> float:
-    """Korthikanti et al. 2022 for a standard transformer block: s*b*h*(replicated + 24/t) bytes (24/t:
-    what the split heads and MLP keep; replicated: norms, block inputs, dropout masks, measured per
-    family and precision), plus 5*a*s^2*b/t where the attention probabilities are stored."""
+    """Korthikanti et al. 2022 for a standard transformer block, tensor degree t, no sequence
+    parallelism: s*b*h*(replicated + 24/t) bytes (24/t: what the split heads and MLP keep; replicated:
+    norms, block inputs, dropout masks: the paper's 10, measured per family and precision), plus
+    5*a*s^2*b/t where the attention probabilities are stored. F.scaled_dot_product_attention's flash
+    and memory-efficient kernels on a GPU keep no s x s matrix: that term counts only with
+    model.attention_dropout > 0, when the probabilities are materialised so their masks can be keyed
+    per sample (models/sample_dropout.py)."""
     scores = 5 * shape["n_head"] * seq * seq * micro / tp if scores_stored else 0
     return seq * micro * shape["n_embd"] * (replicated + 24 / tp) + scores

@@ -7,18 +7,10 @@ does not fit.
     memory(cfg)                         # bytes per GPU by kind, usable memory, "fits", what the rules refuse
     timing(cfg, tokens=2e10, mfu=0.4)   # hours and GPU-hours on 1, 2, 4 and 8 nodes
 
-Parameters (analytic; tests compare with the torch models built on the meta device):
-- gpt (models/gpt/model.py): untied embedding and head V*h each, per layer q and proj h*h each, k and v
-  h*kv_dim each (grouped-query attention), MLP 8*h*h; no norm gains, no biases.
-- gpt3 (models/gpt3/model.py): V*h + S*h (learned positions of sequence_len S) + L*(12h^2 + 13h) + 2h
-  (final LayerNorm); the head is the word embedding again. Tensor degree t splits each block's four
-  matrices and the column-parallel biases (qkv 3h, fc 4h); the row-parallel biases (proj, fc2),
-  the LayerNorms and the embeddings are replicated (no vocabulary-parallel split). Pipeline degree
-  p: every stage holds L/p blocks, stage 0 also the embeddings, the last stage the final LayerNorm
-  and a tied copy of the word embedding for the head. Memory is that of the most loaded GPU.
-- bert (transformers' BertForMaskedLM, no pooler): embeddings (V + 512 + 2)*h + LayerNorm 2h,
-  per layer 12h^2 + 13h, MLM head transform h^2 + h + LayerNorm 2h, decoder tied to the word
-  embedding plus a V bias.
+Parameters, FLOPs per token and activation bytes are the model family's: models/costs.py names
+them, each family's descriptor (models/<family>/descriptor.py) gives its formulas and says where its
+measured constants come from, and tests compare them with the torch models (built on the meta
+device). Under a tensor/pipeline layout memory is that of the most loaded GPU (stage_params).
 
 Model states per GPU (mixed-precision Adam, Psi = parameters on the GPU after the tensor/pipeline
 split, Nd = world / (tensor x pipeline) data-parallel ranks; strategies/memory.py): 16-bit weights
@@ -29,42 +21,20 @@ DDP keeps fp32 weights under autocast: 4 + 4 + 8 bytes, the same 16 Psi (DDP's g
 add up to 4 Psi more; the 10% reserve is meant to absorb such things). A layout or stage the
 strategy refuses (its plan's layout_problems) is refused here too, and never suggested.
 
-Activations per GPU for a micro batch b of s tokens, width h, a heads, vocab V (bf16; fp16 the same):
-- gpt: 63*s*b*h bytes per layer, measured on an H100 for this block (torch 2.11, bf16 autocast,
-  d20, vocab 8192, sequence 2048, micro batch 8 and 16: peak 31.2 and 56.9 GiB): the ReLU^2 MLP
-  stores the fc output, its ReLU and its square (4h wide each), rotary + QK-norm keep extra copies
-  of q and k. Logits b*s*V*4 (upcast to fp32) and as much again for the softcapped copy.
-- gpt3 and bert: Korthikanti et al. 2022 with tensor degree t, no sequence parallelism:
-  s*b*h*(10 + 24/t) bytes per layer (24/t: what the split heads and MLP keep; 10: LayerNorm and
-  block inputs and dropout masks, replicated), plus 5*a*s^2*b/t for the attention scores where the
-  kernel stores them. Both families call F.scaled_dot_product_attention (gpt3 directly, bert
-  through transformers' "sdpa"), whose flash / memory-efficient kernels on a GPU keep no s x s
-  matrix: that term counts only with model.attention_dropout > 0, when the probabilities are
-  materialised so their masks can be keyed per sample (models/sample_dropout.py). The replicated part is measured
-  (H100, torch 2.11, transformers 5.17, width 1024, layers 4 vs 12, two micro batches, peak
-  allocated memory of one forward + backward) rather than taken as 10, because the precision
-  changes it: REPLICATED_BYTES of models/gpt3/descriptor.py and bert/descriptor.py. gpt3 has no dropout: 8 in pure bf16 (32 in all: the pipeline
-  engine's bf16 modules), 12 under autocast (36: train.py's DDP and ZeRO loop, whose LayerNorms run
-  and return fp32). bert 11 in bf16 (35), 19 under autocast (43: post-LN in fp32). The logits, on
-  the last stage: gpt3 12 bytes per b*s*V (bf16 logits, their fp32 copy for the loss and the
-  log-softmax: 4 would be too few by 3x), bert the same for the 15% predicted positions
-  (models/bert/model.py projects only those; measured 1.6-2.0 bytes per b*s*V).
-- Full activation checkpointing keeps each layer's input, 2*s*b*h in bf16 (4 for gpt3 under
-  autocast: its residual stream is fp32; bert 3), plus one layer's activations recomputed in
-  backward (the measured peak sits at the logits instead; counting both is the cautious side).
-- Pipeline (1F1B schedule): stage i keeps min(p - i, m) micro batches of its layers in flight, m
-  the micro batches per optimizer step; stage 0 keeps the most, the last stage holds the logits.
-A 10% reserve of GPU memory stands for the CUDA context, NCCL buffers and fragmentation.
+Activations per GPU for a micro batch b of s tokens: every layer's (the family's layer_activations,
+bf16 and fp16 alike), and on the last stage the head and the loss (loss_bytes: the whole logits, or
+the chunked loss's peak). Full activation checkpointing keeps each layer's input
+(checkpointed_layer_bytes) plus one layer's activations recomputed in backward (the measured peak
+sits at the logits instead; counting both is the cautious side). Under a pipeline (1F1B schedule)
+stage i keeps min(p - i, m) micro batches of its layers in flight, m the micro batches per optimizer
+step; stage 0 keeps the most, the last stage holds the logits. A 10% reserve of GPU memory stands for the CUDA context, NCCL buffers and fragmentation.
 
 Time: tokens (default schedule.max_steps x global batch x sequence_len) x FLOPs per token /
 (GPUs x the GPU's dense peak FLOP/s in the run's precision x MFU; precision.on_gpu_type: bf16, or
 fp16 on a GPU without it: the V100's 125 TFLOP/s); no pipeline bubble or communication term: the
-MFU stands for all of it. FLOPs per token as each model's flops_per_token: 6 x the weights that multiply (gpt: all
-but the input embedding; gpt3: the blocks' matrices and the tied head, Megatron's
-72*L*h^2 + 6*V*h; bert: all but the embedding tables, plus the tied decoder on the 15% predicted
-positions) + 12 x layers x width x sequence_len for attention. The seeds' Megatron-DeepSpeed times on A100 40GB
-(125M, 2.5B tokens, 1 GPU, ~8 h; 1.3B, 26B tokens, 4 GPUs, ~8 d) both correspond to an MFU of
-about 0.27 by this count (tests/test_plan.py); nanochat d20 at 2.2 s a step on 8 A800 to 0.33.
+MFU stands for all of it. FLOPs per token are the family's flops_per_token: 6 x the weights that
+multiply, + 12 x layers x width x sequence_len for attention. The published runs of a family
+correspond to an MFU by this count that its descriptor notes (tests/test_plan.py computes them).
 """
 
 from __future__ import annotations
@@ -229,7 +199,7 @@ def memory(cfg: Config) -> dict:
 
 # --- time ------------------------------------------------------------------------------------------
 
-ASSUMED_MFU = 0.4  # plan's default: DDP measured 39-46% on one H100 (GPT, GPT-3 125M, BERT-large)
+ASSUMED_MFU = 0.4  # plan's default: DDP measured 39-46% on one H100 across the template's three families
 # run.fp8's speedup of a whole step: nanochat measured +17% tokens/s from tensorwise fp8 at d20 on an
 # H100, torchtitan +48% at 8B (the share of time in large matmuls grows with the model); plan takes
 # the smaller. Only the matmuls gain, and only where they dominate: MFU stays against the bf16 peak.
