@@ -364,6 +364,10 @@ BROKEN_DESCRIPTORS = {
         ),
         "FAMILY.recipe_defaults lacks lr",
     ),
+    "a tokenizer of its own kind without its trainer": (
+        DESCRIPTOR.replace("sizes=", 'tokenizer="wordpiece", sizes='),
+        "FAMILY.tokenizer='wordpiece' is its own kind: name its tokenizer_trainer",
+    ),
     "a formula left out": (
         DESCRIPTOR.replace("= Mine(", "= Family("),
         "FAMILY's class defines no num_params(...) of its own",

@@ -275,6 +275,17 @@ def test_model_contract(pkg, tmp_path, bert_data):
     assert model.flops_per_token() == int(6 * (model.num_params() - tables) + 6 * 0.15 * v * h + attention)
 
 
+def test_fp8_leaves_the_decoder_the_descriptor_names_in_bf16(pkg, tmp_path, bert_data):
+    """run.fp8 converts every linear layer of the sizes fp8 takes but the head the family names
+    (output_head: the masked-LM decoder, whose logits feed the loss)."""
+    cfg = config(pkg, tmp_path, bert_data, "run.fp8=tensorwise", "run.dtype=bf16", "run.compile=false")
+    run = pkg.run_context.resolve_run(cfg, pkg.distributed.one_process(torch.device("cpu")))
+    model = pkg.module("strategies.fp8").to_float8(pkg.models.build_model(cfg, 2048), run)
+    kinds = {name: type(m).__name__ for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    assert kinds.pop("mlm.cls.predictions.decoder") == "Linear"
+    assert kinds and set(kinds.values()) == {"Float8Linear"}, kinds
+
+
 def test_masked_batches_are_a_pure_function_of_the_index(pkg, tmp_path, bert_data):
     cfg = config(pkg, tmp_path, bert_data)
     specials = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4}
