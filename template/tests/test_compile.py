@@ -186,9 +186,9 @@ def test_a_pipeline_stage_compiled_layer_by_layer_is_one_graph(pkg, caplog):
 
 def test_every_strategy_compiles_on_cuda_and_says_why_not_elsewhere(pkg, cfg_with):
     compiled = pkg.module("strategies.common").compiled
-    assert compiled(cfg_with(), torch.device("cuda", 0)) == (True, "compiled")  # the default: run.compile=true
-    assert compiled(cfg_with("run.compile=false"), torch.device("cuda", 0)) == (False, "eager (run.compile=false)")
-    on_cpu, note = compiled(cfg_with(), torch.device("cpu"))
+    assert compiled(cfg_with().run, torch.device("cuda", 0)) == (True, "compiled")  # the default: run.compile=true
+    assert compiled(cfg_with("run.compile=false").run, torch.device("cuda", 0)) == (False, "eager (run.compile=false)")
+    on_cpu, note = compiled(cfg_with().run, torch.device("cpu"))
     assert not on_cpu and note == "eager on cpu (run.compile applies on CUDA)"
 
 

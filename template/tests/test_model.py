@@ -264,7 +264,7 @@ def test_learning_rate_schedule(pkg, tmp_path):
     schedule = pkg.module("training.schedule")
 
     def lr_at(step, cfg):
-        return 0.01 * schedule.at(step, cfg).lr_factor
+        return 0.01 * schedule.at(step, cfg.schedule).lr_factor
 
     assert lr_at(0, cfg) == pytest.approx(0.001)  # linear warmup
     assert lr_at(4, cfg) == pytest.approx(0.005)
@@ -283,7 +283,7 @@ def test_learning_rate_schedule(pkg, tmp_path):
     assert lr_at(500, cfg) == pytest.approx(0.01)
     assert lr_at(750, cfg) == pytest.approx(0.01 * (0.5 + 0.5 * 0.1))
     assert lr_at(1000, cfg) == pytest.approx(0.001)
-    points = [schedule.at(s, cfg) for s in (0, 200, 400, 499, 1000)]
+    points = [schedule.at(s, cfg.schedule) for s in (0, 200, 400, 499, 1000)]
     assert [round(p.muon_momentum, 3) for p in points] == [0.85, 0.91, 0.97, 0.97, 0.9]
     assert points[0].weight_decay_factor == 1.0 and points[-1].weight_decay_factor == pytest.approx(0.0)
 
@@ -294,8 +294,13 @@ def test_learning_rate_schedule(pkg, tmp_path):
             pkg.config.changed(cfg, **{"schedule.decay": decay, "schedule.min_lr_ratio": 1.0, "schedule.max_steps": n})
             for n in (500, 1000)
         )
-        assert [schedule.at(s, short) for s in range(0, 501, 50)] == [schedule.at(s, long) for s in range(0, 501, 50)]
-        assert schedule.at(450, long).weight_decay_factor == 1.0 and schedule.at(450, long).muon_momentum == 0.97
+        assert [schedule.at(s, short.schedule) for s in range(0, 501, 50)] == [
+            schedule.at(s, long.schedule) for s in range(0, 501, 50)
+        ]
+        assert (
+            schedule.at(450, long.schedule).weight_decay_factor == 1.0
+            and schedule.at(450, long.schedule).muon_momentum == 0.97
+        )
 
 
 def test_optimizer_skips_weight_decay_on_the_embedding(pkg, gpt, tmp_path):
@@ -350,7 +355,7 @@ def test_muon_steps_the_blocks_matrices_and_adamw_the_rest_at_the_derived_rates(
     x = torch.randint(0, VOCAB, (4, 64), generator=torch.Generator().manual_seed(1))
     first = model(x, x).item()
     for step in range(20):
-        optimizer.set_schedule(opt, pkg.module("training.schedule").at(step + 100, cfg))
+        optimizer.set_schedule(opt, pkg.module("training.schedule").at(step + 100, cfg.schedule))
         opt.zero_grad()
         model(x, x).backward()
         opt.step()

@@ -16,7 +16,6 @@ from __future__ import annotations
 from ..models.family import family
 from ..settings.batch import resolve_grad_accum
 from ..settings.config import Config, ConfigError, changed
-from ..settings.sharding import sharding
 from ..strategies.memory import at_stage, for_pipeline_engine, strategy_plan
 from ..strategies.memory import describe as describe_strategy
 from .estimates import GIB, layout_problems, memory
@@ -48,7 +47,7 @@ def same_hardware(cfg: Config):
         micro //= 2
     if not cfg.model.activation_checkpointing:
         yield changed(cfg, **{"model.activation_checkpointing": True})
-    now = sharding(cfg)
+    now = cfg.sharding()
     for higher in range(now.stage + 1, 4):
         yield at_stage(cfg, higher)
     if not now.offload_optimizer:
@@ -81,11 +80,11 @@ def piles(cfg: Config):
         yield cfg
     cfg = changed(cfg, **{"model.activation_checkpointing": True})
     yield cfg
-    for stage in range(sharding(cfg).stage + 1, 4):
+    for stage in range(cfg.sharding().stage + 1, 4):
         if allowed(at_stage(cfg, stage)):
             cfg = at_stage(cfg, stage)
             yield cfg
-    stage = max(sharding(cfg).stage, 1)
+    stage = max(cfg.sharding().stage, 1)
     if allowed(at_stage(cfg, stage, True)):
         cfg = at_stage(cfg, stage, True)
         yield cfg
@@ -98,7 +97,7 @@ def piles(cfg: Config):
 def more_nodes(cfg: Config):
     """2x, 4x, ... the nodes at the highest sharding stage the layout allows (at least the current)."""
     nodes = cfg.cluster.nodes * 2
-    now = sharding(cfg)
+    now = cfg.sharding()
     while nodes <= 128:
         wider = changed(cfg, **{"cluster.nodes": nodes})
         stages = [s for s in range(now.stage, 4) if allowed(at_stage(wider, s))]
@@ -121,10 +120,12 @@ def describe(old: Config, new: Config) -> str:
         )
     if new.model.activation_checkpointing and not old.model.activation_checkpointing:
         parts.append("activation checkpointing (model.activation_checkpointing=true)")
-    if (sharding(new), new.run.strategy) != (sharding(old), old.run.strategy):
+    if (new.sharding(), new.run.strategy) != (old.sharding(), old.run.strategy):
         plan = strategy_plan(new)
         keys, answers = plan.settings(old, new)
-        parts.append(f"{plan.describe_sharding(sharding(new))} ({' '.join(keys)}; copier answers {', '.join(answers)})")
+        parts.append(
+            f"{plan.describe_sharding(new.sharding())} ({' '.join(keys)}; copier answers {', '.join(answers)})"
+        )
     if new.parallel.pipeline != old.parallel.pipeline:
         p = new.parallel.pipeline
         parts.append(f"{p} pipeline stages (parallel.pipeline={p}; copier answer pipeline_parallel={p})")

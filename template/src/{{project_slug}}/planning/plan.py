@@ -24,7 +24,6 @@ from ..models.family import family, model_shape, peak_lrs_line
 from ..settings.bounds import fraction, positive_float
 from ..settings.config import Config, ConfigError, changed
 from ..settings.precision import on_gpu_type
-from ..settings.sharding import sharding
 from ..strategies.memory import describe, strategy_plans
 from .estimates import ASSUMED_MFU, FP8_SPEEDUP, GIB, RESERVE, fp8_counted, gpu_spec, memory, stop_reaction, timing
 from .fit import suggest
@@ -78,9 +77,9 @@ def build(cfg: Config, args: argparse.Namespace) -> dict:
         "sequence_len": cfg.model.sequence_len,
         "strategy": describe(cfg),
         "optimizer": optimizer_line(cfg),
-        "shard_stage": sharding(cfg).stage,
-        "offload_optimizer": sharding(cfg).offload_optimizer,
-        "offload_params": sharding(cfg).offload_params,
+        "shard_stage": cfg.sharding().stage,
+        "offload_optimizer": cfg.sharding().offload_optimizer,
+        "offload_params": cfg.sharding().offload_params,
         "checkpointing": cfg.model.activation_checkpointing,
         "memory": mem,
         "fits": mem["fits"],

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import torch
 
 from ..models.family import Family, family
-from ..settings.batch import resolve_grad_accum
+from ..settings.batch import data_parallel_split
 from ..settings.config import Config
-from ..settings.sharding import Sharding, sharding
+from ..settings.sharding import Sharding
 from .distributed import DistInfo, resolve_precision
 
 
@@ -51,7 +51,7 @@ def resolve_run(cfg: Config, info: DistInfo, training: bool = False) -> Run:
     without it: one line from every rank) or, training, where the global batch does not split over its
     ranks (settings/batch.py, the arithmetic plan and check use). grad_accum is None unless training:
     eval and sample take no optimizer steps."""
-    data_parallel = cfg.data_parallel_size(info.world_size)
+    data_parallel, grad_accum = data_parallel_split(cfg, info.world_size, training)
     fam = family(cfg.model.arch)
     return Run(
         cfg=cfg,
@@ -66,8 +66,8 @@ def resolve_run(cfg: Config, info: DistInfo, training: bool = False) -> Run:
         data_parallel_size=data_parallel,
         global_batch_size=cfg.batch.global_batch_size,
         micro_batch_size=cfg.batch.micro_batch_size,
-        grad_accum=resolve_grad_accum(cfg, data_parallel) if training else None,
+        grad_accum=grad_accum,
         strategy=cfg.run.strategy,
-        sharding=sharding(cfg),
+        sharding=cfg.sharding(),
         pipeline_engine=bool(fam.layouts) and (cfg.parallel.tensor, cfg.parallel.pipeline) != (1, 1),
     )

@@ -69,6 +69,13 @@ def scaling_note(cfg: Config, world_size: int) -> str:
     )
 
 
+def data_parallel_split(cfg: Config, world_size: int, training: bool = True) -> tuple[int, int | None]:
+    """(data-parallel size, micro steps per optimizer step) of cfg on world_size processes; the
+    accumulation is None unless training (eval and sample take no optimizer steps)."""
+    data_parallel = cfg.data_parallel_size(world_size)
+    return data_parallel, resolve_grad_accum(cfg, data_parallel) if training else None
+
+
 def resolve_grad_accum(cfg: Config, data_parallel_size: int) -> int:
     """Micro steps per optimizer step so that global = micro * accum * data-parallel size."""
     b = cfg.batch

@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from .sharding import Sharding
 from .stored_files import ConfigError, DamagedFile, one_line, read_text
 
 
@@ -342,6 +343,13 @@ class Config:
     def data_parallel_size(self, world_size: int) -> int:
         """Ranks that hold a full model replica: world / (tensor x pipeline)."""
         return max(1, world_size // (self.parallel.tensor * self.parallel.pipeline))
+
+    def sharding(self) -> Sharding:
+        """How far run.strategy shards (its section's sharding, where a strategy folder has one), else stage 0."""
+        for part in PART_SECTIONS:
+            if getattr(part, "STRATEGY", None) == self.run.strategy:
+                return part.sharding(getattr(self, part.NAME))
+        return Sharding()
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -1,5 +1,5 @@
-"""How far a data-parallel strategy shards the model states over the data ranks, read from the config
-once (the Run holds it; plan and check ask it of any config). No torch.
+"""How far a data-parallel strategy shards the model states over the data ranks (Config.sharding reads it
+from the config once; the Run holds it, plan and check ask it of any config). No torch.
 
 Stage 0 keeps a full replica on every rank (DDP), 1 shards the optimizer state, 2 the gradients too,
 3 the weights too; the optimizer (from stage 1) and the weights (stage 3) may live in host memory.
@@ -17,13 +17,3 @@ class Sharding:
     stage: int = 0
     offload_optimizer: bool = False  # stage 1 on
     offload_params: bool = False  # stage 3
-
-
-def sharding(cfg) -> Sharding:
-    """The sharding of cfg's run.strategy: its section's, or stage 0."""
-    from .config import PART_SECTIONS
-
-    for part in PART_SECTIONS:
-        if getattr(part, "STRATEGY", None) == cfg.run.strategy:
-            return part.sharding(getattr(cfg, part.NAME))
-    return Sharding()

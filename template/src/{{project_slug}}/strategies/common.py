@@ -12,11 +12,12 @@ from collections.abc import Iterable
 
 import torch
 
-from ..settings.config import Config
+from ..settings.config import RunConfig
 
 
-def compiled(cfg: Config, device) -> tuple[bool, str]:
-    if not cfg.run.compile:
+def compiled(run: RunConfig, device) -> tuple[bool, str]:
+    """Whether the model is compiled on `device` under run.compile, and the note saying so."""
+    if not run.compile:
         return False, "eager (run.compile=false)"
     if device.type != "cuda":
         return False, f"eager on {device.type} (run.compile applies on CUDA)"

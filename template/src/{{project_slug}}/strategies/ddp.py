@@ -57,7 +57,7 @@ class DDPStrategy:  # implements base.Strategy
         )
         self.skipped = torch.zeros((), dtype=torch.long, device=run.device)  # steps the scaler skipped
         # compile first, then DDP: DDP's bucketing hooks see the compiled module's parameters.
-        self.compiled, self.compile_note = compiled(cfg, run.device)
+        self.compiled, self.compile_note = compiled(cfg.run, run.device)
         runnable = torch.compile(model) if self.compiled else model
         if run.world_size > 1:
             device = run.device

@@ -6,7 +6,7 @@ A data-parallel strategy shards the model states over the data ranks in stages (
 optimizer state, 2 the gradients too, 3 the weights too. DDP is stage 0 (StrategyPlan below). A strategy folder that shards
 further brings its own plan (strategies/<name>/plan.py: PLAN, a StrategyPlan), found here.
 
-    sharding(cfg)                            # settings/sharding.py: Sharding(stage=0) for ddp
+    cfg.sharding()                           # settings/sharding.py's Sharding: stage 0 for ddp
     model_states(psi, sharding, nd)          # bytes per GPU: weights, grads, optimizer (+ host)
     at_stage(cfg, 2)                         # the config at stage 2 on a strategy that has it (fit's candidates)
     strategy_plan(cfg).problems(cfg, ...)    # what the strategy refuses for this layout and precision
@@ -14,6 +14,7 @@ further brings its own plan (strategies/<name>/plan.py: PLAN, a StrategyPlan), f
 
 from __future__ import annotations
 
+import functools
 import importlib
 from pathlib import Path
 
@@ -79,7 +80,7 @@ class StrategyPlan:
         return []
 
     def fp8_problems(self, cfg: Config) -> list[Problem]:
-        """What this strategy refuses of run.fp8 where the shared fp8 rule allows it."""
+        """What this strategy refuses of run.fp8 (an eager model, its layers) where the shared fp8 rule allows it."""
         return []
 
     def setting_problems(self, cfg: Config) -> list[Problem]:
@@ -90,14 +91,11 @@ class StrategyPlan:
         """cfg with this strategy's `plan` flags (plan_arguments) applied, as parsed into args."""
         return cfg
 
-    def eager_reason(self, cfg: Config) -> str | None:
-        """Why this strategy leaves the model uncompiled (and how to change it), or None."""
-        return None
-
 
 DDP = StrategyPlan()
 
 
+@functools.cache
 def strategy_plans() -> dict[str, StrategyPlan]:
     """Every strategy the project holds: DDP, and each strategy folder's plan.py PLAN."""
     plans = {DDP.name: DDP}
@@ -160,3 +158,16 @@ def for_pipeline_engine(cfg: Config) -> Config | None:
 def describe(cfg: Config) -> str:
     """The strategy in words: "DDP (a full replica on every rank)", or a sharding strategy's stage."""
     return strategy_plan(cfg).describe(cfg)
+
+
+def layout_problems(cfg: Config) -> list[Problem]:
+    """What run.strategy refuses of the config's tensor or pipeline layout."""
+    return strategy_plan(cfg).layout_problems(cfg)
+
+
+def strategy_problems(cfg: Config, precision: str, gpu_name: str, fp8_allowed: bool) -> list[Problem]:
+    """What run.strategy refuses of the settings it reads, of the precision on the GPU, and of run.fp8
+    where the shared fp8 rule allows it (fp8_allowed)."""
+    plan = strategy_plan(cfg)
+    fp8 = plan.fp8_problems(cfg) if fp8_allowed and cfg.run.fp8 != "off" else []
+    return plan.setting_problems(cfg) + plan.precision_problems(cfg, precision, gpu_name) + fp8

@@ -3,7 +3,7 @@ matrices beside AdamW for the embeddings, the head and the scalars (optim.optimi
 recipe), each group with its own learning rate (models/gpt/descriptor.py derives them for the run).
 
     optimizer = build_optimizer(model, run)          # run: runtime.run_context.Run
-    set_schedule(optimizer, schedule.at(step, cfg))   # every step (training/schedule.py)
+    set_schedule(optimizer, schedule.at(step, cfg.schedule))   # every step (training/schedule.py)
 
 Muon's update for a matrix (Jordan et al. 2024; the variant nanochat trains with):
   1. Nesterov momentum of the gradient;

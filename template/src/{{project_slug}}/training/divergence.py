@@ -24,17 +24,17 @@ import torch
 
 from ..runtime.distributed import all_reduce_mean
 from ..runtime.unrecoverable import raise_on_every_rank
-from ..settings.config import Config
+from ..settings.config import OptimConfig
 
 SPIKE_MEAN_DECAY = 0.95
 """The running mean the spike test compares against: an exponential mean of the applied steps' losses."""
 
 
 class DivergenceGuard:
-    def __init__(self, cfg: Config, device: torch.device, is_main: bool, judges_norm: bool):
+    def __init__(self, o: OptimConfig, device: torch.device, is_main: bool, judges_norm: bool):
         """judges_norm: False where a non-finite gradient norm is normal (fp16 loss scaling) or not one
         (a strategy that reports none)."""
-        o, self.is_main = cfg.optim, is_main
+        self.is_main = is_main
         self.limit, self.spike_factor, self.judges_norm = o.max_skipped_steps, o.loss_spike_factor, judges_norm
         nought = torch.zeros((), dtype=torch.float64, device=device)
         # On the device: steps not applied in a row and in all, the running mean loss and how many

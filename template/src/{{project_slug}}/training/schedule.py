@@ -1,7 +1,7 @@
 """What changes with the step: the learning rate (a factor of each optimizer group's peak) and, under
 optim.optimizer=muon, Muon's momentum and weight decay.
 
-    point = schedule.at(step, cfg)      # .lr_factor, .muon_momentum, .weight_decay_factor
+    point = schedule.at(step, cfg.schedule)      # .lr_factor, .muon_momentum, .weight_decay_factor
     strategy.set_schedule(point)
 
 The learning rate warms up linearly over schedule.warmup_steps, then decays to schedule.min_lr_ratio
@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..settings.config import Config, ScheduleConfig
+from ..settings.config import ScheduleConfig
 
 MOMENTUM_START, MOMENTUM_PEAK, MOMENTUM_END = 0.85, 0.97, 0.90
 MOMENTUM_WARMUP_STEPS = 400
@@ -69,8 +69,7 @@ def muon_momentum(step: int, s: ScheduleConfig) -> float:
     return MOMENTUM_PEAK
 
 
-def at(step: int, cfg: Config) -> Point:
-    s = cfg.schedule
+def at(step: int, s: ScheduleConfig) -> Point:
     return Point(
         lr_factor=lr_factor(step, s),
         muon_momentum=muon_momentum(step, s),

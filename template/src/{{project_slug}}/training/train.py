@@ -83,7 +83,7 @@ def micro_batches(data: TokenData, step: int, accum: int, data_rank: int, b, see
 
 
 def run_training(cfg: Config) -> int:
-    info = init_distributed(cfg.run.device, collective_timeout(cfg), start_timeout(cfg))
+    info = init_distributed(cfg.run.device, collective_timeout(cfg.run), start_timeout(cfg.run))
     try:
         run = start(cfg, info)
         lock, resume = claim_output_dir(run)
@@ -185,7 +185,9 @@ def _train_steps(run: Run, resume: bool, lock: run_lock.RunLock | None, watchdog
     start_step = strategy.resume(ckpt_dir, resume)
     # Under fp16 an overflowing gradient is the loss scaler's to skip; a pipeline engine reports the
     # norm after its update (or none): there the guard judges the loss.
-    guard = DivergenceGuard(cfg, device, run.is_main, judges_norm=precision != "fp16" and not strategy.consumes_batches)
+    guard = DivergenceGuard(
+        cfg.optim, device, run.is_main, judges_norm=precision != "fp16" and not strategy.consumes_batches
+    )
     guard.load_state_dict(strategy.resumed_state.get("divergence"))
     stop = preemption.StopRequest(cfg.cluster.stop_grace_seconds, cfg.logging.every_steps)
     if run.is_main:  # the first writes of this run to the folder, after every refusal
@@ -239,7 +241,7 @@ def _train_steps(run: Run, resume: bool, lock: run_lock.RunLock | None, watchdog
     def train_step(step: int, batches: list) -> tuple[float, torch.Tensor]:
         """Forward, backward and the update (unless the guard refuses it): the step's rate and norm."""
         faults.before_step(run.rank, step)
-        point = schedule.at(step, cfg)
+        point = schedule.at(step, cfg.schedule)
         strategy.set_schedule(point)
         if strategy.consumes_batches:  # a pipeline engine schedules the micro batches over its stages itself
             loss_sum, grad_norm = strategy.train_batch(batches)

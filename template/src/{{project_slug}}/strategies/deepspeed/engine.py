@@ -110,7 +110,7 @@ def zero_compiled(cfg: Config, device) -> tuple[bool, str]:
     """compiled() for a ZeRO stage: stage 3 stays eager, since its partitioned weights are empty
     tensors outside the hooks that gather them, which torch.compile cannot trace (on an H200 the
     trace failed on a (0,)-shaped weight)."""
-    on, note = compiled(cfg, device)
+    on, note = compiled(cfg.run, device)
     if on and cfg.deepspeed.zero_stage == 3:
         return False, "eager (ZeRO-3's partitioned weights cannot be traced by torch.compile)"
     return on, note

@@ -144,7 +144,7 @@ class PipelineStrategy(DeepSpeedStrategy):
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=module, model_parameters=param_groups(module, cfg.optim.weight_decay), config=self.ds_config
         )
-        self.compiled, self.compile_note = compiled(cfg, run.device)
+        self.compiled, self.compile_note = compiled(cfg.run, run.device)
         if self.compiled:
             self.compile_note = "compiled per layer (the pipeline schedule between them eager)"
             self.engine.compile()  # DeepSpeed compiles each layer of this stage in place

@@ -7,7 +7,8 @@ and pipeline layouts run on its pipeline engine (pipeline.py): ZeRO 0-1, modules
 from __future__ import annotations
 
 from ...settings.config import Config, ConfigError, Problem, changed
-from ...settings.sharding import Sharding, sharding
+from ...settings.precision import fp8_problem
+from ...settings.sharding import Sharding
 from ..memory import StrategyPlan
 
 
@@ -84,7 +85,7 @@ class DeepSpeedPlan(StrategyPlan):
 
     def for_layouts(self, cfg: Config) -> Config:
         """At ZeRO 0 or 1, offload kept where allowed."""
-        stage = min(sharding(cfg).stage, 1)
+        stage = min(cfg.sharding().stage, 1)
         return self.at(cfg, Sharding(stage, cfg.deepspeed.offload_optimizer and stage > 0))
 
     def layout_problems(self, cfg: Config) -> list[Problem]:
@@ -110,6 +111,17 @@ class DeepSpeedPlan(StrategyPlan):
         return []
 
     def fp8_problems(self, cfg: Config) -> list[Problem]:
+        if cfg.deepspeed.zero_stage == 3:  # ZeRO-3 runs eager (engine.py zero_compiled)
+            eager = fp8_problem(
+                cfg.run.fp8,
+                "bf16",
+                on_gpu=True,
+                gpu_has_fp8=True,
+                gpu_name="GPU",
+                compiled=False,
+                eager_reason="ZeRO-3 runs eager: use deepspeed.zero_stage 1 or 2",
+            )
+            return [Problem(eager, "run.fp8", "run.dtype", "cluster.gpu_type")]
         if cfg.parallel.tensor == 1:
             return []
         refusal = (
@@ -142,7 +154,7 @@ class DeepSpeedPlan(StrategyPlan):
         if stage is None and offload_opt is None and offload_params is None:
             return cfg
         if stage is None:
-            now = sharding(cfg)
+            now = cfg.sharding()
             stage, offload_opt, offload_params = (
                 now.stage,
                 offload_opt or now.offload_optimizer,
@@ -153,11 +165,6 @@ class DeepSpeedPlan(StrategyPlan):
         if offload_opt and stage == 0:
             raise ConfigError("--offload-optimizer needs --zero-stage 1, 2 or 3 (DDP keeps the optimizer on the GPU)")
         return at_stage(cfg, stage, bool(offload_opt), bool(offload_params))
-
-    def eager_reason(self, cfg: Config) -> str | None:
-        if cfg.deepspeed.zero_stage == 3:
-            return "ZeRO-3 runs eager: use deepspeed.zero_stage 1 or 2"
-        return None
 
 
 PLAN = DeepSpeedPlan()
