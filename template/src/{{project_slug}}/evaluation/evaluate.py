@@ -97,7 +97,7 @@ def format_scores(result: dict) -> str:
 
 
 def run_eval(cfg: Config, ckpt: str | None = None, num_batches: int | None = None) -> dict:
-    info = init_distributed(cfg.run.device, start_timeout=start_timeout(cfg))
+    info = init_distributed(cfg.run.device, start_timeout=start_timeout(cfg.run))
     try:
         model, step, path, cfg = load_trained_model(cfg, ckpt, info.device)
         run = resolve_run(cfg, info)  # the checkpoint's config on this process
@@ -154,7 +154,7 @@ def run_tasks(cfg: Config, names: str, ckpt: str | None, bundle: str | None, max
     if wanted == []:
         raise ConfigError(f"--tasks {names!r} names no task; give 'core' (every task) or labels a,b")
     task_list = tasks.load_bundle(Path(bundle) if bundle else tasks.bundle_path(cfg), wanted)
-    info = init_distributed(cfg.run.device, start_timeout=start_timeout(cfg))
+    info = init_distributed(cfg.run.device, start_timeout=start_timeout(cfg.run))
     try:
         model, step, path, cfg = load_trained_model(cfg, ckpt, info.device)
         run = resolve_run(cfg, info)  # the checkpoint's config on this process

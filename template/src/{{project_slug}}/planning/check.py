@@ -8,7 +8,7 @@ that copier refuses answers that break a rule or whose layout does not fit the G
 rules pass, plan's memory estimate for the configured nodes x gpus_per_node must fit gpu_type,
 else it exits 1 with "does not fit: <figures>; smallest change: <what to change>". No torch here.
 Each platform folder of the project may check its launch files against the site (site_problems in
-its environment.py: where sinfo answers, launch/slurm/train.sbatch's request must fit a node of its
+its environment.py: where the scheduler answers, a batch script's request must fit a node of its
 partition); the generation check skips that.
 What changes nothing but may be meant (a setting the family does not read, written at its default;
 one learning rate of 0 among others) is a `warning:` line that does not fail the check.
@@ -24,7 +24,7 @@ from ..models.family import model_shape
 from ..settings.batch import at_world_size, resolve_grad_accum
 from ..settings.bounds import count
 from ..settings.config import Config, project_root
-from ..settings.optional_parts import platform_modules
+from ..settings.packages import platform_modules
 from ..settings.precision import on_gpu_type
 from .estimates import ASSUMED_MFU, GIB, STOP_WAIT_SHARE, memory, stop_reaction
 from .fit import fit_problem

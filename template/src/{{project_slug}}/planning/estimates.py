@@ -44,7 +44,6 @@ from ..models.family import family, model_shape
 from ..settings.config import Config, ConfigError
 from ..settings.gpus import ANSWERS, find_answer
 from ..settings.precision import on_gpu_type
-from ..settings.sharding import sharding
 from ..strategies.memory import model_states, precision_mode, uses_pipeline_engine
 from .rules import parallel_problems, precision_problems
 
@@ -154,7 +153,7 @@ def memory(cfg: Config) -> dict:
     world = cfg.cluster.nodes * cfg.cluster.gpus_per_node
     nd = cfg.data_parallel_size(world)
     per_step = max(1, cfg.batch.global_batch_size // (micro * nd))  # micro batches per optimizer step
-    sharded = sharding(cfg)
+    sharded = cfg.sharding()
     layers = stage_layers(shape["n_layer"], pp)
     usable = gpu_memory(cfg.cluster.gpu_type) * (1 - RESERVE)
     muon = family(arch).muon_params(shape, vocab) if cfg.optim.optimizer == "muon" else 0

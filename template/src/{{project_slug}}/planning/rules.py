@@ -14,9 +14,7 @@ import math
 
 from ..models.family import families, family, model_shape
 from ..settings import optional_parts
-from ..settings.batch import (
-    resolve_grad_accum,
-)
+from ..settings.batch import data_parallel_split
 from ..settings.bounds import bound_problems
 from ..settings.config import Config, ConfigError, ModelConfig, OptimConfig, Problem, changed
 from ..settings.gpus import find_answer
@@ -40,8 +38,11 @@ def check_config(cfg: Config, world_size: int | None = None) -> list[Problem]:
     """All problems of a config for a world size (default: nodes x gpus_per_node)."""
     problems: list[Problem] = []
     world = world_size or cfg.cluster.nodes * cfg.cluster.gpus_per_node
-    if cfg.run.strategy == "deepspeed" and not optional_parts.has_deepspeed():
-        problems.append(Problem(str(optional_parts.without_deepspeed("run.strategy=deepspeed")), "run.strategy"))
+    if cfg.run.strategy not in strategy.strategy_plans():  # a config built in code; a file's is refused on load
+        absent = optional_parts.without_choice("run.strategy", cfg.run.strategy)
+        problems.append(
+            Problem(str(absent or f"run.strategy={cfg.run.strategy} is not a strategy here"), "run.strategy")
+        )
     # Each setting's own range (bounds.py); the rules below relate settings to each other.
     # (model.n_kv_head's own rule below says more: which head count it must divide.)
     problems += [Problem(message, key) for key, message in bound_problems(cfg) if key != "model.n_kv_head"]
@@ -100,7 +101,7 @@ def check_config(cfg: Config, world_size: int | None = None) -> list[Problem]:
     )
     if min(counts) >= 1 and (cfg.batch.grad_accum_steps or 1) >= 1:
         try:
-            resolve_grad_accum(cfg, cfg.data_parallel_size(world))
+            data_parallel_split(cfg, world)
         except ConfigError as exc:
             origin = "" if world_size else f" = {cfg.cluster.nodes} nodes x {cfg.cluster.gpus_per_node} GPUs per node"
             split = cfg.parallel.tensor * cfg.parallel.pipeline > 1
@@ -128,8 +129,8 @@ def check_config(cfg: Config, world_size: int | None = None) -> list[Problem]:
 
 def divergence_guard_problems(cfg: Config) -> list[Problem]:
     """The loss-spike test of the divergence guard (training/divergence.py): a factor of 1 or less would
-    leave out every step whose loss is at or above its running mean; DeepSpeed's engine applies its
-    update before a verdict could leave a step out (it leaves out non-finite ones itself)."""
+    leave out every step whose loss is at or above its running mean. What a strategy refuses of it
+    (one that applies its update before a verdict) is its own setting_problems."""
     factor = cfg.optim.loss_spike_factor
     if not factor or not math.isfinite(factor):
         return []
@@ -139,16 +140,6 @@ def divergence_guard_problems(cfg: Config) -> list[Problem]:
                 f"optim.loss_spike_factor={factor:g} would leave out every step whose loss is above "
                 f"{factor:g} x its running mean; use 0 (off) or a factor above 1 (e.g. 3)",
                 "optim.loss_spike_factor",
-            )
-        ]
-    if strategy.on_deepspeed(cfg):
-        return [
-            Problem(
-                f"optim.loss_spike_factor={factor:g}: under DeepSpeed the engine applies each update before a "
-                "verdict could leave a spiking step out (it leaves out steps with non-finite gradients itself); "
-                "set optim.loss_spike_factor=0, or run.strategy=ddp",
-                "optim.loss_spike_factor",
-                "run.strategy",
             )
         ]
     return []
@@ -287,24 +278,24 @@ def learning_rate_problems(cfg: Config, shape: dict) -> tuple[list[Problem], lis
     """(refusals, warnings): every learning rate the run reads at 0 trains nothing, refused; some at 0
     among others freeze their parameters, which may be meant (warned)."""
     rates = learning_rates(cfg, shape)
-    zero = [key for key, value in rates.items() if value == 0]
-    if not zero:
+    zeroed = [key for key, value in rates.items() if value == 0]
+    if not zeroed:
         return [], []
     defaults = OptimConfig()
-    named = ", ".join(f"{key}=0" for key in zero[:-1]) + (" and " if len(zero) > 1 else "") + f"{zero[-1]}=0"
-    if len(zero) == len(rates):
-        example = ", ".join(f"{key}={getattr(defaults, key.partition('.')[2]):g}" for key in zero)
-        every = "every learning rate the run reads" if len(zero) > 1 else "the run's only learning rate"
+    named = ", ".join(f"{key}=0" for key in zeroed[:-1]) + (" and " if len(zeroed) > 1 else "") + f"{zeroed[-1]}=0"
+    if len(zeroed) == len(rates):
+        example = ", ".join(f"{key}={getattr(defaults, key.partition('.')[2]):g}" for key in zeroed)
+        every = "every learning rate the run reads" if len(zeroed) > 1 else "the run's only learning rate"
         return [
             Problem(
                 f"{named}: {every} is 0 (optim.optimizer={cfg.optim.optimizer}), so nothing would train; "
-                f"set {'them' if len(zero) > 1 else 'it'} above 0 (e.g. {example})",
-                zero[0],
-                *zero,
+                f"set {'them' if len(zeroed) > 1 else 'it'} above 0 (e.g. {example})",
+                zeroed[0],
+                *zeroed,
                 "optim.optimizer",
             )
         ], []
-    steer = "they steer" if len(zero) > 1 else "it steers"
+    steer = "they steer" if len(zeroed) > 1 else "it steers"
     return [], [
         f"{named}: the parameters {steer} stay as they are while the others train; set a rate above 0 "
         "unless they are meant to stay frozen"
@@ -388,19 +379,11 @@ def precision_problems(cfg: Config, precision: str | None = None) -> list[Proble
         on_gpu=True,
         gpu_has_fp8=found is None or found[0].has_fp8,
         gpu_name=name,
-        compiled=False if strategy.on_deepspeed(cfg) and cfg.deepspeed.zero_stage == 3 else None,
+        compiled=None,
     )
     if fp8:
         problems.append(Problem(fp8, "run.fp8", "run.dtype", "cluster.gpu_type"))
-    elif cfg.run.fp8 != "off" and cfg.parallel.tensor > 1:
-        refusal = (
-            f"run.fp8={cfg.run.fp8} with parallel.tensor={cfg.parallel.tensor}: the tensor-parallel shards "
-            "(DeepSpeed's LinearLayer and LinearAllreduce) have no fp8 path, so the blocks would stay in bf16; "
-            "use parallel.tensor=1 (pipeline and data parallelism take fp8), or run.fp8=off"
-        )
-        problems.append(Problem(refusal, "run.fp8", "parallel.tensor"))
-    problems += strategy.precision_problems(cfg, precision, name)
-    return problems
+    return problems + strategy.strategy_problems(cfg, precision, name, fp8_allowed=not fp8)
 
 
 def require_valid(cfg: Config, world_size: int | None = None) -> None:

@@ -78,17 +78,17 @@ def autocast_context(device: torch.device, precision: str):
     return torch.autocast(device.type, dtype=half) if half else nullcontext()
 
 
-def collective_timeout(cfg) -> timedelta:
+def collective_timeout(run: RunConfig) -> timedelta:
     """How long a collective waits before the group aborts (and, with TORCH_NCCL_DUMP_ON_TIMEOUT,
     dumps its flight recorder): shorter under debug so a hang shows itself in minutes."""
-    minutes = cfg.run.debug_timeout_minutes if debug_requested(cfg) else cfg.run.collective_timeout_minutes
+    minutes = run.debug_timeout_minutes if debug_requested() or run.debug else run.collective_timeout_minutes
     return timedelta(minutes=minutes)
 
 
-def start_timeout(cfg) -> timedelta:
+def start_timeout(run: RunConfig) -> timedelta:
     """How long a rank waits for its process group to start (run.start_timeout_minutes), for
     init_distributed, which holds it to half the collective timeout at most."""
-    return timedelta(minutes=cfg.run.start_timeout_minutes)
+    return timedelta(minutes=run.start_timeout_minutes)
 
 
 def init_distributed(
@@ -96,15 +96,16 @@ def init_distributed(
 ) -> DistInfo:
     """Join the process group when launched with several processes; no-op for one process.
     timeout: how long a collective waits (collective_timeout); start_timeout: how long the group's
-    start may take (start_timeout(cfg); default: run.start_timeout_minutes's default, at most half
+    start may take (start_timeout(cfg.run); default: run.start_timeout_minutes's default, at most half
     of timeout) before this rank exits 1 in one line."""
     rank, local_rank, world_size = process_ranks(os.environ)
     if world_size > 1:
-        # Libraries that read the variables themselves (DeepSpeed: LOCAL_RANK picks its device and is
-        # checked against OMPI_COMM_WORLD_LOCAL_RANK) see the ranks mpirun or srun gave this process.
+        # Libraries that read the variables themselves (a strategy's engine may pick its device by
+        # LOCAL_RANK and check it against OMPI_COMM_WORLD_LOCAL_RANK) see the ranks mpirun or the
+        # scheduler gave this process.
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size))
     device = pick_device(device_preference, local_rank)
-    if dist.is_initialized():  # Ray Train sets up the group before calling the training function
+    if dist.is_initialized():  # a trainer that calls the training function may have set up the group
         rank, world_size = dist.get_rank(), dist.get_world_size()
     elif world_size > 1:
         timeout = timeout or default_pg_timeout

@@ -20,8 +20,7 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
-from .config import ConfigError
-from .packages import import_failure
+from .stored_files import ConfigError
 
 PACKAGE = __package__.rpartition(".")[0]
 
@@ -45,6 +44,20 @@ def without_deepspeed(setting: str, key: str | None = "run.strategy") -> ConfigE
     )
 
 
+def without_section(name: str) -> ConfigError | None:
+    """The line for a config section of a part this project lacks (`deepspeed:`), else None."""
+    if name == "deepspeed" and not has_deepspeed():
+        return without_deepspeed(f"the {name} section", key=None)
+    return None
+
+
+def without_choice(key: str, value) -> ConfigError | None:
+    """The line for a setting that names a part this project lacks (run.strategy=deepspeed), else None."""
+    if key == "run.strategy" and value in TEMPLATE_STRATEGIES:
+        return without_deepspeed(f"{key}={value}")
+    return None
+
+
 def deepspeed(module: str, setting: str = "run.strategy=deepspeed", key: str | None = "run.strategy") -> ModuleType:
     """strategies/deepspeed/<module>, imported; without_deepspeed(setting) where the project has none."""
     if not has_deepspeed():
@@ -55,18 +68,6 @@ def deepspeed(module: str, setting: str = "run.strategy=deepspeed", key: str | N
 def deepspeed_if_present(module: str) -> ModuleType | None:
     """strategies/deepspeed/<module>, imported, or None where the project was made without DeepSpeed."""
     return importlib.import_module(f"{PACKAGE}.strategies.deepspeed.{module}") if has_deepspeed() else None
-
-
-def platform_modules(module: str) -> list[ModuleType]:
-    """launch/<platform>/<module>.py of each platform folder the project holds, imported (the lower
-    layers ask the platforms present this way: topology their node variables)."""
-    found = []
-    for path in sorted((Path(__file__).resolve().parents[1] / "launch").glob(f"*/{module}.py")):
-        try:
-            found.append(importlib.import_module(f"{PACKAGE}.launch.{path.parent.name}.{module}"))
-        except Exception as exc:  # a user's edit: whatever its import raises is named with its file
-            raise ConfigError(f"{path} cannot be loaded: {import_failure(exc, path)}; fix it") from None
-    return found
 
 
 def without_family(name: str) -> ConfigError | None:
@@ -89,6 +90,43 @@ def without_platform(name: str, present: list[str]) -> ConfigError | None:
         f"launch {name}: this project was made without the {name} platform; run "
         f"`copier update --data 'platforms=[{wanted}]'` (list every platform you want)" + UPDATE_FIRST
     )
+
+
+# --- What the shared code asks of the parts without naming them ----------------------------------
+
+OTHER_LAUNCHERS = (DEEPSPEED_LAUNCHER,)
+"""The programs `launch devmachine --launcher` may start the ranks with instead of torchrun."""
+
+
+def launcher(name: str) -> ModuleType:
+    """The module behind `--launcher <name>`, or the one line naming the update that adds it."""
+    return deepspeed("launcher", f"--launcher {name}", key=None)
+
+
+def launchers_present() -> list[ModuleType]:
+    """The modules of the other launchers this project holds (their options join `launch devmachine`'s)."""
+    return [module for module in (deepspeed_if_present("launcher"),) if module is not None]
+
+
+def refuse_launcher_options(args) -> None:
+    """The options of a launcher this project holds, given while torchrun starts the ranks, would do
+    nothing: each launcher refuses its own in one line."""
+    for module in launchers_present():
+        module.refuse_deepspeed_options(args)
+
+
+def strategy_packages(strategy: str | None) -> tuple[str, ...]:
+    """The packages (import names) run.strategy needs beyond the project's dependencies: what an image
+    must hold to train with it."""
+    return ("deepspeed",) if strategy == "deepspeed" else ()
+
+
+def install_line(package: str) -> str | None:
+    """How a part's package installs where plain `pip install <name>` is not enough, else None."""
+    # DS_BUILD_OPS=0: its ops are built when first used, so installing needs no CUDA toolkit;
+    # --no-build-isolation: it builds against the torch installed, not a fresh one.
+    return "DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed" if package == "deepspeed" else None
+
 
 def read_checkpoint_folder(path: Path) -> dict:
     """A checkpoint folder as one dict (shards consolidated, a pipeline's layers joined), read by the

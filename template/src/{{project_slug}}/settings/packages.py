@@ -5,7 +5,7 @@ is one line naming what needs it, the extra and the package, never a ModuleNotFo
 inside a command (a dry run included). Such a failure is one a restart cannot fix (a ConfigError).
 
     transformers = require_package("transformers", "export", "transformers models and tokenizer folders")
-    require_package("kubernetes", "kubeflow", "launch kubeflow", "or print the manifest with --dry-run")
+    require_package("docker", "image", "image (the docker SDK talks to the engine)")
     require_package("torchao.float8", "", "run.fp8=rowwise", "or set run.fp8=off")  # "": not an extra
 
 Plain Python, without torch: the launchers, the image builder, the strategies and the models all
@@ -23,19 +23,13 @@ from types import ModuleType
 from .bounds import shown
 from .config import ConfigError
 
-# The distribution to install where it is not the module's name, and how where plain pip is not enough.
-INSTALL = {
-    "tencentcloud": "pip install tencentcloud-sdk-python-tione",
-    "deepspeed": "DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed",
-    "ray": "pip install 'ray[train]'",
-}
 
-
-def require_package(module: str, extra: str, purpose: str, alternative: str = "") -> ModuleType:
+def require_package(module: str, extra: str, purpose: str, alternative: str = "", install: str = "") -> ModuleType:
     """The imported module, or a ConfigError: `purpose` needs it; install the project's `extra` (""
-    for a package of the project's own dependencies) or the package alone; `alternative`, if given,
-    what works without it. A package that is there but fails as it is imported (built for another
-    torch, a version without the module) is said in the same line, with its own error."""
+    for a package of the project's own dependencies) or the package alone (`install`: the command,
+    where the distribution is not the module's name or plain pip is not enough); `alternative`, if
+    given, what works without it. A package that is there but fails as it is imported (built for
+    another torch, a version without the module) is said in the same line, with its own error."""
     top = module.split(".")[0]
     try:
         return importlib.import_module(module)
@@ -45,7 +39,9 @@ def require_package(module: str, extra: str, purpose: str, alternative: str = ""
     except Exception as exc:  # whatever its import raises, the line names it
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         why = f"which fails to import here ({type(exc).__name__}: {first})"
-    how = INSTALL.get(top, f"pip install {top}")
+    from .optional_parts import install_line  # it imports this module
+
+    how = install or install_line(top) or f"pip install {top}"
     project = f"`pip install -e '.[{extra}]'`" if extra else "`pip install -e .`"
     instead = f"; {alternative}" if alternative else ""
     raise ConfigError(f"{purpose} needs the {top} package, {why}: {project} in the project, or `{how}`{instead}")
@@ -75,3 +71,17 @@ def import_transformers(purpose: str = "transformers models and tokenizers"):
     transformers = require_package("transformers", "export", purpose)
     transformers.logging.set_verbosity_error()  # load reports of every rank would drown the metrics
     return transformers
+
+
+def platform_modules(module: str) -> list[ModuleType]:
+    """launch/<platform>/<module>.py of each platform folder the project holds, imported (the lower
+    layers ask the platforms present this way: topology their node variables)."""
+    found = []
+    for path in sorted((Path(__file__).resolve().parents[1] / "launch").glob(f"*/{module}.py")):
+        try:
+            found.append(
+                importlib.import_module(f"{__package__.rpartition('.')[0]}.launch.{path.parent.name}.{module}")
+            )
+        except Exception as exc:  # a user's edit: whatever its import raises is named with its file
+            raise ConfigError(f"{path} cannot be loaded: {import_failure(exc, path)}; fix it") from None
+    return found

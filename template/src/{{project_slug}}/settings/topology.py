@@ -2,14 +2,18 @@
 processes per node, and where the master is (torchrun.py turns a Topology into the torchrun command).
 
 Every platform describes a node in its own words. Each platform folder the project holds maps its
-variables to one Topology in its environment.py (rows of `Platform`: the variables that identify it
-and a reader); mpirun's row is here, since any platform may start ranks with it:
+variables to one Topology in its environment.py: ROWS, rows of `Platform` (the variables that identify
+it and a reader). mpirun's row is here, since any platform may start ranks with it (OMPI_COMM_WORLD_*:
+one process per GPU, already started); a platform started by hand (`launch devmachine`) needs none.
+An environment.py may also answer, where its platform has something to say (each is optional):
 
-  devmachine   torchrun-style flags given to `launch devmachine` (no variables)
-  kubeflow     launch/kubeflow/environment.py: PET_NNODES (n or min:max), PET_NODE_RANK, PET_MASTER_ADDR
-  tione-*      launch/tione/environment.py: the DDP, MPI, Ray and PS-Worker modes' variables
-  slurm        launch/slurm/environment.py: SLURM_NNODES, SLURM_NODEID, SLURM_JOB_NODELIST, SLURM_PROCID
-  openmpi      OMPI_COMM_WORLD_RANK/_SIZE/_LOCAL_RANK: one process per GPU, already started
+  process_rank_names(env)   the variables naming this process's rank, local rank and world size,
+                            where the platform starts one process per rank itself
+  max_restarts(env)         the restart budget the platform's job names, else None
+  job_identity(env, topo)   what stays the same across the restarts of one of its jobs (run_lock.py)
+  RUN_ON_NODE               how to run a command on a node of its running job (debug-dump's advice)
+  storage_mounts(root)      the storage its launch files mount on its nodes (planning/check.py)
+  site_problems(cfg)        its launch files against the site, where this machine can ask (check)
 
 The helpers the readers share (whole numbers, ports, ranks, MPI hostfiles) are here. Ambiguous (two
 platforms' variables at once) or contradictory variables raise TopologyError naming them. No torch
@@ -45,11 +49,14 @@ class Topology:
     master_addr: str
     master_port: int
     min_nnodes: int | None = None
-    """Elastic jobs (Kubeflow PET_NNODES=min:max): torchrun waits for min..nnodes nodes."""
+    """Elastic jobs (a node count given as min:max): torchrun waits for min..nnodes nodes."""
     per_process: bool = False
-    """Ranks were started by MPI or srun (one per GPU): run `train` directly, no torchrun."""
+    """Ranks were started by MPI or the scheduler (one per GPU): run `train` directly, no torchrun."""
     role: str = "worker"
     """'ps' for PS-Worker parameter servers, which PyTorch training has no use for."""
+    signals_every_process: bool = False
+    """The scheduler signals every process of the job itself (a batch scheduler's step): the node
+    launcher only ignores stop signals, as forwarding them would signal torchrun twice."""
 
     def table(self) -> str:
         nodes = f"{self.min_nnodes}..{self.nnodes}" if self.min_nnodes else str(self.nnodes)
@@ -141,7 +148,7 @@ def mpi_hosts(env: Mapping[str, str]) -> list[tuple[str, int]]:
         raise TopologyError(
             f"MPI hostfile {path} (OMPI_MCA_orte_default_hostfile) cannot be read: {exc.strerror}"
         ) from None
-    # Entries are separated by newlines or, as TI-ONE documents it, by spaces on one line.
+    # Entries are separated by newlines or, as some platforms write the file, by spaces on one line.
     hosts = [(host, int(slots)) for host, slots in re.findall(r"(\S+)\s+slots=(\d+)", text)]
     if not hosts or min(slots for _, slots in hosts) < 1:
         raise TopologyError(f"MPI hostfile {path} must list 'host slots=N' entries with N at least 1")
@@ -188,16 +195,36 @@ class Platform:
 OPENMPI = Platform("openmpi", ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), read_openmpi)
 
 
+def platform_environments() -> list:
+    """launch/<platform>/environment.py of each platform the project holds, imported."""
+    from .packages import platform_modules  # imported when asked, not with this module
+
+    return platform_modules("environment")
+
+
+def platform_answers(hook: str, *args) -> list:
+    """What each platform present answers to the optional `hook` of its environment.py, None
+    answers left out."""
+    answers = (getattr(module, hook)(*args) for module in platform_environments() if hasattr(module, hook))
+    return [answer for answer in answers if answer is not None]
+
+
 def rows() -> list[Platform]:
     """mpirun's row, and the rows of the platforms the project holds (launch/<platform>/environment.py)."""
-    from .optional_parts import platform_modules  # imported when a node starts, not with this module
+    return [OPENMPI, *(row for module in platform_environments() for row in getattr(module, "ROWS", []))]
 
-    return [OPENMPI, *(row for module in platform_modules("environment") for row in module.ROWS)]
+
+def variables_looked_for() -> str:
+    """The variables by which each row is known, by platform: what `node` looked for and did not find."""
+    named: dict[str, tuple[str, ...]] = {}
+    for row in rows():
+        named.setdefault(row.name, row.signature)
+    return "; ".join(f"{name}: {' and '.join(signature)}" for name, signature in named.items())
 
 
 def detect(env: Mapping[str, str], nproc_default: int, nnodes_default: int = 1) -> Topology | None:
     """The Topology the environment describes, or None where no platform variables are set.
-    The defaults fill what a platform does not say (GPUs per node, TI-ONE Ray's node count)."""
+    The defaults fill what a platform does not say (GPUs per node, a node count it leaves out)."""
     found = {p.name: p for p in rows() if p.matches(env)}
     if len(found) > 1:
         described = "; ".join(f"{name} ({', '.join(p.signature)})" for name, p in found.items())
@@ -215,20 +242,16 @@ def detect(env: Mapping[str, str], nproc_default: int, nnodes_default: int = 1) 
 
 
 def process_ranks(env: Mapping[str, str]) -> tuple[int, int, int]:
-    """(rank, local_rank, world_size) of this process, from whoever started it: torchrun (and Ray
-    Train) set RANK/LOCAL_RANK/WORLD_SIZE; mpirun sets OMPI_COMM_WORLD_*; srun sets SLURM_PROCID,
-    SLURM_LOCALID and SLURM_NTASKS. RANK without LOCAL_RANK is not trusted: TI-ONE's DDP mode
-    injects RANK and WORLD_SIZE counting nodes, not processes."""
+    """(rank, local_rank, world_size) of this process, from whoever started it: torchrun (and any
+    launcher that follows it) sets RANK/LOCAL_RANK/WORLD_SIZE; mpirun sets OMPI_COMM_WORLD_*; a
+    scheduler that starts one process per rank names its own (its process_rank_names). RANK without
+    LOCAL_RANK is not trusted: a platform may inject RANK and WORLD_SIZE counting nodes, not processes."""
     if "LOCAL_RANK" in env and "RANK" in env:
         names = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
     elif "OMPI_COMM_WORLD_RANK" in env:
         names = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE")
-    elif (
-        "SLURM_PROCID" in env
-        and "SLURM_STEP_ID" in env
-        and whole_number({"SLURM_NTASKS": "1", **env}, "SLURM_NTASKS", 1) > 1
-    ):
-        names = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS")
+    elif named := platform_answers("process_rank_names", env):
+        names = named[0]
     else:
         return 0, 0, 1
     rank, local, size = names
@@ -237,6 +260,6 @@ def process_ranks(env: Mapping[str, str]) -> tuple[int, int, int]:
 
 
 def platform_max_restarts(env: Mapping[str, str]) -> int | None:
-    """The restart budget a platform names itself (an elastic PyTorchJob's elasticPolicy.maxRestarts
-    arrives as PET_MAX_RESTARTS), else None: cluster.max_restarts applies."""
-    return whole_number(env, "PET_MAX_RESTARTS") if env.get("PET_MAX_RESTARTS") else None
+    """The restart budget the platform's job names itself (its environment.py's max_restarts), else
+    None: cluster.max_restarts applies."""
+    return next(iter(platform_answers("max_restarts", env)), None)

@@ -36,7 +36,7 @@ def require_fp8(run: Run) -> None:
         on_gpu=device.type == "cuda",
         gpu_has_fp8=capability >= (8, 9),
         gpu_name=name,
-        compiled=compiled(run.cfg, device)[0],
+        compiled=compiled(run.cfg.run, device)[0],
     )
     if problem:
         raise ConfigError(problem, key="run.fp8")
