@@ -92,7 +92,7 @@ def config_cases(pkg) -> list[tuple[list[str], str]]:
 
 def every_option(pkg):
     """(command words, argparse action, whether a bounds.py type checks it) for every option of every
-    command, launch's platforms included."""
+    command, launch's platforms included (a platform's own text patterns are bounds.text_type's)."""
     cli, bounds = pkg.module("cli"), pkg.module("settings.bounds")
     checked = {getattr(bounds, name) for name in dir(bounds) if callable(getattr(bounds, name))}
 
@@ -102,7 +102,7 @@ def every_option(pkg):
                 for name, sub in action.choices.items():
                     yield from walk(sub, [*prefix, name])
             elif action.option_strings and action.nargs != 0:
-                yield prefix, action, action.type in checked
+                yield prefix, action, action.type in checked or hasattr(action.type, "pattern")
 
     return walk(cli.build_parser(), [])
 
@@ -113,13 +113,10 @@ FREE_TEXT = ["", "x\n", "\u00e9", "a b", "9" * 400]
 def option_cases(pkg) -> list[tuple[list[str], str]]:
     """Every option whose argparse type checks a number or a pattern, with values no such type may
     accept."""
-    bounds = pkg.module("settings.bounds")
-    texts = {bounds.slurm_time, bounds.slurm_name, bounds.job_name, bounds.kubernetes_name, bounds.host}
-    texts |= {bounds.endpoint, bounds.signal_name, bounds.scheduler_option}
     cases = []
     for prefix, action, checked in every_option(pkg):
         if checked:
-            values = FREE_TEXT if action.type in texts else WRONG_NUMBERS + ["-1"]
+            values = FREE_TEXT if hasattr(action.type, "pattern") else WRONG_NUMBERS + ["-1"]
             option = action.option_strings[-1]
             cases.extend(([*prefix, f"{option}={value}"], option) for value in values)
     return cases

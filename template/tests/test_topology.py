@@ -494,7 +494,9 @@ RANKS = {
 }
 
 
-@pytest.mark.parametrize("name", RANKS)
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=pytest.mark.part("slurm")) if name == "srun" else name for name in RANKS]
+)
 def test_process_ranks(pkg, name):
     env, expected = RANKS[name]
     assert pkg.topology.process_ranks(env) == expected

@@ -1,14 +1,14 @@
 """Where a job keeps what it reads and writes: run.output_dir, data.dir and the project's copy
 (--code-from-storage) must lie on the storage the platform mounts in every pod or instance (the
-Kubeflow manifests' volume mounts, TI-ONE's task.yaml DataConfigs), or the job would write its
-checkpoints into a container that vanishes with it, or find no data. The paths are judged normalised
+volumes its launch files name), or the job would write its checkpoints into a container that
+vanishes with it, or find no data. The paths are judged normalised
 (/mnt/shared/../etc is /etc), and where the storage is mounted on this machine too, through the
 links they pass below a mount, followed as a node follows them (the storage holds the same links
 there): /mnt/shared/runs -> /home/me/runs lies off the storage whatever its text says. Where the
 storage is not mounted here the links cannot be followed, which `check` says in a note
-(unfollowed_note). `check` judges the paths against the platforms' launch files (launch_file_problems, with the mounts
-each platform folder's storage_mounts reads: Kubeflow's manifests),
-each launch against its own files before submitting; the copy is also written from this machine, at
+(unfollowed_note). `check` judges the paths against the platforms' launch files (launch_file_problems,
+with the mounts each platform folder's storage_mounts reads from them), each launch against its own
+files before submitting; the copy is also written from this machine, at
 the same path: a folder under a file or on read-only storage (tried with a file made and removed:
 root passes os.access on a read-only mount) is refused before anything is copied.
 """
@@ -20,29 +20,8 @@ import tempfile
 from pathlib import Path
 
 from ..settings.config import Config, ConfigError
-from ..settings.stored_files import read_yaml
 
-NOT_STORAGE = ("/dev/shm",)  # a pod's shared memory, not storage
-
-
-def manifest_mounts(manifest) -> list[str]:
-    """Every volume mount path in a Kubernetes manifest (any kind: its pod templates or overrides).
-    Here, not in launch/: `check` judges the project's manifests too."""
-    found: list[str] = []
-
-    def walk(node) -> None:
-        if isinstance(node, dict):
-            for mount in node.get("volumeMounts") or []:
-                if isinstance(mount, dict) and isinstance(mount.get("mountPath"), str):
-                    found.append(mount["mountPath"])
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(manifest)
-    return [m for m in dict.fromkeys(found) if normalised(m) not in NOT_STORAGE]
+NOT_STORAGE = ("/dev/shm",)  # a pod's shared memory, not storage (storage_mounts leave it out)
 
 
 def normalised(path: str) -> str:
@@ -119,21 +98,11 @@ def outside_problem(field: str, value: str, mounts: list[str], where: str) -> st
     )
 
 
-def manifests_mounts(folder: Path, root: Path) -> dict[str, list[str]]:
-    """The volume mounts of each Kubernetes manifest in a project folder, by its path in the project."""
-    return {
-        str(path.relative_to(root)): manifest_mounts(
-            read_yaml(path, "correct that line, or re-render it with `copier update`")
-        )
-        for path in sorted(folder.glob("*.yaml"))
-    }
-
-
 def launch_file_problems(cfg: Config, launch_mounts: dict[str, list[str]]) -> list[str]:
     """run.output_dir and data.dir against the volumes each launch file gives the job's nodes (the
-    platforms' storage_mounts: Kubeflow's manifests; its pods see nothing else, as copier refuses such
-    answers). TI-ONE's start scripts, which also run outside TI-ONE, warn instead; `launch tione`
-    refuses when it submits (require_on_storage)."""
+    platforms' storage_mounts, for launch files whose nodes see nothing else, as copier refuses such
+    answers). A platform whose start scripts also run outside it leaves its files out and refuses
+    when its launch submits (require_on_storage)."""
     problems = []
     for where, mounts in launch_mounts.items():
         for field, value in (("run.output_dir", cfg.run.output_dir), ("data.dir", cfg.data.dir)):

@@ -1,7 +1,7 @@
 """The range of every number a user gives, written once: the config's settings (BOUNDS) and the
 command line's numbers (argparse types). A value outside its range is refused in one line that
-names it and the fix, before any command computes with it: a count of 0 would otherwise divide by
-zero in `plan` or fall back to a default in `launch`.
+names it and the fix, before any command computes with it: a count of 0 would otherwise be a
+division by 0 in `plan` or fall back to a default in `launch`.
 
     bound_problems(cfg)     # [(key, message)]: rules.check_config lists them (`check`, the template's hooks)
     require_in_bounds(cfg)  # cli.py, right after loading the config: ConfigError naming every bad value
@@ -9,13 +9,14 @@ zero in `plan` or fall back to a default in `launch`.
 
 Every range is finite: a count of 400 digits or a size of 1e305 would overflow the float arithmetic
 of `plan` or a scheduler's field, so the largest values are bounds too (MAX_NODES, MAX_COUNT). Text
-the command line passes on to a scheduler or a network has a pattern here as well (slurm_time,
-slurm_name, host, endpoint, signal_name, scheduler_option), matched with fullmatch: `$` would let a
-trailing newline through. Any other option's text (a path, a context) may not be empty or hold a
-control character (text_option_problem, which cli.py applies to every command).
+the command line passes on to a scheduler or a network has a pattern as well (job_name, host,
+signal_name, scheduler_option here; a platform's own, such as a time limit in its scheduler's format,
+in its folder through text_type), matched with fullmatch: `$` would let a trailing newline through.
+Any other option's text (a path, a context) may not be empty or hold a control character
+(text_option_problem, which cli.py applies to every command).
 
-Platform variables (PET_NNODES, WORLD_SIZE, SLURM_*, GPU_NUM_PER_NODE, ...) are checked where they
-are read, in topology.py. No torch here.
+Platform variables (node counts, ranks, ports) are checked where they are read, by topology.py's
+helpers. No torch here.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class Range:
 
     def holds(self, value: float) -> bool:
         if value == 0 and math.copysign(1.0, value) < 0 <= self.low:
-            return False  # -0.0: a minus sign where none may go, not a zero
+            return False  # -0.0: a minus sign where none may go
         above = value > self.low if self.low_open else value >= self.low
         below = value < self.high if self.high_open else value <= self.high
         return above and below  # NaN is neither
@@ -246,44 +247,33 @@ mebibytes = _real(Range(0.01, 1024 * 1024))
 
 # --- text passed on to a scheduler -----------------------------------------------------------------
 
-SLURM_TIME = re.compile(r"[0-9]{1,6}(:[0-5][0-9]){0,2}|[0-9]{1,4}-[0-9]{1,2}(:[0-5][0-9]){0,2}")
-"""Slurm's --time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (minutes and seconds below 60)."""
-SLURM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-"""A Slurm partition or account."""
 JOB_NAME = re.compile(r"[!-~]{1,128}")
 """A job's name on any platform: printable ASCII, no spaces (platforms add their own rules on top)."""
-KUBERNETES_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-"""A Kubernetes namespace (an RFC 1123 label)."""
 HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252}[A-Za-z0-9])?|\[?[0-9A-Fa-f:.]{2,45}\]?")
 """A host name, an IPv4 address or an IPv6 address (bracketed or not)."""
-ENDPOINT = re.compile(r"(https?://)?(" + HOST.pattern + r")(:[0-9]{1,5})?/?")
-"""An API endpoint: a host, with a scheme and a port for a local test endpoint."""
 SIGNAL = re.compile(r"(SIG)?[A-Za-z][A-Za-z0-9+]{1,9}|[0-9]{1,2}")
-"""A signal as scancel takes it: USR1, SIGTERM, RTMIN+1 or its number."""
+"""A signal as a scheduler's cancel command takes it: USR1, SIGTERM, RTMIN+1 or its number."""
 SCHEDULER_OPTION = re.compile(r"--?[A-Za-z][A-Za-z0-9_-]*(=[^\x00-\x1f\x7f]*)?")
 """One option for a scheduler's command line, written with '=' (--nodes=4, --exclusive)."""
 
 
-def _text(pattern: re.Pattern, words: str) -> Callable[[str], str]:
+def text_type(pattern: re.Pattern, words: str) -> Callable[[str], str]:
+    """An argparse type taking text that `pattern` matches whole; `words` say what it must be."""
+
     def parse(text: str) -> str:
         if not pattern.fullmatch(text):
             raise argparse.ArgumentTypeError(f"must be {words}, got {shown(text)}")
         return text
 
     parse.__name__ = words
+    parse.pattern = pattern  # what tells a pattern's type from a number's
     return parse
 
 
-slurm_time = _text(SLURM_TIME, "a Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, e.g. 24:00:00")
-slurm_name = _text(SLURM_NAME, "letters, digits, '_', '.' and '-' (a Slurm partition or account name), e.g. gpu")
-job_name = _text(JOB_NAME, "1 to 128 printable ASCII characters without spaces, e.g. run-2")
-kubernetes_name = _text(
-    KUBERNETES_NAME, "at most 63 lowercase letters, digits and '-', starting and ending alphanumeric, e.g. team-a"
-)
-host = _text(HOST, "a host name or IP address, e.g. node-0 or 10.0.0.1")
-endpoint = _text(ENDPOINT, "a host name, or http://HOST:PORT for a local endpoint, e.g. tione.tencentcloudapi.com")
-signal_name = _text(SIGNAL, "a signal name or number, e.g. USR1 or TERM")
-scheduler_option = _text(SCHEDULER_OPTION, "one option written with '=', e.g. --nodes=4 or --exclusive")
+job_name = text_type(JOB_NAME, "1 to 128 printable ASCII characters without spaces, e.g. run-2")
+host = text_type(HOST, "a host name or IP address, e.g. node-0 or 10.0.0.1")
+signal_name = text_type(SIGNAL, "a signal name or number, e.g. USR1 or TERM")
+scheduler_option = text_type(SCHEDULER_OPTION, "one option written with '=', e.g. --nodes=4 or --exclusive")
 
 
 # --- text of any other form ------------------------------------------------------------------------

@@ -8,8 +8,9 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from ...planning.storage_paths import manifests_mounts
+from ...planning.storage_paths import NOT_STORAGE, normalised
 from ...settings.bounds import MAX_COUNT, MAX_NODES
+from ...settings.stored_files import read_yaml
 from ...settings.topology import (
     SET_BY_JOB,
     Platform,
@@ -69,9 +70,40 @@ def read_kubeflow(env: Mapping[str, str], nproc: int, nnodes_default: int) -> To
 
 
 ROWS = [Platform("kubeflow", ("PET_NNODES",), read_kubeflow)]
+RUN_ON_NODE = "kubectl exec POD -- {command}"  # a command in a pod of a running job (debug-dump)
+
+
+def max_restarts(env: Mapping[str, str]) -> int | None:
+    """An elastic PyTorchJob's own restart budget (elasticPolicy.maxRestarts arrives as
+    PET_MAX_RESTARTS), else None."""
+    return whole_number(env, "PET_MAX_RESTARTS") if env.get("PET_MAX_RESTARTS") else None
+
+
+def manifest_mounts(manifest) -> list[str]:
+    """Every volume mount path in a Kubernetes manifest (any kind: its pod templates or overrides)."""
+    found: list[str] = []
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            for mount in node.get("volumeMounts") or []:
+                if isinstance(mount, dict) and isinstance(mount.get("mountPath"), str):
+                    found.append(mount["mountPath"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(manifest)
+    return [m for m in dict.fromkeys(found) if normalised(m) not in NOT_STORAGE]
 
 
 def storage_mounts(root: Path) -> dict[str, list[str]]:
-    """The volumes each of the project's manifests mounts in its pods: `check` judges run.output_dir and
-    data.dir against them (a pod sees nothing else)."""
-    return manifests_mounts(root / "launch" / "kubeflow", root)
+    """The volumes each of the project's manifests mounts in its pods, by its path in the project:
+    `check` judges run.output_dir and data.dir against them (a pod sees nothing else)."""
+    return {
+        str(path.relative_to(root)): manifest_mounts(
+            read_yaml(path, "correct that line, or re-render it with `copier update`")
+        )
+        for path in sorted((root / "launch" / "kubeflow").glob("*.yaml"))
+    }

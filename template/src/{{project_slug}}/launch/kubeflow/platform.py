@@ -30,12 +30,13 @@ import yaml
 
 from ...planning import storage_paths
 from ...runtime import process_exit
-from ...settings.bounds import MAX_NODES, kubernetes_name, non_negative_float, non_negative_int
+from ...settings.bounds import MAX_NODES, non_negative_float, non_negative_int, text_type
 from ...settings.config import ConfigError, project_root
 from ...settings.stored_files import read_yaml
 from .. import code_copy, job_history, jobs
 from ..base import Platform
 from ..jobs import Job
+from .environment import manifest_mounts
 from .kubernetes_api import Cluster, context_problem
 from .restarts import check_grace, read_restarts
 
@@ -46,6 +47,10 @@ LOGS_WAIT_SECONDS = 600  # logs: how long a pod may take to be scheduled and pul
 
 # RFC 1035 label: both kinds name Services and pod hostnames after the job.
 NAME_PATTERN = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+namespace_name = text_type(
+    re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"),  # an RFC 1123 label
+    "at most 63 lowercase letters, digits and '-', starting and ending alphanumeric, e.g. team-a",
+)
 
 
 def add_arguments(p: ArgumentParser) -> None:
@@ -59,7 +64,7 @@ def add_arguments(p: ArgumentParser) -> None:
         "(Kubeflow Trainer v2), launch/kubeflow/mpijob.yaml (MPI Operator v2, DeepSpeed's launcher; "
         "projects generated with strategy deepspeed), or a manifest file of your own",
     )
-    p.add_argument("--namespace", type=kubernetes_name, help="namespace to use instead of the manifest's")
+    p.add_argument("--namespace", type=namespace_name, help="namespace to use instead of the manifest's")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then in-cluster)")
     p.add_argument("--context", help="kubeconfig context (default: the current context)")
     p.add_argument(
@@ -306,7 +311,7 @@ class Kubeflow(Platform):
         check_grace(manifest, self.cfg.cluster.stop_grace_seconds)
         from_storage, image = code_copy.ready_image(self.args)
         copy = code_copy.copy_project(self.cfg, dry_run=True) if from_storage else None  # where it goes
-        mounts = storage_paths.manifest_mounts(manifest)
+        mounts = manifest_mounts(manifest)
         storage_paths.require_on_storage(self.cfg, mounts, str(manifest_path(self.args.manifest)), copy)
         if copy is None:
             return manifest, None

@@ -1,6 +1,7 @@
 """What Slurm tells a node (SLURM_NNODES, SLURM_NODEID, SLURM_JOB_NODELIST expanded by `scontrol
 show hostnames`, SLURM_NTASKS_PER_NODE, SLURM_PROCID), as a Topology: the row settings/topology.py
-asks of the platforms a project holds. Plain Python."""
+asks of the platforms a project holds; the ranks srun starts one per GPU (process_rank_names) and
+the identity of a job across its requeues (job_identity). Plain Python."""
 
 from __future__ import annotations
 
@@ -57,9 +58,39 @@ def read_slurm(env: Mapping[str, str], nproc: int, nnodes_default: int) -> Topol
     )
     # The port follows the job id so two jobs sharing a first node do not collide.
     port = port_of(env, "MASTER_PORT") if "MASTER_PORT" in env else 20000 + whole_number(env, "SLURM_JOB_ID") % 20000
+    # Slurm signals every process of a step itself (scancel, --signal's warning before the time limit).
     return Topology(
-        "slurm", nnodes, node_rank, per_node, env.get("MASTER_ADDR") or hosts[0], port, per_process=per_task
+        "slurm",
+        nnodes,
+        node_rank,
+        per_node,
+        env.get("MASTER_ADDR") or hosts[0],
+        port,
+        per_process=per_task,
+        signals_every_process=True,
     )
+
+
+def process_rank_names(env: Mapping[str, str]) -> tuple[str, str, str] | None:
+    """The rank, local rank and world size of a process srun started one per GPU (a step of several
+    tasks), else None."""
+    if (
+        "SLURM_PROCID" in env
+        and "SLURM_STEP_ID" in env
+        and whole_number({"SLURM_NTASKS": "1", **env}, "SLURM_NTASKS", 1) > 1
+    ):
+        return ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS")
+    return None
+
+
+def job_identity(env: Mapping[str, str], topo: Topology | None) -> str | None:
+    """The Slurm job (and step): a requeued job keeps its id, and its steps their numbers. None
+    outside a Slurm job, and for a node another platform describes (`launch devmachine` on a machine
+    Slurm allocated is not the allocation's job)."""
+    if not env.get("SLURM_JOB_ID") or (topo is not None and topo.platform != "slurm"):
+        return None
+    step = env.get("SLURM_STEP_ID")
+    return f"slurm job {env['SLURM_JOB_ID']}" + (f" step {step}" if step else "")
 
 
 def site_problems(cfg) -> list[str]:
@@ -74,6 +105,8 @@ def site_problems(cfg) -> list[str]:
         print(f"warning: {note}", file=sys.stderr)
     return [problem] if problem else []
 
+
+RUN_ON_NODE = "srun --overlap --jobid JOBID {command}"  # a command on the nodes of a running job (debug-dump)
 
 ROWS = [
     # mpirun inside a Slurm allocation: the ranks are MPI's, the allocation only hosts them.

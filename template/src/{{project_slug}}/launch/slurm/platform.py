@@ -45,13 +45,23 @@ from pathlib import Path
 from ...planning import storage_paths
 from ...runtime import process_exit
 from ...settings import optional_parts
-from ...settings.bounds import count_in, scheduler_option, signal_name, slurm_name, slurm_time
+from ...settings.bounds import count_in, scheduler_option, signal_name, text_type
 from ...settings.config import Config, ConfigError, project_root, under_root
 from ...settings.optional_parts import DEEPSPEED_LAUNCHER as LAUNCHER
 from .. import code_copy, job_history, jobs
 from ..base import Platform, print_file, tail_lines
 from ..jobs import Job
 from .partition import SLURM_TEXT, partition_problem, requested, slurm_output
+
+SLURM_TIME = re.compile(r"[0-9]{1,6}(:[0-5][0-9]){0,2}|[0-9]{1,4}-[0-9]{1,2}(:[0-5][0-9]){0,2}")
+"""Slurm's --time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (minutes and seconds below 60)."""
+slurm_time = text_type(
+    SLURM_TIME, "a Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, e.g. 24:00:00"
+)
+slurm_name = text_type(
+    re.compile(r"[A-Za-z0-9_.-]{1,64}"),
+    "letters, digits, '_', '.' and '-' (a Slurm partition or account name), e.g. gpu",
+)
 
 SCRIPTS = {
     "torchrun": Path("launch") / "slurm" / "train.sbatch",

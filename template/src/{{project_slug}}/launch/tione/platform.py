@@ -26,6 +26,7 @@ from __future__ import annotations
 import configparser
 import json
 import os
+import re
 import shlex
 import sys
 import time
@@ -35,7 +36,7 @@ from pathlib import Path
 
 from ...planning import storage_paths
 from ...runtime import process_exit
-from ...settings.bounds import endpoint as api_endpoint
+from ...settings.bounds import HOST, text_type
 from ...settings.config import ConfigError, project_root
 from ...settings.packages import require_package
 from .. import code_copy, job_history, jobs
@@ -43,7 +44,16 @@ from ..base import Platform
 from ..jobs import Job
 from .console import print_console_settings, start_script
 from .environment import tione_variables
-from .request import TASK_FILE, api_mode, build_request, load_task, request_problems, task_mounts, unknown_fields
+from .request import (
+    SDK_INSTALL,
+    TASK_FILE,
+    api_mode,
+    build_request,
+    load_task,
+    request_problems,
+    task_mounts,
+    unknown_fields,
+)
 
 # TI-ONE's task states (DescribeTrainingTask Status) and what they mean here.
 STATES = {
@@ -66,6 +76,10 @@ class TaskNotFound(ConfigError):
 
 
 POLL_SECONDS = 5
+api_endpoint = text_type(  # a host, with a scheme and a port for a local test endpoint
+    re.compile(r"(https?://)?(" + HOST.pattern + r")(:[0-9]{1,5})?/?"),
+    "a host name, or http://HOST:PORT for a local endpoint, e.g. tione.tencentcloudapi.com",
+)
 
 
 def add_arguments(p: ArgumentParser) -> None:
@@ -106,6 +120,7 @@ def credentials():
         "tione",
         "launch tione",
         "without API access, `launch tione --console` prints the console settings",
+        install=SDK_INSTALL,
     )
     for source in (credential.EnvironmentVariableCredential(), credential.ProfileCredential()):
         try:

@@ -23,6 +23,8 @@ from ...settings.bounds import count, count_in, positive_float
 from ...settings.config import Config, ConfigError, project_root, read_env_file
 from ...settings.packages import require_package
 
+RAY_INSTALL = "pip install 'ray[train]'"  # Ray Train is an extra of the ray distribution
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The Ray options of `ray-train` (the CLI adds --config/--set)."""
@@ -140,8 +142,8 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
     if args.dry_run:
         return 0
     keep_worker_lines()
-    ray = require_package("ray", "ray", "ray-train")
-    require_package("ray.train.torch", "ray", "ray-train")
+    ray = require_package("ray", "ray", "ray-train", install=RAY_INSTALL)
+    require_package("ray.train.torch", "ray", "ray-train", install=RAY_INSTALL)
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 

@@ -29,6 +29,7 @@ from ...settings.packages import require_package
 from ...settings.stored_files import read_yaml
 
 TASK_FILE = Path("launch") / "tione" / "task.yaml"
+SDK_INSTALL = "pip install tencentcloud-sdk-python-tione"  # the SDK's distribution is not named as it imports
 NAME_PATTERN = re.compile(r"[\w\u4e00-\u9fff][\w\u4e00-\u9fff-]{0,59}")  # the API's rule: 60 characters at most
 
 
@@ -126,7 +127,10 @@ def unknown_fields(model_name: str, request: dict) -> list[str]:
     """Fields the SDK's model (and the models nested in it) does not know: the SDK warns about them
     ('X fileds are useless.') and would drop them silently."""
     models = require_package(
-        "tencentcloud.tione.v20211111.models", "tione", "launch tione (its request is checked against the SDK)"
+        "tencentcloud.tione.v20211111.models",
+        "tione",
+        "launch tione (its request is checked against the SDK)",
+        install=SDK_INSTALL,
     )
 
     with warnings.catch_warnings(record=True) as caught:
