@@ -20,7 +20,7 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
-from .config import ConfigError
+from .stored_files import ConfigError
 
 PACKAGE = __package__.rpartition(".")[0]
 
@@ -42,6 +42,20 @@ def without_deepspeed(setting: str, key: str | None = "run.strategy") -> ConfigE
         + UPDATE_FIRST,
         key=key,
     )
+
+
+def without_section(name: str) -> ConfigError | None:
+    """The line for a config section of a part this project lacks (`deepspeed:`), else None."""
+    if name == "deepspeed" and not has_deepspeed():
+        return without_deepspeed(f"the {name} section", key=None)
+    return None
+
+
+def without_choice(key: str, value) -> ConfigError | None:
+    """The line for a setting that names a part this project lacks (run.strategy=deepspeed), else None."""
+    if key == "run.strategy" and value in TEMPLATE_STRATEGIES:
+        return without_deepspeed(f"{key}={value}")
+    return None
 
 
 def deepspeed(module: str, setting: str = "run.strategy=deepspeed", key: str | None = "run.strategy") -> ModuleType:
