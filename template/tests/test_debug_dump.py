@@ -221,8 +221,8 @@ def test_a_rank_whose_pid_went_to_another_process_is_not_attached_to(cli, pkg, t
 
 
 def test_a_rank_in_our_data_modules_waits_in_data_loading(pkg):
-    """The token stream and the masked-LM batches are data loading wherever the package keeps them."""
-    for module in ("data/tokens.py", "models/bert/data.py", "training/prefetch.py"):
+    """The token stream and a family's own batches are data loading wherever the package keeps them."""
+    for module in ("data/tokens.py", "models/bert/data.py", "models/any_family/data.py", "training/prefetch.py"):
         frame = {"filename": f"/opt/src/{pkg.name}/{module}", "name": "__next__", "line": 0}
         where = pkg.rank_stacks.where([{"os_thread_id": 7, "frames": [frame]}], 7, pkg.name)
         assert where["waits_in"] == "data loading", (module, where)

@@ -135,8 +135,20 @@ def test_keep_last_deletes_only_the_checkpoints_of_the_run_that_wrote_them(pkg, 
     "env, platform, nnodes, expected",
     [
         ({"TRAIN_JOB_IDENTITY": "launch pid 7 on a", "SLURM_JOB_ID": "5"}, None, 1, "launch pid 7 on a"),
-        ({"SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0", "TORCHELASTIC_RUN_ID": "x"}, None, 1, "slurm job 5 step 0"),
-        ({"SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0"}, "slurm", 2, "slurm job 5 step 0"),
+        pytest.param(
+            {"SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0", "TORCHELASTIC_RUN_ID": "x"},
+            None,
+            1,
+            "slurm job 5 step 0",
+            marks=pytest.mark.part("slurm"),
+        ),
+        pytest.param(
+            {"SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0"},
+            "slurm",
+            2,
+            "slurm job 5 step 0",
+            marks=pytest.mark.part("slurm"),
+        ),
         ({"SLURM_JOB_ID": "5"}, "devmachine", 1, None),  # a dev machine Slurm lent is not its job
         ({}, "kubeflow", 1, "kubeflow job at m:29500"),  # a restarted pod meets at the same address
         ({}, "devmachine", 2, "devmachine job at m:29500"),

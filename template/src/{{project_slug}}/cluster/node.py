@@ -1,13 +1,13 @@
-"""`node`: the node launcher every platform's launch file calls on each node (or, for MPI and
-srun one-task-per-GPU jobs, in each rank).
+"""`node`: the node launcher every platform's launch file calls on each node (or, for jobs that
+start one task per GPU through MPI or the scheduler, in each rank).
 
-    <package> node [key=value ...]        # inside a Kubeflow pod, TI-ONE task, Slurm step, ...
+    <package> node [key=value ...]        # inside a pod, a scheduler's job step, a cloud task, ...
     <package> node --dry-run              # print the topology table and the torchrun command
 
 It reads the platform's variables (topology.py), prints one table, applies config/nccl.env
 without overriding what the platform set, waits for the master's port on non-master nodes, and
 runs torchrun under supervise.py (restarts, stop signals, the preempted exit code). Ranks
-started by mpirun/srun one per GPU become `train` (exec) directly.
+started one per GPU by mpirun or the scheduler become `train` (exec) directly.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 
 from ..settings.bounds import positive_float
 from ..settings.config import Config
-from ..settings.topology import TopologyError, default_nproc, detect, process_ranks
+from ..settings.topology import TopologyError, default_nproc, detect, process_ranks, variables_looked_for
 from ..training import run_lock
 from .nccl_env import apply_nccl_env
 from .torchrun import run_torchrun, train_entry
@@ -40,7 +40,7 @@ def run_node(
     topo = detect(os.environ, default_nproc(cfg.cluster.gpus_per_node), cfg.cluster.nodes)
     if topo is None:
         raise TopologyError(
-            "no platform variables found (PET_*, SLURM_*, TI-ONE's, OMPI_COMM_WORLD_*); on a dev machine use "
+            f"no platform variables found ({variables_looked_for()}); on a dev machine use "
             "`launch devmachine`, or export the variables your platform would set"
         )
     if topo.role == "ps":
@@ -53,7 +53,7 @@ def run_node(
         return 0
     if not topo.per_process:
         return run_torchrun(topo, cfg, train_entry(package, config, overrides), dry_run, wait_timeout)
-    # One process per rank, started by mpirun or srun: only the master needs to be named.
+    # One process per rank, started by mpirun or the scheduler: only the master needs to be named.
     if process_ranks(os.environ)[0] == 0:
         print(topo.table(), flush=True)
     if dry_run:
@@ -63,8 +63,8 @@ def run_node(
     identity = run_lock.job_identity(os.environ, topo)
     if identity:  # rank 0 holds run.output_dir under it: a requeue or restart of the job re-enters
         os.environ[run_lock.IDENTITY] = identity
-    # exec `train`: the rank keeps its pid (mpirun and srun watch it and signal it) and shows as
-    # `-m <package> train`, which debug-dump and the MPIJob preStop hook look for.
+    # exec `train`: the rank keeps its pid (its starter watches it and signals it) and shows as
+    # `-m <package> train`, which debug-dump and a pod's preStop hook look for.
     cmd = [sys.executable, "-u", *train_entry(package, config, overrides)]  # -u: lines reach mpirun as printed
     os.execv(cmd[0], cmd)
     return 1  # not reached

@@ -2,14 +2,15 @@
 exit code and message instead of torchrun's traceback.
 
 Stop signals (SIGTERM, SIGUSR1, SIGINT, SIGHUP) are passed to torchrun, which passes them to the
-ranks (topology.STOP_SIGNALS) and gives them cluster.stop_grace_seconds to save. Kubernetes and a
-shell's `kill` signal only this process, hence the forwarding. Slurm signals every process of a
-step itself; forwarding there would hand torchrun a second signal while it shuts down, which
-breaks its grace period, so under Slurm this process only ignores them.
+ranks (torchrun.STOP_SIGNALS) and gives them cluster.stop_grace_seconds to save. A container's
+stop and a shell's `kill` signal only this process, hence the forwarding. A batch scheduler may
+signal every process of a job step itself (Topology.signals_every_process); forwarding there would
+hand torchrun a second signal while it shuts down, which breaks its grace period, so there this
+process only ignores them.
 
 A failure no restart can fix (a ConfigError in a rank: a checkpoint of another model or of other
-data, a tokenizer without BERT's tokens, run.device=cuda without a GPU, an output folder in use, a
-full disk) would meet every restart torchrun makes under --max-restarts. The ranks hand it to this
+data, a tokenizer without the special tokens its family needs, run.device=cuda without a GPU, an
+output folder in use, a full disk) would meet every restart torchrun makes under --max-restarts. The ranks hand it to this
 supervisor instead of failing (unrecoverable.py, TRAIN_FAILURE_FILE); it gives torchrun
 FAILURE_GRACE_SECONDS to end by itself (every rank usually meets the same failure), then stops it,
 and raises the message as its own ConfigError: one line, printed once, exit 1. Most mistakes never
@@ -119,7 +120,7 @@ def _end_orphans(own: set[int], seconds: float, log) -> None:
 def _wait_ending_on_failure(child: subprocess.Popen, failure_path: str, whole_group: bool) -> int:
     """child's exit status. Once a rank has recorded a failure, child gets FAILURE_GRACE_SECONDS to
     end by itself, then SIGTERM: torchrun stops the ranks still waiting for the one that failed;
-    DeepSpeed's runner does not, so with whole_group its whole process group is signalled."""
+    a launcher that does not is run with whole_group, and its whole process group is signalled."""
     stop_at = None
     while True:
         try:
@@ -152,7 +153,7 @@ def run_supervised(
 
     whole_group_seconds: send the signals to cmd's whole process group, and after cmd exits wait
     up to this long for the rest of the group. For launchers that do not pass signals on
-    themselves (DeepSpeed's single-node runner dies on SIGTERM and leaves its ranks running).
+    themselves (one that dies on SIGTERM and leaves its ranks running).
     grace_seconds: how long ranks left by a launcher that was killed may take to save (they get
     SIGTERM from the kernel, preemption.follow_launcher); this process waits for them."""
     started = time.time()

@@ -24,7 +24,7 @@ from .network import address_towards, wait_for_master
 from .supervise import run_supervised
 
 STOP_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
-"""Signals torchrun forwards to the ranks: its defaults plus SIGUSR1 (Slurm's --signal warning)."""
+"""Signals torchrun forwards to the ranks: its defaults plus SIGUSR1 (a batch scheduler's time-limit warning)."""
 
 ORDERED_RENDEZVOUS = "c10d-ordered"
 """rendezvous.py's c10d backend: group ranks follow the platform's node ranks (global rank 0 on node 0)."""
@@ -123,7 +123,7 @@ def check_before_start(cfg: Config, world_size: int | None) -> None:
     load_tokenizer(data_dir / meta["tokenizer"])
     for split in ("train", "val"):
         require_shards(data_dir, meta, split)
-        if family(cfg.model.arch).causal:  # masked-LM sequences are checked by their ranks (models/bert/data.py)
+        if family(cfg.model.arch).causal:  # masked-LM sequences are checked by their ranks (the family's data)
             TokenData.open(data_dir, split, cfg.model.sequence_len)
 
 
@@ -141,7 +141,7 @@ def run_torchrun(
     checks passed and the output folder is held, just before torchrun starts (a refused launch is no job)."""
     if cfg.run.debug:
         os.environ["TRAIN_DEBUG"] = "1"  # the ranks and apply_nccl_env read it
-    # An elastic PyTorchJob names its own restart budget (elasticPolicy.maxRestarts).
+    # A platform's job may name its own restart budget (an elastic job's).
     restarts = platform_max_restarts(os.environ) or cfg.cluster.max_restarts
     if log_dir is None and debug_requested():
         log_dir = str(Path(cfg.run.output_dir) / "logs" / socket.gethostname())
@@ -173,7 +173,7 @@ def run_torchrun(
         return run_supervised(
             cmd,
             cfg.run.output_dir,
-            forward_signals=topo.platform != "slurm",
+            forward_signals=not topo.signals_every_process,
             log=lambda m: print(m, flush=True),
             grace_seconds=cfg.cluster.stop_grace_seconds,
         )

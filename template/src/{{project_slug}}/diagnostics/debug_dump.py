@@ -6,9 +6,10 @@
     <package> debug-dump --pid 4242 --pid 4243 --out /tmp/dump    # these processes, into this folder
     PY_SPY=/shared/bin/py-spy <package> debug-dump                  # another py-spy than the one on PATH
 
-Run it on every node of a hung job (kubectl exec, srun --overlap --jobid, ssh). A training rank is a
-process whose command line is `python -m <package> train` (the children of torchrun, or ranks that
-mpirun or srun started); its RANK / LOCAL_RANK come from /proc/<pid>/environ. `py-spy dump` reads
+Run it on every node of a hung job (ssh, or the platform's way into a running job's node: its
+environment.py's RUN_ON_NODE). A training rank is a process whose command line is `python -m <package>
+train` (the children of torchrun, or ranks that mpirun or a scheduler started); its RANK / LOCAL_RANK
+come from /proc/<pid>/environ. `py-spy dump` reads
 each stack from outside (ptrace): the rank needs no cooperation, which is the point when it hangs.
 Writes rank<R>.txt per rank (every thread) and summary.txt / summary.json, and prints per rank the
 innermost frame of this project's code and whether the rank waits in a collective: the ranks that
@@ -68,7 +69,7 @@ def permission_help(pid: int) -> str:
         f"py-spy may not attach to pid {pid} (ptrace permission denied).\n"
         "  1. run debug-dump as the user that runs the training, or as root\n"
         "  2. in a container, the container needs the SYS_PTRACE capability:\n"
-        "       Kubernetes (the training container of the PyTorchJob / pod template):\n"
+        "       in a pod, the training container's securityContext:\n"
         "         securityContext:\n"
         "           capabilities:\n"
         '             add: ["SYS_PTRACE"]\n'
@@ -182,6 +183,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--native", action="store_true", help="also C/C++ frames (NCCL, Gloo, CUDA calls); slower")
 
 
+def ways_onto_a_node(package: str) -> str:
+    """': ' and how each platform present runs debug-dump on a node of its running job, or ''."""
+    from ..settings.topology import platform_environments
+
+    command = f"{package} debug-dump"
+    ways = [m.RUN_ON_NODE.format(command=command) for m in platform_environments() if hasattr(m, "RUN_ON_NODE")]
+    return ": " + "; ".join(ways) if ways else ""
+
+
 def collect(args: argparse.Namespace, package: str = PACKAGE) -> list[RankProcess]:
     if args.pid:
         ranks = []
@@ -195,9 +205,8 @@ def collect(args: argparse.Namespace, package: str = PACKAGE) -> list[RankProces
     if not ranks:
         raise DumpError(
             f"no training ranks on {socket.gethostname()}: looked in /proc for processes whose command line is "
-            f"`python -m {package} train ...` (torchrun's children, or ranks started by mpirun/srun).\n"
-            "  1. run debug-dump on the node (or in the container) where the ranks run: kubectl exec POD -- "
-            f"{package} debug-dump; srun --overlap --jobid JOBID {package} debug-dump\n"
+            f"`python -m {package} train ...` (torchrun's children, or ranks started by mpirun or a scheduler).\n"
+            f"  1. run debug-dump on the node (or in the container) where the ranks run{ways_onto_a_node(package)}\n"
             "  2. in a container, /proc shows only the container's processes: exec into the training container\n"
             f"  3. name the processes yourself: {package} debug-dump --pid PID [--pid PID ...] (ps -ef | grep train)"
         )

@@ -19,7 +19,8 @@ import socket
 from ..cluster.local_ranks import RankProcess
 
 PACKAGE = __name__.partition(".")[0]
-# torch.distributed (and deepspeed.comm) functions that block until every rank of the group joins.
+# torch.distributed (and a wrapping library's comm module) functions that block until every rank of
+# the group joins.
 COLLECTIVES = {
     "all_reduce",
     "all_reduce_coalesced",
@@ -72,8 +73,9 @@ CALLS_COLLECTIVE = re.compile(
     r"reduce_scatter|barrier|all_to_all)[a-z_]*)\("
 )
 BACKWARD = {"_engine_run_backward", "run_backward", "backward"}
-# torch's loaders, and ours: the token stream, the masked-LM batches, the prefetch thread.
-DATA_LOADING = ("torch/utils/data/", "/data/tokens.py", "/models/bert/data.py", "/training/prefetch.py")
+# torch's loaders, and ours: the token stream, the prefetch thread, a family's own batches.
+DATA_LOADING = ("torch/utils/data/", "/data/tokens.py", "/training/prefetch.py")
+FAMILY_DATA = re.compile(r"/models/[^/]+/data\.py$")
 
 
 def main_thread(threads: list[dict], pid: int) -> dict | None:
@@ -108,7 +110,7 @@ def where(threads: list[dict], pid: int, package: str = PACKAGE) -> dict:
     for f in frames:
         filename = (f.get("filename") or "").replace(os.sep, "/")
         name = f.get("name") or ""
-        if name in COLLECTIVES and ("torch/distributed/" in filename or "deepspeed/comm/" in filename):
+        if name in COLLECTIVES and ("torch/distributed/" in filename or "/comm/" in filename):
             waits_in = f"collective {name}"
             break
         called = CALLS_COLLECTIVE.search(linecache.getline(filename, int(f.get("line") or 0))) if filename else None
@@ -123,11 +125,11 @@ def where(threads: list[dict], pid: int, package: str = PACKAGE) -> dict:
             waits_in = f"collective ({name})"
             break
         if name in BACKWARD and ("torch/autograd/" in filename or "torch/_tensor.py" in filename):
-            # DDP all-reduces the gradients from hooks during backward (and DeepSpeed reduces them there):
+            # DDP all-reduces the gradients from hooks during backward (a sharded strategy reduces them there too):
             # a rank that waits here waits for the gradients of the others.
             waits_in = "collective all_reduce of the gradients (in backward)"
             break
-        if any(d in filename for d in DATA_LOADING):
+        if any(d in filename for d in DATA_LOADING) or FAMILY_DATA.search(filename):
             waits_in = "data loading"
             break
     return {

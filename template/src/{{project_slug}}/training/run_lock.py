@@ -1,15 +1,15 @@
 """One run per output folder: output_dir/run.lock names the run that writes there, and a second run
 refuses to start, saying who holds it and how to remove a stale lock.
 
-    {"job": "slurm job 4242", "host": "gpu-07", "pid": 5120, "started": 1764000000.0, "command": "..."}
+    {"job": "torchrun run 3f2a", "host": "gpu-07", "pid": 5120, "started": 1764000000.0, "command": "..."}
 
 Who takes it: the node supervisor of node 0 (torchrun.py) before torchrun starts, held until torchrun
 ends, across its restarts; the other nodes only check it. Global rank 0 of `train` takes it where
-no supervisor did (torchrun, mpirun, srun or DeepSpeed's launcher run by hand). A job re-enters its
-own lock: a restart carries the same job identity (job_identity: the Slurm job, the platform's
-rendezvous address, torchrun's run id, or the supervisor that exports it to its ranks). Another
-run is refused unless the holder is gone: on the same machine its process no longer exists;
-elsewhere the lock's heartbeat (its mtime, touched every minute) is older than STALE_AFTER.
+no supervisor did (torchrun, mpirun, a scheduler's own ranks or another launcher run by hand). A job
+re-enters its own lock: a restart carries the same job identity (job_identity: the scheduler's job,
+the platform's rendezvous address, torchrun's run id, or the supervisor that exports it to its
+ranks). Another run is refused unless the holder is gone: on the same machine its process no longer
+exists; elsewhere the lock's heartbeat (its mtime, touched every minute) is older than STALE_AFTER.
 The lock file is created complete (written aside, then hard-linked into place, which fails when it
 exists), so two runs starting at the same moment cannot both take it.
 """
@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ..settings.config import ConfigError
 from ..settings.stored_files import DamagedFile, read_json
+from ..settings.topology import platform_answers
 
 LOCK_NAME = "run.lock"
 IDENTITY = "TRAIN_JOB_IDENTITY"  # the supervisor's job identity, exported to the ranks it starts
@@ -44,13 +45,10 @@ def job_identity(env: Mapping[str, str], topo=None) -> str | None:
     nothing does (one process started by hand: the holder's own process is then its identity)."""
     if env.get(IDENTITY):
         return env[IDENTITY]
-    # A requeued job keeps its id (and its steps their numbers); `launch devmachine` on a machine
-    # Slurm allocated is not the allocation's job.
-    if env.get("SLURM_JOB_ID") and (topo is None or topo.platform == "slurm"):
-        step = env.get("SLURM_STEP_ID")
-        return f"slurm job {env['SLURM_JOB_ID']}" + (f" step {step}" if step else "")
+    for identity in platform_answers("job_identity", env, topo):  # a scheduler's job id, kept by a requeue
+        return identity
     if topo is not None and (topo.nnodes > 1 or topo.platform != "devmachine"):
-        # A pod restart (Kubeflow, TI-ONE) or the other nodes of a devmachine job meet at the same address.
+        # A restarted pod or instance, or the other nodes of a devmachine job, meet at the same address.
         return f"{topo.platform} job at {topo.master_addr}:{topo.master_port}"
     run_id = env.get("TORCHELASTIC_RUN_ID", "")
     if run_id and run_id != "none":  # torchrun's --rdzv-id (a fresh one per --standalone torchrun)
