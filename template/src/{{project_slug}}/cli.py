@@ -20,10 +20,10 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
 
+from .launch import platform_commands
 from .runtime import process_exit, unrecoverable
 from .runtime.output_paths import own_paths, require_writable_outputs
 from .runtime.process_exit import end
@@ -43,20 +43,12 @@ COMMANDS = {
     "image": ("image.build", "build and push the project image (docker SDK, DOCKER_HOST)"),
     "launch": ("launch", "submit to a platform, or its job's status, logs, cancel (launch/<platform>/)"),
     "node": ("cluster.node", "node launcher run by the platform on each node: topology -> torchrun"),
-    "ray-train": ("launch.tione.ray_train", "train on a running Ray cluster with Ray Train (TI-ONE Ray mode)"),
+    **platform_commands(),  # a platform folder's own (launch/<platform>/__init__.py's COMMANDS)
     "doctor": ("diagnostics.doctor", "check this node: GPUs, RDMA, /dev/shm, memlock, which transport NCCL uses"),
     "debug-dump": (
         "diagnostics.debug_dump",
         "Python stacks of every training rank on this machine (py-spy), for a hung job",
     ),
-}
-
-
-# A command of a platform the project was made without (ray-train: TI-ONE's) is not offered.
-COMMANDS = {
-    name: entry
-    for name, entry in COMMANDS.items()
-    if any((Path(__file__).parent / entry[0].replace(".", "/")).with_suffix(suffix).exists() for suffix in (".py", ""))
 }
 
 
@@ -140,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no command {command!r}; {hint}the commands are {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     if command == "train":
-        follow_launcher(os.environ)  # a rank of torchrun or DeepSpeed's launcher ends with it
+        follow_launcher(os.environ)  # a rank ends with the launcher that started it
     else:
         process_exit.stop_like_ctrl_c()  # train: SIGTERM saves a checkpoint instead (preemption.py)
     args = parse_with_overrides(build_parser([command] if command in COMMANDS else ()), argv)
