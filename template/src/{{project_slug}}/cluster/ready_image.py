@@ -3,18 +3,19 @@
     python <copy>/src/<package>/cluster/ready_image.py node [args ...]      # check, then `python -m <package> node ...`
     python <copy>/src/<package>/cluster/ready_image.py --check [args ...]   # check only (exit 1 with one line)
 
-`launch kubeflow|tione|slurm --code-from-storage` copies the project to <shared storage>/<package>/code/
+`launch <platform> --code-from-storage` copies the project to <shared storage>/<package>/code/
 <version> (launch/code_copy.py) and makes this file the job's entry, run by path: the package is not
 installed in the image, so nothing of it can be imported before this puts <copy>/src first on
 PYTHONPATH (the processes started later inherit it) and enters the copy, where config/ lies.
 Then it checks that this Python has what the project needs, and fails in one line naming what the
-image lacks: the pyproject's dependencies (torch first), DeepSpeed when the config trains with it,
-and NCCL where a GPU is visible. Standard library only, until the check has passed.
+image lacks: the pyproject's dependencies (torch first), the packages of the strategy the config
+trains with (settings/optional_parts.py's strategy_packages), and NCCL where a GPU is visible. Standard library only, until the check has passed.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.metadata
 import importlib.util
 import os
@@ -51,9 +52,7 @@ def installed(distribution: str) -> bool:
 def strategy_of(node_args: list[str]) -> str | None:
     """run.strategy of the config the node will train with (--config and key=value overrides); None
     when that config does not load (`node` then says why, in its words)."""
-    from importlib import import_module
-
-    config = import_module(f"{PACKAGE}.settings.config")
+    config = importlib.import_module(f"{PACKAGE}.settings.config")
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--config")
     known, rest = parser.parse_known_args(node_args)
@@ -68,8 +67,11 @@ def image_problem(node_args: list[str]) -> str | None:
     missing = [name for name in declared_dependencies(COPY / "pyproject.toml") if not installed(name)]
     if missing:
         return f"lacks {', '.join(missing)} (the project's dependencies, pyproject.toml)"
-    if strategy_of(node_args) == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
-        return "lacks deepspeed (run.strategy is deepspeed)"
+    strategy = strategy_of(node_args)
+    parts = importlib.import_module(f"{PACKAGE}.settings.optional_parts")
+    lacking = [name for name in parts.strategy_packages(strategy) if importlib.util.find_spec(name) is None]
+    if lacking:
+        return f"lacks {', '.join(lacking)} (run.strategy is {strategy})"
     import torch
 
     if torch.cuda.is_available() and not (torch.distributed.is_available() and torch.distributed.is_nccl_available()):
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     problem = image_problem(argv)
     if problem:
         # One write, newline included: print() writes the newline apart when stderr is unbuffered, and
-        # Slurm's own lines, in the same file, can land between the two.
+        # the scheduler's own lines, in the same file, can land between the two.
         sys.stderr.write(
             f"error: the image's Python ({sys.executable}) {problem}: use an image that has them, or the "
             f"project's own image (code_from=image); code from {COPY}\n"

@@ -1,9 +1,10 @@
 """Preemption: SIGTERM or SIGUSR1 asks the job to save at the next logging step, then exit.
 
-Who sends them: Kubernetes on pod deletion (SIGTERM, then SIGKILL after the grace period), Slurm
-before the time limit (`--signal=USR1@N`) and on `scancel`/`scontrol requeue` (SIGTERM), TI-ONE
-when a task is stopped, torchrun when it is told to stop (it forwards the signal to every rank and
-kills them `cluster.stop_grace_seconds` later).
+Who sends them: a container platform on pod deletion (SIGTERM, then SIGKILL after the grace
+period), a batch scheduler before the time limit (a warning signal, USR1 as the launch scripts ask)
+and on a cancel or requeue (SIGTERM), a cloud training service when a task is stopped, torchrun when
+it is told to stop (it forwards the signal to every rank and kills them `cluster.stop_grace_seconds`
+later).
 
 A signal may reach only some ranks, so every rank sets a local flag and the ranks agree (one
 all-reduce of two numbers on a CPU group) at each logging or checkpoint step (train.py): all of them
@@ -38,11 +39,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..planning.estimates import stop_wait_steps
+from ..settings.optional_parts import OTHER_LAUNCHERS
 from ..settings.stored_files import DamagedFile, read_json, warn
 
 EXIT_PREEMPTED = 143
-"""128 + SIGTERM: what Kubernetes and Slurm show for a job stopped by a signal, and a code
-training-operator's `restartPolicy: ExitCode` retries. preempted.json says a checkpoint was saved."""
+"""128 + SIGTERM: what a container platform or a batch scheduler shows for a job stopped by a signal,
+and a code an operator's `restartPolicy: ExitCode` retries. preempted.json says a checkpoint was saved."""
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 MARKER = "preempted.json"
 SUPERVISOR_PID = "TRAIN_SUPERVISOR_PID"
@@ -73,10 +75,10 @@ def adopt_orphans(adopt: bool) -> None:
 
 
 def follow_launcher(env: Mapping[str, str]) -> None:
-    """In a rank of torchrun (TORCHELASTIC_RUN_ID) or of a launcher under the supervisor (DeepSpeed's):
-    SIGTERM when the launcher dies. Called before torch is imported. A launcher that died before this
-    has left the rank to the supervisor (a subreaper) or to init: then the rank ends at once, it has
-    nothing new to save. Other processes (`train` from a shell, mpirun's, srun's) are left alone."""
+    """In a rank of torchrun (TORCHELASTIC_RUN_ID) or of another launcher under the supervisor: SIGTERM
+    when the launcher dies. Called before torch is imported. A launcher that died before this has left
+    the rank to the supervisor (a subreaper) or to init: then the rank ends at once, it has nothing new
+    to save. Other processes (`train` from a shell, ranks mpirun or a scheduler started) are left alone."""
     global _launcher_pid
     if "TORCHELASTIC_RUN_ID" not in env and SUPERVISOR_PID not in env:
         return
@@ -88,12 +90,13 @@ def follow_launcher(env: Mapping[str, str]) -> None:
 
 
 def _init_is_a_launcher() -> bool:
-    """Whether pid 1 is torchrun or DeepSpeed's launcher itself (a container started with it)."""
+    """Whether pid 1 is torchrun or another launcher itself (a container started with it)."""
     try:
         cmdline = Path("/proc/1/cmdline").read_bytes()
     except OSError:
         return True  # cannot tell: do not end a rank that may be fine
-    return any(name in cmdline for name in (b"torch", b"deepspeed", __name__.partition(".")[0].encode()))
+    names = ("torch", *OTHER_LAUNCHERS, __name__.partition(".")[0])
+    return any(name.encode() in cmdline for name in names)
 
 
 def launcher_gone() -> bool:
@@ -119,7 +122,7 @@ class StopRequest:
         self.group = None
         if dist.is_initialized() and dist.get_backend() != "gloo":
             self.group = dist.new_group(backend="gloo")
-        if threading.current_thread() is threading.main_thread():  # Ray Train runs us in a worker thread
+        if threading.current_thread() is threading.main_thread():  # a platform's trainer may run us in a thread
             for sig in STOP_SIGNALS:
                 signal.signal(sig, self._on_signal)
 

@@ -3,7 +3,7 @@
     <package> launch devmachine                                   # one node, all its GPUs
     <package> launch devmachine --nnodes 2 --node-rank 0 --master-addr 10.0.0.1   # on node 0
     <package> launch devmachine --nnodes 2 --node-rank 1 --master-addr 10.0.0.1   # on node 1
-    <package> launch devmachine --launcher deepspeed              # DeepSpeed's own launcher (strategies/deepspeed/launcher.py)
+    <package> launch devmachine --launcher <name>                 # a strategy's own launcher, where the project holds one
     <package> launch devmachine --action status                   # from another shell: step, loss, tok/s, alive?
     <package> launch devmachine --action logs [--rank 1] [--follow]   # a rank's own log file
     <package> launch devmachine --action cancel                   # SIGTERM: the ranks save, then stop
@@ -33,7 +33,6 @@ from ...runtime import process_identity
 from ...settings import optional_parts
 from ...settings.bounds import count, count_in, host, node_count, non_negative_int, positive_float, tcp_port
 from ...settings.config import Config, ConfigError, under_root
-from ...settings.optional_parts import DEEPSPEED_LAUNCHER
 from ...settings.topology import Topology, default_nproc
 from .. import job_history, jobs
 from ..base import Platform, print_file
@@ -93,12 +92,12 @@ class DevMachine(Platform):
         )
         p.add_argument(
             "--launcher",
-            choices=("torchrun", DEEPSPEED_LAUNCHER),
+            choices=("torchrun", *optional_parts.OTHER_LAUNCHERS),
             default="torchrun",
-            help="torchrun (default), or DeepSpeed's own launcher `deepspeed` (hostfile, ssh/MPI)",
+            help="torchrun (default), or a strategy's own launcher program (a hostfile, ssh or MPI)",
         )
-        if deepspeed_launcher := optional_parts.deepspeed_if_present("launcher"):
-            deepspeed_launcher.add_arguments(p)  # --hostfile, --ds-launcher, --no-ssh
+        for launcher in optional_parts.launchers_present():
+            launcher.add_arguments(p)  # its own options (a hostfile, how it reaches the other nodes)
 
     def dry_run(self) -> int:
         return self._start(dry_run=True)
@@ -110,14 +109,12 @@ class DevMachine(Platform):
         args, cfg = self.args, self.cfg
         if args.debug:
             os.environ["TRAIN_DEBUG"] = "1"
-        deepspeed_launcher = optional_parts.deepspeed_if_present("launcher")
-        if args.launcher == DEEPSPEED_LAUNCHER:
-            deepspeed_launcher = optional_parts.deepspeed("launcher", "--launcher deepspeed", key=None)
-            plan = deepspeed_launcher.plan_launch(args, cfg)
-            on_start = partial(self._record, f"deepspeed launcher, {plan.describe()}")
-            return deepspeed_launcher.launch(plan, args, cfg, self.package, dry_run, on_start=on_start)
-        if deepspeed_launcher:
-            deepspeed_launcher.refuse_deepspeed_options(args)
+        if args.launcher != "torchrun":
+            launcher = optional_parts.launcher(args.launcher)
+            plan = launcher.plan_launch(args, cfg)
+            on_start = partial(self._record, f"{args.launcher} launcher, {plan.describe()}")
+            return launcher.launch(plan, args, cfg, self.package, dry_run, on_start=on_start)
+        optional_parts.refuse_launcher_options(args)
         topo = devmachine_topology(args, cfg)
         return run_torchrun(
             topo,
@@ -201,7 +198,7 @@ class DevMachine(Platform):
         if not attempts:
             raise ConfigError(
                 f"no per-rank logs under {root}: the run has not started its ranks yet, ran on "
-                "another machine, or used --launcher deepspeed (its output is the terminal's)"
+                "another machine, or used another --launcher (its output is the terminal's)"
             )
         folder = attempts[-1] / str(self.args.rank)
         if not folder.is_dir():
