@@ -1,5 +1,5 @@
 """The training ranks running on this machine, found in /proc: a rank is a process whose command line
-is `python -m <package> train` (torchrun's children, or ranks that mpirun or srun started); its rank,
+is `python -m <package> train` (torchrun's children, or ranks that mpirun or a scheduler started); its rank,
 local rank and world size come from its environment (/proc/<pid>/environ).
 
     from .local_ranks import find_ranks, read_process

@@ -2,7 +2,7 @@
 TRAIN_DEBUG=1), without overriding what the platform injected.
 
     from .nccl_env import apply_nccl_env
-    apply_nccl_env()                      # before torchrun, mpirun ranks, Ray workers, doctor
+    apply_nccl_env()                      # before torchrun, mpirun ranks, a platform's workers, doctor
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ def interface_matches(spec: str, names: list[str]) -> bool:
 
 def apply_nccl_env(log=print, values: dict[str, str] | None = None) -> None:
     """Fabric settings from config/nccl.env (or `values` read from it elsewhere); a value the
-    platform already injected wins (TI-ONE's HCC machines, for one, set their own NCCL_IB_*
-    values). An interface this machine lacks (a laptop has no eth0) is skipped with a note rather
+    platform already injected wins (a cloud's RDMA machines may set their own NCCL_IB_* values). An interface this machine lacks (a laptop has no eth0) is skipped with a note rather
     than breaking every collective."""
     kept, missing = [], []
     interfaces = [name for _, name in socket.if_nameindex()]

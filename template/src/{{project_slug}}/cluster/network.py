@@ -24,7 +24,7 @@ def address_towards(host: str) -> str | None:
 
 def wait_for_master(addr: str, port: int, timeout: float, log=print) -> None:
     """Block until addr:port accepts a TCP connection, backing off from 1 s to 15 s.
-    Workers often start before the master (a Kubeflow classic): waiting here turns that race
+    Workers often start before the master (pods scheduled in any order): waiting here turns that race
     into a clear message instead of a rendezvous timeout deep inside torchrun."""
     deadline, delay, tries = time.monotonic() + timeout, 1.0, 0
     while True:

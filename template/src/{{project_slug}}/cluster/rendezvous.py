@@ -5,7 +5,7 @@
 
 torchrun's c10d rendezvous numbers the nodes by sorting their (address, launcher pid), so global
 rank 0, the rank that logs and writes checkpoints, may run on any node rather than on the one the
-platform names as master (PET_NODE_RANK=0, TI-ONE's RANK=0, Slurm's first node, --node-rank 0).
+platform names as master (its node rank 0: the first node of the job, --node-rank 0 on a dev machine).
 torchrun's --node-rank is read only by the static rendezvous, which cannot restart across nodes (a
 node whose rank failed restarts alone while the others wait in a collective). This backend is c10d
 with one change: each node's entry in the rendezvous carries the node rank the platform gave

@@ -30,7 +30,7 @@ IN_PROCESS_BYTES = 8 << 20  # less input than this is encoded in this process (o
 
 def usable_cores() -> int:
     try:
-        return len(os.sched_getaffinity(0))  # what taskset, cgroups' cpusets and Slurm leave us
+        return len(os.sched_getaffinity(0))  # what taskset, cgroups' cpusets and a scheduler leave us
     except AttributeError:
         return os.cpu_count() or 1
 

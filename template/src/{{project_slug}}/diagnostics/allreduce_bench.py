@@ -1,7 +1,7 @@
 """The all-reduce of `doctor`: a few timed all-reduces after a warm-up, NCCL on GPUs (run with
 NCCL_DEBUG=INFO, its log tells which transport NCCL chose) or Gloo on CPU, reported as the bus
 bandwidth nccl-tests define. On one node doctor starts the ranks as workers of this module; inside a
-job (torchrun, srun, mpirun ranks) every rank measures where it already runs.
+job (torchrun's, mpirun's or a scheduler's ranks) every rank measures where it already runs.
 
     from .allreduce_bench import describe_result, job_allreduce, local_allreduce
     result, error, logs = local_allreduce(2, "gloo", 16 << 20, 5, 300, {}, Path("/tmp/doctor"))  # 2 ranks here
@@ -180,7 +180,7 @@ def _worker(argv: list[str]) -> int:
 def job_allreduce(
     backend: str, nbytes: int, iters: int, timeout: float, local_rank: int, rank: int, log_dir: Path
 ) -> tuple[dict | None, str, list[tuple[str, str]]]:
-    """Inside a job (torchrun, srun, mpirun ranks): every rank joins; (result, error, [(rank name, NCCL
+    """Inside a job (torchrun's, mpirun's or a scheduler's ranks): every rank joins; (result, error, [(rank name, NCCL
     log text)] of ALL ranks, gathered so every rank can judge the job)."""
     import torch.distributed as dist
 

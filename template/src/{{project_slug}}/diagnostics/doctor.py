@@ -1,9 +1,10 @@
 """`doctor`: is this node ready for multi-node training, and does NCCL really use the RDMA network?
 
-    <package> doctor                          # on a node: a pod, a TI-ONE task, a Slurm allocation, a dev box
+    <package> doctor                          # on a node: a pod, a cloud task, a batch allocation, a dev box
     <package> doctor --net-loopback           # one node: P2P/SHM off, so the local GPUs talk through the NIC
-    srun --ntasks-per-node=<gpus> <package> doctor      # every rank of a Slurm job: inter-node transports
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 -m <package> doctor
+                                              # every rank of a job: inter-node transports (or one process
+                                              #   per GPU started by mpirun or the scheduler)
     <package> doctor --nccl-log runs/logs/    # only analyse the NCCL logs of an earlier job (TRAIN_DEBUG=1)
 
 One table, a verdict per line (ok / warn / FAIL / n/a), exit 1 on any FAIL: GPUs, the fabric that
@@ -213,7 +214,7 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
                     NA,
                     (
                         f"{len(gpus)} GPU(s) here, {nproc} process(es) asked: an all-reduce needs 2 to {len(gpus)}; run "
-                        "doctor under torchrun or srun across nodes instead"
+                        "doctor under torchrun (or one process per GPU) across nodes instead"
                     ),
                 )
             )
@@ -238,7 +239,7 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def _set_master(cfg: Config) -> None:
-    """MASTER_ADDR/PORT for srun and mpirun ranks, found as the node launcher finds them."""
+    """MASTER_ADDR/PORT for ranks mpirun or a scheduler started, found as the node launcher finds them."""
     if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
         return
     from ..settings.topology import default_nproc, detect
@@ -247,7 +248,7 @@ def _set_master(cfg: Config) -> None:
     if topo is None:
         raise ConfigError(
             "doctor runs as one rank of several but MASTER_ADDR/MASTER_PORT are not set and no platform "
-            "variables name a master; start it with torchrun, srun or mpirun"
+            "variables name a master; start it with torchrun, mpirun or the scheduler's one process per GPU"
         )
     os.environ.setdefault("MASTER_ADDR", topo.master_addr)
     os.environ.setdefault("MASTER_PORT", str(topo.master_port))

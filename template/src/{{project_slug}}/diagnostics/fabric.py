@@ -32,10 +32,10 @@ SETTINGS = (
 )
 
 # Variables of the environment doctor lists among the settings in effect (a platform injects more
-# than config/nccl.env names: TI-ONE's NCCL_CHECK_DISABLE, NCCL_LL_THRESHOLD, ...).
+# than config/nccl.env names: NCCL_CHECK_DISABLE, NCCL_LL_THRESHOLD, ...).
 REPORTED_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_")
 # What NCCL does when neither the environment nor config/nccl.env sets these: the fabric settings and
-# the RoCE tunables of TI-ONE's machines (values of NCCL 2.2x's documentation).
+# the RoCE tunables cloud RDMA machines set (values of NCCL 2.2x's documentation).
 NCCL_DEFAULTS = {
     "NCCL_IB_DISABLE": "0",
     "NCCL_IB_HCA": "every RDMA device",

@@ -110,7 +110,7 @@ def _why_sockets(log: NcclLog) -> str:
         if key in log.settings:
             hints.append(f"the job had {key}={'/'.join(sorted(log.settings[key]))}")
     causes = (
-        "Check `ibv_devinfo` inside the container (Kubernetes: the RDMA device resource and IPC_LOCK; "
+        "Check `ibv_devinfo` inside the container (a pod: the RDMA device resource and IPC_LOCK; "
         "Docker: --device /dev/infiniband), that NCCL_IB_HCA matches a device, that the image has "
         "libibverbs and its provider (ibverbs-providers), and that nothing sets NCCL_IB_DISABLE=1"
     )

@@ -67,7 +67,7 @@ def check_shm(local_gpus: int, path: str = "/dev/shm") -> Check:
             WARN,
             (
                 f"{detail}, below {need // GIB} GiB (1 GiB per GPU): NCCL's SHM transport and DataLoader workers fail "
-                "with bus errors or 'No space left on device'; Docker: --shm-size=16g, Kubernetes: an emptyDir with "
+                "with bus errors or 'No space left on device'; Docker: --shm-size=16g, a pod: an emptyDir with "
                 "medium Memory at /dev/shm"
             ),
         )
@@ -82,8 +82,8 @@ def check_memlock(expect: Expectation) -> Check:
     if not expect.rdma:
         return Check("memlock", OK, f"{detail} (only RDMA needs more)")
     fix = (
-        "RDMA pins its buffers and wants it unlimited: Docker --ulimit memlock=-1, Kubernetes IPC_LOCK and "
-        "the runtime's default ulimits, Slurm PropagateResourceLimits / `ulimit -l unlimited` in the node's limits"
+        "RDMA pins its buffers and wants it unlimited: Docker --ulimit memlock=-1, a pod IPC_LOCK and the "
+        "runtime's default ulimits, a batch node `ulimit -l unlimited` in its limits, which its scheduler passes on"
     )
     return Check("memlock", FAIL if soft < GIB else WARN, f"{detail}: {fix}")
 

@@ -103,7 +103,7 @@ def check_rdma(ports: list[RdmaPort], tool: tuple[bool, str], expect: Expectatio
                 FAIL,
                 (
                     f"none: {SYSFS_IB} is empty or missing and {said}; NCCL will fall back to sockets. Inside a "
-                    "container the RDMA devices must be passed in (Kubernetes: the RDMA device plugin resource and "
+                    "container the RDMA devices must be passed in (a pod: the RDMA device plugin resource and "
                     "IPC_LOCK; Docker: --device /dev/infiniband --cap-add IPC_LOCK); or, if this cluster has no RDMA, "
                     "regenerate with fabric=tcp"
                 ),

@@ -97,7 +97,7 @@ class Platform:
         return Job(self.name, job_id) if job_id else None
 
     def default_job(self) -> Job | None:
-        """The job to act on when none was recorded or named (Kubeflow: the manifest's); None: refuse."""
+        """The job to act on when none was recorded or named (a platform may name one: its manifest's); None: refuse."""
         return None
 
     def pick_job(self) -> Job:

@@ -1,17 +1,18 @@
 """Jobs that run the project's code from the shared storage, in a ready-made image (no image build).
 
-    <package> launch kubeflow --code-from-storage --image nvcr.io/nvidia/pytorch:25.01-py3
-    <package> launch tione --code-from-storage              # the image of launch/code-from-storage.yaml
-    <package> launch slurm --code-from-storage              # the nodes' Python is the "image"
-    <package> launch kubeflow --no-code-from-storage        # the project's image, in a code_from=storage project
+    <package> launch <platform> --code-from-storage --image nvcr.io/nvidia/pytorch:25.01-py3
+    <package> launch <platform> --code-from-storage         # the image of launch/code-from-storage.yaml
+    <package> launch <platform> --no-code-from-storage      # the project's image, in a code_from=storage project
+
+(On a cluster without containers, the nodes' Python is the "image".)
 
 Each submission copies pyproject.toml, src/, config/ and launch/ (no data, runs, caches or build
 outputs) to <parent of run.output_dir>/code/<git commit or time>-<digest of the files> (by default
 <shared_mount>/<package>/code/...): a job, and every requeue or restart of it, runs the files it was
 submitted with, whatever changes in the checkout later. The same files are copied once (the digest
-finds the copy made before). The job
-starts cluster/ready_image.py of the copy, by path, which puts the copy's src/ on PYTHONPATH, checks
-the image (its torch, DeepSpeed where used, NCCL on GPUs) and starts `<package> node`.
+finds the copy made before). The job starts cluster/ready_image.py of the copy, by path, which puts
+the copy's src/ on PYTHONPATH, checks the image (its torch, the strategy's packages, NCCL on GPUs)
+and starts `<package> node`.
 
 Projects answered code_from=storage hold launch/code-from-storage.yaml (the ready-made image): there
 this is the default; --image and --[no-]code-from-storage decide for one submission.

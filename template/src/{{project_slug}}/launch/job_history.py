@@ -1,17 +1,17 @@
 """What the project knows of a job, for when its platform no longer does.
 
-Slurm forgets a job MinJobAge after it ends (300 s by default) on a cluster without accounting, a
-Kubeflow job is deleted after its TTL or by hand, a TI-ONE task can be deleted: `--action status`
-then answers from what this project holds, and says so:
+A scheduler without accounting forgets a job minutes after it ends, a cluster's job resource is
+deleted after its TTL or by hand, a cloud task can be deleted: `--action status` then answers from
+what this project holds, and says so:
 
     .jobs/<platform>-seen.jsonl     one line each time status or logs saw the job (its state, the
                                     last training line and end line logs printed) or cancel acted
-    the job's log file              (Slurm: on the shared file system) its last training line
+    the job's log file              (where it lies on the shared file system) its last training line
     <run.output_dir>/               metrics.jsonl's last step, the newest checkpoint, preempted.json,
                                     eval.json: where the run is, whether it reached max_steps
 
-The run folder is read where this machine sees it (a Kubeflow or TI-ONE output_dir is often on
-storage only the pods mount); each record names the job's output_dir and max_steps at submission.
+The run folder is read where this machine sees it (a cluster job's output_dir is often on storage
+only its nodes mount); each record names the job's output_dir and max_steps at submission.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def remember(job: Job, action: str, state: str | None = None, watcher: LogWatche
         pass  # the answer was printed; only a later answer from the records misses it
 
 
-# `watch launch slurm --action status` appends a line every few seconds: past this size the file is
+# `watch launch <platform> --action status` appends a line every few seconds: past this size the file is
 # rewritten with one line per job (its newest state, line and end).
 COMPACT_BYTES = 1 << 20
 

@@ -5,8 +5,8 @@ commit, and the copy on shared storage it runs with --code-from-storage).
 
 `launch <platform> --action status|logs|cancel` without --id/--name acts on the newest record of
 that platform; with them, on the newest record that matches (or, with none, on the job named).
-The project folder, not run.output_dir, holds them: a Kubeflow or TI-ONE output_dir lies on
-storage the submitting machine usually does not mount. `git status` ignores .jobs/ (.gitignore).
+The project folder, not run.output_dir, holds them: a cluster job's output_dir lies on storage
+the submitting machine usually does not mount. `git status` ignores .jobs/ (.gitignore).
 """
 
 from __future__ import annotations
@@ -31,15 +31,15 @@ FOLDER = ".jobs"
 class Job:
     platform: str
     id: str
-    """What the platform calls it: a Slurm job id, namespace/name on Kubeflow, a TI-ONE task id,
-    host:pid of a dev-machine launch."""
+    """What the platform calls it: a scheduler's job id, namespace/name of a cluster resource, a
+    cloud task id, host:pid of a dev-machine launch."""
     name: str = ""
     submitted: str = ""
     """UTC, ISO 8601."""
     by: str = ""
     """user@host that submitted it."""
     where: str = ""
-    """The cluster: API server, Slurm cluster, TI-ONE region, or the dev machine."""
+    """The cluster: an API server, a scheduler's cluster, a cloud region, or the dev machine."""
     image: str = ""
     commit: str = ""
     """git commit of the project when submitted ('-dirty': with uncommitted changes), '' outside git."""
@@ -48,7 +48,7 @@ class Job:
     code_copy: str = ""
     """The project's copy on shared storage the job runs (launch --code-from-storage); '' for the image's code."""
     extra: dict = field(default_factory=dict)
-    """What the platform needs to find the job again (Kubeflow kind and namespace, Slurm log paths, ...)."""
+    """What the platform needs to find the job again (a resource's kind and namespace, log paths, ...)."""
 
     def describe(self) -> str:
         parts = [f"{self.platform} job {self.id}" + (f" ({self.name})" if self.name and self.name != self.id else "")]

@@ -16,7 +16,8 @@ Each hook reads one environment variable and does nothing when it is unset.
     TRAIN_FAULT_OVERFLOW=STEP[,STEP...]  the loss that optimizer step STEP (0-based) backpropagates is
                                          multiplied by inf on every rank, as an fp16 overflow makes it:
                                          under fp16 the step is skipped and counted, the weights kept
-                                         (train.py's loop: DDP and ZeRO, not the pipeline engine)
+                                         (train.py's loop: data parallel and sharded strategies, not
+                                         the pipeline engine)
 """
 
 from __future__ import annotations
