@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..models.family import family
 from .document_rows import DocumentRows
-from .tokens import TokenData
+from .tokens import PreparedSplit, TokenData
 
 
 def open_split(cfg, data_dir: Path, split: str, fam=None):
@@ -16,7 +16,7 @@ def open_split(cfg, data_dir: Path, split: str, fam=None):
     next-token pairs. fam: the run's family (Run.family), else cfg's is looked up."""
     fam = fam or family(cfg.model.arch)
     if fam.batches:
-        return fam.open_batches(cfg, data_dir, split)
+        return fam.open_batches(cfg, PreparedSplit.open(Path(data_dir), split))
     if cfg.data.rows == "documents" and split == "train":
         return DocumentRows.open(data_dir, split, cfg.model.sequence_len)
     return TokenData.open(data_dir, split, cfg.model.sequence_len)

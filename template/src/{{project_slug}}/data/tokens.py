@@ -22,6 +22,7 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -309,6 +310,25 @@ def open_shards(data_dir: Path, meta: dict, split: str) -> list[np.memmap]:
     require_shards(data_dir, meta, split)
     dtype = np.dtype(meta["dtype"])
     return [np.memmap(data_dir / s["file"], dtype=dtype, mode="r") for s in meta[split]]
+
+
+@dataclass
+class PreparedSplit:
+    """One split as prepare-data wrote it, for a family's own batches (its descriptor's `batches`): the
+    folder, its meta.json and the tokenizer that encoded it; shards() memory-maps the token ids."""
+
+    data_dir: Path
+    name: str
+    meta: dict
+    tokenizer: Any
+
+    @classmethod
+    def open(cls, data_dir: Path, name: str) -> PreparedSplit:
+        meta = read_meta(data_dir)
+        return cls(data_dir, name, meta, load_tokenizer(data_dir / meta["tokenizer"]))
+
+    def shards(self) -> list[np.memmap]:
+        return open_shards(self.data_dir, self.meta, self.name)
 
 
 @dataclass

@@ -81,7 +81,9 @@ def run_sample(
     if not run.family.causal:
         top_k = top_k or run.family.sample_top_k
         return [
-            run.family.sample(model, tok, prompt, top_k, device, run.precision, cfg.model.sequence_len)
+            run.family.sample(
+                model, tok, prompt, top_k, device, autocast_context(device, run.precision), cfg.model.sequence_len
+            )
             for prompt in prompts
         ]
     generator = torch.Generator(device=device).manual_seed(seed)

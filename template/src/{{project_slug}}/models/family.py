@@ -102,8 +102,9 @@ class Family(Costs, NewProject):
     # "<module of its folder>:<function(cfg, vocab_size)>" -> PipelineLayers, what a pipeline cuts into
     # stages (families with tensor and pipeline layouts)
     pipeline_layers: str = ""
-    # "<module of its folder>:<function(cfg, data_dir, split)>": the family's own batches of a split
-    # (a masked LM's predicted positions); "" for next-token pairs of the token stream (data/tokens.py)
+    # "<module of its folder>:<function(cfg, split)>": the family's own batches of a split as
+    # prepare-data wrote it (data/tokens.py PreparedSplit: a masked LM's predicted positions); "" for
+    # next-token pairs of the token stream
     batches: str = ""
     sizes: dict[str, dict[str, Any]] = field(default_factory=dict)  # size name -> n_layer, n_embd, n_head (...)
     causal: bool = True  # next-token prediction (sample continues a prompt) or masked (its sampler fills masks)
@@ -118,7 +119,7 @@ class Family(Costs, NewProject):
     # Files of its own kind a tokenizer folder may hold: file name -> "<module>:<function(path)>"
     # reading one (a file given alone is read by the reader of the name with its suffix).
     tokenizer_files: dict[str, str] = field(default_factory=dict)
-    # "<module>:<function(model, tok, prompt, top_k, device, precision, context)> -> text": what
+    # "<module>:<function(model, tok, prompt, top_k, device, autocast, context)> -> text": what
     # `sample` does with a prompt where the family does not continue it (causal=False).
     sampler: str = ""
     output_head: str = "lm_head"  # the name of its output Linear (fp8 leaves it in bf16)
@@ -194,9 +195,9 @@ class Family(Costs, NewProject):
         """A freshly initialised model on the CPU (with model.pretrained and load_weights: loaded)."""
         return self._function(self.builder)(cfg, vocab_size, load_weights)
 
-    def open_batches(self, cfg, data_dir, split: str):
-        """The family's own batches of a split (its `batches` function)."""
-        return self._function(self.batches)(cfg, data_dir, split)
+    def open_batches(self, cfg, split):
+        """The family's own batches of a prepared split (its `batches` function)."""
+        return self._function(self.batches)(cfg, split)
 
     def to_transformers(self, model):
         """The trained model as the transformers model that computes the same (`export`)."""
@@ -219,11 +220,11 @@ class Family(Costs, NewProject):
         """The tokenizer in `path`, a file of its kind named as `name` of tokenizer_files."""
         return self._function(self.tokenizer_files[name])(path)
 
-    def sample(self, model, tok, prompt: str, top_k: int, device, precision: str, context: int) -> str:
+    def sample(self, model, tok, prompt: str, top_k: int, device, autocast, context: int) -> str:
         """What `sample` makes of a prompt where the family does not continue it (its sampler)."""
         if not self.sampler:
             raise ConfigError(f"model.arch={self.name} continues no prompt and its descriptor names no sampler")
-        return self._function(self.sampler)(model, tok, prompt, top_k, device, precision, context)
+        return self._function(self.sampler)(model, tok, prompt, top_k, device, autocast, context)
 
 
 def peak_lrs_line(lrs: dict[str, float]) -> str:

@@ -1,6 +1,6 @@
 """Masked-LM batches for model.arch=bert (its descriptor's `batches`), read from the packed shards prepare-data writes.
 
-    data = MaskedTokenData.open(cfg, Path(cfg.data.dir), "train")
+    data = open_split(cfg, Path(cfg.data.dir), "train")    # data/splits.py: MaskedTokenData.open
     input_ids, labels = data.batch(first=0, count=8)     # LongTensors (8, model.sequence_len)
 
 Sequence i is [CLS] + window i of the token stream (sequence_len - 2 tokens; documents inside it
@@ -24,12 +24,10 @@ from __future__ import annotations
 
 import functools
 import math
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from ...data.tokens import load_tokenizer, open_shards, read_meta
 from ...settings.config import Config, ConfigError
 from ..sample_dropout import _MASK, _mix
 from .descriptor import SPECIAL_TOKENS
@@ -72,9 +70,9 @@ class MaskedTokenData:
         self.replacements = (~self.is_special[:vocab_size]).nonzero()[:, 0]  # the random token's choices
 
     @classmethod
-    def open(cls, cfg: Config, data_dir: Path, split: str) -> MaskedTokenData:
-        meta = read_meta(data_dir)
-        tok = load_tokenizer(data_dir / meta["tokenizer"])
+    def open(cls, cfg: Config, prepared) -> MaskedTokenData:
+        """The batches of a split as prepare-data wrote it (data/tokens.py PreparedSplit)."""
+        tok, data_dir, split = prepared.tokenizer, prepared.data_dir, prepared.name
         missing = [t for t in SPECIAL_TOKENS.values() if tok.token_to_id(t) is None]
         if missing:
             raise ConfigError(
@@ -82,9 +80,8 @@ class MaskedTokenData:
                 f"family; run prepare-data with model.arch=bert (or another data.dir)"
             )
         specials = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS.values()}
-        shards = open_shards(data_dir, meta, split)
         seed = cfg.run.seed if split == "train" else _VAL_SEED
-        data = cls(shards, cfg.model.sequence_len, specials, meta["vocab_size"], seed, split)
+        data = cls(prepared.shards(), cfg.model.sequence_len, specials, prepared.meta["vocab_size"], seed, split)
         if data.num_sequences == 0:
             raise ConfigError(
                 f"the {split} split in {data_dir} holds fewer than {data.window} tokens per shard; "
@@ -168,7 +165,7 @@ def _position_keys(sequence_len: int) -> torch.Tensor:
     return _mix(torch.arange(sequence_len, dtype=torch.int64))
 
 
-def open_batches(cfg, data_dir: Path, split: str):
-    """The family's batches of a split (its descriptor's `batches`): inputs with [MASK], labels -100
-    where nothing is predicted."""
-    return MaskedTokenData.open(cfg, data_dir, split)
+def open_batches(cfg, prepared):
+    """The family's batches of a prepared split (its descriptor's `batches`): inputs with [MASK],
+    labels -100 where nothing is predicted."""
+    return MaskedTokenData.open(cfg, prepared)

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import torch
 
-from ...runtime.distributed import autocast_context
 from ...settings.config import ConfigError
 
 MASK = "[MASK]"
 
 
 @torch.no_grad()
-def fill_mask(model, tok, prompt: str, top_k: int, device: torch.device, precision: str, context: int) -> str:
+def fill_mask(model, tok, prompt: str, top_k: int, device: torch.device, autocast, context: int) -> str:
     """Print the top_k predictions (with probabilities) for each [MASK] of the prompt; return the
     prompt with every [MASK] replaced by its most likely token. A prompt without [MASK] gets one
-    appended, so `sample` with the default prompt shows something."""
+    appended, so `sample` with the default prompt shows something. autocast: the run's precision's context."""
     if MASK not in prompt:
         prompt = f"{prompt} {MASK}"
     ids = tok.encode(prompt, add_special_tokens=False).ids
@@ -30,7 +29,7 @@ def fill_mask(model, tok, prompt: str, top_k: int, device: torch.device, precisi
             f"--prompt is {len(ids)} tokens with [CLS] and [SEP]; this BERT reads at most {context} "
             "(model.sequence_len): shorten the prompt"
         )
-    with autocast_context(device, precision):
+    with autocast:
         logits = model(torch.tensor([ids], device=device))[0].float()
     probs = logits.softmax(dim=-1)
     print(f"--- {prompt!r}", flush=True)

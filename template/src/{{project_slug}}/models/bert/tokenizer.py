@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ...data.tokens import first_line
 from ...settings.config import ConfigError
 from ...settings.packages import import_transformers
 from .descriptor import FAMILY
@@ -72,8 +71,9 @@ def read_vocab(vocab: Path):
         else:
             fast = transformers.BertTokenizerFast(vocab_file=str(vocab))
     except Exception as exc:  # tokenizers raises a bare Exception on a file it cannot read (not UTF-8)
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ConfigError(
-            f"tokenizer {vocab} could not be read ({first_line(exc)}); give a vocab.txt of one token a line, in UTF-8",
+            f"tokenizer {vocab} could not be read ({first_line}); give a vocab.txt of one token a line, in UTF-8",
             key="data.tokenizer",
         ) from None
     # WordPiece maps every word it cannot split to its unknown token; a vocabulary without it makes the

@@ -289,8 +289,9 @@ def test_fp8_leaves_the_decoder_the_descriptor_names_in_bf16(pkg, tmp_path, bert
 def test_masked_batches_are_a_pure_function_of_the_index(pkg, tmp_path, bert_data):
     cfg = config(pkg, tmp_path, bert_data)
     specials = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4}
+    open_split = pkg.module("data.splits").open_split  # the family's batches: MaskedTokenData
     rng_before = torch.get_rng_state()
-    first, second = (pkg.module("models.bert.data").MaskedTokenData.open(cfg, bert_data, "train") for _ in range(2))
+    first, second = (open_split(cfg, bert_data, "train") for _ in range(2))
     assert first.specials == specials
     x, y = first.batch(24, 16)
     assert torch.equal(torch.get_rng_state(), rng_before)  # masking leaves training's RNG stream alone
@@ -324,12 +325,10 @@ def test_masked_batches_are_a_pure_function_of_the_index(pkg, tmp_path, bert_dat
     assert torch.equal(torch.from_numpy(first.tokens(5 + first.num_sequences)), original[5])
     assert not torch.equal(again[1][0], ys[5])
     other_seed = config(pkg, tmp_path, bert_data, "run.seed=7")
-    val_a = pkg.module("models.bert.data").MaskedTokenData.open(cfg, bert_data, "val").batch(0, 4)
-    val_b = pkg.module("models.bert.data").MaskedTokenData.open(other_seed, bert_data, "val").batch(0, 4)
+    val_a = open_split(cfg, bert_data, "val").batch(0, 4)
+    val_b = open_split(other_seed, bert_data, "val").batch(0, 4)
     assert torch.equal(val_a[1], val_b[1])
-    assert not torch.equal(
-        pkg.module("models.bert.data").MaskedTokenData.open(other_seed, bert_data, "train").batch(0, 4)[1], ys[:4]
-    )
+    assert not torch.equal(open_split(other_seed, bert_data, "train").batch(0, 4)[1], ys[:4])
 
 
 @pytest.fixture(scope="module")
