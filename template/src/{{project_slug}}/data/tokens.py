@@ -112,7 +112,7 @@ def load_tokenizer(path: Path):
         return Tokenizer.from_file(str(path))
     except Exception as exc:  # tokenizers raises a bare Exception on a malformed file
         raise ConfigError(
-            f"tokenizer {path} could not be read ({first_line(exc)}); give a tokenizer.json, GPT-2's "
+            f"tokenizer {path} could not be read ({_first_line(exc)}); give a tokenizer.json, GPT-2's "
             f"vocab.json + merges.txt{''.join(f' or a {name}' for name in own)}",
             key="data.tokenizer",
         ) from None
@@ -153,7 +153,7 @@ def _from_transformers_folder(folder: Path):
         loaded = loader.from_pretrained(str(folder), local_files_only=True)
     except Exception as exc:  # malformed JSON, an unknown class, a missing file: transformers raises many kinds
         raise ConfigError(
-            f"tokenizer folder {folder} could not be read by transformers ({first_line(exc)}); "
+            f"tokenizer folder {folder} could not be read by transformers ({_first_line(exc)}); "
             "fix or remove its tokenizer_config.json / special_tokens_map.json, or point data.tokenizer at its tokenizer.json",
             key="data.tokenizer",
         ) from None
@@ -188,7 +188,7 @@ def _gpt2_from_files(given: Path):
         tok = Tokenizer(models.BPE.from_file(str(vocab), str(merges)))
     except Exception as exc:  # json's, ours, or tokenizers' bare Exception on a bad merges line
         raise ConfigError(
-            f"tokenizer {vocab} + {merges.name} could not be read ({first_line(exc)}); give GPT-2's "
+            f"tokenizer {vocab} + {merges.name} could not be read ({_first_line(exc)}); give GPT-2's "
             "vocab.json (token -> id) and merges.txt (one 'left right' pair a line)",
             key="data.tokenizer",
         ) from None
@@ -201,7 +201,7 @@ def _gpt2_from_files(given: Path):
     return tok
 
 
-def first_line(exc: Exception) -> str:
+def _first_line(exc: Exception) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
