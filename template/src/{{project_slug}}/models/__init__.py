@@ -1,6 +1,6 @@
 """The model families: each a descriptor (models/family.py: shapes, tokenizer, batches, what it
-accepts; costs.py: its formulas; new_project.py: what copier writes) beside its nn.Module. eval and sample call build_model; a training run builds through its
-resolved family (Run.family.build).
+accepts; costs.py: its formulas; new_project.py: what copier writes) beside its nn.Module. eval and
+sample call build_model; a training run builds through its resolved family (Run.family.build).
 
 Every model is an nn.Module with forward(inputs, targets, loss_reduction="mean") -> loss,
 num_params() and flops_per_token(), built on the CPU; the caller moves it to its device.
