@@ -131,7 +131,12 @@ def test_a_run_resumed_with_rates_that_diverge_keeps_its_finite_checkpoints_and_
 def test_a_spike_factor_that_would_skip_everything_or_runs_under_deepspeed_is_refused(cli, pkg):
     cases = [(["optim.loss_spike_factor=0.5"], "use 0 (off) or a factor above 1")]
     if pkg.optional_parts.has_deepspeed():
-        cases.append((["optim.loss_spike_factor=3", "run.strategy=deepspeed"], "set optim.loss_spike_factor=0, or run.strategy=ddp"))
+        cases.append(
+            (
+                ["optim.loss_spike_factor=3", "run.strategy=deepspeed"],
+                "set optim.loss_spike_factor=0, or run.strategy=ddp",
+            )
+        )
     for overrides, words in cases:
         proc = cli("check", *overrides, expect=1)
         assert "Traceback" not in proc.stderr and words in proc.stdout + proc.stderr, proc.stdout + proc.stderr
