@@ -67,13 +67,11 @@ def test_dropout_outside_a_micro_batch_is_an_error_not_a_silent_draw(pkg):
 
 
 @pytest.fixture(scope="module")
-def dropout_runs(tmp_path_factory, cli, demo_data, train):
-    runs = {}
-    for nproc in (1, 2, 4):
-        out = tmp_path_factory.mktemp(f"dropout_{nproc}proc")
-        train(cli, demo_data, out, nproc, *DROPOUT, "cluster.gpus_per_node=4")
-        runs[nproc] = out
-    return runs
+def dropout_runs(once, cli, demo_data, train):
+    def run(nproc: int):
+        return lambda out: train(cli, demo_data, out, nproc, *DROPOUT, "cluster.gpus_per_node=4").stdout
+
+    return {nproc: once(f"dropout_{nproc}proc", run(nproc))[0] for nproc in (1, 2, 4)}
 
 
 @pytest.mark.parametrize("nproc", [2, 4])

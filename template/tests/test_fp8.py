@@ -17,10 +17,8 @@ FP8_RUN = ["run.dtype=bf16", "schedule.max_steps=12", "logging.every_steps=4", "
 
 
 @pytest.fixture(scope="module")
-def bf16_run(cli, demo_data, tmp_path_factory):
-    out = tmp_path_factory.mktemp("bf16")
-    launch_training(cli, demo_data, out, 2, *FP8_RUN, "run.fp8=off")
-    return out
+def bf16_run(cli, demo_data, once):
+    return once("bf16_run", lambda out: launch_training(cli, demo_data, out, 2, *FP8_RUN, "run.fp8=off").stdout)[0]
 
 
 def final_model(out) -> dict:

@@ -32,12 +32,11 @@ MUON = [
 
 
 @pytest.fixture(scope="module")
-def muon_runs(tmp_path_factory, cli, demo_data, train):
-    runs = {}
-    for nproc in (1, 2):
-        out = tmp_path_factory.mktemp(f"muon_{nproc}")
-        runs[nproc] = (out, train(cli, demo_data, out, nproc, *MUON).stdout)
-    return runs
+def muon_runs(once, cli, demo_data, train):
+    def run(nproc: int):
+        return lambda out: train(cli, demo_data, out, nproc, *MUON).stdout
+
+    return {nproc: once(f"muon_{nproc}proc", run(nproc)) for nproc in (1, 2)}
 
 
 def test_one_process_and_two_learn_alike_under_muon(muon_runs, metrics):

@@ -134,11 +134,14 @@ def test_fp16_at_zero_stage_0_is_refused_where_it_would_run(cli, v100):
 
 
 @pytest.fixture(scope="module")
-def run_fp16(tmp_path_factory, cli, demo_data):
+def run_fp16(once, cli, demo_data):
     """The 30 steps of run_2proc in fp16 with 2 processes; step 4's gradients overflow."""
-    out = tmp_path_factory.mktemp("run_fp16")
-    proc = cli(*launch_args(demo_data, out, 2, FP16), env={"TRAIN_FAULT_OVERFLOW": OVERFLOW_AT})
-    return out, proc.stdout + proc.stderr
+
+    def train_in_fp16(out):
+        proc = cli(*launch_args(demo_data, out, 2, FP16), env={"TRAIN_FAULT_OVERFLOW": OVERFLOW_AT})
+        return proc.stdout + proc.stderr
+
+    return once("run_fp16", train_in_fp16)
 
 
 def test_two_processes_train_in_fp16_and_log_the_loss_scale(run_fp16, run_2proc, metrics):

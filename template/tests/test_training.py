@@ -117,13 +117,17 @@ def test_weak_scaling_grows_the_global_batch_with_the_processes_and_says_so(cli,
 
 
 @pytest.fixture(scope="module")
-def resumed(tmp_path_factory, cli, demo_data, train):
+def resumed(once, cli, demo_data, train):
     """Stop at step 15 (max_steps=15), then start again with max_steps=30 in the same output_dir."""
-    out = tmp_path_factory.mktemp("resume")
     keep = ["checkpoint.every_steps=5", "checkpoint.keep_last=2"]
-    first = train(cli, demo_data, out, 2, "schedule.max_steps=15", *keep)
-    second = train(cli, demo_data, out, 2, "schedule.max_steps=30", *keep)
-    return out, first.stdout + first.stderr, second.stdout + second.stderr
+
+    def first_and_second(out):
+        first = train(cli, demo_data, out, 2, "schedule.max_steps=15", *keep)
+        second = train(cli, demo_data, out, 2, "schedule.max_steps=30", *keep)
+        return [first.stdout + first.stderr, second.stdout + second.stderr]
+
+    out, (first, second) = once("resumed", first_and_second)
+    return out, first, second
 
 
 def test_resume_continues_exactly(resumed, run_2proc, metrics):
@@ -222,8 +226,10 @@ def test_two_nodes_on_loopback_form_one_job(cli, demo_data, train_overrides, run
         assert got["loss"] == pytest.approx(want["loss"], abs=1e-5)
 
 
-def test_eval_reproduces_the_validation_loss_of_training(cli, run_2proc, demo_data, metrics):
-    out, _ = run_2proc
+def test_eval_reproduces_the_validation_loss_of_training(cli, run_2proc, demo_data, metrics, tmp_path):
+    # A copy of the run: eval writes eval.json into the run's folder, which other tests read as it was left.
+    out = tmp_path / "run"
+    shutil.copytree(run_2proc[0], out, ignore=shutil.ignore_patterns("logs"))
     _, val = metrics(out)
     # No model overrides: eval takes the model settings from the checkpoint. One process reads the
     # same 2 micro batches of 4 validation sequences that 2 ranks shared in training.
