@@ -12,16 +12,21 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..settings.gpus import peak_for_device_name
 from ..settings.stored_files import read_json_lines
+
+# torch only where a GPU is asked its name: `launch <platform> --action status` reads the lines without it.
+if TYPE_CHECKING:
+    import torch
 
 
 def peak_flops(device: torch.device, precision: str | None = None) -> float | None:
     if device.type != "cuda":
         return None
+    import torch
+
     return peak_for_device_name(torch.cuda.get_device_name(device), precision)
 
 
