@@ -442,8 +442,8 @@ def test_update_into_concern_folders_carries_edits_in_moved_modules(tmp_path):
     assert (package / "sample.py").is_file() and not (package / "evaluation").exists()
     edit(
         package / "sample.py",
-        "def add_arguments(",
-        "USER_SAMPLE = 'kept in evaluation/sample.py'\n\n\ndef add_arguments(",
+        "def run(cfg: Config, args",
+        "USER_SAMPLE = 'kept in evaluation/sample.py'\n\n\ndef run(cfg: Config, args",
     )
     edit(package / "data.py", "def find_data(", "USER_DATA = 'kept in data/tokens.py'\n\n\ndef find_data(")
     edit(
