@@ -145,4 +145,7 @@ def _stop(pool: ProcessPoolExecutor) -> None:
             os.kill(process.pid, signal.SIGKILL)
         except (OSError, TypeError):
             pass
-    pool.shutdown(wait=False, cancel_futures=True)
+    # With the workers gone this waits for the pool's manager thread alone, which would otherwise close
+    # its wake-up pipe while the interpreter's exit writes to it (Python 3.11: "Exception ignored in
+    # ... Bad file descriptor" and a traceback after the one line).
+    pool.shutdown(wait=True, cancel_futures=True)
