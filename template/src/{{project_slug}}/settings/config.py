@@ -670,6 +670,12 @@ def _check_choices(cfg: Config) -> None:
         )
     for part in PART_SECTIONS:
         part.check(getattr(cfg, part.NAME))
+    if not (Path(__file__).resolve().parents[1] / "models" / cfg.model.arch / "descriptor.py").is_file():
+        from .optional_parts import without_family
+
+        absent = without_family(cfg.model.arch)  # a family the template offers (others: the rules' line)
+        if absent:
+            raise absent
 
 
 def changed(cfg: Config, **changes) -> Config:
