@@ -22,8 +22,6 @@ from ..models.family import Family, family
 from ..settings.config import Config, Problem, changed
 from ..settings.sharding import Sharding
 
-STAGES = (0, 1, 2, 3)
-
 
 class StrategyPlan:
     """What plan, fit and check know of one strategy; this class is DDP's (stage 0, no layouts)."""
