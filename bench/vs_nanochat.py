@@ -298,10 +298,13 @@ def main(argv=None) -> int:
     p.add_argument("--val-docs", type=float, help="share of documents held out (default 0.01; demo 0.05)")
     p.add_argument("--ours", action="append", default=None, help="NAME=OVERRIDES: one of our runs (repeatable)")
     p.add_argument("--skip-nanochat", action="store_true")
+    p.add_argument(
+        "--skip-ours", action="store_true", help="nanochat's runs only (ours can follow with --skip-nanochat)"
+    )
     p.add_argument("--jobs", type=int, default=1, help="runs trained at once, one thread each")
     p.add_argument("--work", help="keep the runs here (default: a temporary folder)")
     args = p.parse_args(argv)
-    runs = dict(entry.split("=", 1) for entry in (args.ours or ["shipped="]))
+    runs = {} if args.skip_ours else dict(entry.split("=", 1) for entry in (args.ours or ["shipped="]))
 
     work = Path(args.work or tempfile.mkdtemp(prefix="vs-nanochat-"))
     work.mkdir(parents=True, exist_ok=True)

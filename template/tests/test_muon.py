@@ -107,3 +107,19 @@ def test_a_model_with_every_piece_exports_with_its_modeling_code(
         assert torch.allclose(hf(ids, attention_mask=ended).logits[1, :8], model(ids[1:, :8])[0], atol=1e-4)
         with pytest.raises(ValueError, match="padded at the end only"):
             hf(ids, attention_mask=ended.flip(1))
+
+
+def test_orthogonalize_equalises_rows_and_sets_the_norm(pkg):
+    """Muon's orthogonalisation: singular values near 1 for tall and wide stacks, the Frobenius norm
+    of an exactly semi-orthogonal matrix (Muon+), and rows scaled before going in change nothing
+    (MuonEq equalises them first)."""
+    orthogonalize = pkg.module("strategies.optimizer").orthogonalize
+    for shape in ((3, 48, 16), (3, 16, 48)):
+        g = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+        out = orthogonalize(g)
+        singular = torch.linalg.svdvals(out)
+        assert singular.min() > 0.5 and singular.max() < 1.5, singular
+        norms = out.norm(dim=(-2, -1))
+        assert torch.allclose(norms, torch.full_like(norms, min(shape[1:]) ** 0.5), rtol=1e-5), norms
+        rows_scaled = g * torch.linspace(0.1, 10.0, shape[1]).view(1, -1, 1)
+        assert torch.allclose(orthogonalize(rows_scaled), out, atol=1e-4)

@@ -66,6 +66,7 @@ class NewProject:
                 ("weight_decay", self.weight_decay, ""),
                 ("beta1", 0.9, ""),
                 ("beta2", self.beta2, ""),
+                ("grad_clip", 1.0, "global gradient norm; 0 disables"),
             ]
         if section == "schedule":
             return [

@@ -9,7 +9,7 @@ Muon's update for a matrix (Jordan et al. 2024; the variant nanochat trains with
   1. Nesterov momentum of the gradient;
   2. orthogonalised by five Polar Express iterations (Amsel et al. 2025: a quintic polynomial per
      iteration, its coefficients chosen for that iteration), on the matrix scaled to spectral norm
-     below 1, in bf16 on a GPU;
+     below 1, in bf16 on a GPU; its rows equalised before (MuonEq) and its norm set after (Muon+);
   3. NorMuon's variance reduction (Li et al. 2025): a running second moment per row (or column, the
      longer side's neurons) rescales the orthogonalised update, keeping its overall norm;
   4. cautious weight decay: decay only where the update and the weight agree in sign;
@@ -45,8 +45,13 @@ POLAR_EXPRESS = (
 
 def orthogonalize(g: torch.Tensor) -> torch.Tensor:
     """A stack (K, m, n) of matrices -> their nearest semi-orthogonal matrices (approximately:
-    singular values near 1), iterating on the smaller Gram matrix."""
+    singular values near 1), iterating on the smaller Gram matrix. Each row is first scaled to the
+    matrix's mean row norm (MuonEq: a better-conditioned spectrum going in), and the result's
+    Frobenius norm set to sqrt(min(m, n)), an exactly semi-orthogonal matrix's (Muon+: five
+    iterations stop short of it)."""
     x = g.bfloat16() if g.is_cuda else g.float()
+    mean_row = x.float().norm(dim=(-2, -1), keepdim=True) / x.size(-2) ** 0.5
+    x = x * (mean_row / x.float().norm(dim=-1, keepdim=True).clamp_min(1e-6)).to(x.dtype)
     tall = x.size(-2) > x.size(-1)
     if tall:
         x = x.mT
@@ -54,7 +59,8 @@ def orthogonalize(g: torch.Tensor) -> torch.Tensor:
     for a, b, c in POLAR_EXPRESS:
         gram = x @ x.mT
         x = a * x + (b * gram + c * (gram @ gram)) @ x
-    return (x.mT if tall else x).to(g.dtype)
+    x = (x.mT if tall else x).to(g.dtype)
+    return x * (min(x.shape[-2:]) ** 0.5 / x.float().norm(dim=(-2, -1), keepdim=True).clamp_min(1e-6)).to(x.dtype)
 
 
 class MuonAdamW(torch.optim.Optimizer):

@@ -175,6 +175,7 @@ class GPTFamily(Family):
                 ("lr", self.recipe(answers["model_size"])["lr"], "AdamW's peak learning rate under optimizer: adamw"),
                 ("beta1", 0.9, ""),
                 ("beta2", self.beta2, ""),
+                ("grad_clip", 0.0 if answers["strategy"] == "ddp" else 1.0, "global gradient norm; 0 disables (Muon's recipe clips nothing, as nanochat; 1.0 under adamw)"),
             ]  # fmt: skip
         if section == "optim":
             lines = super().config_settings(section, answers)
