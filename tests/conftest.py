@@ -231,7 +231,9 @@ def run_project_suite(project: Path, *args: str, name: str, timeout: int = 1800)
         "0",  # "test PASSED" lines in file order
     ]
     cmd += args
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    # Without this suite's xdist variables: the project's own session decides whether it has workers.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env["PATH"] = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
     with open(log, "w") as out:
         proc = subprocess.Popen(
             cmd, cwd=project, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True
