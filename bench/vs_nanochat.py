@@ -32,7 +32,6 @@ for the full table; --tokens 20000 checks the script in a few minutes. --jobs N 
 from __future__ import annotations
 
 import argparse
-import ast
 import concurrent.futures
 import hashlib
 import importlib.util
@@ -54,10 +53,11 @@ PACKAGES = ("torch", "transformers", "sympy", "networkx", "numpy", "huggingface_
 EMA_BETA = 0.9  # nanochat's smoothing of the training loss it prints
 
 
-def package_docstrings(packages=PACKAGES, min_chars: int = 100) -> list[str]:
-    """The docstrings (parsed with ast, nothing imported) of the standard library and `packages`,
-    each paragraph kept the first time it is seen (generated and copied docstrings repeat them),
-    tests left out. A package that is not installed is named and skipped."""
+def package_docstrings(file_docstrings, packages=PACKAGES, min_chars: int = 100) -> list[str]:
+    """The docstrings (the project's demo_corpus.file_docstrings: parsed, nothing imported) of the
+    standard library and `packages`, each paragraph kept the first time it is seen (generated and
+    copied docstrings repeat them), tests left out. A package that is not installed is named and
+    skipped."""
     roots = [Path(sysconfig.get_paths()["stdlib"])]
     for name in packages:
         spec = importlib.util.find_spec(name)
@@ -65,29 +65,21 @@ def package_docstrings(packages=PACKAGES, min_chars: int = 100) -> list[str]:
             print(f"corpus: {name} is not installed here, left out", flush=True)
             continue
         roots.append(Path(spec.origin).parent)
+    skip = {"test", "tests", "testing", "site-packages", "dist-packages", "idlelib"}
     seen, docs = set(), []
     for root in roots:
         for path in sorted(root.rglob("*.py")):
-            if {"test", "tests", "testing", "site-packages", "dist-packages", "idlelib"} & set(
-                path.relative_to(root).parts
-            ):
+            if skip & set(path.relative_to(root).parts):
                 continue
-            try:
-                tree = ast.parse(path.read_text(encoding="utf-8"))
-            except (SyntaxError, UnicodeDecodeError, ValueError):
-                continue
-            for node in ast.walk(tree):
-                if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                    continue
+            for doc in file_docstrings(path):
                 kept = []
-                for paragraph in (ast.get_docstring(node) or "").split("\n\n"):
+                for paragraph in doc.split("\n\n"):
                     key = hashlib.sha1(" ".join(paragraph.split()).encode()).digest()
                     if key not in seen:
                         seen.add(key)
                         kept.append(paragraph)
-                doc = "\n\n".join(kept)
-                if len(doc) >= min_chars:
-                    docs.append(doc)
+                if len("\n\n".join(kept)) >= min_chars:
+                    docs.append("\n\n".join(kept))
     return docs
 
 
@@ -311,10 +303,10 @@ def main(argv=None) -> int:
     project = Path(args.project) if args.project else render_project(work)
     package = next((project / "src").glob("*/cli.py")).parent.name
     sys.path.insert(0, str(project / "src"))
-    if args.corpus == "demo":
-        docs = list(importlib.import_module(f"{package}.data.demo_corpus").stdlib_docstrings())
-    else:
-        docs = package_docstrings()
+    demo_corpus = importlib.import_module(f"{package}.data.demo_corpus")
+    docs = list(
+        demo_corpus.stdlib_docstrings() if args.corpus == "demo" else package_docstrings(demo_corpus.file_docstrings)
+    )
     random.Random(0).shuffle(docs)
     held = max(1, int(len(docs) * (args.val_docs or (0.05 if args.corpus == "demo" else 0.01))))
     val_docs, train_docs = docs[:held], docs[held:]

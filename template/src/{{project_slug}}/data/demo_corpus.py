@@ -15,22 +15,24 @@ from pathlib import Path
 _SKIP = {"test", "tests", "idlelib", "site-packages", "dist-packages", "lib2to3"}
 
 
+def file_docstrings(path: Path) -> list[str]:
+    """The docstrings of a Python file's module, classes and functions, in walk order (none if it
+    does not parse)."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (SyntaxError, UnicodeDecodeError, ValueError):
+        return []
+    nodes = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    return [doc for node in ast.walk(tree) if isinstance(node, nodes) and (doc := ast.get_docstring(node))]
+
+
 @functools.cache  # about 6 s of parsing: the corpus and the task bundle share one pass
 def stdlib_docstrings(min_chars: int = 100) -> tuple[str, ...]:
     root = Path(sysconfig.get_paths()["stdlib"])
     docs: list[str] = []
     for path in sorted(root.rglob("*.py")):
-        if _SKIP.intersection(path.relative_to(root).parts):
-            continue
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, ValueError):
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                doc = ast.get_docstring(node)
-                if doc and len(doc) >= min_chars:
-                    docs.append(doc)
+        if not _SKIP.intersection(path.relative_to(root).parts):
+            docs += [doc for doc in file_docstrings(path) if len(doc) >= min_chars]
     return tuple(docs)
 
 
