@@ -1,4 +1,4 @@
-"""nanochat's recipe (optim.optimizer=muon with every model piece on) keeps the family's guarantees:
+"""nanochat's recipe (optim.optimizer=muon with every model piece on, rows of whole documents) keeps the family's guarantees:
 one process and two give the same losses and weights (the orthogonalisation is spread over the two),
 a run stopped at a checkpoint continues exactly, Muon's state and schedules included, and the
 trained model exports with its own modeling code (transformers has no class for the pieces).
@@ -22,6 +22,7 @@ MUON = [
     "schedule.min_lr_ratio=0.05",
     "optim.weight_decay=0.28",
     "optim.grad_clip=0",
+    "data.rows=documents",
     *NANOCHAT_PIECES,
     "schedule.max_steps=20",
     "checkpoint.every_steps=10",

@@ -49,7 +49,7 @@ class NewProject:
         return ", ".join(self.sizes)
 
     def config_settings(self, section: str, answers: dict) -> list[tuple[str | None, Any, str]]:
-        """The family's lines of config/train.yaml's `section` (model, optim, schedule) for copier's
+        """The family's lines of config/train.yaml's `section` (model, data, optim, schedule) for copier's
         answers (model_size, strategy, gpt_recipe, pretrained_dir): (key, value, comment) each; a key of
         None is a comment line of its own."""
         size, lr = answers["model_size"], self.recipe(answers["model_size"])["lr"]
@@ -68,6 +68,8 @@ class NewProject:
                 ("beta2", self.beta2, ""),
                 ("grad_clip", 1.0, "global gradient norm; 0 disables"),
             ]
+        if section == "data":
+            return []  # the token stream's windows (settings/config.py DataConfig.rows), or the family's own batches
         if section == "schedule":
             return [
                 ("max_steps", 20000, ""),

@@ -163,6 +163,8 @@ class GPTFamily(Family):
                 ("qk_scale", 1.2 if nanochat else 1.0, "queries and keys scaled after QK-norm (nanochat's 1.2)"),
                 ("window_pattern", "L", "attention per layer, tiled: S a window of a quarter of the sequence, L all (nanochat's SSSL: d4 at 614K tokens -0.009 bpb, but a mask to SDPA, no flash kernel on a GPU)"),
             ]  # fmt: skip
+        if section == "data":
+            return [("rows", "documents" if nanochat else "windows", "training rows: documents (each starts at one, packed best-fit: nanochat's) | windows (the stream cut every sequence_len)")]  # fmt: skip
         if section == "optim" and nanochat:
             return [
                 ("optimizer", "muon" if answers["strategy"] == "ddp" else "adamw", "muon: Muon for the blocks' matrices, AdamW for the rest (run.strategy=ddp) | adamw: AdamW at lr for all"),
