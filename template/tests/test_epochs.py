@@ -16,9 +16,12 @@ EPOCHS = 0.02  # of the demo corpus at sequence_len 64 and global batch 16: a fe
 IN_EPOCHS = ["schedule.max_steps=null", f"schedule.epochs={EPOCHS}"]
 
 
-def expected_steps(pkg, data_dir, sequence_len: int = 64, global_batch: int = 16) -> tuple[int, int]:
+def expected_steps(
+    pkg, data_dir, sequence_len: int = 64, global_batch: int = 16, rows: str = "windows"
+) -> tuple[int, int]:
     """(train sequences as training's reader counts them, ceil(sequences x EPOCHS / global batch))."""
-    sequences = pkg.tokens.TokenData.open(data_dir, "train", sequence_len).num_sequences
+    reader = pkg.document_rows.DocumentRows if rows == "documents" else pkg.tokens.TokenData
+    sequences = reader.open(data_dir, "train", sequence_len).num_sequences
     return sequences, math.ceil(sequences * EPOCHS / global_batch)
 
 
@@ -98,12 +101,13 @@ def test_warmup_longer_than_the_derived_steps_is_refused(pkg, cli, demo_data, tr
 
 def test_plan_in_epochs_before_and_after_prepare_data(pkg, cli, demo_data, tiny_model, tmp_path):
     """Before prepare-data plan fits the memory and says where the steps will come from (no token count,
-    no time); on prepared data it plans the derived steps."""
+    no time); on prepared data it plans the derived steps, from the rows the run reads (windows of the
+    stream, or the fewer rows of whole documents the gpt recipe packs)."""
     shape = [
         *tiny_model,
         "batch.global_batch_size=16",
         "batch.micro_batch_size=4",
-        "schedule.warmup_steps=5",
+        "schedule.warmup_steps=2",
         *IN_EPOCHS,
     ]
     before = cli("plan", *shape, f"data.dir={tmp_path}/not-prepared")
@@ -115,10 +119,14 @@ def test_plan_in_epochs_before_and_after_prepare_data(pkg, cli, demo_data, tiny_
     r = json.loads(cli("plan", "--json", *shape, f"data.dir={tmp_path}/not-prepared").stdout)
     assert r["tokens"] is None and r["time"] == [] and r["scaling"]["max_steps"] is None
 
-    sequences, steps = expected_steps(pkg, demo_data)
-    r = json.loads(cli("plan", "--json", *shape, f"data.dir={demo_data}").stdout)
-    assert r["tokens"] == steps * 16 * 64 and r["scaling"]["max_steps"] == steps
-    assert r["steps_line"].startswith(f"schedule.epochs={EPOCHS:g}: {steps} steps = ceil({sequences} train sequences")
+    counted = {}
+    for rows in ("windows", "documents"):
+        sequences, steps = counted[rows] = expected_steps(pkg, demo_data, rows=rows)
+        r = json.loads(cli("plan", "--json", *shape, f"data.rows={rows}", f"data.dir={demo_data}").stdout)
+        assert r["tokens"] == steps * 16 * 64 and r["scaling"]["max_steps"] == steps
+        line = f"schedule.epochs={EPOCHS:g}: {steps} steps = ceil({sequences} train sequences"
+        assert r["steps_line"].startswith(line), (rows, r["steps_line"])
+    assert counted["documents"][0] < counted["windows"][0]  # the packer's cuts drop tokens
 
 
 def test_the_shipped_config_documents_epochs(pkg, cli, tmp_path):
