@@ -189,6 +189,7 @@ def run_nanochat(args, work: Path, shared: Path, val_path: Path, depth: int, row
     started = time.perf_counter()
     out = subprocess.run(train, cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
     seconds = time.perf_counter() - started
+    (base / "train.log").write_text(out)  # its per-step losses, beside ours in metrics.jsonl
     times = [float(m) for m in re.findall(r"dt: ([0-9.]+)ms", out)]
     smooth = [float(m) for m in re.findall(r"\| loss: ([0-9.]+)", out)]
     code = f"import sys; sys.path.insert(0, {str(ROOT / 'bench')!r}); import vs_nanochat as b; b.nanochat_score({str(base)!r}, {str(val_path)!r}, {args.seq})"
