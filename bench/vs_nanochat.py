@@ -78,8 +78,8 @@ def package_docstrings(file_docstrings, packages=PACKAGES, min_chars: int = 100)
                     if key not in seen:
                         seen.add(key)
                         kept.append(paragraph)
-                if len("\n\n".join(kept)) >= min_chars:
-                    docs.append("\n\n".join(kept))
+                if len(text := "\n\n".join(kept)) >= min_chars:
+                    docs.append(text)
     return docs
 
 
