@@ -27,6 +27,9 @@ downloaded; nanochat's Python needs torch, pyarrow, rustbpe, tiktoken (and what 
 The project is rendered from this template with copier (or give --project PATH). Hours on 2 cores
 for the full table; --tokens 20000 checks the script in a few minutes. --jobs N trains N runs at once
 (one thread each): times per step are then only comparable between runs that overlapped.
+--seeds S [S ...] trains every run once per seed (ours through run.seed, nanochat's initialisation by
+redirecting the one torch.manual_seed(42) it calls) and adds each side's mean and spread: at these
+sizes one run's bpb moves by up to 0.03 with nanochat's seed, more than most differences measured.
 """
 
 from __future__ import annotations
@@ -174,8 +177,29 @@ def nanochat_env(base: Path) -> dict:
             "WANDB_MODE": "disabled"}  # fmt: skip
 
 
-def run_nanochat(args, work: Path, shared: Path, val_path: Path, depth: int, rows: int, steps: int) -> dict:
-    base = work / f"nanochat-d{depth}-b{rows}-{steps}"
+NANOCHAT_SEED = 42  # the torch.manual_seed nanochat's compute_init sets: its weights' initialisation
+
+
+def seeded(train: list[str], seed: int | None) -> list[str]:
+    """nanochat's training command with its initialisation seeded by `seed`: nanochat has no flag for
+    it, so its one torch.manual_seed(42) call is redirected from outside, its code left as it is."""
+    if seed is None or seed == NANOCHAT_SEED:
+        return train
+    code = (
+        "import runpy, sys, torch; real = torch.manual_seed; "
+        f"torch.manual_seed = lambda s: real({seed} if s == {NANOCHAT_SEED} else s); "
+        f"sys.argv = ['base_train', *{train[3:]!r}]; runpy.run_module('scripts.base_train', run_name='__main__')"
+    )
+    return [train[0], "-c", code]
+
+
+def run_name(side: str, depth: int, rows: int, steps: int, seed: int | None) -> str:
+    return f"{side}-d{depth}-b{rows}-{steps}" + ("" if seed is None else f"-s{seed}")
+
+
+def run_nanochat(args, work: Path, shared: Path, val_path: Path, depth: int, rows: int, steps: int,
+                 seed: int | None = None) -> dict:  # fmt: skip
+    base = work / run_name("nanochat", depth, rows, steps, seed)
     shutil.rmtree(base, ignore_errors=True)
     base.mkdir(parents=True)
     for name in ("base_data_climbmix", "tokenizer"):
@@ -187,7 +211,7 @@ def run_nanochat(args, work: Path, shared: Path, val_path: Path, depth: int, row
         f"--num-iterations={steps}", "--core-metric-every=-1", "--sample-every=-1", "--eval-every=-1",
     ]  # fmt: skip
     started = time.perf_counter()
-    out = subprocess.run(train, cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(seeded(train, seed), cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
     seconds = time.perf_counter() - started
     (base / "train.log").write_text(out)  # its per-step losses, beside ours in metrics.jsonl
     times = [float(m) for m in re.findall(r"dt: ([0-9.]+)ms", out)]
@@ -249,9 +273,9 @@ def ours_score(src: str, package: str, out: str, data: str, val_path: str, seq: 
 
 
 def run_ours(args, project: Path, work: Path, data: Path, val_path: Path, depth: int, rows: int, steps: int,
-             overrides: str, name: str) -> dict:  # fmt: skip
+             overrides: str, name: str, seed: int | None = None) -> dict:  # fmt: skip
     package = next((project / "src").glob("*/cli.py")).parent.name
-    out = work / f"ours-{name}-d{depth}-b{rows}-{steps}"
+    out = work / run_name(f"ours-{name}", depth, rows, steps, seed)
     shutil.rmtree(out, ignore_errors=True)
     env = {**os.environ, "PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1"}
     settings = [
@@ -261,7 +285,8 @@ def run_ours(args, project: Path, work: Path, data: Path, val_path: Path, depth:
         "logging.every_steps=1", f"checkpoint.every_steps={steps}", "eval.tasks_every_steps=0",
         "cluster.nodes=1", "cluster.gpus_per_node=1",
     ]  # fmt: skip
-    cmd = [sys.executable, "-m", package, "train", *settings, *overrides.split()]
+    seed_setting = [] if seed is None else [f"run.seed={seed}"]
+    cmd = [sys.executable, "-m", package, "train", *settings, *seed_setting, *overrides.split()]
     started = time.perf_counter()
     log = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True)
     if log.returncode:
@@ -294,6 +319,8 @@ def main(argv=None) -> int:
     p.add_argument(
         "--skip-ours", action="store_true", help="nanochat's runs only (ours can follow with --skip-nanochat)"
     )
+    p.add_argument("--seeds", type=int, nargs="+", help="train every run once per seed (ours: run.seed; nanochat: "
+                   "its initialisation's); the table adds each side's mean and spread")  # fmt: skip
     p.add_argument("--jobs", type=int, default=1, help="runs trained at once, one thread each")
     p.add_argument("--work", help="keep the runs here (default: a temporary folder)")
     args = p.parse_args(argv)
@@ -327,37 +354,56 @@ def main(argv=None) -> int:
     print(f"{args.corpus} corpus: {len(train_docs)} train documents ({chars / 1e6:.1f}M characters), {len(val_docs)} "
           f"validation ({sum(map(len, val_docs)) / 1e6:.2f}M); vocab {args.vocab}, sequence {args.seq}", flush=True)  # fmt: skip
 
-    jobs = []  # (key, side, callable)
+    seeds = args.seeds or [None]
+    jobs = []  # (key, side, seed, callable)
     for depth in args.depth:
         for batch in args.batch_tokens:
             rows = batch // args.seq
             for tokens in args.tokens:
                 steps = max(1, tokens // batch)
                 key = (depth, batch, steps * batch)
-                if shared is not None:
-                    jobs.append((key, "nanochat", lambda d=depth, r=rows, s=steps: run_nanochat(args, work, shared, val_path, d, r, s)))  # fmt: skip
-                for name, overrides in runs.items():
-                    jobs.append((key, f"ours {name}", lambda d=depth, r=rows, s=steps, o=overrides, n=name: run_ours(
-                        args, project, work, data, val_path, d, r, s, o, n)))  # fmt: skip
+                for seed in seeds:
+                    if shared is not None:
+                        jobs.append((key, "nanochat", seed, lambda d=depth, r=rows, s=steps, e=seed: run_nanochat(
+                            args, work, shared, val_path, d, r, s, e)))  # fmt: skip
+                    for name, overrides in runs.items():
+                        jobs.append((key, f"ours {name}", seed, lambda d=depth, r=rows, s=steps, o=overrides, n=name, e=seed: run_ours(
+                            args, project, work, data, val_path, d, r, s, o, n, e)))  # fmt: skip
 
     header = f"{'run':<26}{'depth':>6}{'batch':>7}{'tokens':>11}{'val bpb':>9}{'train~':>8}{'ms/step':>9}{'bpb vs nc':>11}{'time vs nc':>11}"
     print(header, flush=True)
     results: dict = {}
 
-    def show(key, side, r):
-        ref = results.get((key, "nanochat"))
-        ratios = f"{r['bpb'] - ref['bpb']:>+11.4f}{r['ms'] / ref['ms']:>10.2f}x" if ref and side != "nanochat" else ""
-        print(f"{side:<26}{key[0]:>6}{key[1]:>7}{key[2]:>11,}{r['bpb']:>9.4f}{r['train_bpb']:>8.4f}{r['ms']:>9.0f}{ratios}", flush=True)  # fmt: skip
+    def mean(key, side) -> dict | None:
+        """A side's runs at one point over the seeds: mean bpb, train~ and ms, and the bpb's spread."""
+        done = [results[(k, s, e)] for k, s, e, _ in jobs if (k, s) == (key, side) and (k, s, e) in results]
+        if not done:
+            return None
+        average = {m: sum(r[m] for r in done) / len(done) for m in ("bpb", "train_bpb", "ms")}
+        return {**average, "spread": max(r["bpb"] for r in done) - min(r["bpb"] for r in done), "runs": len(done)}
+
+    def show(key, label, r, reference):
+        ratios = f"{r['bpb'] - reference['bpb']:>+11.4f}{r['ms'] / reference['ms']:>10.2f}x" if reference else ""
+        print(f"{label:<26}{key[0]:>6}{key[1]:>7}{key[2]:>11,}{r['bpb']:>9.4f}{r['train_bpb']:>8.4f}{r['ms']:>9.0f}{ratios}", flush=True)  # fmt: skip
+
+    def label(side, seed):
+        return side if seed is None else f"{side} s{seed}"
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = {pool.submit(fn): (key, side) for key, side, fn in jobs}
+        futures = {pool.submit(fn): (key, side, seed) for key, side, seed, fn in jobs}
         for future in concurrent.futures.as_completed(futures):
-            key, side = futures[future]
-            results[(key, side)] = future.result()
-            print(f"done: {side} d{key[0]} batch {key[1]} {key[2]:,} tokens", flush=True)
+            key, side, seed = futures[future]
+            results[(key, side, seed)] = future.result()
+            print(f"done: {label(side, seed)} d{key[0]} batch {key[1]} {key[2]:,} tokens", flush=True)
     print(header)
-    for key, side, _ in jobs:
-        show(key, side, results[(key, side)])
+    # Against nanochat's mean at the point: its seeds are not ours, so runs are not paired by seed.
+    for key, side, seed, _ in jobs:
+        show(key, label(side, seed), results[(key, side, seed)], None if side == "nanochat" else mean(key, "nanochat"))
+    if len(seeds) > 1:
+        print(f"means over {len(seeds)} seeds (spread: largest minus smallest bpb)")
+        for key, side in dict.fromkeys((k, s) for k, s, _, _ in jobs):
+            m = mean(key, side)
+            show(key, f"{side} ({m['spread']:.4f})", m, None if side == "nanochat" else mean(key, "nanochat"))
     return 0
 
 
