@@ -35,11 +35,14 @@ REFERENCE_BATCH = 2**19  # nanochat's base_train: the batch its rates are tuned 
 REFERENCE_RATIO = 12  # its default --target-param-data-ratio: the horizon its weight decay scales with
 
 
+def nanochat_config(ng, depth: int, vocab: int, seq: int):
+    heads = max(1, depth * 64 // 128)  # nanochat's shape: width 64 x depth, heads of 128
+    return ng.GPTConfig(sequence_len=seq, vocab_size=vocab, n_layer=depth, n_head=heads, n_kv_head=heads,
+                        n_embd=depth * 64, window_pattern="L")  # fmt: skip
+
+
 def nanochat_model(ng, depth: int, vocab: int, seq: int):
-    width, heads = depth * 64, max(1, depth * 64 // 128)  # nanochat's shape: heads of 128
-    config = ng.GPTConfig(sequence_len=seq, vocab_size=vocab, n_layer=depth, n_head=heads, n_kv_head=heads,
-                          n_embd=width, window_pattern="L")  # fmt: skip
-    model = ng.GPT(config)
+    model = ng.GPT(nanochat_config(ng, depth, vocab, seq))
     model.init_weights()
     return model
 
@@ -49,11 +52,7 @@ def scaling_params(ng, depth: int, vocab: int, seq: int) -> int:
     import torch
 
     with torch.device("meta"):
-        width = depth * 64
-        heads = max(1, width // 128)
-        cfg = ng.GPTConfig(sequence_len=seq, vocab_size=vocab, n_layer=depth, n_head=heads, n_kv_head=heads,
-                           n_embd=width, window_pattern="L")  # fmt: skip
-        counts = ng.GPT(cfg).num_scaling_params()
+        counts = ng.GPT(nanochat_config(ng, depth, vocab, seq)).num_scaling_params()
     return counts["transformer_matrices"] + counts["lm_head"]
 
 
