@@ -1,6 +1,7 @@
 """prepare-data at corpus scale: parts encoded by worker processes write the same tokens for any
 number of them, an interrupted run continues from its finished parts, long documents are cut into
-segments without changing their tokens, progress is shown, and two runs never write one folder.
+segments without changing their tokens and stay whole in one split, progress is shown, and two
+runs never write one folder.
 
     python -m pytest -q tests/test_prepare_scale.py        # about a minute
 """
@@ -267,6 +268,51 @@ def test_long_documents_are_cut_where_their_tokens_do_not_change(pkg, tmp_path):
     pieces = list(documents.iter_segments(part))
     assert [starts for _, starts in pieces] == [True] + [False] * (len(pieces) - 1) and len(pieces) >= 3
     assert "".join(t for t, _ in pieces) == "word " * 600_000
+
+
+def test_a_long_document_stays_whole_in_order_and_in_one_split(pkg, tmp_path, monkeypatch):
+    """Documents longer than a segment, and than a shuffling block, are read on in order: each one's
+    tokens lie contiguous in one shard of one split, wherever the blocks cut it, so a row that starts
+    at it reads its own continuation and no document is on both sides of the split. A corpus of one
+    long text holds out only its first segment and trains on the rest."""
+    encode_parts, documents = pkg.encode_parts, pkg.documents
+    monkeypatch.setattr(encode_parts, "BLOCK_CHARS", 1_500_000)  # blocks end inside the long documents
+    line = "Long document {}, line {}: plain prose on tokens and shards.\n"
+    longs = ["".join(line.format(d, i) for i in range(40_000)) for d in range(3)]
+    shorts = [f"Short document {i}: " + "a few words of text " * (5 + i % 30) for i in range(300)]
+    texts = shorts[:50] + longs[:1] + shorts[50:150] + longs[1:2] + shorts[150:] + longs[2:]
+    (tmp_path / "corpus.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    tok = pkg.tokens.load_tokenizer(str(tokenizer(pkg, tmp_path, longs[0][:100_000] + "".join(shorts))))
+    separator = pkg.tokens.bos_id(tok)
+
+    def shards(path: Path, seed: int, val_fraction: float, index: int) -> dict[str, list[bytes]]:
+        part = documents.plan_parts([path])[0]
+        settings = encode_parts.EncodeSettings("uint16", separator, seed, val_fraction, shard_tokens=50_000)
+        done = encode_parts.encode_part(tok, part, index, settings, tmp_path / "parts")
+        folder = pkg.staging.part_folder(tmp_path / "parts", index)
+        return {split: [(folder / s["file"]).read_bytes() for s in done[split]] for split in ("train", "val")}
+
+    def ids(text: str) -> bytes:
+        return np.asarray([separator, *tok.encode(text, add_special_tokens=False).ids], np.uint16).tobytes()
+
+    blocks = list(encode_parts._blocks(documents.iter_segments(documents.plan_parts([tmp_path / "corpus.jsonl"])[0])))
+    assert sum(goes_on for _, goes_on, _ in blocks) >= 2  # the case: documents cut by a block's end
+
+    written = shards(tmp_path / "corpus.jsonl", seed=3, val_fraction=0.3, index=1)
+    where = []
+    for text in longs:
+        whole = ids(text)
+        where += [split for split, files in written.items() for data in files if data.find(whole) % 2 == 0]
+    assert len(where) == len(longs), where  # each one whole, in one shard
+    total = sum(len(data) for files in written.values() for data in files) // 2
+    assert total == sum(len(ids(t)) // 2 for t in texts)  # and nothing else lost or doubled
+
+    # One long text: its first segment is the validation split, the rest trains.
+    (tmp_path / "book.txt").write_text(longs[0])
+    written = shards(tmp_path / "book.txt", seed=3, val_fraction=1e-9, index=0)
+    first, *rest = documents.cut_segments([longs[0]])
+    assert b"".join(written["val"]) == ids(first)
+    assert b"".join(written["train"]) == ids("".join(rest))[2:] and len(rest) >= 2
 
 
 def tokenizer(pkg, folder: Path, sample: str) -> Path:

@@ -1,9 +1,10 @@
 """One part of the corpus -> its own train and val token shards: prepare-data's unit of work, run in
 worker processes (each with its own share of the tokenizer library's threads).
 
-Segments are shuffled in blocks with a generator of the part's own (run.seed, part number), which
+Documents are shuffled in blocks with a generator of the part's own (run.seed, part number), which
 also draws the ones held out for validation, so the tokens depend on the files and the settings,
-never on the number of workers. A part is written into a folder of its own and renamed into place
+never on the number of workers. A long document's segments stay together, in order and in one split:
+a row that starts at a document reads on into its own text, and no document is on both sides. A part is written into a folder of its own and renamed into place
 with done.json when whole: a resumed prepare-data keeps finished parts and redoes the others.
 """
 
@@ -28,6 +29,7 @@ from .tokens import ShardWriter
 BLOCK_SEGMENTS = 4096  # segments shuffled together ...
 BLOCK_CHARS = 16 << 20  # ... and at most this much text
 BATCH_CHARS = 1 << 20  # text per encode call: what bounds the tokenizer's memory
+ORDER_VERSION = 2  # raised when the order or split of what parts write changes (2: whole documents)
 
 
 @dataclass(frozen=True)
@@ -58,25 +60,36 @@ def encode_part(tok, part: Part, index: int, settings: EncodeSettings, parts_dir
 
     documents_per_file: dict[str, int] = {}
     segments = iter_segments(part, on_bytes, documents_per_file)
-    for number, block in enumerate(_blocks(segments)):
-        rng.shuffle(block)
-        # Each segment is held out with probability val_fraction: the share is right however the
+    carried = False  # the split of a document that goes on from the previous block
+    for number, (units, goes_on, stays_open) in enumerate(_blocks(segments)):
+        # A document cut by the block's end keeps its place: last here, first in the next block.
+        first = units[:1] if goes_on else []
+        last = units[-1:] if stays_open and len(units) > len(first) else []
+        free = units[len(first) : len(units) - len(last)]
+        rng.shuffle(free)
+        # Each document is held out with probability val_fraction: the share is right however the
         # corpus is cut into files and parts (a count per part rounded a folder of one-document
         # files all into val). The first part's first block holds out one at least, so even a
-        # tiny corpus has a validation split.
-        held_out = [rng.random() < settings.val_fraction for _ in block]
-        if index == 0 and number == 0 and not any(held_out):
-            held_out[0] = True
-        for batch in _batches(list(zip(held_out, block))):
+        # tiny corpus has a validation split (of a document in segments its first one only: a
+        # corpus of one long text still trains on the rest).
+        drawn = [rng.random() < settings.val_fraction for _ in free + last]
+        at_least_one = index == 0 and number == 0 and drawn and not any(drawn)
+        held_out = [carried] * len(first) + drawn
+        carried = held_out[-1]
+        items = [(val, segment) for val, unit in zip(held_out, first + free + last) for segment in unit]
+        if at_least_one:
+            forced = sum(map(len, first))
+            items[forced] = (True, items[forced][1])
+        for batch in _batches(items):
             docs = tokens = 0
             for (val, (_, starts)), enc in zip(
                 batch, encode([text for _, (text, _) in batch], add_special_tokens=False)
             ):
                 writer = writers["val" if val else "train"]
-                if starts:
+                if starts:  # a shard closes between documents, never inside one
+                    writer.end_document()
                     writer.add((settings.separator,))
                 writer.add(enc.ids)
-                writer.end_document()
                 docs += starts
                 tokens += len(enc.ids) + starts
             totals["documents"] += docs
@@ -104,15 +117,21 @@ def encode_part(tok, part: Part, index: int, settings: EncodeSettings, parts_dir
 
 
 def _blocks(segments):
-    block, chars = [], 0
-    for segment in segments:
-        block.append(segment)
-        chars += len(segment[0])
-        if len(block) >= BLOCK_SEGMENTS or chars >= BLOCK_CHARS:
-            yield block
-            block, chars = [], 0
-    if block:
-        yield block
+    """Blocks of whole documents (each a list of its segments) of at most BLOCK_SEGMENTS documents
+    and about BLOCK_CHARS of text, as (documents, goes_on, stays_open): a document longer than that
+    ends its block unfinished (stays_open) and goes on as the first of the next (goes_on), so no
+    block holds more than about BLOCK_CHARS, whatever a document's length."""
+    units, chars, goes_on = [], 0, False
+    for text, starts in segments:
+        if units and chars >= BLOCK_CHARS or len(units) >= BLOCK_SEGMENTS and starts:
+            yield units, goes_on, not starts
+            units, chars, goes_on = [], 0, not starts
+        if starts or not units:
+            units.append([])
+        units[-1].append((text, starts))
+        chars += len(text)
+    if units:
+        yield units, goes_on, False
 
 
 def _batches(items):

@@ -45,7 +45,7 @@ from ..settings.bounds import count, mebibytes
 from ..settings.config import Config, ConfigError
 from .demo_corpus import write_demo_bundle, write_demo_corpus
 from .documents import PART_BYTES, SEGMENT_CHARS, Part, check_input_file, find_raw_files, iter_segments, plan_parts
-from .encode_parts import BLOCK_CHARS, BLOCK_SEGMENTS, EncodeSettings
+from .encode_parts import BLOCK_CHARS, BLOCK_SEGMENTS, ORDER_VERSION, EncodeSettings
 from .encode_workers import WorkerDied, encode_all
 from .progress import Progress
 from .staging import Staging, stat_of
@@ -142,7 +142,7 @@ def _plan(cfg: Config, files: list[Path], part_bytes: int) -> dict:
             d.val_fraction,
             d.shard_tokens,
         ],
-        "layout": [part_bytes, SEGMENT_CHARS, BLOCK_SEGMENTS, BLOCK_CHARS],
+        "layout": [part_bytes, SEGMENT_CHARS, BLOCK_SEGMENTS, BLOCK_CHARS, ORDER_VERSION],
     }
 
 
