@@ -16,19 +16,16 @@ EPOCHS = 0.02  # of the demo corpus at sequence_len 64 and global batch 16: a fe
 IN_EPOCHS = ["schedule.max_steps=null", f"schedule.epochs={EPOCHS}"]
 
 
-def expected_steps(
-    pkg, data_dir, sequence_len: int = 64, global_batch: int = 16, rows: str = "windows"
-) -> tuple[int, int]:
-    """(train sequences as training's reader counts them, ceil(sequences x EPOCHS / global batch))."""
-    reader = pkg.document_rows.DocumentRows if rows == "documents" else pkg.tokens.TokenData
-    sequences = reader.open(data_dir, "train", sequence_len).num_sequences
-    return sequences, math.ceil(sequences * EPOCHS / global_batch)
+def expected_steps(pkg, cfg, data_dir) -> tuple[int, int]:
+    """(train sequences of the reader training opens for cfg, ceil(sequences x EPOCHS / global batch))."""
+    sequences = pkg.splits.open_split(cfg, data_dir, "train").num_sequences
+    return sequences, math.ceil(sequences * EPOCHS / cfg.batch.global_batch_size)
 
 
 def test_training_in_epochs_takes_the_derived_steps_and_resumes_to_them(
-    pkg, cli, demo_data, train_overrides, tmp_path, metrics
+    pkg, cli, cfg_with, demo_data, train_overrides, tmp_path, metrics
 ):
-    sequences, steps = expected_steps(pkg, demo_data)
+    sequences, steps = expected_steps(pkg, cfg_with(*train_overrides), demo_data)
     assert steps != sequences * EPOCHS // 16  # rounding up is visible: floor would stop a step earlier
     out = tmp_path / "run"
     run = ["train", *train_overrides, *IN_EPOCHS, f"data.dir={demo_data}", f"run.output_dir={out}"]
@@ -81,8 +78,8 @@ def test_epochs_bounds(cli):
     cli("check", "schedule.max_steps=null", "schedule.epochs=0.5")  # fractional epochs are fine
 
 
-def test_warmup_longer_than_the_derived_steps_is_refused(pkg, cli, demo_data, train_overrides, tmp_path):
-    sequences, steps = expected_steps(pkg, demo_data)
+def test_warmup_longer_than_the_derived_steps_is_refused(pkg, cli, cfg_with, demo_data, train_overrides, tmp_path):
+    sequences, steps = expected_steps(pkg, cfg_with(*train_overrides), demo_data)
     proc = cli(
         "train",
         *train_overrides,
@@ -99,7 +96,7 @@ def test_warmup_longer_than_the_derived_steps_is_refused(pkg, cli, demo_data, tr
     assert not (tmp_path / "out").exists()
 
 
-def test_plan_in_epochs_before_and_after_prepare_data(pkg, cli, demo_data, tiny_model, tmp_path):
+def test_plan_in_epochs_before_and_after_prepare_data(pkg, cli, cfg_with, demo_data, tiny_model, tmp_path):
     """Before prepare-data plan fits the memory and says where the steps will come from (no token count,
     no time); on prepared data it plans the derived steps, from the rows the run reads (windows of the
     stream, or the fewer rows of whole documents the gpt recipe packs)."""
@@ -121,7 +118,7 @@ def test_plan_in_epochs_before_and_after_prepare_data(pkg, cli, demo_data, tiny_
 
     counted = {}
     for rows in ("windows", "documents"):
-        sequences, steps = counted[rows] = expected_steps(pkg, demo_data, rows=rows)
+        sequences, steps = counted[rows] = expected_steps(pkg, cfg_with(*shape, f"data.rows={rows}"), demo_data)
         r = json.loads(cli("plan", "--json", *shape, f"data.rows={rows}", f"data.dir={demo_data}").stdout)
         assert r["tokens"] == steps * 16 * 64 and r["scaling"]["max_steps"] == steps
         line = f"schedule.epochs={EPOCHS:g}: {steps} steps = ceil({sequences} train sequences"
