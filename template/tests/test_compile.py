@@ -73,6 +73,25 @@ CASES = [
 ]
 
 
+def test_a_sliding_window_compiled_for_a_gpu_is_the_masked_attention(pkg):
+    """model.window_pattern's S layers, compiled on a GPU, run flex attention, whose block mask skips
+    what the window hides; compiled here (forward only: flex attention has no CPU backward) it is one
+    graph and gives the output of SDPA with the window's mask, over several of its blocks, with
+    grouped-query heads."""
+    gpt = pkg.module("models.gpt.model")
+    batch, heads, kv_heads, length, dim, window = 2, 4, 2, 384, 16, 96
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(batch, heads, length, dim, generator=gen)
+    k, v = (torch.randn(batch, kv_heads, length, dim, generator=gen) for _ in range(2))
+    assert torch._dynamo.explain(gpt.windowed_flex_attention)(q, k, v, window, True).graph_break_count == 0
+    flex = torch.compile(gpt.windowed_flex_attention)(q, k, v, window, True)
+    query, key = torch.arange(length)[:, None], torch.arange(length)[None, :]
+    allowed = (key <= query) & (query - key <= window)
+    masked = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
+    assert torch.allclose(flex, masked, atol=1e-5)
+    assert not torch.allclose(flex, F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
+
+
 @pytest.mark.parametrize("family, attention_dropout", CASES)
 def test_forward_and_loss_are_one_graph_with_dropout_on(pkg, family, attention_dropout):
     torch.manual_seed(0)

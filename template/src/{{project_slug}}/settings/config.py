@@ -117,7 +117,8 @@ class ModelConfig:
     matmul on the GPU's tiles); the logits past the vocabulary are cut off."""
     window_pattern: str = "L"
     """gpt: attention per layer, tiled: S a sliding window of a quarter of the sequence, L the whole
-    (nanochat's SSSL); the last layer always sees the whole. A window is a mask to SDPA (no flash)."""
+    (nanochat's SSSL); the last layer always sees the whole. Compiled on a GPU a window runs as flex
+    attention (what it hides is skipped), elsewhere as a mask to SDPA."""
 
 
 @dataclass

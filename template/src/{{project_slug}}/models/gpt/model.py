@@ -2,7 +2,7 @@
 
 Rotary position embeddings, QK-norm, RMSNorm without learnable parameters, no biases, ReLU^2 MLP,
 untied input embedding and output head, grouped-query attention (n_kv_head < n_head) and
-F.scaled_dot_product_attention. nanochat's later pieces are switches of model.* (config.py): value
+F.scaled_dot_product_attention (sliding windows, compiled on a GPU: flex attention). nanochat's later pieces are switches of model.* (config.py): value
 embeddings, residual and input-embedding scalars, smear, backout, the q/k scale, the rotary base and
 its initialisation. The file knows nothing of distribution: strategies/ wraps it for the run's strategy.
 It imports torch and its siblings only (gpt/pieces.py, lm_loss.py, sample_dropout.py): an export of a
@@ -94,6 +94,22 @@ class KVCache:
         return k, v
 
 
+def windowed_flex_attention(q, k, v, window: int, gqa: bool) -> torch.Tensor:
+    """Causal attention over the whole sequence where each query sees `window` earlier positions
+    (q, k, v: (B, heads, T, head_dim)), by torch's flex attention: its block mask skips the tiles wholly
+    outside the window, so a short window costs a fraction of full attention's FLOPs where SDPA's mask
+    computes them all. Compiled only (eager flex attention materialises the scores; no CPU backward)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def within(batch, head, query, key):
+        return (key <= query) & (query - key <= window)
+
+    T = q.size(-2)
+    return flex_attention(
+        q, k, v, block_mask=create_block_mask(within, None, None, T, T, device=q.device), enable_gqa=gqa
+    )
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig, layer: int):
         super().__init__()
@@ -139,9 +155,11 @@ class CausalSelfAttention(nn.Module):
         gqa = self.n_kv_head != self.n_head
         if past == 0 and not self.sliding:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        elif past == 0 and q.is_cuda and torch.compiler.is_compiling():
+            y = windowed_flex_attention(q, k, v, self.window, gqa)  # training on a GPU: skips what the window hides
         else:
             # New queries see the cached positions and the causal part of their own chunk, within the
-            # window (a mask: SDPA then runs its memory-efficient kernel, not flash).
+            # window (a mask: SDPA computes every block, the hidden ones too).
             query = torch.arange(past, past + T, device=x.device)[:, None]
             key = torch.arange(past + T, device=x.device)[None, :]
             allowed = key <= query
