@@ -4,7 +4,8 @@ in the same run, on one GPU (bf16):
     GPT d12, d20               our train loop (DDP strategy)
     GPT d12 model only         ours vs transformers' GPT2LMHeadModel at d12's dims (bench/gpt_vs_hf.py)
     GPT-3 125M, 350M           DDP and DeepSpeed ZeRO 1, 2, 3 (each ZeRO row's ratio is to DDP's)
-    BERT-large MLM, seq 512    our strategy (DDP and ZeRO-1) vs the same model in a plain loop (below)
+    FSDP2                      gpt d20, GPT-3 125M against their DDP rows; BERT-large against the loop
+    BERT-large MLM, seq 512    our strategy (DDP, FSDP2 and ZeRO-1) vs the same model in a plain loop (below)
 
 Each row runs `python -m <package> train` in a fresh process with schedule.max_steps=--steps,
 logging every --log-every steps, and reads its metrics.jsonl (tokens/s and MFU, both computed by the
@@ -96,6 +97,10 @@ GPU_ROWS = {
             ("zero3", ["run.strategy=deepspeed", "deepspeed.zero_stage=3"]),
         )
     },
+    # FSDP2 against DDP on the same model (one GPU: what sharding's gathers and hooks cost).
+    "gpt d20 fsdp": ([*GPT_D20, "run.strategy=fsdp"], "gpt d20"),
+    "gpt d20 fsdp fp8 tensorwise": ([*GPT_D20, "run.strategy=fsdp", "run.fp8=tensorwise"], "gpt d20 fsdp"),
+    "gpt3 125M fsdp": ([*GPT3_125M_DDP, "run.strategy=fsdp"], "gpt3 125M ddp"),
     # run.fp8 against the same row in bf16 (Hopper and newer; compiled, as the rows are by default).
     **{
         f"{row} fp8 {recipe}": ([*overrides, f"run.fp8={recipe}"], row)
@@ -110,6 +115,11 @@ GPU_ROWS = {
             "batch.micro_batch_size=32",
             "run.strategy=ddp",
         ],
+        "bert large plain loop",
+    ),
+    "bert large fsdp": (
+        ["model.arch=bert", "model.size=large", "model.sequence_len=512", "batch.micro_batch_size=32"]
+        + ["run.strategy=fsdp"],
         "bert large plain loop",
     ),
     "bert large zero1": (
@@ -135,6 +145,7 @@ CPU_SMOKE = {
 QUICK = (
     *("gpt d20", "gpt d20 fp8 tensorwise", "gpt3 125M ddp", "gpt3 125M ddp fp8 tensorwise"),
     *("gpt3 125M zero1", "gpt3 125M zero2", "gpt3 125M zero3", "bert large zero1"),
+    *("gpt d20 fsdp", "gpt3 125M fsdp", "bert large fsdp"),
 )
 QUICK_STEPS = 20
 PLAIN_LOOP = " plain loop"  # suffix of the in-house reference rows' names: "bert <size> plain loop"

@@ -45,6 +45,7 @@ ANSWER_SETS = {
         "pipeline_parallel": 4,
     },
     "bert-base-ddp": {"project_name": "Bert Base", "model": "bert", "model_size": "base", "strategy": "ddp"},
+    "fsdp-two-nodes": {"project_name": "Sharded", "strategy": "fsdp", "nodes": 2, "platforms": "[devmachine, slurm]"},
     "kubeflow-only": {
         "project_name": "Kube Only",
         "platforms": "[kubeflow]",

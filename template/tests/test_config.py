@@ -188,7 +188,7 @@ def test_a_wrong_value_names_its_key_as_data(pkg, load):
     deepspeed = [("deepspeed.zero_stage=4", "deepspeed.zero_stage")] if pkg.optional_parts.has_deepspeed() else []
     for override, key in [
         ("batch.micro_batch_size=abc", "batch.micro_batch_size"),
-        ("run.strategy=fsdp", "run.strategy"),
+        ("run.strategy=megatron", "run.strategy"),
         *deepspeed,
     ]:
         with pytest.raises(pkg.config.ConfigError) as err:

@@ -4,7 +4,8 @@
 
 torch's dropout draws from each process's generator, so 1 and 2 processes gave different losses
 and data-parallel ranks seeded alike drew the same masks for different samples. Keyed masks make
-the losses of 1, 2 and 4 processes agree (measured: within 1e-6, fp32), checked at 1e-5. bert and
+the losses of 1, 2 and 4 processes agree, under DDP and FSDP2 (measured: within 1e-6, fp32), checked
+at 1e-5. bert and
 gpt3 have the same checks in their own test files.
 """
 
@@ -68,14 +69,16 @@ def test_dropout_outside_a_micro_batch_is_an_error_not_a_silent_draw(pkg):
 
 @pytest.fixture(scope="module")
 def dropout_runs(once, cli, demo_data, train):
-    def run(nproc: int):
-        return lambda out: train(cli, demo_data, out, nproc, *DROPOUT, "cluster.gpus_per_node=4").stdout
+    def run(nproc: int, *extra: str):
+        return lambda out: train(cli, demo_data, out, nproc, *DROPOUT, "cluster.gpus_per_node=4", *extra).stdout
 
-    return {nproc: once(f"dropout_{nproc}proc", run(nproc))[0] for nproc in (1, 2, 4)}
+    runs = {nproc: once(f"dropout_{nproc}proc", run(nproc))[0] for nproc in (1, 2, 4)}
+    return {**runs, "fsdp2": once("dropout_fsdp_2proc", run(2, "run.strategy=fsdp"))[0]}
 
 
-@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize("nproc", [2, 4, "fsdp2"])
 def test_processes_give_the_losses_of_one_with_dropout_on(nproc, dropout_runs, metrics):
+    """2 and 4 DDP processes, and 2 FSDP2 processes (each rank holds half of every weight)."""
     one, _ = metrics(dropout_runs[1])
     many, _ = metrics(dropout_runs[nproc])
     assert [r["step"] for r in many] == [r["step"] for r in one]

@@ -21,15 +21,19 @@ def bf16_run(cli, demo_data, once):
     return once("bf16_run", lambda out: launch_training(cli, demo_data, out, 2, *FP8_RUN, "run.fp8=off").stdout)[0]
 
 
-def final_model(out) -> dict:
-    return torch.load(sorted((out / "checkpoints").glob("step_*.pt"))[-1], weights_only=False)["model"]
+def final_model(pkg, out) -> dict:
+    """The weights of the run's last checkpoint (a DDP file or an FSDP2 folder)."""
+    trained = pkg.trained_model
+    return trained.read_checkpoint(trained.find_checkpoint(out / "checkpoints"))["model"]
 
 
-@pytest.mark.parametrize("recipe, nproc", [("tensorwise", 2), ("rowwise", 1)])
+@pytest.mark.parametrize(
+    "recipe, nproc, strategy", [("tensorwise", 2, "ddp"), ("rowwise", 1, "ddp"), ("tensorwise", 2, "fsdp")]
+)
 def test_fp8_trains_like_bf16_and_saves_a_plain_models_checkpoint(
-    cli, demo_data, tmp_path, metrics, bf16_run, recipe, nproc
+    cli, demo_data, tmp_path, metrics, bf16_run, recipe, nproc, strategy, pkg
 ):
-    proc = launch_training(cli, demo_data, tmp_path, nproc, *FP8_RUN, f"run.fp8={recipe}")
+    proc = launch_training(cli, demo_data, tmp_path, nproc, *FP8_RUN, f"run.fp8={recipe}", f"run.strategy={strategy}")
     assert f"precision bf16 + fp8 {recipe} matmuls (torchao) emulated on the CPU" in proc.stdout
     assert "torchao" not in proc.stderr  # its import-time noise (CUDA extensions a CPU torch lacks) stays quiet
     fp8, _ = metrics(tmp_path)
@@ -40,7 +44,7 @@ def test_fp8_trains_like_bf16_and_saves_a_plain_models_checkpoint(
         assert ours["loss"] == pytest.approx(reference["loss"], rel=0.01), (ours, reference)
         assert ours["loss"] != reference["loss"]  # the matmuls really were fp8
     assert fp8[-1]["loss"] < fp8[0]["loss"]
-    state, plain = final_model(tmp_path), final_model(bf16_run)
+    state, plain = final_model(pkg, tmp_path), final_model(pkg, bf16_run)
     assert {k: v.shape for k, v in state.items()} == {k: v.shape for k, v in plain.items()}
 
 

@@ -210,7 +210,11 @@ def test_sample_loads_a_model_without_evaluate():
 def test_each_strategy_reads_the_checkpoints_it_writes(pkg):
     """trained_model only picks the reader; the format's knowledge stays with the strategy that saves it."""
     with_deepspeed = pkg.module("settings.optional_parts").has_deepspeed()
-    for name in ("ddp", *(("deepspeed.engine", "deepspeed.pipeline") if with_deepspeed else ())):
+    for name in (
+        "ddp",
+        "fsdp.sharded_checkpoint",
+        *(("deepspeed.engine", "deepspeed.pipeline") if with_deepspeed else ()),
+    ):
         assert callable(pkg.module(f"strategies.{name}").read_checkpoint), name
 
 

@@ -254,6 +254,27 @@ def commit_folder(
     return final
 
 
+def written_by_another_strategy(ckpt_dir: Path, kind: str, writer: str, strategy: str) -> ConfigError:
+    """The refusal for a run that finds in checkpoints/ only checkpoints of another strategy's format
+    (kind: "files" or "folders"; writer: who writes those)."""
+    return ConfigError(
+        f"{ckpt_dir} holds checkpoint {kind}, which {writer} writes, but run.strategy={strategy}; continue that "
+        "run with the run.strategy it was trained with, or start a new one in a folder of its own: "
+        f"run.output_dir={files.unused_sibling(ckpt_dir.parent)}"
+    )
+
+
+def hash_shares(folder: Path) -> dict:
+    """Collective: size and sha256 of every file in a staged folder (commit_folder's `shares`), each
+    rank hashing its share. The names are the union of every rank's listing (a shared file system may
+    show a node its own files before the others')."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    seen = gather_objects(sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()))
+    names = sorted(set().union(*seen))
+    mine = {name: files.file_entry(folder / name) for name in names[rank::world]}
+    return {name: entry for share in gather_objects(mine) for name, entry in share.items()}
+
+
 def state_bytes(state) -> int:
     """About the size torch.save gives state: the bytes of its tensors."""
     if isinstance(state, torch.Tensor):

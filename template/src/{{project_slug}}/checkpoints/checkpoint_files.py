@@ -33,6 +33,7 @@ from ..settings.config import ConfigError
 from ..settings.stored_files import DamagedFile, read_json, read_text, shape_problem
 
 LATEST = "latest"
+STAGING = ".staging"  # under checkpoints/: a sharded strategy's folder being written, renamed into place when whole
 MANIFEST = "manifest.json"
 _STEP = re.compile(r"step_(\d{8})(\.pt)?")
 _CHUNK = 1 << 22

@@ -1,8 +1,9 @@
 """A trained model in one process, from the checkpoint of any strategy (for `eval` and `sample`).
 
     checkpoints/step_00001000.pt     a replica: one file (strategies/ddp.py)
-    checkpoints/step_00001000/       a sharded strategy's folder: shards consolidated, a pipeline's
-                                     files per layer and tensor rank joined (in projects that have one)
+    checkpoints/step_00001000/       a sharded strategy's folder: FSDP2's shards read whole
+                                     (strategies/fsdp/sharded_checkpoint.py), DeepSpeed's consolidated, a
+                                     pipeline's files per layer and tensor rank joined
 
 Each format is read by the strategy that writes it; this module only picks the reader and builds
 the model the checkpoint was trained as, so eval and sample run in one process whatever the
@@ -24,6 +25,7 @@ from ..models import build_model
 from ..settings import optional_parts
 from ..settings.config import Config, ConfigError, ModelConfig
 from ..strategies import ddp
+from ..strategies.fsdp import sharded_checkpoint as fsdp_checkpoint
 
 
 def find_checkpoint(ckpt_dir: Path, say=lambda line: print(line, file=sys.stderr, flush=True)) -> Path | None:
@@ -50,7 +52,11 @@ def read_checkpoint(path: Path) -> dict:
     """A checkpoint as one dict, whatever wrote it: "model" (the whole model's state dict, as the
     unwrapped one-process model names it), "step", "config" and the rest of what train.py saved."""
     path = Path(path)
-    return ddp.read_checkpoint(path) if path.is_file() else optional_parts.read_checkpoint_folder(path)
+    if path.is_file():
+        return ddp.read_checkpoint(path)
+    if fsdp_checkpoint.is_dcp_checkpoint(path):
+        return fsdp_checkpoint.read_checkpoint(path)
+    return optional_parts.read_checkpoint_folder(path)
 
 
 def load_trained_model(cfg: Config, ckpt: str | None, device: torch.device):
@@ -67,7 +73,12 @@ def load_trained_model(cfg: Config, ckpt: str | None, device: torch.device):
     # Intact; then its data. A folder's run state is read first: refused before its shards are
     # consolidated (minutes when large).
     state = read_checkpoint(path) if path.is_file() else None
-    run_state = state if state is not None else optional_parts.checkpoint_folder_state(path)
+    if state is not None:
+        run_state = state
+    elif fsdp_checkpoint.is_dcp_checkpoint(path):
+        run_state = fsdp_checkpoint.run_state(path)
+    else:
+        run_state = optional_parts.checkpoint_folder_state(path)
     checkpoint.check_data(run_state, Path(cfg.data.dir), path, "give --checkpoint of a run trained on data.dir")
     state = state if state is not None else read_checkpoint(path)
     meta = read_meta(Path(cfg.data.dir))

@@ -44,7 +44,7 @@ from ..models.family import family, model_shape
 from ..settings.config import Config, ConfigError
 from ..settings.gpus import ANSWERS, find_answer
 from ..settings.precision import on_gpu_type
-from ..strategies.memory import model_states, precision_mode, uses_pipeline_engine
+from ..strategies.memory import model_states, precision_mode, strategy_plan, uses_pipeline_engine
 from .rules import parallel_problems, precision_problems
 
 GIB = 1024**3
@@ -170,7 +170,7 @@ def memory(cfg: Config) -> dict:
             chunked_loss=not uses_pipeline_engine(cfg),
         )
         act = {c: activations(shape, vocab, seq, micro, cfg.model.softcap, c, **kw) for c in (False, True)}
-        states = model_states(psi, sharded, nd, muon)
+        states = model_states(psi, sharded, nd, muon, not strategy_plan(cfg).muon_state_sharded)
         total = states["weights"] + states["grads"] + states["optimizer"] + act[cfg.model.activation_checkpointing]
         if worst is None or total > worst["total"]:
             worst = {

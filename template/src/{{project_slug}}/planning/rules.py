@@ -153,8 +153,9 @@ def family_problems(cfg: Config, shape: dict) -> list[Problem]:
     if cfg.optim.optimizer == "muon" and not fam.muon:
         found.append(Problem(f"optim.optimizer=muon needs a model that names its matrices (model.arch=gpt), not "
                              f"model.arch={name}; use optim.optimizer=adamw", "optim.optimizer", "model.arch"))  # fmt: skip
-    elif cfg.optim.optimizer == "muon" and cfg.run.strategy != "ddp":
-        found.append(Problem(f"optim.optimizer=muon runs under run.strategy=ddp: run.strategy={cfg.run.strategy} steps "
+    elif cfg.optim.optimizer == "muon" and not strategy.strategy_plan(cfg).runs_muon:
+        runners = " or ".join(p.name for p in strategy.strategy_plans().values() if p.runs_muon)
+        found.append(Problem(f"optim.optimizer=muon runs under run.strategy={runners}: run.strategy={cfg.run.strategy} steps "
                              "flat shards of the parameters and Muon needs each matrix whole; use "
                              f"optim.optimizer=adamw with run.strategy={cfg.run.strategy}, or run.strategy=ddp",
                              "optim.optimizer", "run.strategy"))  # fmt: skip

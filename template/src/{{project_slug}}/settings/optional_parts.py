@@ -27,7 +27,7 @@ PACKAGE = __package__.rpartition(".")[0]
 # What the template offers: a name outside these is not a missing part but a mistake (said elsewhere).
 TEMPLATE_FAMILIES = ("bert", "gpt", "gpt3")
 TEMPLATE_PLATFORMS = ("devmachine", "kubeflow", "slurm", "tione")
-TEMPLATE_STRATEGIES = ("ddp", "deepspeed")
+TEMPLATE_STRATEGIES = ("ddp", "deepspeed", "fsdp")
 DEEPSPEED_LAUNCHER = "deepspeed"  # --launcher's name for DeepSpeed's own launcher program (devmachine, slurm)
 UPDATE_FIRST = " (commit first; copier merges the update into your edits)"
 

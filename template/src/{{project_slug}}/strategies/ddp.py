@@ -21,7 +21,6 @@ from ..checkpoints import checkpoint, checkpoint_files
 from ..runtime.distributed import print0, share_from_main
 from ..runtime.run_context import Run
 from ..runtime.unrecoverable import raise_on_every_rank
-from ..settings.config import ConfigError
 from ..settings.precision import INITIAL_SCALE_POWER, SCALE_WINDOW
 from .common import clip_gradients, compiled, skip_step
 from .optimizer import build_optimizer, groups_line, peak_lrs, set_schedule
@@ -135,12 +134,7 @@ class DDPStrategy:  # implements base.Strategy
         self.run_id = (checkpoint_files.run_id_of(latest) if latest else None) or checkpoint_files.new_run_id()
         if latest is None:
             if allowed and checkpoint_files.list_folders(ckpt_dir):
-                raise ConfigError(
-                    f"{ckpt_dir} holds checkpoint folders, which another strategy writes, but run.strategy=ddp; "
-                    "continue that run with the run.strategy it was trained with, or start a new one in a folder "
-                    "of its own: "
-                    f"run.output_dir={checkpoint_files.unused_sibling(ckpt_dir.parent)}"
-                )
+                raise checkpoint.written_by_another_strategy(ckpt_dir, "folders", "another strategy", "ddp")
             return 0
         state = checkpoint.load(latest)
         notes = checkpoint.check_compatible(state, self.cfg, self.run.world_size, latest)

@@ -1,7 +1,8 @@
 """fp8 matmuls for training (run.fp8): the model's linear layers swapped in place for torchao's
 Float8Linear, which casts each matmul's inputs to fp8 with dynamic scales (one per tensor under
 `tensorwise`, one per row under `rowwise`), multiplies on the GPU's fp8 tensor cores and returns
-bf16. Weights, optimizer state and checkpoints stay as they were: the state dict has the same keys,
+bf16 (under FSDP2 with `tensorwise`, the blocks' weights are gathered in fp8). Weights, optimizer
+state and checkpoints stay as they were: the state dict has the same keys,
 so a run resumes, evaluates and exports with fp8 on or off.
 
 Left in bf16: the output head (its logits feed the loss, where fp8's three significant bits cost
@@ -56,7 +57,10 @@ def to_float8(model: torch.nn.Module, run: Run) -> torch.nn.Module:
     # A project's own dependency, imported only here; its import noise: cli.QUIET_LOGGERS.
     float8 = require_package("torchao.float8", "", f"run.fp8={run.cfg.run.fp8}", "or set run.fp8=off")
     recipe = float8.Float8LinearConfig.from_recipe_name(run.cfg.run.fp8)
-    config = dataclasses.replace(recipe, emulate=run.device.type != "cuda")
+    # Under FSDP2 on GPUs a tensorwise weight is gathered already in fp8 (half of bf16's bytes; Gloo
+    # has no fp8 type); a rowwise scale needs the whole row, so those gather in bf16.
+    fp8_gather = run.cfg.run.strategy == "fsdp" and run.cfg.run.fp8 == "tensorwise" and run.device.type == "cuda"
+    config = dataclasses.replace(recipe, emulate=run.device.type != "cuda", enable_fsdp_float8_all_gather=fp8_gather)
     head = run.family.output_head
     return float8.convert_to_float8_training(
         model, config=config, module_filter_fn=lambda module, name: convertible(module, name, head)

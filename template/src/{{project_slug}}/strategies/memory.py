@@ -30,6 +30,8 @@ class StrategyPlan:
     label = "DDP"
     stages: tuple[int, ...] = (0,)
     runs_layouts = False  # runs a family's tensor and pipeline layouts
+    runs_muon = True  # steps optim.optimizer=muon (each matrix whole for its orthogonalisation)
+    muon_state_sharded = True  # Muon's momentum split over the data ranks (DDP: a replica anyway)
     builds = "ddp:DDPStrategy"  # module (under strategies/) and class of its base.Strategy
     builds_layouts: str | None = None  # the same for tensor and pipeline layouts, where it runs them
     plan_arguments: tuple[tuple[tuple[str, ...], dict], ...] = ()  # `plan`'s own flags of this strategy
@@ -119,14 +121,18 @@ def precision_mode(cfg: Config) -> str:
     return strategy_plan(cfg).precision_mode(cfg)
 
 
-def model_states(psi: int, sharded: Sharding, nd: int, muon_params: int = 0) -> dict[str, float]:
+def model_states(
+    psi: int, sharded: Sharding, nd: int, muon_params: int = 0, muon_whole: bool = False
+) -> dict[str, float]:
     """Bytes per GPU of weights, grads and optimizer (mixed-precision Adam: 2 + 2 + 12 bytes a
     parameter, the stage's part divided over nd ranks), and bytes on the host. Muon keeps one buffer a
-    matrix where Adam keeps two: 8 bytes for each of its `muon_params`."""
+    matrix where Adam keeps two: 8 bytes for each of its `muon_params`. muon_whole: that buffer is
+    whole on every rank (a strategy that gathers each matrix for Muon: plan.muon_state_sharded)."""
     stage = sharded.stage
     weights = 2 * psi / nd if stage == 3 else 2 * psi
     grads = 2 * psi / nd if stage >= 2 else 2 * psi
-    optimizer = (12 * psi - 4 * muon_params) / nd if stage >= 1 else 12 * psi - 4 * muon_params
+    whole = 4 * muon_params if muon_whole and stage >= 1 else 0
+    optimizer = (12 * psi - 4 * muon_params - whole) / nd + whole if stage >= 1 else 12 * psi - 4 * muon_params
     host = 0.0
     if sharded.offload_optimizer and stage >= 1:
         host += optimizer

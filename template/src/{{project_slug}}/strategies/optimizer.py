@@ -18,7 +18,9 @@ Matrices of one shape are stacked and handled together. The orthogonalisation, t
 is spread over the data-parallel ranks: each orthogonalises its share of a stack and an all-gather
 hands every rank the whole (the gradients are already averaged: DDP all-reduced them), so steps
 3-5 run everywhere on the same numbers and every rank keeps the whole state. A checkpoint then holds
-the state of every matrix, written by rank 0, and resumes on any number of ranks.
+the state of every matrix, written by rank 0, and resumes on any number of ranks. Under FSDP2
+(strategies/fsdp/) the matrices are sharded by rows: their gradients are gathered whole first (the
+same numbers as DDP's from there on) and each rank writes the update into the rows it holds.
 """
 
 from __future__ import annotations
@@ -61,6 +63,24 @@ def orthogonalize(g: torch.Tensor) -> torch.Tensor:
         x = a * x + (b * gram + c * (gram @ gram)) @ x
     x = (x.mT if tall else x).to(g.dtype)
     return x * (min(x.shape[-2:]) ** 0.5 / x.float().norm(dim=(-2, -1), keepdim=True).clamp_min(1e-6)).to(x.dtype)
+
+
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor a sharded strategy split over the ranks (a DTensor), gathered whole; others as they are."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def held_rows(param: torch.Tensor, values: torch.Tensor | None = None) -> torch.Tensor:
+    """The part of `param` this rank holds (its local shard, or all of it); given `values` (the whole
+    matrix's), the same part of those."""
+    if not hasattr(param, "to_local"):
+        return param if values is None else values
+    if values is None:
+        return param.to_local()
+    from torch.distributed.tensor import distribute_tensor
+
+    # Every rank holds the same whole values: each keeps its own part, nothing is sent.
+    return distribute_tensor(values, param.device_mesh, param.placements, src_data_rank=None).to_local()
 
 
 class MuonAdamW(torch.optim.Optimizer):
@@ -122,7 +142,7 @@ class MuonAdamW(torch.optim.Optimizer):
         params = group["params"]
         if params[0].grad is None:
             return
-        grads = torch.stack([p.grad for p in params])
+        grads = torch.stack([whole(p.grad) for p in params])  # a sharded strategy's matrices gathered
         # A step not to apply: gradients, the state's rates and the step times set to 0 (all finite, so the
         # product is exactly 0); the same numbers as without found_inf when it is 0.
         applied = None
@@ -151,12 +171,15 @@ class MuonAdamW(torch.optim.Optimizer):
         update = update * (scale * (norm_before / norm_after.clamp_min(1e-10)))
 
         lr = group["lr"] * math.sqrt(max(1.0, rows / cols))
-        weights = torch.stack([p.detach() for p in params])
+        held = [held_rows(p.detach()) for p in params]  # all of each matrix, or this rank's rows of it
+        if hasattr(params[0], "to_local"):
+            update = torch.stack([held_rows(p, u) for p, u in zip(params, update)])
+        weights = torch.stack(held)
         agree = (update * weights) >= 0  # cautious weight decay
         delta = lr * update + (lr * group["weight_decay"]) * weights * agree
         weights.sub_(delta if applied is None else delta * applied)
-        for p, new in zip(params, weights):
-            p.copy_(new)
+        for target, new in zip(held, weights):
+            target.copy_(new)
 
     def _orthogonalized(self, stack: torch.Tensor) -> torch.Tensor:
         """Each rank orthogonalises its share of the stack; an all-gather hands everyone the whole."""

@@ -39,6 +39,7 @@ from .pieces import (
 REFERENCE_BATCH_TOKENS = 2**19
 REFERENCE_WIDTH = 768
 REFERENCE_DEPTH = 12
+MUON_STRATEGIES = ("ddp", "fsdp")  # those whose plan runs_muon (strategies/memory.py): the recipe steps Muon there
 
 # Bytes per token per unit of width one block keeps for backward (measured under autocast: the
 # bf16 inputs of its matmuls, the fp32 norms' and ReLU^2's, and SDPA's output and log-sum-exp).
@@ -167,7 +168,7 @@ class GPTFamily(Family):
             return [("rows", "documents" if nanochat else "windows", "training rows: documents (each starts at one, packed best-fit: nanochat's; d4 at 614K tokens -0.023 bpb) | windows (the stream cut every sequence_len)")]  # fmt: skip
         if section == "optim" and nanochat:
             return [
-                ("optimizer", "muon" if answers["strategy"] == "ddp" else "adamw", "muon: Muon for the blocks' matrices, AdamW for the rest (run.strategy=ddp) | adamw: AdamW at lr for all"),
+                ("optimizer", "muon" if answers["strategy"] in MUON_STRATEGIES else "adamw", "muon: Muon for the blocks' matrices, AdamW for the rest (run.strategy=ddp or fsdp) | adamw: AdamW at lr for all"),
                 (None, "", "Muon's recipe (nanochat's): the rates for 2^19 tokens a step at width 768, scaled to this run's batch and width (`plan` prints them)"),
                 ("matrix_lr", 0.02, ""),
                 ("embedding_lr", 0.3, ""),
@@ -177,7 +178,7 @@ class GPTFamily(Family):
                 ("lr", self.recipe(answers["model_size"])["lr"], "AdamW's peak learning rate under optimizer: adamw"),
                 ("beta1", 0.9, ""),
                 ("beta2", self.beta2, ""),
-                ("grad_clip", 0.0 if answers["strategy"] == "ddp" else 1.0, "global gradient norm; 0 disables (Muon's recipe clips nothing, as nanochat; 1.0 under adamw)"),
+                ("grad_clip", 0.0 if answers["strategy"] in MUON_STRATEGIES else 1.0, "global gradient norm; 0 disables (Muon's recipe clips nothing, as nanochat; 1.0 under adamw)"),
             ]  # fmt: skip
         if section == "optim":
             lines = super().config_settings(section, answers)

@@ -47,7 +47,7 @@ from ..common import clip_gradients, compiled, param_groups, skip_step
 from . import universal_checkpoint
 from .plan import fp16_zero0_refusal
 
-STAGING = ".staging"  # where a save is written before it is renamed into place
+STAGING = checkpoint_files.STAGING  # where a save is written before it is renamed into place
 
 
 HYSTERESIS = 2  # overflows tolerated in a row before the loss scale halves
@@ -466,7 +466,7 @@ class DeepSpeedStrategy:  # implements base.Strategy
                 shutil.rmtree(staging / tag, ignore_errors=True)  # frees what the partial save took
                 message = str(checkpoint_files.save_failed(failed, ckpt_dir, tag, needed))
             raise_on_every_rank(share_from_main(message), self.run.is_main, key="run.output_dir")
-        files = self._hash_shares(staging / tag)
+        files = checkpoint.hash_shares(staging / tag)
         if self.run.is_main:
             for script in (p for p in staging.iterdir() if p.is_file()):
                 os.replace(script, ckpt_dir / script.name)  # zero_to_fp32.py: run next to `latest`
@@ -475,16 +475,6 @@ class DeepSpeedStrategy:  # implements base.Strategy
             final = checkpoint.commit_folder(staging / tag, ckpt_dir, step, files, keep, self.run_id, prune)
             print0(f"saved {final}")
         barrier()
-
-    def _hash_shares(self, folder: Path) -> dict:
-        """Collective: size and sha256 of every file in folder, each rank hashing its share. The
-        names are the union of every rank's listing (a shared file system may show a node its own
-        files before the others')."""
-        seen = gather_objects(sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()))
-        names = sorted(set().union(*seen))
-        rank, world = self.run.rank, self.run.world_size
-        mine = {name: checkpoint_files.file_entry(folder / name) for name in names[rank::world]}
-        return {name: entry for share in gather_objects(mine) for name, entry in share.items()}
 
     def _checkpoint_bytes(self, ckpt_dir: Path) -> int:
         """About the size of the next checkpoint: the last one's, or (none yet) fp32 weights plus

@@ -28,6 +28,7 @@ class DeepSpeedPlan(StrategyPlan):
     label = "DeepSpeed"
     stages = (0, 1, 2, 3)
     runs_layouts = True
+    runs_muon = False  # its optimizer steps flat shards
     builds = "deepspeed.engine:DeepSpeedStrategy"
     builds_layouts = "deepspeed.pipeline:PipelineStrategy"
     plan_arguments = (

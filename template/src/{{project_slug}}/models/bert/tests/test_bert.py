@@ -127,6 +127,13 @@ def zero3_run(tmp_path_factory, cli, bert_data):
     return out, proc.stdout + proc.stderr
 
 
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory, cli, bert_data):
+    out = tmp_path_factory.mktemp("bert_fsdp")
+    proc = launch(cli, bert_data, out, 2, "run.strategy=fsdp")
+    return out, proc.stdout + proc.stderr
+
+
 def assert_loss_falls(out, log):
     train, val = read_metrics(out)
     assert [r["step"] for r in train] == STEPS
@@ -153,6 +160,17 @@ def test_zero3_two_processes_loss_falls_as_without_zero(zero3_run, ddp_run):
     assert "strategy deepspeed ZeRO 3" in log
     assert (out / "checkpoints" / "step_00000040").is_dir()
     # Same data, init and dropout masks: ZeRO-3 only reorders the reductions.
+    for got, want in zip(train, read_metrics(ddp_run[0])[0]):
+        assert abs(got["loss"] - want["loss"]) < LAYOUT_TOL, (got["step"], got["loss"], want["loss"])
+
+
+def test_fsdp_shards_bert_layers_and_learns_as_ddp(fsdp_run, ddp_run):
+    """FSDP2 shards each of transformers' BertLayers and then the model: the same losses as DDP's
+    with dropout on (only the reductions are ordered otherwise), a folder of shards at the end."""
+    out, log = fsdp_run
+    train, _ = assert_loss_falls(out, log)
+    assert "strategy fsdp (FSDP2)" in log
+    assert (out / "checkpoints" / "step_00000040" / ".metadata").is_file()
     for got, want in zip(train, read_metrics(ddp_run[0])[0]):
         assert abs(got["loss"] - want["loss"]) < LAYOUT_TOL, (got["step"], got["loss"], want["loss"])
 
@@ -196,9 +214,9 @@ def test_data_parallel_ranks_draw_different_masks_for_their_samples(pkg, tmp_pat
     assert model.mlm.config._attn_implementation == pkg.module("models.bert.model").KEYED_ATTENTION
 
 
-@pytest.mark.parametrize("run", ["ddp_run", "zero3_run"])
+@pytest.mark.parametrize("run", ["ddp_run", "zero3_run", "fsdp_run"])
 def test_eval_reports_masked_lm_loss_perplexity_and_accuracy(run, request, cli, bert_data):
-    """eval consolidates the checkpoint (a DDP file, or ZeRO-3 shards through zero_to_fp32) into one
+    """eval consolidates the checkpoint (a DDP file, ZeRO-3 shards through zero_to_fp32, FSDP2's shards) into one
     process and scores the same validation predictions as training's last evaluation."""
     out, _ = request.getfixturevalue(run)
     proc = cli("eval", *BERT, f"data.dir={bert_data}", f"run.output_dir={out}")
@@ -467,9 +485,9 @@ def test_missing_or_mismatched_pretrained_is_a_one_line_error(cli, bert_data, tm
     assert proc.stderr.startswith("error: model.pretrained=") and "no weights" in proc.stderr
 
 
-@pytest.mark.parametrize("run", ["ddp_run", "zero3_run"])
+@pytest.mark.parametrize("run", ["ddp_run", "zero3_run", "fsdp_run"])
 def test_export_is_bert_for_masked_lm_with_our_logits(run, request, bert_data, export, cli, pkg, cfg_with):
-    """DDP's file and ZeRO-3's shards export a plain BertForMaskedLM (transformers' own attention)
+    """DDP's file, ZeRO-3's and FSDP2's shards export a plain BertForMaskedLM (transformers' own attention)
     whose logits are ours, with the WordPiece tokenizer and its [MASK]."""
     from test_export import assert_same_logits, ours_and_theirs
     from transformers import AutoTokenizer

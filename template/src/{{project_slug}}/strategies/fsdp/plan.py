@@ -1,0 +1,57 @@
+"""What FSDP2 keeps on a GPU and what it allows, without torch (strategies/memory.py finds PLAN; its
+config section is settings.py): weights, gradients and optimizer state sharded over the ranks
+(stage 3), all three on the host under fsdp.offload. No tensor or pipeline layouts.
+"""
+
+from __future__ import annotations
+
+from ...settings.config import Config, Problem, changed
+from ...settings.sharding import Sharding
+from ..memory import StrategyPlan
+
+
+class FSDPPlan(StrategyPlan):
+    name = "fsdp"
+    label = "FSDP2"
+    stages = (3,)
+    builds = "fsdp.strategy:FSDPStrategy"
+    muon_state_sharded = False  # Muon gathers each matrix and keeps its momentum whole on every rank
+
+    def at(self, cfg: Config, sharding: Sharding) -> Config:
+        offload = sharding.offload_optimizer or sharding.offload_params
+        return changed(cfg, **{"run.strategy": self.name, "fsdp.offload": offload})
+
+    def settings(self, old: Config, new: Config) -> tuple[list[str], list[str]]:
+        keys, answers = super().settings(old, new)
+        if new.fsdp.offload != old.fsdp.offload:
+            keys.append(f"fsdp.offload={str(new.fsdp.offload).lower()}")
+        return keys, answers
+
+    def describe(self, cfg: Config) -> str:
+        return "FSDP2 (weights, gradients and optimizer state sharded)" + (
+            " + offload to CPU" if cfg.fsdp.offload else ""
+        )
+
+    def describe_sharding(self, sharding: Sharding) -> str:
+        return "FSDP2, fully sharded" + (" with everything offloaded to CPU" if sharding.offload_params else "")
+
+    def precision_problems(self, cfg: Config, precision: str, gpu_name: str) -> list[Problem]:
+        if precision != "fp16":
+            return []
+        how = (
+            "run.dtype=fp16"
+            if cfg.run.dtype == "fp16"
+            else f"run.dtype={cfg.run.dtype} trains in fp16 on the {gpu_name} (no bf16)"
+        )
+        return [
+            Problem(
+                f"{how} with run.strategy=fsdp: FSDP2 here has no loss scaler; use run.dtype=bf16 or fp32, or "
+                "run.strategy=ddp (torch's GradScaler)",
+                "run.dtype",
+                "run.strategy",
+                "cluster.gpu_type",
+            )
+        ]
+
+
+PLAN = FSDPPlan()
