@@ -24,12 +24,16 @@ TOLERANCE = 1e-5
 
 @pytest.fixture(scope="module")
 def runs(once, cli, demo_data, train):
-    """The recipe on one DDP process (test_muon's run) and on two FSDP processes."""
+    """The recipe on one DDP process (test_muon's run) and on two FSDP processes, which also recompute
+    each block in backward (activation checkpointing: the same numbers)."""
 
     def run(nproc: int, *extra: str):
         return lambda out: train(cli, demo_data, out, nproc, *MUON, *extra).stdout
 
-    return {"ddp": once("muon_1proc", run(1)), "fsdp": once("fsdp_muon_2proc", run(2, *FSDP))}
+    return {
+        "ddp": once("muon_1proc", run(1)),
+        "fsdp": once("fsdp_muon_2proc", run(2, *FSDP, "model.activation_checkpointing=true")),
+    }
 
 
 def losses(metrics, run_dir) -> dict[int, float]:
