@@ -60,7 +60,9 @@ class FSDPStrategy:  # implements base.Strategy
         precision = MixedPrecisionPolicy(
             param_dtype=torch.bfloat16 if run.precision == "bf16" else None, reduce_dtype=torch.float32
         )
-        offload = CPUOffloadPolicy() if cfg.fsdp.offload else OffloadPolicy()
+        # On a CPU the weights are in host memory already: offload has nothing to move (and needs a GPU).
+        self.offloaded = cfg.fsdp.offload and run.device.type != "cpu"
+        offload = CPUOffloadPolicy() if self.offloaded else OffloadPolicy()
         options = {"mesh": mesh, "mp_policy": precision, "offload_policy": offload}
         for block in repeated_blocks(model):
             if self.compiled:
@@ -74,7 +76,9 @@ class FSDPStrategy:  # implements base.Strategy
 
     def describe(self) -> str:
         reshard = "" if self.cfg.fsdp.reshard_after_forward else ", weights kept from forward to backward"
-        offload = ", offloaded to CPU" if self.cfg.fsdp.offload else ""
+        offload = ", offloaded to CPU" if self.offloaded else ""
+        if self.cfg.fsdp.offload and not self.offloaded:
+            offload = ", fsdp.offload does nothing on a CPU"
         muon = f", {groups_line(self.optimizer)}" if self.cfg.optim.optimizer == "muon" else ""
         return f"strategy fsdp (FSDP2{reshard}{offload}), {self.compile_note}{muon}"
 
