@@ -9,13 +9,17 @@ one to continue from; eval and export read it in one process.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 import torch
+from conftest import subprocess_env
 from test_muon import MUON
 
 FSDP = ["run.strategy=fsdp"]
@@ -131,3 +135,49 @@ def test_one_fsdp_process_started_without_torchrun_trains_as_ddp(
     assert sorted(alone) == [5, 10]
     for step, loss in alone.items():
         assert abs(loss - ddp[step]) < TOLERANCE, (step, loss, ddp[step])
+
+
+COMPILED_BLOCKS = """
+import importlib, json, sys
+import torch, torch.distributed as dist
+from torch._dynamo.utils import counters
+from torch.distributed.device_mesh import init_device_mesh
+
+package, out = sys.argv[1], sys.argv[2]
+gpt = importlib.import_module(f"{package}.models.gpt.model")
+fsdp = importlib.import_module(f"{package}.strategies.fsdp.strategy")
+dist.init_process_group("gloo")
+x = torch.randint(0, 128, (2, 32), generator=torch.Generator().manual_seed(1))
+results = {}
+for compile_blocks in (False, True):
+    torch.manual_seed(0)
+    model = gpt.GPT(gpt.GPTConfig(vocab_size=128, sequence_len=32, n_layer=4, n_embd=64, n_head=2, n_kv_head=2))
+    model.init_weights()
+    fsdp.shard_model(model, init_device_mesh("cpu", (2,)), False, False, True, compile_blocks)
+    loss = model(x, torch.roll(x, -1, 1))
+    loss.backward()
+    results[compile_blocks] = (loss.item(), [p.grad.to_local() for p in model.parameters()])
+grads = max((a - b).abs().max().item() for a, b in zip(results[False][1], results[True][1]))
+if dist.get_rank() == 0:
+    found = {"losses": [results[False][0], results[True][0]], "grads": grads,
+             "graphs": counters["stats"]["unique_graphs"], "breaks": sum(counters["graph_break"].values())}
+    open(out, "w").write(json.dumps(found))
+dist.destroy_process_group()
+"""
+
+
+def test_blocks_compile_on_their_own_under_fsdp(cli, pkg, tmp_path):
+    """What run.compile does under FSDP2 on a GPU, run here with Inductor on the CPU (2 processes):
+    each block compiled before it is sharded gives the eager loss and gradients, without a graph
+    break; four blocks take two graphs (the first block's, then one for every other: dynamo makes the
+    layer number a variable after its first recompile), not one per block."""
+    script, out = tmp_path / "compiled_blocks.py", tmp_path / "found.json"
+    script.write_text(COMPILED_BLOCKS)
+    run = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone"]
+    proc = subprocess.run([*run, str(script), pkg.name, str(out)], capture_output=True, text=True, timeout=600,
+                          cwd=cli.root, env=subprocess_env())  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(out.read_text())
+    eager, compiled = found["losses"]
+    assert abs(eager - compiled) < 1e-6 and found["grads"] < 1e-6, found
+    assert found["breaks"] == 0 and found["graphs"] == 2, found

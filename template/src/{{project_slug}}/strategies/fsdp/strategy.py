@@ -7,8 +7,9 @@ ranks) between steps.
 - Precision: under bf16 the blocks gather their weights in bf16 and reduce gradients in fp32, the
   sharded fp32 weights being the master copy; the loop's autocast keeps the float32 ops (norms, the
   loss) where DDP has them, so the numbers are DDP's.
-- Compile (CUDA, run.compile): each block compiled on its own before it is sharded, so every block of
-  one shape reuses one graph and the collectives stay outside the graphs.
+- Compile (CUDA, run.compile): each block compiled on its own before it is sharded, the collectives
+  outside the graphs: two graphs whatever the depth (the first block's, then one the others share once
+  dynamo makes the layer number a variable), no graph break (tests/test_fsdp.py, Inductor on a CPU).
 - Optimizer: optimizer.py's, on the sharded parameters. AdamW steps each rank's rows; Muon gathers each
   matrix whole for its orthogonalisation (the same algorithm as under DDP) and each rank updates the
   rows it holds.
@@ -41,6 +42,25 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
+def shard_model(
+    model: torch.nn.Module, mesh, bf16: bool, offload: bool, reshard_after_forward: bool, compile_blocks: bool
+) -> None:
+    """fully_shard every repeated block (compiled first where asked, the gathers and reductions
+    outside its graph) and then the model (the embeddings, head and scalars, gathered
+    once per forward). bf16: gather weights in bf16 and reduce gradients in fp32."""
+    precision = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32)
+    options = {
+        "mesh": mesh,
+        "mp_policy": precision,
+        "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy(),
+    }
+    for block in repeated_blocks(model):
+        if compile_blocks:
+            block.compile()
+        fully_shard(block, reshard_after_forward=reshard_after_forward, **options)
+    fully_shard(model, **options)
+
+
 class FSDPStrategy:  # implements base.Strategy
     name = "fsdp"
     consumes_batches = False
@@ -56,19 +76,16 @@ class FSDPStrategy:  # implements base.Strategy
         if not dist.is_initialized():  # one process started without torchrun: a group of one, in memory
             backend = "nccl" if run.device.type == "cuda" else "gloo"
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-        mesh = init_device_mesh(run.device.type, (run.world_size,))
-        precision = MixedPrecisionPolicy(
-            param_dtype=torch.bfloat16 if run.precision == "bf16" else None, reduce_dtype=torch.float32
-        )
         # On a CPU the weights are in host memory already: offload has nothing to move (and needs a GPU).
         self.offloaded = cfg.fsdp.offload and run.device.type != "cpu"
-        offload = CPUOffloadPolicy() if self.offloaded else OffloadPolicy()
-        options = {"mesh": mesh, "mp_policy": precision, "offload_policy": offload}
-        for block in repeated_blocks(model):
-            if self.compiled:
-                block.compile()
-            fully_shard(block, reshard_after_forward=cfg.fsdp.reshard_after_forward, **options)
-        fully_shard(model, **options)  # the embeddings, head and scalars; gathered once per forward
+        shard_model(
+            model,
+            init_device_mesh(run.device.type, (run.world_size,)),
+            bf16=run.precision == "bf16",
+            offload=self.offloaded,
+            reshard_after_forward=cfg.fsdp.reshard_after_forward,
+            compile_blocks=self.compiled,
+        )
         self.module = self.runnable = model
         self.optimizer = build_optimizer(model, run)
         peaks = peak_lrs(self.optimizer)
