@@ -180,9 +180,11 @@ def test_a_missing_or_altered_shard_is_one_line(command, how, cli, demo_data, ru
     assert snapshot(data_dir, out) == before
 
 
-def test_a_checkpoint_that_cannot_be_written_ends_the_job_at_once(cli, demo_data, train_overrides, tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_checkpoint_that_cannot_be_written_ends_the_job_at_once(cli, demo_data, train_overrides, tmp_path, strategy):
     """A file where the checkpoints folder should be: every attempt would train to the first save
-    and fail there. The job ends at its first attempt with one line, not after max_restarts more."""
+    and fail there. The job ends at its first attempt with one line, not after max_restarts more:
+    rank 0 shares the failure, so no other rank is left waiting for it in a collective."""
     out = tmp_path / "run"
     out.mkdir()
     (out / "checkpoints").write_text("not a folder\n")
@@ -193,10 +195,12 @@ def test_a_checkpoint_that_cannot_be_written_ends_the_job_at_once(cli, demo_data
         f"run.output_dir={out}",
         "cluster.max_restarts=3",
         "schedule.max_steps=10",
+        f"run.strategy={strategy}",
         expect=1,
         timeout=240,
     )
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert "closing signal" not in proc.stderr, proc.stderr  # every rank ended by itself
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and str(out / "checkpoints") in errors[0] and "move it away" in errors[0], proc.stderr
     attempts = {p.name for p in (out / "logs").rglob("attempt_*")}

@@ -110,6 +110,14 @@ def path_mistake(exc: OSError) -> ConfigError | None:
     return ConfigError(f"cannot use the path {shown}: {exc.strerror}; give a shorter path without a loop of links")
 
 
+def unusable_path(exc: BaseException, folders: list[Path]) -> ConfigError | None:
+    """path_mistake or unwritable for an OSError (no restart fixes either); None for anything else.
+    A rank that meets one while the others wait in a collective shares it, so none waits for it."""
+    if not isinstance(exc, OSError):
+        return None
+    return path_mistake(exc) or unwritable(exc, folders)
+
+
 def recorded_by_a_rank() -> bool:
     """In a rank: whether a rank already handed a failure to the supervisor (which ends the job)."""
     path = os.environ.get(FAILURE_FILE)

@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ..checkpoints import checkpoint, checkpoint_files
 from ..runtime.distributed import print0, share_from_main
 from ..runtime.run_context import Run
-from ..runtime.unrecoverable import raise_on_every_rank
+from ..runtime.unrecoverable import raise_on_every_rank, unusable_path
 from ..settings.precision import INITIAL_SCALE_POWER, SCALE_WINDOW
 from .common import clip_gradients, compiled, skip_step
 from .optimizer import build_optimizer, groups_line, peak_lrs, set_schedule
@@ -124,6 +124,11 @@ class DDPStrategy:  # implements base.Strategy
                 print0(f"saved {path}")
             except checkpoint_files.SaveFailed as exc:
                 failed = str(exc)
+            except OSError as exc:  # a path no restart fixes: said on every rank, none left waiting below
+                problem = unusable_path(exc, [Path(self.cfg.run.output_dir)])
+                if problem is None:
+                    raise
+                failed = str(problem)
         # Nobody runs ahead of a checkpoint it may need to resume from, and all stop if it failed.
         failed = share_from_main(failed)
         if failed:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -29,6 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from ...checkpoints import checkpoint, checkpoint_files
+from ...runtime import unrecoverable
 from ...runtime.distributed import barrier, gather_objects, print0, share_from_main
 from ...runtime.unrecoverable import raise_on_every_rank
 
@@ -46,20 +48,24 @@ def save(strategy, ckpt_dir: Path, step: int, extra: dict) -> None:
     run = strategy.run
     tag = f"step_{step:08d}"
     staged = ckpt_dir / checkpoint_files.STAGING / tag
-    reason = None
+    own = [Path(strategy.cfg.run.output_dir)]
+
+    def no_room(reason: str) -> str:
+        return str(checkpoint_files.save_failed(reason, ckpt_dir, tag, _checkpoint_bytes(strategy, ckpt_dir)))
+
+    failed = None
     if run.is_main:  # the run state first, while the other ranks wait: nobody lists a half-written file
         shutil.rmtree(staged, ignore_errors=True)  # left by a save that crashed
-        reason = _written(staged, lambda: _write_run_state(staged, {"step": step, **extra}))
-    barrier()
-    reason = _written(staged, lambda: dcp.save(_states(strategy), checkpoint_id=str(staged))) or reason
-    reason = reason or _written(staged, lambda: checkpoint_files.fsync_tree(staged))
-    failed = next(filter(None, gather_objects(reason)), None)
+        failed = _failure(staged, own, no_room, lambda: _write_run_state(staged, {"step": step, **extra}))
+    failed = share_from_main(failed)  # no folder to write into: no rank starts the shards
+    if failed is None:
+        failed = _failure(staged, own, no_room, lambda: dcp.save(_states(strategy), checkpoint_id=str(staged)))
+        failed = failed or _failure(staged, own, no_room, lambda: checkpoint_files.fsync_tree(staged))
+        failed = next(filter(None, gather_objects(failed)), None)
     if failed:
-        message = None
         if run.is_main:
             shutil.rmtree(staged, ignore_errors=True)  # frees what the partial save took
-            message = str(checkpoint_files.save_failed(failed, ckpt_dir, tag, _checkpoint_bytes(strategy, ckpt_dir)))
-        raise_on_every_rank(share_from_main(message), run.is_main, key="run.output_dir")
+        raise_on_every_rank(failed, run.is_main, key="run.output_dir")
     shares = checkpoint.hash_shares(staged)
     if run.is_main:
         keep = strategy.cfg.checkpoint.keep_last
@@ -74,16 +80,23 @@ def _write_run_state(staged: Path, state: dict) -> None:
     checkpoint_files.atomic_write(staged / RUN_STATE, lambda f: torch.save(state, f), commit_hook=False)
 
 
-def _written(staged: Path, write) -> str | None:
-    """None when write() went through; where the disk had no room for it, why (the other ranks still
-    reach the collectives, and all stop together)."""
+def _failure(staged: Path, own: list[Path], no_room, write) -> str | None:
+    """None when write() went through; the one line when the disk had no room (no_room(reason)) or
+    the path cannot be written, so that every rank still reaches the collectives and all stop
+    together; anything else is raised. DCP reports a rank's error on every rank, wrapped
+    (CheckpointException): the first rank's is judged."""
     try:
         write()
-    except (OSError, RuntimeError) as exc:
-        reason = checkpoint_files.room_reason(exc, staged, 0)
-        if reason is None:
+    except (OSError, RuntimeError, CheckpointException) as exc:
+        cause = next(iter(exc.failures.values()), exc) if isinstance(exc, CheckpointException) else exc
+        cause = getattr(cause, "exception", cause)  # DCP keeps each rank's error beside its traceback
+        reason = checkpoint_files.room_reason(cause, staged, 0) if isinstance(cause, BaseException) else None
+        if reason is not None:
+            return no_room(reason)
+        problem = unrecoverable.unusable_path(cause, own)
+        if problem is None:
             raise
-        return reason
+        return str(problem)
     return None
 
 
