@@ -113,3 +113,16 @@ def test_fp8_where_torchao_cannot_be_imported_is_one_line_and_no_restart(cli, de
         assert words in lines[0], lines[0]
     assert {p.name for p in (out / "logs").rglob("attempt_*")} == {"attempt_0"}
     assert not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()
+
+
+def test_fsdp_in_bf16_learns_as_ddp_in_bf16(cli, demo_data, tmp_path, metrics, bf16_run):
+    """FSDP2 under bf16 gathers the blocks' weights in bf16 and keeps the embeddings, head and scalars
+    in fp32 beside the loop's autocast: DDP's numbers but for the blocks' gradients, bf16 until their
+    fp32 reduction (measured: within 2.1e-5 of the loss over 12 steps; with the embeddings and
+    the residual stream in bf16 too, up to 9.6e-5)."""
+    launch_training(cli, demo_data, tmp_path, 2, *FP8_RUN, "run.fp8=off", "run.strategy=fsdp")
+    fsdp, _ = metrics(tmp_path)
+    ddp, _ = metrics(bf16_run)
+    assert [r["step"] for r in fsdp] == [r["step"] for r in ddp] == [4, 8, 12]
+    for ours, reference in zip(fsdp, ddp):
+        assert abs(ours["loss"] - reference["loss"]) < 6e-5, (ours, reference)

@@ -4,9 +4,11 @@ block's weights are gathered just before it runs and its gradients reduce-scatte
 backward ends. Weights, gradients and optimizer state stay sharded (DTensors, rows split over the
 ranks) between steps.
 
-- Precision: under bf16 the blocks gather their weights in bf16 and reduce gradients in fp32, the
-  sharded fp32 weights being the master copy; the loop's autocast keeps the float32 ops (norms, the
-  loss) where DDP has them, so the numbers are DDP's.
+- Precision: under bf16 the blocks gather their weights in bf16 (what autocast would cast them to)
+  and every gradient is reduced in fp32, the sharded fp32 weights being the master copy; the
+  embeddings, head and scalars stay fp32 and the loop's autocast keeps the float32 ops (norms, the
+  loss) where DDP has them: a bf16 step computes what DDP's does but for the blocks' gradients,
+  which are bf16 (as their gathered weights) until the fp32 reduction.
 - Compile (CUDA, run.compile): each block compiled on its own before it is sharded, the collectives
   outside the graphs: two graphs whatever the depth (the first block's, then one the others share once
   dynamo makes the layer number a variable), no graph break (tests/test_fsdp.py, Inductor on a CPU).
@@ -46,8 +48,10 @@ def shard_model(
     model: torch.nn.Module, mesh, bf16: bool, offload: bool, reshard_after_forward: bool, compile_blocks: bool
 ) -> None:
     """fully_shard every repeated block (compiled first where asked, the gathers and reductions
-    outside its graph) and then the model (the embeddings, head and scalars, gathered
-    once per forward). bf16: gather weights in bf16 and reduce gradients in fp32."""
+    outside its graph) and then the model (the embeddings, head and scalars, gathered once per
+    forward). bf16: the blocks gather their weights in bf16; the model's own tensors stay fp32, so
+    the residual stream and the scalars that scale it are fp32 as under DDP's autocast. Gradients
+    are reduced in fp32."""
     precision = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32)
     options = {
         "mesh": mesh,
@@ -58,7 +62,7 @@ def shard_model(
         if compile_blocks:
             block.compile()
         fully_shard(block, reshard_after_forward=reshard_after_forward, **options)
-    fully_shard(model, **options)
+    fully_shard(model, **{**options, "mp_policy": MixedPrecisionPolicy(reduce_dtype=torch.float32)})
 
 
 class FSDPStrategy:  # implements base.Strategy
