@@ -58,7 +58,7 @@ BAD_ANSWERS = [
     ({"model": "bert", "pretrained_dir": "models/bert"}, "pretrained_dir", "absolute"),
     ({"model": "gpt3", "gpt3_layout": "1b-2pp"}, "gpt3_layout", "not one of 125m-1gpu"),
     ({"strategy": "deepspeed", "zero_stage": 4}, "zero_stage", "not one of 0, 1, 2, 3"),
-    ({"strategy": "megatron"}, "strategy", "not one of ddp, deepspeed"),
+    ({"strategy": "megatron"}, "strategy", "not one of ddp, fsdp, deepspeed"),
     ({"gpu_type": "tpu-v5"}, "gpu_type", "not one of h100-80gb"),
     ({"platforms": "[]"}, "platforms", "at least one"),
     ({"platforms": "[devmachine, aws]"}, "platforms", "'aws' is not one of devmachine"),
