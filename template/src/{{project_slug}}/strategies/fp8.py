@@ -24,6 +24,7 @@ from ..settings import precision
 from ..settings.config import ConfigError
 from ..settings.packages import require_package
 from .common import compiled
+from .memory import strategy_plan
 
 
 def require_fp8(run: Run) -> None:
@@ -57,9 +58,9 @@ def to_float8(model: torch.nn.Module, run: Run) -> torch.nn.Module:
     # A project's own dependency, imported only here; its import noise: cli.QUIET_LOGGERS.
     float8 = require_package("torchao.float8", "", f"run.fp8={run.cfg.run.fp8}", "or set run.fp8=off")
     recipe = float8.Float8LinearConfig.from_recipe_name(run.cfg.run.fp8)
-    # Under FSDP2 on GPUs a tensorwise weight is gathered already in fp8 (half of bf16's bytes; Gloo
-    # has no fp8 type); a rowwise scale needs the whole row, so those gather in bf16.
-    fp8_gather = run.cfg.run.strategy == "fsdp" and run.cfg.run.fp8 == "tensorwise" and run.device.type == "cuda"
+    # Where the strategy gathers sharded weights (FSDP2), on GPUs a tensorwise weight is gathered in
+    # fp8 (half of bf16's bytes; Gloo has no fp8 type); a rowwise scale needs the whole row: bf16.
+    fp8_gather = strategy_plan(run.cfg).gathers_fp8 and run.cfg.run.fp8 == "tensorwise" and run.device.type == "cuda"
     config = dataclasses.replace(recipe, emulate=run.device.type != "cuda", enable_fsdp_float8_all_gather=fp8_gather)
     head = run.family.output_head
     return float8.convert_to_float8_training(

@@ -32,6 +32,7 @@ class StrategyPlan:
     runs_layouts = False  # runs a family's tensor and pipeline layouts
     runs_muon = True  # steps optim.optimizer=muon (each matrix whole for its orthogonalisation)
     muon_state_sharded = True  # Muon's momentum split over the data ranks (DDP: a replica anyway)
+    gathers_fp8 = False  # gathers run.fp8=tensorwise weights already in fp8 (sharded weights, on GPUs)
     builds = "ddp:DDPStrategy"  # module (under strategies/) and class of its base.Strategy
     builds_layouts: str | None = None  # the same for tensor and pipeline layouts, where it runs them
     plan_arguments: tuple[tuple[tuple[str, ...], dict], ...] = ()  # `plan`'s own flags of this strategy

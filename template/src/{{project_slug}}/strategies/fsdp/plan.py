@@ -16,6 +16,7 @@ class FSDPPlan(StrategyPlan):
     stages = (3,)
     builds = "fsdp.strategy:FSDPStrategy"
     muon_state_sharded = False  # Muon gathers each matrix and keeps its momentum whole on every rank
+    gathers_fp8 = True  # torchao's fp8 all-gather of FSDP2's sharded weights
 
     def at(self, cfg: Config, sharding: Sharding) -> Config:
         offload = sharding.offload_optimizer or sharding.offload_params

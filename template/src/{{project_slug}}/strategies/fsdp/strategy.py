@@ -30,18 +30,13 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 
 from ...runtime.run_context import Run
 from ..common import compiled, norm_dtype, skip_step
-from ..optimizer import build_optimizer, groups_line, peak_lrs, set_schedule
+from ..optimizer import build_optimizer, groups_line, held_rows, peak_lrs, set_schedule
 from . import sharded_checkpoint
 
 
 def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The model's repeated layers: every member of its ModuleLists (the unit FSDP gathers at once)."""
     return [block for module in model.modules() if isinstance(module, torch.nn.ModuleList) for block in module]
-
-
-def local(tensor: torch.Tensor) -> torch.Tensor:
-    """The part of a (maybe sharded) tensor this rank holds."""
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 def shard_model(
@@ -118,7 +113,7 @@ class FSDPStrategy:  # implements base.Strategy
         """Clip by the global norm over every rank's shards, update unless judge(norm) says not to,
         clear; returns the norm before clipping."""
         params = [p for p in self.module.parameters() if p.grad is not None]
-        grads = [local(p.grad) for p in params]
+        grads = [held_rows(p.grad) for p in params]
         device = self.run.device
         squares = torch.zeros((), dtype=norm_dtype(device), device=device)
         if grads:
@@ -137,7 +132,7 @@ class FSDPStrategy:  # implements base.Strategy
 
     def local_weights(self) -> list[torch.Tensor]:
         """The shards of the weights this rank holds."""
-        return [local(p.detach()) for p in self.module.parameters()]
+        return [held_rows(p.detach()) for p in self.module.parameters()]
 
     def loss_scaling(self) -> dict:
         return {}
