@@ -68,6 +68,14 @@ def test_gpt_count_and_flops_match_the_model(pkg, cfg_with, size, kv):
     assert pkg.estimates.flops_per_token(shape, 512, 128, "gpt") == model.flops_per_token()
     biggest = max(p.numel() for p in model.parameters())
     assert pkg.estimates.largest_layer_params(shape, 512, "gpt") == biggest
+    assert pkg.family.family("gpt").repeated_block_params(shape, 512) == largest_block(pkg, model)
+
+
+def largest_block(pkg, model) -> int:
+    """Parameters of the largest unit FSDP2 gathers per block (strategies/fsdp/strategy.repeated_blocks)."""
+    blocks = pkg.module("strategies.fsdp.strategy").repeated_blocks(model)
+    assert blocks
+    return max(sum(p.numel() for p in block.parameters()) for block in blocks)
 
 
 @pytest.mark.part("bert")
@@ -90,6 +98,7 @@ def test_bert_count_and_flops_match_transformers(pkg, cfg_with, size):
             )
         )
     assert pkg.estimates.num_params(shape, vocab, "bert") == mlm.num_parameters()
+    assert pkg.family.family("bert").repeated_block_params(shape, vocab) == largest_block(pkg, mlm)
     if size == "large":
         assert mlm.num_parameters() == 335_174_458
     ours = pkg.module("models.bert.model").BertMLM(mlm, 512)  # the project's wrapper: its flops_per_token
@@ -119,6 +128,7 @@ def test_gpt3_count_and_flops_match_the_model(pkg, size):
         )
     assert pkg.estimates.num_params(shape, 50304, "gpt3", 2048) == model.num_params()
     assert pkg.estimates.flops_per_token(shape, 50304, 2048, "gpt3") == model.flops_per_token()
+    assert pkg.family.family("gpt3").repeated_block_params(shape, 50304) == largest_block(pkg, model)
 
 
 @pytest.mark.part("bert", "gpt3")
@@ -285,6 +295,26 @@ def test_family_model_states_match_deepspeed(pkg, cfg_with, arch, size, vocab, s
         )
         assert abs(ds - (ours + 2 * psi / nd) - largest_bytes) <= 1
     assert ds / ours < 1.5  # DeepSpeed's extras stay a fraction of the states
+
+
+def test_fsdp_counts_what_it_gathers(pkg, cfg_with):
+    """FSDP2's memory: the sharded states (16 bytes a parameter over the ranks, Muon's momentum whole),
+    plus what shard_model holds gathered: the model's own tensors in fp32 with their gradients, two
+    bf16 blocks in flight (every block without reshard_after_forward) and one block's gradients."""
+    common = ("model.size=d20", "cluster.gpu_type=h100-80gb", "cluster.gpus_per_node=8", "run.dtype=bf16")
+    ddp = pkg.estimates.memory(cfg_with(*common, "run.strategy=ddp"))
+    fsdp = pkg.estimates.memory(cfg_with(*common, "run.strategy=fsdp"))
+    kept = pkg.estimates.memory(cfg_with(*common, "run.strategy=fsdp", "fsdp.reshard_after_forward=false"))
+    shape = pkg.family.model_shape("d20", None, "gpt", cfg_with(*common).model)
+    vocab = cfg_with(*common).data.vocab_size
+    block = pkg.family.family("gpt").repeated_block_params(shape, vocab)
+    own = fsdp["params"] - shape["n_layer"] * block
+    assert ddp["gathered"] == 0
+    assert fsdp["gathered"] == 8 * own + 2 * block * 2 + block * (2 + 4)
+    assert kept["gathered"] - fsdp["gathered"] == (shape["n_layer"] - 2) * block * 2
+    states = sum(fsdp[k] for k in ("weights", "grads", "optimizer"))
+    assert states < sum(ddp[k] for k in ("weights", "grads", "optimizer")) / 2
+    assert fsdp["total"] == states + fsdp["gathered"] + fsdp["activations"]
 
 
 # --- verdicts and suggestions ----------------------------------------------------------------------

@@ -23,6 +23,12 @@ class Costs:
         """The largest module's own parameters: what a strategy that shards the weights gathers at once."""
         return max(vocab_size * shape["n_embd"], 4 * shape["n_embd"] ** 2)
 
+    def repeated_block_params(self, shape: dict, vocab_size: int) -> int:
+        """Parameters of the largest of the model's repeated blocks (the members of its block list):
+        the unit a strategy that shards per block gathers at once. The model's own tensors
+        (embeddings, head, final norm) are about num_params minus n_layer of these."""
+        return block_params(shape["n_embd"])
+
     def stage_params(self, shape: dict, vocab_size: int, sequence_len: int, tp: int, pp: int) -> list[int]:
         """Parameters one GPU holds per pipeline stage after the tensor split (no split: the model)."""
         return [self.num_params(shape, vocab_size, sequence_len)]

@@ -16,7 +16,9 @@ Model states per GPU (mixed-precision Adam, Psi = parameters on the GPU after th
 split, Nd = world / (tensor x pipeline) data-parallel ranks; strategies/memory.py): 16-bit weights
 2 Psi, 16-bit grads 2 Psi, optimizer 12 Psi (fp32 master, m, v), bf16 and fp16 alike:
     stage 0 (DDP): 16 Psi   stage 1: 4 Psi + 12 Psi/Nd   stage 2: 2 Psi + 14 Psi/Nd   stage 3: 16 Psi/Nd
-Offloading moves the optimizer part (stage 1 on) or the weights (stage 3) to host memory. train.py's
+Offloading moves the optimizer part (stage 1 on) or the weights (stage 3) to host memory. A strategy
+that gathers sharded weights per block adds what it holds gathered at its peak (its plan's
+gathered_bytes: FSDP2's; DeepSpeed's ZeRO-3 buffers are left to the reserve). train.py's
 DDP keeps fp32 weights under autocast: 4 + 4 + 8 bytes, the same 16 Psi (DDP's gradient buckets may
 add up to 4 Psi more; the 10% reserve is meant to absorb such things). A layout or stage the
 strategy refuses (its plan's layout_problems) is refused here too, and never suggested.
@@ -157,6 +159,7 @@ def memory(cfg: Config) -> dict:
     layers = stage_layers(shape["n_layer"], pp)
     usable = gpu_memory(cfg.cluster.gpu_type) * (1 - RESERVE)
     muon = family(arch).muon_params(shape, vocab) if cfg.optim.optimizer == "muon" else 0
+    gathered = strategy_plan(cfg).gathered_bytes(cfg, shape, vocab, on_gpu_type(cfg))
     worst = None
     for i, psi in enumerate(stage_params(shape, vocab, arch, seq, tp, pp)):
         kw = dict(
@@ -171,12 +174,19 @@ def memory(cfg: Config) -> dict:
         )
         act = {c: activations(shape, vocab, seq, micro, cfg.model.softcap, c, **kw) for c in (False, True)}
         states = model_states(psi, sharded, nd, muon, not strategy_plan(cfg).muon_state_sharded)
-        total = states["weights"] + states["grads"] + states["optimizer"] + act[cfg.model.activation_checkpointing]
+        total = (
+            states["weights"]
+            + states["grads"]
+            + states["optimizer"]
+            + gathered
+            + act[cfg.model.activation_checkpointing]
+        )
         if worst is None or total > worst["total"]:
             worst = {
                 "pipeline_stage": i,
                 "params_per_gpu": psi,
                 **states,
+                "gathered": gathered,
                 "activations": act[False],
                 "activations_checkpointed": act[True],
                 "in_flight": kw["in_flight"],

@@ -140,6 +140,7 @@ def render(r: dict) -> str:
         f"  weights                       {g(m['weights'])}",
         f"  grads                         {g(m['grads'])}",
         f"  optimizer                     {g(m['optimizer'])}",
+        *([f"  gathered (weights, grads)     {g(m['gathered'])}"] if m["gathered"] else []),
         f"  activations                   {g(m['activations'])}{'' if r['checkpointing'] else used}",
         f"  activations, checkpointed     {g(m['activations_checkpointed'])}{used if r['checkpointing'] else ''}",
         f"  total                         {g(m['total'])}",

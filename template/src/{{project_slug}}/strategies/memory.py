@@ -57,6 +57,11 @@ class StrategyPlan:
         """'bf16' where modules run in 16 bits without autocast, else 'autocast' (train.py's loop)."""
         return "autocast"
 
+    def gathered_bytes(self, cfg: Config, shape: dict, vocab_size: int, precision: str) -> float:
+        """Bytes per GPU of sharded weights gathered whole (and their unsharded gradients) at the peak
+        of a step, beyond model_states' sharded parts; a strategy that keeps a replica gathers none."""
+        return 0.0
+
     def for_layouts(self, cfg: Config) -> Config:
         """cfg moved onto this strategy to run a tensor or pipeline layout (runs_layouts only)."""
         raise NotImplementedError

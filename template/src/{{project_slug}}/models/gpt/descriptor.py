@@ -26,12 +26,14 @@ from ..loss_chunks import chunked_loss_bytes
 from ..new_project import LENGTH_ALTERNATIVES
 from .pieces import (
     SHAPED,
+    VALUE_GATE_CHANNELS,
     attention_windows,
     gates,
     optimizer_roles,
     padded_vocab,
     scalars,
     smear_gate,
+    value_layers,
     value_tables,
 )
 
@@ -79,6 +81,14 @@ class GPTFamily(Family):
         kv = shape["n_kv_head"] * (h // shape["n_head"])
         base = 2 * V * h + L * (2 * h * h + 2 * h * kv + 8 * h * h)  # untied embedding and head; GQA's k, v
         return base + value_tables(shape, V) + gates(shape) + scalars(shape)
+
+    def repeated_block_params(self, shape: dict, vocab_size: int) -> int:
+        """The largest block: attention's and the MLP's matrices, and a value embedding's gate where a
+        layer has one (the tables themselves belong to the model, as do the embedding and head)."""
+        h = shape["n_embd"]
+        kv = shape["n_kv_head"] * (h // shape["n_head"])
+        gate = VALUE_GATE_CHANNELS * shape["n_kv_head"] if value_layers(shape) else 0
+        return 10 * h * h + 2 * h * kv + gate
 
     def flops_per_token(self, shape: dict, vocab_size: int, sequence_len: int) -> int:
         """6 x matmul parameters (all but the lookups and the scalars) + attention's scores and values."""

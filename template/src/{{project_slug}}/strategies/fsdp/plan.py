@@ -5,6 +5,7 @@ config section is settings.py): weights, gradients and optimizer state sharded o
 
 from __future__ import annotations
 
+from ...models.family import family
 from ...settings.config import Config, Problem, changed
 from ...settings.sharding import Sharding
 from ..memory import StrategyPlan
@@ -35,6 +36,20 @@ class FSDPPlan(StrategyPlan):
 
     def describe_sharding(self, sharding: Sharding) -> str:
         return "FSDP2, fully sharded" + (" with everything offloaded to CPU" if sharding.offload_params else "")
+
+    def gathered_bytes(self, cfg: Config, shape: dict, vocab_size: int, precision: str) -> float:
+        """What strategy.shard_model gathers beyond the shards. The model's own tensors (embeddings,
+        head, value tables) in fp32, gathered once per step and kept to its end, with their fp32
+        gradients. Blocks in bf16 under bf16 (else fp32): the one computing and the next, prefetched,
+        under reshard_after_forward, else every block from its forward to its backward; and one
+        block's gradients in that dtype with their fp32 copy for the reduce-scatter."""
+        fam = family(cfg.model.arch)
+        block = fam.repeated_block_params(shape, vocab_size)
+        own = max(0, fam.num_params(shape, vocab_size, cfg.model.sequence_len) - shape["n_layer"] * block)
+        width = 2 if precision == "bf16" else 4
+        held = 2 if cfg.fsdp.reshard_after_forward else shape["n_layer"]
+        block_grads = block * width + (4 * block if width != 4 else 0)
+        return 8 * own + held * block * width + block_grads
 
     def precision_problems(self, cfg: Config, precision: str, gpu_name: str) -> list[Problem]:
         if precision != "fp16":
