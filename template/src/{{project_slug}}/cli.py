@@ -168,4 +168,10 @@ def main(argv: list[str] | None = None) -> int:
 def entry() -> NoReturn:
     """The console script and `python -m <package>`: main's exit code, and the end of a process
     that trained or evaluated in a process group without finalization (runtime/process_exit.py)."""
-    end(main())
+    try:
+        code = main()
+    except BaseException as exc:  # a crash torchrun restarts from: the traceback, and exit 1
+        if not process_exit.in_group():
+            raise
+        process_exit.crash(exc)
+    end(code)

@@ -127,7 +127,7 @@ def init_distributed(
             # device_id lets NCCL bind this GPU eagerly.
             device_id=device if device.type == "cuda" else None,
         )
-        process_exit.joined_group()
+        process_exit.joined_group(dist.group.WORLD)
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
 
 

@@ -10,13 +10,17 @@ cleans up, or while the process exits, is let pass. `train` keeps its own: there
 checkpoint (preemption.py).
 
 A rank that joined a process group (end): its exit hooks run and its output is flushed, then it
-leaves without the interpreter's finalization. torch's DistributedDataParallel keeps a reference to
-its Gloo process group that outlives destroy_process_group, so the group's worker threads are still
-alive when the interpreter finalizes; a worker that drops the last reference to a tensor owned by
-Python then takes the GIL of an interpreter being torn down, and the process aborts ("terminate
-called without an active exception", exit -6) after a run that finished and saved: its launcher
-reports a failed job. Seen once in about 40 two-process CPU runs on a loaded machine. Processes that
-never joined a group exit the ordinary way.
+leaves without the interpreter's finalization, after a crash too (crash: the traceback, exit 1). A
+Gloo process group's destructor joins its worker threads, and a worker finishing a collective may be
+dropping the last reference to a tensor owned by Python, for which it needs the GIL. Destroyed on the
+main thread, which holds the GIL, the group never ends: when the last DistributedDataParallel (which
+keeps the group past destroy_process_group) was freed with a failure's traceback, a rank that had
+handed its failure over hung there, deaf to SIGTERM, until torchrun killed it (seen about once in 30
+two-process runs on a loaded machine). Destroyed by the interpreter's finalization, the worker takes
+the GIL of an interpreter being torn down and the process aborts ("terminate called without an
+active exception", exit -6) after a run that finished and saved. So every group a rank joins is held
+here (joined_group) until os._exit ends the process: no group is ever destroyed. Processes that never
+joined a group exit the ordinary way.
 """
 
 from __future__ import annotations
@@ -29,12 +33,27 @@ import threading
 from typing import NoReturn
 
 _joined_group = False
+_groups: list = []  # every process group joined, referenced until os._exit: none is ever destroyed
 
 
-def joined_group() -> None:
-    """Called once this process is in a process group (runtime/distributed.py)."""
+def joined_group(*groups) -> None:
+    """Called with each process group this process joins (runtime/distributed.py: the world's, and
+    those made beside it): from now on it ends by `end` or `crash`, and the groups outlive everything."""
     global _joined_group
     _joined_group = True
+    _groups.extend(groups)
+
+
+def crash(exc: BaseException) -> NoReturn:
+    """A joined process's end for an exception main did not handle: the traceback as the interpreter
+    prints it, exit 1, without finalization. Called inside the `except`, while the traceback still
+    holds what it references: nothing is freed before the process ends."""
+    sys.excepthook(type(exc), exc, exc.__traceback__)
+    end(1)
+
+
+def in_group() -> bool:
+    return _joined_group
 
 
 def end(code: int | None) -> NoReturn:

@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..planning.estimates import stop_wait_steps
+from ..runtime import process_exit
 from ..settings.optional_parts import OTHER_LAUNCHERS
 from ..settings.stored_files import DamagedFile, read_json, warn
 
@@ -122,6 +123,7 @@ class StopRequest:
         self.group = None
         if dist.is_initialized() and dist.get_backend() != "gloo":
             self.group = dist.new_group(backend="gloo")
+            process_exit.joined_group(self.group)
         if threading.current_thread() is threading.main_thread():  # a platform's trainer may run us in a thread
             for sig in STOP_SIGNALS:
                 signal.signal(sig, self._on_signal)

@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from ...checkpoints import checkpoint, checkpoint_files
+from ...runtime import process_exit
 from ...runtime.distributed import barrier, gather_objects, print0, share_from_main
 from ...runtime.run_context import Run
 from ...runtime.unrecoverable import raise_on_every_rank
@@ -376,6 +377,7 @@ class DeepSpeedStrategy:  # implements base.Strategy
             os.environ.setdefault(key, value)  # a single process started without torchrun
         # Reuses the group distributed.init_distributed made (Gloo on CPU, NCCL on CUDA).
         deepspeed.init_distributed(dist_backend="nccl" if self.run.device.type == "cuda" else "gloo")
+        process_exit.joined_group(torch.distributed.group.WORLD)  # a lone process's group, made just now
 
     def _write_config(self) -> None:
         if self.run.is_main:

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+from ...runtime import process_exit
 from ...runtime.run_context import Run
 from ..common import compiled, norm_dtype, skip_step
 from ..optimizer import build_optimizer, groups_line, held_rows, peak_lrs, set_schedule
@@ -75,6 +76,7 @@ class FSDPStrategy:  # implements base.Strategy
         if not dist.is_initialized():  # one process started without torchrun: a group of one, in memory
             backend = "nccl" if run.device.type == "cuda" else "gloo"
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+            process_exit.joined_group(dist.group.WORLD)
         # On a CPU the weights are in host memory already: offload has nothing to move (and needs a GPU).
         self.offloaded = cfg.fsdp.offload and run.device.type != "cpu"
         shard_model(
