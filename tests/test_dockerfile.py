@@ -187,7 +187,8 @@ def test_instructions_in_layer_order(project):
     assert f'org.opencontainers.image.title="{project.slug}"' in label
     # It ends by starting the node launcher: `<slug> node`, as the Kubeflow manifests run it.
     assert steps[-2:] == [("ENTRYPOINT", json.dumps([project.slug])), ("CMD", '["node"]')]
-    extras = "test,ray" if project.given.get("tione_mode") == "ray" else "test"
+    trackers = [t for t in project.given.get("trackers", []) if t != "tensorboard"]
+    extras = ",".join(["test", *(["ray"] if project.given.get("tione_mode") == "ray" else []), *trackers])
     assert ("ARG", f"EXTRAS={extras}") in steps
 
 

@@ -28,6 +28,7 @@ TIERS = [
     ),  # DDP; DeepSpeed ZeRO, pipeline and tensor parallel (deepspeed/); memory.py: what each keeps and allows
     ("planning",),  # every rule run together, memory fit and time: torch-free
     ("evaluation",),  # a trained model loaded, eval, sample
+    ("tracking",),  # experiment trackers (TensorBoard, MLflow, W&B) and their credentials
     ("training",),  # the loop and its parts
     ("cluster",),  # node launcher, torchrun, rendezvous, supervision
     (

@@ -245,9 +245,13 @@ class CheckpointConfig:
 @dataclass
 class LoggingConfig:
     every_steps: int = 10
-    """Write a metrics line (console, metrics.jsonl, TensorBoard) every N steps."""
+    """Write a metrics line (console, metrics.jsonl, the trackers) every N steps."""
+    trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """Where metrics go besides metrics.jsonl, on rank 0: any of tensorboard, mlflow, wandb
+    (tracking/). A YAML list, or `logging.trackers=tensorboard,mlflow` on the command line; [] or
+    none: metrics.jsonl only."""
     tensorboard: bool = True
-    """Write TensorBoard events to output_dir/tensorboard."""
+    """Older configs' switch for TensorBoard: false leaves it out of logging.trackers."""
     eval_every_steps: int = 1000
     """Validation loss every N steps; 0 = only at the end."""
     eval_batches: int = 20
@@ -616,6 +620,13 @@ def _coerce(value: Any, hint: Any, name: str, source: str, from_text: bool, writ
             except ValueError:
                 raise wrong from None
         raise wrong
+    if typing.get_origin(base) is list:  # names: a YAML list, or one text of names split by commas
+        if from_text or isinstance(value, str):
+            text = str(value).strip()
+            value = [] if text.lower() in ("", "none", "[]") else text.strip("[]").split(",")
+        if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+            raise wrong
+        return [v.strip() for v in value]
     if base is str:
         if isinstance(value, (dict, list)) or value is None:
             raise wrong
@@ -626,6 +637,8 @@ def _coerce(value: Any, hint: Any, name: str, source: str, from_text: bool, writ
 
 
 def _type_word(base: Any, optional: bool) -> str:
+    if typing.get_origin(base) is list:
+        return "a list of names (name1,name2 on the command line)"
     word = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[base]
     return word + (" or null" if optional else "")
 
@@ -650,6 +663,8 @@ CHOICES = {
 }
 for _part in PART_SECTIONS:
     CHOICES.update(_part.CHOICES)
+# The list settings, each item one of a few words.
+LIST_CHOICES = {"logging.trackers": ("tensorboard", "mlflow", "wandb")}
 
 
 def _check_choices(cfg: Config) -> None:
@@ -662,6 +677,13 @@ def _check_choices(cfg: Config) -> None:
             raise without_choice(name, value) or ConfigError(
                 f"{name}={value!r} is not one of {', '.join(map(str, allowed))}", key=name
             )
+    for name, allowed in LIST_CHOICES.items():
+        section, key = name.split(".")
+        values = getattr(getattr(cfg, section), key)
+        unknown = [v for v in values if v not in allowed]
+        if unknown or len(set(values)) != len(values):
+            what = f"{unknown[0]!r} is not one of {', '.join(allowed)}" if unknown else "names one twice"
+            raise ConfigError(f"{name}={','.join(values)}: {what}", key=name)
     pattern = cfg.model.window_pattern
     if not pattern or set(pattern) - {"S", "L"}:
         raise ConfigError(

@@ -1,4 +1,4 @@
-"""Throughput, model FLOPs utilisation and the metric sinks (console, metrics.jsonl, TensorBoard).
+"""Throughput, model FLOPs utilisation and the metric sinks (console, metrics.jsonl, the trackers).
 
 MFU = achieved model FLOPs / peak dense FLOPs of all GPUs in the run's 16-bit precision (bf16 or
 fp16; an fp32 run is measured against the GPU's 16-bit peak too). Peaks come from gpus.py (vendor
@@ -37,41 +37,41 @@ def mfu(flops_per_token: float, tokens_per_sec: float, num_gpus: int, peak: floa
 
 
 class MetricsLogger:
-    """Appends one JSON object per logged step to metrics.jsonl and mirrors scalars to TensorBoard.
-    Created with enabled=False on ranks other than 0, where every call is a no-op."""
+    """Appends one JSON object per logged step to metrics.jsonl and hands its numbers to the trackers
+    (tracking/: TensorBoard, MLflow, W&B, each on a thread of its own). Created with enabled=False on
+    ranks other than 0, where every call is a no-op."""
 
-    def __init__(self, output_dir: Path, enabled: bool, tensorboard: bool, resume_step: int = 0):
+    def __init__(self, output_dir: Path, enabled: bool, cfg, resume_step: int = 0):
         """resume_step: the step training continues from; records after it (logged by an attempt
         that stopped before its next checkpoint) are dropped, so every step appears once."""
         self.enabled = enabled
-        self.writer = None
+        self.trackers = []
         if not enabled:
             return
         output_dir.mkdir(parents=True, exist_ok=True)
         path = output_dir / "metrics.jsonl"
         drop_records_after(path, resume_step)
         self.jsonl = path.open("a", encoding="utf-8")
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+        from ..tracking import open_trackers
 
-            # purge_step hides the dead attempt's events from resume_step + 1 on.
-            self.writer = SummaryWriter(log_dir=str(output_dir / "tensorboard"), purge_step=resume_step + 1)
+        self.trackers = open_trackers(cfg, output_dir, resume_step)
 
     def log(self, record: dict) -> None:
         if not self.enabled:
             return
         self.jsonl.write(json.dumps(record) + "\n")
         self.jsonl.flush()
-        if self.writer is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    self.writer.add_scalar(key, value, record["step"])
+        numbers = {
+            k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        for tracker in self.trackers:
+            tracker.log(record["step"], numbers)
 
     def close(self) -> None:
         if self.enabled:
             self.jsonl.close()
-            if self.writer is not None:
-                self.writer.close()
+            for tracker in self.trackers:
+                tracker.close()
 
 
 def drop_records_after(path: Path, step: int) -> None:

@@ -65,6 +65,7 @@ from ..settings.batch import at_world_size, scaling_note
 from ..settings.config import Config, ConfigError, changed, save_config
 from ..settings.precision import fp8_note
 from ..strategies import build_strategy
+from ..tracking import check_installed
 from . import preemption, prefetch, run_lock, schedule
 from .divergence import DivergenceGuard, weights_are_finite
 from .metrics import MetricsLogger, format_step, mfu, peak_flops
@@ -109,6 +110,7 @@ def start(cfg: Config, info: DistInfo) -> Run:
     schedule.epochs or tokens_per_param give; then what the run is here (run_context.resolve_run),
     which everything below reads."""
     require_valid(cfg, info.world_size)
+    check_installed(cfg)  # a chosen tracker's package, on every rank
     cfg = at_world_size(cfg, info.world_size)
     cfg = with_derived_steps(cfg, Path(cfg.data.dir))
     return resolve_run(cfg, info, training=True)
@@ -235,7 +237,7 @@ def _train_steps(run: Run, resume: bool, lock: run_lock.RunLock | None, watchdog
         strategy.save(ckpt_dir, done, {**state, "divergence": guard.state_dict()})
 
     # Records after the checkpoint's step were written by the attempt that died: they are redone.
-    logger = MetricsLogger(out, run.is_main, cfg.logging.tensorboard, resume_step=start_step)
+    logger = MetricsLogger(out, run.is_main, cfg, resume_step=start_step)
     window = StepWindow()
 
     def train_step(step: int, batches: list) -> tuple[float, torch.Tensor]:

@@ -39,6 +39,7 @@ from ...runtime import process_exit
 from ...settings.bounds import HOST, text_type
 from ...settings.config import ConfigError, project_root
 from ...settings.packages import require_package
+from ...tracking import credentials as tracker_credentials
 from .. import code_copy, job_history, jobs
 from ..base import Platform
 from ..jobs import Job
@@ -252,6 +253,7 @@ class Tione(Platform):
             copy = code_copy.copy_project(self.cfg, dry_run=self.args.dry_run)
             task["code_dir"] = str(copy)
         request = build_request(task, api_mode(script), script, self.args.name, extra)
+        request["Envs"] = tracker_credentials.with_credentials(request.get("Envs") or [], os.environ)
         if copy is not None:
             run_from_copy(task, request, copy, image, self.package, extra)
         mistakes, missing = request_problems(request)
@@ -284,7 +286,8 @@ class Tione(Platform):
                 "without TrainingMode; `launch tione` prints the console settings for Ray instead",
                 file=sys.stderr,
             )
-        print(json.dumps(request, indent=2, ensure_ascii=False))
+        shown = {**request, "Envs": tracker_credentials.masked(request["Envs"])}
+        print(json.dumps(shown, indent=2, ensure_ascii=False))
         return 0
 
     def _console(self) -> int:

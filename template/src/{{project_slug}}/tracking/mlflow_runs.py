@@ -1,0 +1,62 @@
+"""MLflow: one MLflow run per run folder, in the experiment MLFLOW_EXPERIMENT_NAME (else the
+project's name), at MLFLOW_TRACKING_URI (credentials: MLFLOW_TRACKING_USERNAME and _PASSWORD, or
+_TOKEN, from the platform's secrets), else in a file store in output_dir/mlruns (`mlflow ui
+--backend-store-uri <that folder>`). The resolved config is the run's parameters, logged once, when
+the run starts; a resumed run continues it, marked running again, and finished at the end.
+
+Requests are short: MLflow's client otherwise retries a dead server for minutes before it reports.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from . import identity
+
+REQUEST_TIMEOUT_SECONDS = "10"
+REQUEST_RETRIES = "2"
+PARAMS_PER_REQUEST = 100  # MLflow's limit for one log_batch
+PARAM_CHARACTERS = 6000  # and for one value
+
+
+class MlflowRun:
+    name = "mlflow"
+
+    def __init__(self, cfg, output_dir: Path, resume_step: int):
+        self.cfg, self.output_dir = cfg, output_dir
+        self.client = self.run_id = None
+
+    def start(self) -> None:
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", REQUEST_TIMEOUT_SECONDS)
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", REQUEST_RETRIES)
+        from mlflow.entities import Param, RunStatus
+        from mlflow.tracking import MlflowClient
+
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or (self.output_dir / "mlruns").resolve().as_uri()
+        self.client = MlflowClient(tracking_uri=uri)
+        saved = identity.recalled(self.output_dir, self.name)
+        if saved.get("tracking_uri") == uri and saved.get("run_id"):
+            self.run_id = saved["run_id"]
+            self.client.update_run(self.run_id, status=RunStatus.to_string(RunStatus.RUNNING))
+            return
+        project, run_name = identity.run_names(self.cfg, self.output_dir)
+        experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or project
+        experiment = self.client.get_experiment_by_name(experiment_name)
+        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(experiment_name)
+        run = self.client.create_run(experiment_id, run_name=run_name, tags={"output_dir": str(self.output_dir)})
+        self.run_id = run.info.run_id
+        params = [Param(k, v[:PARAM_CHARACTERS]) for k, v in identity.parameters(self.cfg).items()]
+        for i in range(0, len(params), PARAMS_PER_REQUEST):
+            self.client.log_batch(self.run_id, params=params[i : i + PARAMS_PER_REQUEST])
+        identity.remember(self.output_dir, self.name, {"tracking_uri": uri, "run_id": self.run_id})
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
