@@ -87,6 +87,7 @@ ANSWER_SETS = {
         "k8s_gang_scheduler": "volcano",
         "k8s_queue": "training",
         "k8s_priority_class": "high-priority",
+        "trackers": "[tensorboard, mlflow, wandb]",
     },
     # scheduler-plugins coscheduling with its own scheduler name; only a memory limit.
     "coscheduling": {
@@ -96,7 +97,13 @@ ANSWER_SETS = {
         "k8s_gang_scheduler": "scheduler-plugins",
         "k8s_memory_limit": "256Gi",
         "k8s_node_labels": "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3",
+        "trackers": "[mlflow]",
     },
+}
+# The variables of each tracker that reach the pods from the secret <slug>-trackers.
+TRACKER_ENV = {
+    "mlflow": ["MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"],
+    "wandb": ["WANDB_API_KEY", "WANDB_BASE_URL"],
 }
 # The placement of the "placement" set as the manifests must carry it.
 PLACED_AFFINITY = {
@@ -138,6 +145,11 @@ class Project:
 
     def manifest(self, name: str) -> dict:
         return yaml.safe_load((self.path / "launch" / "kubeflow" / f"{name}.yaml").read_text())
+
+    def tracker_env(self) -> list[str]:
+        """The tracker variables the answers' trackers read from the secret, in the manifests' order."""
+        chosen = self.answers.get("trackers", ["tensorboard"])
+        return [name for tracker, names in TRACKER_ENV.items() if tracker in chosen for name in names]
 
     def nccl_env(self) -> dict[str, str]:
         pairs = (
@@ -376,7 +388,14 @@ def assert_pod_content(project: Project, pod: dict, container: dict) -> None:
         assert path.startswith(a["shared_mount"] + "/")
     # The same NCCL settings as config/nccl.env, names and values, and the TRAIN_DEBUG switch, off.
     nccl = project.nccl_env()
-    assert len(nccl) >= 2 and {e["name"]: e["value"] for e in container["env"]} == {**nccl, "TRAIN_DEBUG": "0"}
+    plain = [e for e in container["env"] if "valueFrom" not in e]
+    assert len(nccl) >= 2 and {e["name"]: e["value"] for e in plain} == {**nccl, "TRAIN_DEBUG": "0"}
+    # The trackers' server and credentials: each from the project's secret, optional, never a value.
+    from_secret = [e for e in container["env"] if "valueFrom" in e]
+    assert [e["name"] for e in from_secret] == project.tracker_env()
+    for e in from_secret:
+        ref = {"name": f"{project.slug}-trackers", "key": e["name"], "optional": True}
+        assert e == {"name": e["name"], "valueFrom": {"secretKeyRef": ref}}
     assert container["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
     secret = a.get("image_pull_secret", "")
     assert pod.get("imagePullSecrets") == ([{"name": secret}] if secret else None)
@@ -448,12 +467,20 @@ def test_placement_in_the_readme(project):
 
 
 def test_no_secret_values_in_manifests(project):
-    """Only a Secret's name is ever written: no inline credentials, no valueFrom, no Secret objects."""
+    """Only a Secret's name is ever written: no inline credentials, no Secret objects; the one secret read
+    is the trackers' (assert_pod_content checks each reference)."""
     for kind in ("pytorchjob", "trainjob"):
         text = (project.path / "launch" / "kubeflow" / f"{kind}.yaml").read_text()
         assert text.isascii()
-        for word in ("kind: Secret", "secretKeyRef", "valueFrom", "dockerconfigjson", "password", "token"):
+        for word in ("kind: Secret", "dockerconfigjson", "password:", "token:"):
             assert word not in text, (kind, word)
+        refs = re.findall(r"secretKeyRef: \{name: \"([^\"]+)\"", text)
+        assert set(refs) == ({f"{project.slug}-trackers"} if project.tracker_env() else set()), kind
+        assert (
+            text.count("valueFrom")
+            == len(refs)
+            == len(project.tracker_env()) * (2 if kind == "pytorchjob" and project.answers["nodes"] > 1 else 1)
+        )
 
 
 def test_no_kubeflow_files_without_the_platform(default_project):
@@ -707,19 +734,24 @@ def test_mpijob_says_what_the_answers_say(project):
     assert "HOSTFILE=${MPI_HOSTFILE:-/etc/mpi/hostfile}" in script
     assert 'python3 -m deepspeed.launcher.runner --hostfile "$HOSTFILE" --launcher openmpi' in script
     assert "--force_multi --no_ssh_check" in script and f'--module {project.slug} node "$@"' in script
-    env = {e["name"]: e["value"] for e in launcher["env"]}
+    env = {e["name"]: e["value"] for e in launcher["env"] if "valueFrom" not in e}
     nccl = project.nccl_env()
     assert env == {**nccl, "TRAIN_DEBUG": "0", **MPI_LAUNCHER_ENV}
+    assert [e["name"] for e in launcher["env"] if "valueFrom" in e] == project.tracker_env()
     exported = re.search(r'exports="([^"]*)"', script).group(1).split()
     assert exported[::2] == ["-x"] * (len(exported) // 2)
     assert set(exported[1::2]) == {"MASTER_ADDR", "MASTER_PORT", "TRAIN_DEBUG", "PATH", *nccl}
+    # The trackers' variables reach the ranks (through sshd: only by -x), those the secret sets.
+    for name in project.tracker_env():
+        assert f'if [ -n "${{{name}:-}}" ]; then exports="$exports -x {name}"; fi' in script
     # The Workers: sshd (start-sshd of images/cuda-pytorch), ready when port 22 answers; the GPUs,
     # RDMA, /dev/shm and the shared volume as in the PyTorchJob; no env, which sshd would not pass on.
     assert worker["command"][:2] == ["bash", "-c"] and worker["command"][2].endswith("exec start-sshd")
     assert worker["readinessProbe"]["tcpSocket"] == {"port": 22}
     assert "env" not in worker
     pod = mpi_specs(job)["Worker"]["template"]["spec"]
-    worker_with_env = {**worker, "env": [{"name": k, "value": v} for k, v in {**nccl, "TRAIN_DEBUG": "0"}.items()]}
+    plain = [{"name": k, "value": v} for k, v in {**nccl, "TRAIN_DEBUG": "0"}.items()]
+    worker_with_env = {**worker, "env": plain + [e for e in launcher["env"] if "valueFrom" in e]}
     assert_pod_content(project, {**pod, "containers": [worker_with_env]}, worker_with_env)
     launcher_pod = mpi_specs(job)["Launcher"]["template"]["spec"]
     assert launcher_pod.get("imagePullSecrets") == pod.get("imagePullSecrets")

@@ -926,6 +926,39 @@ def test_submit_sends_the_dry_run_request_and_records_the_task(api_projects, end
     assert job["extra"]["project"] == (PROJECT_ID if mode == "ddp" else "")
 
 
+def test_tracker_credentials_go_from_the_shell_into_the_task_and_never_into_the_output(
+    api_projects, endpoint, tmp_path
+):
+    """The trackers' variables set where `launch tione` runs reach the task's Envs (after task.yaml's
+    own); a dry run shows the secrets masked, the request sent holds them."""
+    project = fresh_project(api_projects, "ddp", tmp_path)
+    env = api_env(
+        project,
+        tmp_path / "home",
+        WANDB_API_KEY="wandb-key-123",
+        MLFLOW_TRACKING_URI="http://mlflow.internal:5000",
+        MLFLOW_TRACKING_PASSWORD="mlflow-pass-456",
+    )
+    dry = tione(project, env, "--dry-run", "--name", "tracked-1")
+    assert dry.returncode == 0, dry.stderr
+    assert "wandb-key-123" not in dry.stdout + dry.stderr and "mlflow-pass-456" not in dry.stdout + dry.stderr
+    assert json.loads(dry.stdout)["Envs"] == [
+        {"Name": "MLFLOW_TRACKING_URI", "Value": "http://mlflow.internal:5000"},
+        {"Name": "MLFLOW_TRACKING_PASSWORD", "Value": "***"},
+        {"Name": "WANDB_API_KEY", "Value": "***"},
+    ]
+    result = tione(project, env, "--endpoint", endpoint.url, "--name", "tracked-1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "wandb-key-123" not in result.stdout + result.stderr
+    [body] = endpoint.bodies("CreateTrainingTask")
+    assert {e["Name"]: e["Value"] for e in body["Envs"]} == {
+        "MLFLOW_TRACKING_URI": "http://mlflow.internal:5000",
+        "MLFLOW_TRACKING_PASSWORD": "mlflow-pass-456",
+        "WANDB_API_KEY": "wandb-key-123",
+    }
+    assert "wandb-key-123" not in json.dumps(recorded(project))  # nor in the job record
+
+
 def mount_storage_at(project: Path, mount: Path) -> None:
     """The project as answered with shared_mount=mount: the storage as this machine mounts it (here a
     temporary folder), at the same path as TI-ONE mounts it on the nodes."""
