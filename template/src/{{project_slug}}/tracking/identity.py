@@ -37,7 +37,7 @@ def remember(output_dir: Path, tracker: str, ids: dict) -> None:
         os.replace(aside, path)
 
 
-def run_names(cfg, output_dir: Path) -> tuple[str, str]:
+def run_names(output_dir: Path) -> tuple[str, str]:
     """(project, run): the package's name and the run folder's."""
     return __package__.split(".")[0], output_dir.resolve().name
 

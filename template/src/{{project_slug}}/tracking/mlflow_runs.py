@@ -41,7 +41,7 @@ class MlflowRun:
             self.run_id = saved["run_id"]
             self.client.update_run(self.run_id, status=RunStatus.to_string(RunStatus.RUNNING))
             return
-        project, run_name = identity.run_names(self.cfg, self.output_dir)
+        project, run_name = identity.run_names(self.output_dir)
         experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or project
         experiment = self.client.get_experiment_by_name(experiment_name)
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(experiment_name)

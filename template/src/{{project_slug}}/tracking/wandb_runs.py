@@ -27,7 +27,7 @@ class WandbRun:
         mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
         saved = identity.recalled(self.output_dir, self.name)
         run_id = saved.get("id") or uuid.uuid4().hex[:8]  # W&B's own ids: 8 of [0-9a-z]
-        project, run_name = identity.run_names(self.cfg, self.output_dir)
+        project, run_name = identity.run_names(self.output_dir)
         self.run = wandb.init(
             project=os.environ.get("WANDB_PROJECT") or project,
             name=run_name,
