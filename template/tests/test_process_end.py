@@ -64,3 +64,35 @@ def test_without_it_the_last_reference_destroys_the_group_on_the_main_thread():
     hang), so the first test's count tells the two apart."""
     alone, grouped, after = _threads("alone")
     assert grouped > alone and after < grouped
+
+
+CRASH = """
+import sys
+import torch.distributed as dist
+from {package}.runtime import process_exit
+
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+process_exit.joined_group(dist.group.WORLD)
+try:
+    raise RuntimeError("boom") if sys.argv[1] == "error" else SystemExit(3)
+except BaseException as exc:
+    process_exit.crash(exc)
+"""
+
+
+def test_a_crash_in_a_joined_process_ends_as_the_interpreter_would_without_finalizing():
+    """An exception main leaves: its traceback and exit 1; sys.exit(3): exit 3, quietly."""
+    ends = {}
+    for how in ("error", "exit"):
+        ends[how] = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(CRASH.format(package=PACKAGE)), how],
+            cwd=ROOT,
+            env=subprocess_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    error, leave = ends["error"], ends["exit"]
+    assert error.returncode == 1 and error.stderr.rstrip().endswith("RuntimeError: boom"), error.stderr[-2000:]
+    assert "Traceback (most recent call last)" in error.stderr
+    assert leave.returncode == 3 and leave.stderr == "", leave.stderr[-2000:]

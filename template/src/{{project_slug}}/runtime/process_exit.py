@@ -46,8 +46,13 @@ def joined_group(*groups) -> None:
 
 def crash(exc: BaseException) -> NoReturn:
     """A joined process's end for an exception main did not handle: the traceback as the interpreter
-    prints it, exit 1, without finalization. Called inside the `except`, while the traceback still
-    holds what it references: nothing is freed before the process ends."""
+    prints it and exit 1 (sys.exit's code for a SystemExit), without finalization. Called inside the
+    `except`, while the traceback still holds what it references: nothing is freed before the end."""
+    if isinstance(exc, SystemExit):  # sys.exit(code): its code, as the interpreter would end
+        if exc.code is None or isinstance(exc.code, int):
+            end(exc.code)
+        print(exc.code, file=sys.stderr)
+        end(1)
     sys.excepthook(type(exc), exc, exc.__traceback__)
     end(1)
 
