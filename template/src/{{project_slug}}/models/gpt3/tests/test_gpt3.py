@@ -100,6 +100,28 @@ def test_layout_matches_one_process(name, layout_runs, reference, metrics):
     assert abs(val_records[-1]["val_loss"] - ref_val[-1]["val_loss"]) < TOL
 
 
+def test_fsdp_trains_gpt3_as_one_process(tmp_path, cli, demo_data, train, reference, metrics):
+    """gpt3 without a tensor or pipeline layout under FSDP2 (two processes): each block sharded, the
+    tied embedding and head in the model's own unit; the one-process run, dropout on."""
+    out = tmp_path / "fsdp"
+    proc = train(
+        cli,
+        demo_data,
+        out,
+        2,
+        *[o for o in COMMON if not o.startswith(("run.strategy", "deepspeed."))],
+        "run.strategy=fsdp",
+        "parallel.pipeline=1",
+        "parallel.tensor=1",
+        "cluster.gpus_per_node=2",
+    )
+    assert "FSDP2" in proc.stdout, proc.stdout[-3000:]
+    train_records, val_records = metrics(out)
+    ref_train, ref_val = metrics(reference)
+    _assert_same(train_records, ref_train)
+    assert abs(val_records[-1]["val_loss"] - ref_val[-1]["val_loss"]) < TOL
+
+
 def test_tensor_parallel_shards_the_matrices(layout_runs, pkg):
     """Each tensor rank saved half of every block matrix; the embedding is whole on both."""
     out, _ = layout_runs["tensor2"]
