@@ -147,11 +147,12 @@ package, out = sys.argv[1], sys.argv[2]
 gpt = importlib.import_module(f"{package}.models.gpt.model")
 fsdp = importlib.import_module(f"{package}.strategies.fsdp.strategy")
 dist.init_process_group("gloo")
-x = torch.randint(0, 128, (2, 32), generator=torch.Generator().manual_seed(1))
+from torch.distributed.fsdp import FSDPModule
+x = torch.randint(0, 1024, (2, 32), generator=torch.Generator().manual_seed(1))
 results = {}
 for compile_blocks in (False, True):
     torch.manual_seed(0)
-    model = gpt.GPT(gpt.GPTConfig(vocab_size=128, sequence_len=32, n_layer=4, n_embd=64, n_head=2, n_kv_head=2))
+    model = gpt.GPT(gpt.GPTConfig(vocab_size=1024, sequence_len=32, n_layer=4, n_embd=64, n_head=2, n_kv_head=2))
     model.init_weights()
     fsdp.shard_model(model, init_device_mesh("cpu", (2,)), False, False, True, compile_blocks)
     loss = model(x, torch.roll(x, -1, 1))
@@ -160,7 +161,8 @@ for compile_blocks in (False, True):
 grads = max((a - b).abs().max().item() for a, b in zip(results[False][1], results[True][1]))
 if dist.get_rank() == 0:
     found = {"losses": [results[False][0], results[True][0]], "grads": grads,
-             "graphs": counters["stats"]["unique_graphs"], "breaks": sum(counters["graph_break"].values())}
+             "graphs": counters["stats"]["unique_graphs"], "breaks": sum(counters["graph_break"].values()),
+             "units": [isinstance(m, FSDPModule) for m in (model.wte, model.lm_head, *model.blocks)]}
     open(out, "w").write(json.dumps(found))
 dist.destroy_process_group()
 """
@@ -170,7 +172,8 @@ def test_blocks_compile_on_their_own_under_fsdp(cli, pkg, tmp_path):
     """What run.compile does under FSDP2 on a GPU, run here with Inductor on the CPU (2 processes):
     each block compiled before it is sharded gives the eager loss and gradients, without a graph
     break; four blocks take two graphs (the first block's, then one for every other: dynamo makes the
-    layer number a variable after its first recompile), not one per block."""
+    layer number a variable after its first recompile), not one per block. The token embedding,
+    larger than a block, is a unit of its own."""
     script, out = tmp_path / "compiled_blocks.py", tmp_path / "found.json"
     script.write_text(COMPILED_BLOCKS)
     run = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone"]
@@ -181,3 +184,5 @@ def test_blocks_compile_on_their_own_under_fsdp(cli, pkg, tmp_path):
     eager, compiled = found["losses"]
     assert abs(eager - compiled) < 1e-6 and found["grads"] < 1e-6, found
     assert found["breaks"] == 0 and found["graphs"] == 2, found
+    # Its own units: every block and the token embedding (larger than a block); the head is the model's.
+    assert found["units"] == [True, False, True, True, True, True], found

@@ -69,6 +69,18 @@ def test_gpt_count_and_flops_match_the_model(pkg, cfg_with, size, kv):
     biggest = max(p.numel() for p in model.parameters())
     assert pkg.estimates.largest_layer_params(shape, 512, "gpt") == biggest
     assert pkg.family.family("gpt").repeated_block_params(shape, 512) == largest_block(pkg, model)
+    assert separated(pkg, "gpt", shape, 512) == separate_tables(pkg, model)
+
+
+def separated(pkg, arch, shape, vocab) -> list[int]:
+    """The tables plan counts as FSDP2 units of their own: as large as a block at least."""
+    fam = pkg.family.family(arch)
+    return sorted(t for t in fam.lookup_tables(shape, vocab) if t >= fam.repeated_block_params(shape, vocab))
+
+
+def separate_tables(pkg, model) -> list[int]:
+    """The sizes of the tables strategies/fsdp/strategy.py shards on their own."""
+    return sorted(t.weight.numel() for t in pkg.module("strategies.fsdp.strategy").separate_tables(model))
 
 
 def largest_block(pkg, model) -> int:
@@ -99,6 +111,7 @@ def test_bert_count_and_flops_match_transformers(pkg, cfg_with, size):
         )
     assert pkg.estimates.num_params(shape, vocab, "bert") == mlm.num_parameters()
     assert pkg.family.family("bert").repeated_block_params(shape, vocab) == largest_block(pkg, mlm)
+    assert separated(pkg, "bert", shape, vocab) == separate_tables(pkg, mlm) == []  # its decoder is tied
     if size == "large":
         assert mlm.num_parameters() == 335_174_458
     ours = pkg.module("models.bert.model").BertMLM(mlm, 512)  # the project's wrapper: its flops_per_token
@@ -129,6 +142,7 @@ def test_gpt3_count_and_flops_match_the_model(pkg, size):
     assert pkg.estimates.num_params(shape, 50304, "gpt3", 2048) == model.num_params()
     assert pkg.estimates.flops_per_token(shape, 50304, 2048, "gpt3") == model.flops_per_token()
     assert pkg.family.family("gpt3").repeated_block_params(shape, 50304) == largest_block(pkg, model)
+    assert separated(pkg, "gpt3", shape, 50304) == separate_tables(pkg, model) == []  # its head is tied
 
 
 @pytest.mark.part("bert", "gpt3")
@@ -299,18 +313,28 @@ def test_family_model_states_match_deepspeed(pkg, cfg_with, arch, size, vocab, s
 
 def test_fsdp_counts_what_it_gathers(pkg, cfg_with):
     """FSDP2's memory: the sharded states (16 bytes a parameter over the ranks, Muon's momentum whole),
-    plus what shard_model holds gathered: the model's own tensors in fp32 with their gradients, two
-    bf16 blocks in flight (every block without reshard_after_forward) and one block's gradients."""
-    common = ("model.size=d20", "cluster.gpu_type=h100-80gb", "cluster.gpus_per_node=8", "run.dtype=bf16")
+    plus what shard_model holds gathered: the model's own tensors (the head) in fp32 with their
+    gradients, the largest embedding table with its gradient, two bf16 blocks in flight (every block
+    without reshard_after_forward) and one block's gradients."""
+    common = (
+        "model.size=d20",
+        "model.value_embeddings=true",
+        "cluster.gpu_type=h100-80gb",
+        "cluster.gpus_per_node=8",
+        "run.dtype=bf16",
+    )
     ddp = pkg.estimates.memory(cfg_with(*common, "run.strategy=ddp"))
     fsdp = pkg.estimates.memory(cfg_with(*common, "run.strategy=fsdp"))
     kept = pkg.estimates.memory(cfg_with(*common, "run.strategy=fsdp", "fsdp.reshard_after_forward=false"))
     shape = pkg.family.model_shape("d20", None, "gpt", cfg_with(*common).model)
     vocab = cfg_with(*common).data.vocab_size
-    block = pkg.family.family("gpt").repeated_block_params(shape, vocab)
-    own = fsdp["params"] - shape["n_layer"] * block
+    fam = pkg.family.family("gpt")
+    block = fam.repeated_block_params(shape, vocab)
+    tables = fam.lookup_tables(shape, vocab)  # the token embedding and the value tables, each a unit
+    assert len(tables) > 1 and min(tables) >= block
+    own = fsdp["params"] - shape["n_layer"] * block - sum(tables)  # the head and the scalars
     assert ddp["gathered"] == 0
-    assert fsdp["gathered"] == 8 * own + 2 * block * 2 + block * (2 + 4)
+    assert fsdp["gathered"] == 8 * own + 8 * max(tables) + 2 * block * 2 + block * (2 + 4)
     assert kept["gathered"] - fsdp["gathered"] == (shape["n_layer"] - 2) * block * 2
     states = sum(fsdp[k] for k in ("weights", "grads", "optimizer"))
     assert states < sum(ddp[k] for k in ("weights", "grads", "optimizer")) / 2

@@ -29,6 +29,11 @@ class Costs:
         (embeddings, head, final norm) are about num_params minus n_layer of these."""
         return block_params(shape["n_embd"])
 
+    def lookup_tables(self, shape: dict, vocab_size: int) -> list[int]:
+        """The sizes of the tables the model's lookup_tables() names: outside the blocks, only ever
+        read by a lookup (no head tied to them), so a strategy may shard each as a unit of its own."""
+        return []
+
     def stage_params(self, shape: dict, vocab_size: int, sequence_len: int, tp: int, pp: int) -> list[int]:
         """Parameters one GPU holds per pipeline stage after the tensor split (no split: the model)."""
         return [self.num_params(shape, vocab_size, sequence_len)]

@@ -90,6 +90,12 @@ class GPTFamily(Family):
         gate = VALUE_GATE_CHANNELS * shape["n_kv_head"] if value_layers(shape) else 0
         return 10 * h * h + 2 * h * kv + gate
 
+    def lookup_tables(self, shape: dict, vocab_size: int) -> list[int]:
+        """The token embedding and each value-embedding table (the head is untied)."""
+        rows = padded_vocab(vocab_size, shape.get("vocab_multiple", 1))
+        per_value_table = value_tables(shape, rows) // max(1, value_layers(shape))
+        return [rows * shape["n_embd"]] + [per_value_table] * value_layers(shape)
+
     def flops_per_token(self, shape: dict, vocab_size: int, sequence_len: int) -> int:
         """6 x matmul parameters (all but the lookups and the scalars) + attention's scores and values."""
         rows = padded_vocab(vocab_size, shape.get("vocab_multiple", 1))

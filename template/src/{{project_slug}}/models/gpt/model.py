@@ -283,6 +283,11 @@ class GPT(nn.Module):
                 }.get(name, "gate_scalar")  # smear and backout
         return roles
 
+    def lookup_tables(self) -> list[nn.Embedding]:
+        """The tables only ever read by a lookup through their module (the head is untied, and no
+        weight of theirs is read directly): a sharding strategy may gather each on its own."""
+        return [self.wte, *self.value_embeds.values()]
+
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 

@@ -38,18 +38,22 @@ class FSDPPlan(StrategyPlan):
         return "FSDP2, fully sharded" + (" with everything offloaded to CPU" if sharding.offload_params else "")
 
     def gathered_bytes(self, cfg: Config, shape: dict, vocab_size: int, precision: str) -> float:
-        """What strategy.shard_model gathers beyond the shards. The model's own tensors (embeddings,
-        head, value tables) in fp32, gathered once per step and kept to its end, with their fp32
-        gradients. Blocks in bf16 under bf16 (else fp32): the one computing and the next, prefetched,
+        """What strategy.shard_model gathers beyond the shards. The model's own tensors (head,
+        norms, scalars, small or tied tables) in fp32, gathered once per step and kept to its end,
+        with their fp32 gradients; an embedding table at least as large as a block is a unit of its
+        own (strategy.separate_tables), gathered in fp32 while looked up: the largest, with its
+        gradient. Blocks in bf16 under bf16 (else fp32): the one computing and the next, prefetched,
         under reshard_after_forward, else every block from its forward to its backward; and one
         block's gradients in that dtype with their fp32 copy for the reduce-scatter."""
         fam = family(cfg.model.arch)
         block = fam.repeated_block_params(shape, vocab_size)
-        own = max(0, fam.num_params(shape, vocab_size, cfg.model.sequence_len) - shape["n_layer"] * block)
+        tables = [t for t in fam.lookup_tables(shape, vocab_size) if t >= block]
+        outside = fam.num_params(shape, vocab_size, cfg.model.sequence_len) - shape["n_layer"] * block
+        own = max(0, outside - sum(tables))
         width = 2 if precision == "bf16" else 4
         held = 2 if cfg.fsdp.reshard_after_forward else shape["n_layer"]
         block_grads = block * width + (4 * block if width != 4 else 0)
-        return 8 * own + held * block * width + block_grads
+        return 8 * own + 8 * max(tables, default=0) + held * block * width + block_grads
 
     def precision_problems(self, cfg: Config, precision: str, gpu_name: str) -> list[Problem]:
         if precision != "fp16":

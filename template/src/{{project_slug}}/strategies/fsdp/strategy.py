@@ -40,25 +40,37 @@ def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [block for module in model.modules() if isinstance(module, torch.nn.ModuleList) for block in module]
 
 
+def separate_tables(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The embedding tables sharded as units of their own: those the model names as only ever looked
+    up through their module (its `lookup_tables()`: no head tied to them, no weight read directly)
+    that are at least as large as a block. Gathered only while looked up, they do not sit whole
+    beside the blocks for the whole step (gpt's token and value-embedding tables: most of its
+    parameters outside the blocks)."""
+    blocks = repeated_blocks(model)
+    if not blocks or not hasattr(model, "lookup_tables"):
+        return []
+    block_size = max(sum(p.numel() for p in block.parameters()) for block in blocks)
+    return [table for table in model.lookup_tables() if table.weight.numel() >= block_size]
+
+
 def shard_model(
     model: torch.nn.Module, mesh, bf16: bool, offload: bool, reshard_after_forward: bool, compile_blocks: bool
 ) -> None:
     """fully_shard every repeated block (compiled first where asked, the gathers and reductions
-    outside its graph) and then the model (the embeddings, head and scalars, gathered once per
-    forward). bf16: the blocks gather their weights in bf16; the model's own tensors stay fp32, so
-    the residual stream and the scalars that scale it are fp32 as under DDP's autocast. Gradients
-    are reduced in fp32."""
+    outside its graph), the large embedding tables (separate_tables), and then the model (the head
+    and scalars, gathered once per forward). bf16: the blocks gather their weights in bf16; the
+    tables and the model's own tensors stay fp32, so the residual stream and the scalars that scale
+    it are fp32 as under DDP's autocast. Gradients are reduced in fp32."""
     precision = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32)
-    options = {
-        "mesh": mesh,
-        "mp_policy": precision,
-        "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy(),
-    }
+    full = MixedPrecisionPolicy(reduce_dtype=torch.float32)
+    options = {"mesh": mesh, "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy()}
     for block in repeated_blocks(model):
         if compile_blocks:
             block.compile()
-        fully_shard(block, reshard_after_forward=reshard_after_forward, **options)
-    fully_shard(model, **{**options, "mp_policy": MixedPrecisionPolicy(reduce_dtype=torch.float32)})
+        fully_shard(block, reshard_after_forward=reshard_after_forward, mp_policy=precision, **options)
+    for table in separate_tables(model):
+        fully_shard(table, reshard_after_forward=True, mp_policy=full, **options)
+    fully_shard(model, mp_policy=full, **options)
 
 
 class FSDPStrategy:  # implements base.Strategy
