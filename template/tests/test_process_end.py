@@ -39,15 +39,19 @@ process_exit.end(0)
 """
 
 
-def _threads(how: str) -> tuple[int, int, int]:
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(SCRIPT.format(package=PACKAGE)), how],
+def _run(script: str, how: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script.format(package=PACKAGE)), how],
         cwd=ROOT,
         env=subprocess_env(),
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def _threads(how: str) -> tuple[int, int, int]:
+    proc = _run(SCRIPT, how)
     assert proc.returncode == 0, proc.stderr[-3000:]
     alone, grouped, after = (int(n) for n in proc.stdout.split())
     return alone, grouped, after
@@ -82,17 +86,7 @@ except BaseException as exc:
 
 def test_a_crash_in_a_joined_process_ends_as_the_interpreter_would_without_finalizing():
     """An exception main leaves: its traceback and exit 1; sys.exit(3): exit 3, quietly."""
-    ends = {}
-    for how in ("error", "exit"):
-        ends[how] = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(CRASH.format(package=PACKAGE)), how],
-            cwd=ROOT,
-            env=subprocess_env(),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-    error, leave = ends["error"], ends["exit"]
+    error, leave = _run(CRASH, "error"), _run(CRASH, "exit")
     assert error.returncode == 1 and error.stderr.rstrip().endswith("RuntimeError: boom"), error.stderr[-2000:]
     assert "Traceback (most recent call last)" in error.stderr
     assert leave.returncode == 3 and leave.stderr == "", leave.stderr[-2000:]
