@@ -27,6 +27,7 @@ RUN_PATH = ("runtime", "checkpoints", "strategies", "training")
 FAMILY_ELSEWHERE = {
     ("strategies/memory.py", "uses_pipeline_engine"): "plan and check ask it of any config; a run passes its family",
     ("strategies/deepspeed/pipeline.py", "read_checkpoint"): "a saved checkpoint's config, read by eval and sample",
+    ("strategies/fsdp/plan.py", "gathered_bytes"): "plan and check ask it of any config",
 }
 
 
