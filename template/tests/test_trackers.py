@@ -12,7 +12,7 @@ import time
 import urllib.request
 
 import pytest
-from conftest import PACKAGE, free_port, launch_training, read_metrics
+from conftest import PACKAGE, ROOT, free_port, launch_training, read_metrics, subprocess_env
 
 TRACKED = ("logging.every_steps=1", "checkpoint.every_steps=6", "logging.tensorboard=true")
 NO_TRACKER_ENV = {name: None for name in ("MLFLOW_TRACKING_URI", "WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL")}
@@ -140,3 +140,44 @@ def test_trackers_read_from_yaml_lists_the_command_line_and_the_older_switch(cfg
 
     tracking = import_module(f"{PACKAGE}.tracking")
     assert tracking.chosen(cfg_with("logging.trackers=tensorboard,wandb", "logging.tensorboard=false")) == ["wandb"]
+
+
+ENDS = """
+import sys, time
+from pathlib import Path
+from {package}.settings.config import load_config
+from {package}.tracking import open_trackers
+
+out = Path(sys.argv[1])
+(out / "empty.yaml").write_text("")
+cfg = load_config(out / "empty.yaml", ["logging.trackers=mlflow"])
+(tracker,) = open_trackers(cfg, out, 0)
+tracker.log(1, {{"loss": 2.5}})
+while not (out / "trackers.json").exists():  # started: the run exists (a crash before that leaves none)
+    time.sleep(0.1)
+if sys.argv[2] == "finished":
+    tracker.close()
+sys.exit(0 if sys.argv[2] == "finished" else 1)  # a crash: only the exit hook closes it
+"""
+
+
+@pytest.mark.parametrize("how", ["finished", "crashed"])
+def test_a_run_that_ends_otherwise_marks_its_tracker_run_failed(tmp_path, how, monkeypatch):
+    """Without MLFLOW_TRACKING_URI, the file store in the run folder; a process that ends without
+    closing its trackers (a failure, a crash) still sends what it logged, and the run is FAILED."""
+    from mlflow.tracking import MlflowClient
+
+    proc = subprocess.run(
+        [sys.executable, "-c", ENDS.format(package=PACKAGE), str(tmp_path), how],
+        cwd=ROOT,
+        env=subprocess_env(NO_TRACKER_ENV),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == (0 if how == "finished" else 1) and "warning" not in proc.stderr, proc.stderr[-3000:]
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # as `mlflow ui` reads it (README)
+    client = MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name(PACKAGE).experiment_id])
+    assert run.info.status == ("FINISHED" if how == "finished" else "FAILED")
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss")] == [(1, 2.5)]

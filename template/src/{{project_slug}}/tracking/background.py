@@ -5,11 +5,15 @@ in order. Any exception there, from the start or a log, is one warning line nami
 what went wrong; the tracker then drops what follows, and training goes on (metrics.jsonl keeps
 everything). A queue of QUEUE_LIMIT records stands for a server slower than the steps: past it,
 records are dropped, said once. close() lets the thread finish what is queued for CLOSE_SECONDS at
-most, so a hung server cannot hold the end of a run.
+most, so a hung server cannot hold the end of a run. A run that fails or crashes closes its trackers
+too, as its process ends (an exit hook: runtime/process_exit.py runs them on every way out), and
+they mark their runs failed there.
 """
 
 from __future__ import annotations
 
+import atexit
+import functools
 import queue
 import threading
 from typing import Protocol
@@ -28,7 +32,7 @@ class Tracker(Protocol):
 
     def log(self, step: int, metrics: dict[str, float]) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self, finished: bool) -> None: ...
 
 
 class BackgroundTracker:
@@ -37,8 +41,10 @@ class BackgroundTracker:
         self.failed = False
         self._dropped = False
         self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_LIMIT)
+        self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"tracker-{tracker.name}", daemon=True)
         self._thread.start()
+        atexit.register(functools.partial(self.close, finished=False))  # unless closed before
 
     @property
     def name(self) -> str:
@@ -57,10 +63,14 @@ class BackgroundTracker:
                     "catches up (metrics.jsonl has them all)"
                 )
 
-    def close(self) -> None:
-        """Finish what is queued (at most CLOSE_SECONDS), then end the tracker's run."""
+    def close(self, finished: bool = True) -> None:
+        """Finish what is queued (at most CLOSE_SECONDS), then end the tracker's run, finished or
+        failed; once."""
+        if self._closed:
+            return
+        self._closed = True
         try:
-            self._queue.put(_END, timeout=CLOSE_SECONDS)
+            self._queue.put((_END, finished), timeout=CLOSE_SECONDS)
         except queue.Full:
             pass
         self._thread.join(CLOSE_SECONDS)
@@ -70,9 +80,9 @@ class BackgroundTracker:
     def _run(self) -> None:
         try:
             self.tracker.start()
-            while (item := self._queue.get()) is not _END:
+            while (item := self._queue.get())[0] is not _END:
                 self.tracker.log(*item)
-            self.tracker.close()
+            self.tracker.close(finished=item[1])
         except BaseException as exc:  # noqa: BLE001 - whatever a tracker raises, training goes on
             self.failed = True
             text = " ".join(str(exc).split()) or type(exc).__name__

@@ -1,8 +1,10 @@
 """MLflow: one MLflow run per run folder, in the experiment MLFLOW_EXPERIMENT_NAME (else the
 project's name), at MLFLOW_TRACKING_URI (credentials: MLFLOW_TRACKING_USERNAME and _PASSWORD, or
-_TOKEN, from the platform's secrets), else in a file store in output_dir/mlruns (`mlflow ui
---backend-store-uri <that folder>`). The resolved config is the run's parameters, logged once, when
-the run starts; a resumed run continues it, marked running again, and finished at the end.
+_TOKEN, from the platform's secrets), else in a file store in output_dir/mlruns
+(`MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri <that folder>`, or `mlflow
+migrate-filestore` into a database). The resolved config is the run's parameters, logged once, when
+the run starts; a resumed run continues it, marked running again, and finished at the end (failed
+where the process ended otherwise: a failure, a crash a restart may continue).
 
 Requests are short: MLflow's client otherwise retries a dead server for minutes before it reports.
 """
@@ -27,6 +29,7 @@ class MlflowRun:
     def __init__(self, cfg, output_dir: Path, resume_step: int):
         self.cfg, self.output_dir = cfg, output_dir
         self.client = self.run_id = None
+        import mlflow.tracking  # noqa: F401 - imported here, not on the tracker's thread (its start is all it does)
 
     def start(self) -> None:
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", REQUEST_TIMEOUT_SECONDS)
@@ -34,7 +37,12 @@ class MlflowRun:
         from mlflow.entities import Param, RunStatus
         from mlflow.tracking import MlflowClient
 
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or (self.output_dir / "mlruns").resolve().as_uri()
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:
+            # Plain files on the run's own storage (a database there would need locks NFS may not
+            # give); MLflow keeps this store in maintenance, behind this switch.
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            uri = (self.output_dir / "mlruns").resolve().as_uri()
         self.client = MlflowClient(tracking_uri=uri)
         saved = identity.recalled(self.output_dir, self.name)
         if saved.get("tracking_uri") == uri and saved.get("run_id"):
@@ -58,5 +66,5 @@ class MlflowRun:
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
 
-    def close(self) -> None:
-        self.client.set_terminated(self.run_id)
+    def close(self, finished: bool) -> None:
+        self.client.set_terminated(self.run_id, status="FINISHED" if finished else "FAILED")

@@ -22,5 +22,5 @@ class TensorBoardEvents:
         for key, value in metrics.items():
             self.writer.add_scalar(key, value, step)
 
-    def close(self) -> None:
+    def close(self, finished: bool) -> None:
         self.writer.close()

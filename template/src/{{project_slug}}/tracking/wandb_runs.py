@@ -43,5 +43,5 @@ class WandbRun:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.run.log(metrics, step=step)
 
-    def close(self) -> None:
-        self.run.finish()
+    def close(self, finished: bool) -> None:
+        self.run.finish(exit_code=0 if finished else 1)
