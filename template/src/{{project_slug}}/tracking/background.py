@@ -66,7 +66,7 @@ class BackgroundTracker:
     def close(self, finished: bool = True) -> None:
         """Finish what is queued (at most CLOSE_SECONDS), then end the tracker's run, finished or
         failed; once."""
-        if self._closed:
+        if self._closed or self.failed:  # a failed tracker's thread has ended: nothing takes the queue
             return
         self._closed = True
         try:
