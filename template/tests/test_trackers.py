@@ -152,7 +152,7 @@ out = Path(sys.argv[1])
 (out / "empty.yaml").write_text("")
 cfg = load_config(out / "empty.yaml", ["logging.trackers=mlflow"])
 (tracker,) = open_trackers(cfg, out, 0)
-tracker.log(1, {{"loss": 2.5}})
+tracker.log(1, dict(loss=2.5))
 while not (out / "trackers.json").exists():  # started: the run exists (a crash before that leaves none)
     time.sleep(0.1)
 if sys.argv[2] == "finished":
@@ -168,7 +168,7 @@ def test_a_run_that_ends_otherwise_marks_its_tracker_run_failed(tmp_path, how, m
     from mlflow.tracking import MlflowClient
 
     proc = subprocess.run(
-        [sys.executable, "-c", ENDS.format(package=PACKAGE), str(tmp_path), how],
+        [sys.executable, "-c", ENDS.replace("{package}", PACKAGE), str(tmp_path), how],
         cwd=ROOT,
         env=subprocess_env(NO_TRACKER_ENV),
         capture_output=True,
