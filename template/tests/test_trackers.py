@@ -140,6 +140,8 @@ def test_trackers_read_from_yaml_lists_the_command_line_and_the_older_switch(cfg
 
     tracking = import_module(f"{PACKAGE}.tracking")
     assert tracking.chosen(cfg_with("logging.trackers=tensorboard,wandb", "logging.tensorboard=false")) == ["wandb"]
+    config = import_module(f"{PACKAGE}.settings.config")  # the names the config allows are the trackers there are
+    assert tuple(tracking.TRACKERS) == config.LIST_CHOICES["logging.trackers"]
 
 
 ENDS = """

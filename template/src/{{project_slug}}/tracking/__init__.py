@@ -19,14 +19,19 @@ tracker, never a step of training; metrics.jsonl holds everything regardless.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 from ..settings.config import Config
 from ..settings.packages import require_package
 from .background import BackgroundTracker
 
-# logging.trackers name -> (module to import, the project's extra that installs it)
-PACKAGES = {"tensorboard": ("tensorboard", ""), "mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb")}
+# logging.trackers name -> (its package, the project's extra that installs it, module.class here)
+TRACKERS = {
+    "tensorboard": ("tensorboard", "", "tensorboard_events.TensorBoardEvents"),
+    "mlflow": ("mlflow", "mlflow", "mlflow_runs.MlflowRun"),
+    "wandb": ("wandb", "wandb", "wandb_runs.WandbRun"),
+}
 
 
 def chosen(cfg: Config) -> list[str]:
@@ -38,7 +43,7 @@ def check_installed(cfg: Config) -> None:
     """A ConfigError naming the install command for a chosen tracker whose package is missing (on every
     rank, at the same point: no rank waits for one that stopped)."""
     for name in chosen(cfg):
-        module, extra = PACKAGES[name]
+        module, extra, _ = TRACKERS[name]
         require_package(module, extra, f"logging.trackers={name}", f"or leave {name} out of logging.trackers")
 
 
@@ -46,11 +51,7 @@ def open_trackers(cfg: Config, output_dir: Path, resume_step: int) -> list[Backg
     """The chosen trackers, each starting on its own thread (rank 0 only)."""
     trackers = []
     for name in chosen(cfg):
-        if name == "tensorboard":
-            from .tensorboard_events import TensorBoardEvents as kind
-        elif name == "mlflow":
-            from .mlflow_runs import MlflowRun as kind
-        else:
-            from .wandb_runs import WandbRun as kind
-        trackers.append(BackgroundTracker(kind(cfg, output_dir, resume_step)))
+        module, kind = TRACKERS[name][2].split(".")
+        tracker = getattr(importlib.import_module(f".{module}", __name__), kind)
+        trackers.append(BackgroundTracker(tracker(cfg, output_dir, resume_step)))
     return trackers
